@@ -1,0 +1,188 @@
+/*
+ * cache: the node-wide shared KV cache (design.md §5).
+ *
+ * One POSIX shared-memory region per node and name holds fixed-size slots, each caching one
+ * (block, shard) of a KV file.  Every process that maps the region may pin a key: the first pin
+ * of a key that is not READY makes the pinner its owner, which loads the bytes and publishes
+ * READY or FAILED; other pinners wait on the slot's state word and copy the bytes out.  The full
+ * protocol (who writes what, which lock guards it, what happens when a process dies) is the
+ * essay at the top of region.c; this header is the contract.
+ *
+ * All functions return 0 (or a documented non-negative value) on success and -errno on failure;
+ * none sets errno, prints, or exits.  Project-specific codes:
+ *   -EUCLEAN  the region's shared state is corrupt (an index out of bounds, a chain cycle);
+ *   -ENOSPC   every slot that the caller may take is pinned;
+ *   -ENOBUFS  this process already holds KVS_PINS_PER_PROC pins.
+ */
+#ifndef KVS_CACHE_H
+#define KVS_CACHE_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <sys/types.h>
+
+struct kvs_config;
+struct kvs_cache;
+
+/* Identity of one cached shard: the 128-bit block id of a file and the shard index in it. */
+struct kvs_key {
+	uint64_t block_lo;
+	uint64_t block_hi;
+	uint64_t shard;
+};
+
+/* A pin: which slot, and which entry of this process's pin table records it. */
+struct kvs_pin {
+	uint32_t slot;
+	uint32_t entry;
+};
+
+enum kvs_counter_id {
+#define KVS_COUNTER(name, help) KVS_CTR_##name,
+#include "counters.def"
+#undef KVS_COUNTER
+	KVS_NCOUNTERS
+};
+
+struct kvs_counters {
+	uint64_t v[KVS_NCOUNTERS];
+};
+
+/* What a pin found. */
+enum kvs_pin_result {
+	KVS_PIN_HIT = 0,   /* READY: copy the bytes out, then release */
+	KVS_PIN_OWNER = 1, /* the caller must load it, then mark it ready or failed, then release */
+	KVS_PIN_WAIT = 2,  /* another process loads it: kvs_cache_wait, then copy, then release */
+};
+
+/* Who may take a slot.  Normal allocations never take the reserved share of slots. */
+enum kvs_alloc_class {
+	KVS_ALLOC_NORMAL = 0,
+	KVS_ALLOC_LOAD = 1,	/* a demand load an engine thread is waiting for */
+	KVS_ALLOC_PREFETCH = 2, /* a preallocation or read-ahead */
+};
+
+/* Slot states as the existence query reports them. */
+enum kvs_slot_state {
+	KVS_SLOT_FREE = 0,
+	KVS_SLOT_CLAIMED = 1, /* taken by an allocator, not yet hashed */
+	KVS_SLOT_LOADING = 2,
+	KVS_SLOT_READY = 3,
+	KVS_SLOT_FAILED = 4,
+};
+
+enum kvs_open_flags {
+	KVS_OPEN_CREATE = 1 << 0, /* create the region if it does not exist */
+	KVS_OPEN_WATCH = 1 << 1,  /* map the control plane only; take no process slot */
+};
+
+/*
+ * Map the region that cfg names (/dev/shm/kvshim.<uid>.<cache.name>), creating it when absent
+ * and KVS_OPEN_CREATE is given, and (unless KVS_OPEN_WATCH) attach this process: take a process
+ * table slot and its liveness lock.  *out is set on success only.
+ * Errors: -ENOENT (absent, no CREATE), -EPROTO (magic, layout or a dimension differs from cfg:
+ * msg says which), -EUSERS (process table full), -ENOMEM, or any errno of open/mmap/fcntl.
+ * msg (may be NULL) receives a one-line reason on failure.
+ */
+int kvs_cache_open(const struct kvs_config *cfg, int flags, struct kvs_cache **out, char *msg,
+		   size_t msglen);
+
+/* Detach (fold this process's counters into the totals, free its process slot), unmap and free.
+ * The caller must hold no pins.  NULL is accepted. */
+void kvs_cache_close(struct kvs_cache *c);
+
+/* Forget the mapping after fork() in the child, without touching shared state: the parent still
+ * owns the process slot, the pins and the liveness lock.  Closes the inherited descriptor so
+ * that the child does not keep the parent's liveness lock alive. */
+void kvs_cache_forget(struct kvs_cache *c);
+
+/* Path of the region object for cfg: "/dev/shm/kvshim.<uid>.<name>". */
+int kvs_cache_path(const struct kvs_config *cfg, char *buf, size_t len);
+
+/*
+ * Pin key.  Returns KVS_PIN_HIT, KVS_PIN_OWNER or KVS_PIN_WAIT and fills *pin; the pin must be
+ * released with kvs_cache_release.  On a miss a slot is allocated (CLOCK or FIFO eviction)
+ * within the share that cls may use.  Errors: -ENOSPC, -ENOBUFS, -EUCLEAN.
+ */
+int kvs_cache_pin(struct kvs_cache *c, const struct kvs_key *key, enum kvs_alloc_class cls,
+		  struct kvs_pin *pin);
+
+/* Drop a pin.  The last pin of a FAILED slot sends it back to LOADING (the next pinner owns the
+ * retry); the last pin of an invalidated slot frees it. */
+void kvs_cache_release(struct kvs_cache *c, const struct kvs_pin *pin);
+
+/* Owner only: publish length valid bytes as READY and wake waiters. */
+void kvs_cache_mark_ready(struct kvs_cache *c, const struct kvs_pin *pin, uint32_t length);
+
+/* Owner only: publish FAILED with err (a positive errno), stored before the state. */
+void kvs_cache_mark_failed(struct kvs_cache *c, const struct kvs_pin *pin, int err);
+
+/* Sole pinner of a READY slot only: send it back to LOADING so the next pin reloads it
+ * (loader.backend_only).  Returns 0, or -EBUSY when other pins exist. */
+int kvs_cache_mark_not_ready(struct kvs_cache *c, const struct kvs_pin *pin);
+
+/*
+ * Wait until the pinned slot leaves LOADING or timeout_ns passes.  Spins briefly, then sleeps
+ * on the state word (futex mode) or yields (spin mode), and reclaims the owner if it died.
+ * Returns 0 when READY, -err when FAILED with err, -ETIMEDOUT.
+ */
+int kvs_cache_wait(struct kvs_cache *c, const struct kvs_pin *pin, uint64_t timeout_ns);
+
+/* The pinned slot's data (shard_size bytes) and its valid length once READY. */
+void *kvs_cache_data(struct kvs_cache *c, const struct kvs_pin *pin);
+uint32_t kvs_cache_length(struct kvs_cache *c, const struct kvs_pin *pin);
+
+/* Existence query: the state of key's slot (enum kvs_slot_state) or -ENOENT.  Works on a
+ * KVS_OPEN_WATCH mapping. */
+int kvs_cache_lookup(struct kvs_cache *c, const struct kvs_key *key);
+
+/* Allocate an unowned LOADING slot for key unless present (-EEXIST), so that a later pin finds
+ * it without evicting.  Class KVS_ALLOC_PREFETCH. */
+int kvs_cache_prealloc(struct kvs_cache *c, const struct kvs_key *key);
+
+/* Remove shards [first, last] of block from the cache; pinned slots are unhashed now and freed
+ * by their last release.  Returns the number of slots removed. */
+int kvs_cache_invalidate(struct kvs_cache *c, const struct kvs_key *block, uint64_t first,
+			 uint64_t last);
+
+/* Reclaim every process whose liveness lock is gone: return its pins, fail the loads it owned,
+ * free what it had claimed, fold its counters.  Returns the number reclaimed. */
+int kvs_cache_reap(struct kvs_cache *c);
+
+/* Add v to one of this process's counters (no-op for a watcher). */
+void kvs_cache_count(struct kvs_cache *c, enum kvs_counter_id id, uint64_t v);
+
+/* This process's process-table slot, or -1 for a watcher. */
+int kvs_cache_self(const struct kvs_cache *c);
+
+/* Dense rank among processes attached now, and their number (for loader.local_rank auto). */
+void kvs_cache_ranks(struct kvs_cache *c, uint32_t *rank, uint32_t *nranks);
+
+/* Record this process's rotation rank for `kvshim stat`. */
+void kvs_cache_set_rank(struct kvs_cache *c, int rank);
+
+uint64_t kvs_cache_shard_size(const struct kvs_cache *c);
+
+/* Figures for `kvshim stat`. */
+struct kvs_region_info {
+	uint64_t capacity_bytes, shard_size, total_bytes;
+	uint32_t slots, slots_ready, slots_loading, slots_failed, slots_pinned, reserved_slots;
+	uint32_t processes_attached, max_processes;
+};
+struct kvs_proc_info {
+	int32_t pid;
+	int32_t rank;
+	bool alive;
+	struct kvs_counters ctr;
+};
+
+/* Region figures and totals (folded counters of gone processes plus those attached now).
+ * procs (may be NULL) receives up to nprocs entries; returns the number of attached slots. */
+int kvs_cache_stat(struct kvs_cache *c, struct kvs_region_info *info, struct kvs_counters *totals,
+		   struct kvs_proc_info *procs, int nprocs);
+
+/* Processes holding a liveness lock on the region at path, or -errno. */
+int kvs_cache_live_processes(const char *path);
+
+#endif

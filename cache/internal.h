@@ -1,0 +1,99 @@
+/*
+ * internal: the process-local handle of a mapped region and the helpers that cache/'s files
+ * share.  Not installed, not used outside cache/ (tests excepted).
+ */
+#ifndef KVS_CACHE_INTERNAL_H
+#define KVS_CACHE_INTERNAL_H
+
+#include <pthread.h>
+#include <stdbool.h>
+
+#include "atomics.h"
+#include "layout.h"
+
+struct kvs_cache {
+	int fd;
+	bool watch;
+	int wait_mode; /* enum kvs_wait_mode */
+	int eviction;  /* enum kvs_eviction */
+	void *base;
+	size_t map_len;
+	struct kvs_hdr *hdr;
+	char *procs; /* nprocs records of proc_stride bytes */
+	struct kvs_stripe *stripes;
+	_Atomic uint32_t *buckets;
+	struct kvs_slot *slots;
+	_Atomic uint8_t *access;
+	char *data;
+	uint32_t nslots, nmain, nbuckets, nstripes, nprocs;
+	uint64_t shard_size;
+	int self; /* process-table slot, -1 for a watcher */
+	struct kvs_proc *me;
+	pthread_mutex_t reclaim_mu; /* one reclaim at a time in this process (OFD locks are ours) */
+	_Atomic uint32_t pin_hint;
+	char path[256];
+};
+
+static inline struct kvs_proc *proc_at(struct kvs_cache *c, uint32_t i)
+{
+	return (struct kvs_proc *)(c->procs + (size_t)i * sizeof(struct kvs_proc));
+}
+
+static inline uint32_t st_of(uint32_t word)
+{
+	return word & KVS_ST_MASK;
+}
+
+static inline bool key_eq(const struct kvs_slot *s, const struct kvs_key *k)
+{
+	return s->key[0] == k->block_lo && s->key[1] == k->block_hi && s->key[2] == k->shard;
+}
+
+/* bucket of a key: a splitmix64 finaliser over the block id and the shard. */
+static inline uint32_t key_bucket(const struct kvs_cache *c, const struct kvs_key *k)
+{
+	uint64_t x = k->block_lo ^ (k->block_hi * 0x9e3779b97f4a7c15ULL) ^
+		     (k->shard * 0xbf58476d1ce4e5b9ULL);
+	x ^= x >> 30;
+	x *= 0xbf58476d1ce4e5b9ULL;
+	x ^= x >> 27;
+	x *= 0x94d049bb133111ebULL;
+	x ^= x >> 31;
+	return (uint32_t)x & (c->nbuckets - 1);
+}
+
+static inline uint32_t bucket_stripe(const struct kvs_cache *c, uint32_t bucket)
+{
+	return bucket & (c->nstripes - 1);
+}
+
+/* lock.c */
+int kvs_stripe_lock(struct kvs_cache *c, uint32_t stripe);
+void kvs_stripe_unlock(struct kvs_cache *c, uint32_t stripe);
+int kvs_proc_lock(struct kvs_cache *c);
+void kvs_proc_unlock(struct kvs_cache *c);
+int kvs_mutex_init_shared(pthread_mutex_t *mu);
+
+/* evict.c: a slot in state CLAIMED by this process, or -ENOSPC / -EUCLEAN. */
+int kvs_evict_claim(struct kvs_cache *c, enum kvs_alloc_class cls, uint32_t *slot);
+
+/* wait.c */
+void kvs_wake_all(_Atomic uint32_t *word);
+
+/* proc.c */
+int kvs_proc_attach(struct kvs_cache *c);
+void kvs_proc_detach(struct kvs_cache *c);
+bool kvs_proc_alive(struct kvs_cache *c, uint32_t p);
+int kvs_proc_reclaim(struct kvs_cache *c, uint32_t p);
+
+/* slot.c: fail a LOADING slot owned by dead process p; caller holds the slot's stripe. */
+void kvs_slot_fail_locked(struct kvs_cache *c, uint32_t slot, int err);
+/* slot.c: return dead process p's pins, failing its loads; caller holds p's liveness byte. */
+void kvs_slot_unpin_all(struct kvs_cache *c, uint32_t p);
+/* slot.c: unlink slot from its chain; caller holds the stripe. */
+int kvs_slot_unlink_locked(struct kvs_cache *c, uint32_t slot, uint32_t bucket);
+
+/* Test hook: take and keep the stripe lock of key (for crash tests). */
+int kvs_cache_test_lock_key(struct kvs_cache *c, const struct kvs_key *key);
+
+#endif

@@ -1,0 +1,117 @@
+/*
+ * layout: the shared region's format, private to cache/.  The protocol over these fields is
+ * the essay at the top of region.c.  Changing anything here changes KVS_LAYOUT_VERSION.
+ *
+ *   [ header | process table | stripe mutexes | bucket heads | slot metadata | access bytes |
+ *     page-aligned data slots ]
+ */
+#ifndef KVS_LAYOUT_H
+#define KVS_LAYOUT_H
+
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "cache.h"
+
+#define KVS_MAGIC	   0x3130594b4d485356ULL /* "VSHMKY01" little-endian */
+#define KVS_LAYOUT_VERSION 1u
+#define KVS_CACHELINE	   64u
+#define KVS_PAGE	   4096u
+#define KVS_NIL		   UINT32_MAX
+#define KVS_PINS_PER_PROC  1024u /* power of two */
+#define KVS_MAX_STRIPES	   1024u
+#define KVS_ORPHAN	   0x80000000u /* in slot.bucket: unhashed by invalidation, still pinned */
+
+/* The state word: bits 0-7 the state, bits 8-30 the claiming process for CLAIMED, bit 31 set
+ * while some process sleeps on the word. */
+#define KVS_ST_MASK	     0xffu
+#define KVS_ST_WAITERS	     0x80000000u
+#define KVS_ST_OWNER_SHIFT   8
+#define KVS_ST_CLAIMED_BY(p) ((uint32_t)KVS_SLOT_CLAIMED | ((uint32_t)(p) << KVS_ST_OWNER_SHIFT))
+
+enum kvs_proc_state { KVS_PROC_FREE = 0, KVS_PROC_ACTIVE = 1 };
+
+struct kvs_hdr {
+	/* Line 0-1: identity, written by the creator before publication, then read-only. */
+	uint64_t magic;
+	uint32_t version;
+	uint32_t hdr_bytes;
+	uint64_t total_bytes;
+	uint64_t capacity;
+	uint64_t shard_size;
+	uint32_t nslots;
+	uint32_t nreserved; /* slots [nslots - nreserved, nslots) are the reserve */
+	uint32_t nbuckets;
+	uint32_t nstripes;
+	uint32_t nprocs;
+	uint32_t npins;
+	uint32_t eviction;
+	uint32_t pad0;
+	uint64_t off_procs, off_stripes, off_buckets, off_slots, off_access, off_data;
+	uint64_t created_ns;
+	/* Line 2: the CLOCK hand over the main share; fetch-added by allocators, never locked. */
+	_Alignas(KVS_CACHELINE) _Atomic uint64_t hand;
+	uint8_t pad2[KVS_CACHELINE - 8];
+	/* Line 3: the hand over the reserved share. */
+	_Atomic uint64_t rhand;
+	uint8_t pad3[KVS_CACHELINE - 8];
+	/* Lines 4-: the process-table mutex (robust) and the folded totals it guards. */
+	pthread_mutex_t proc_lock;
+	uint8_t pad4[KVS_CACHELINE - sizeof(pthread_mutex_t)];
+	_Atomic uint64_t totals[KVS_NCOUNTERS];
+};
+
+struct kvs_proc {
+	/* Written under hdr->proc_lock by the attaching, detaching or reclaiming process. */
+	_Atomic uint32_t state;
+	int32_t pid;
+	_Atomic int32_t rank; /* written by the process itself */
+	uint32_t pad0;
+	uint64_t attach_ns;
+	uint8_t pad1[KVS_CACHELINE - 24];
+	/* Added to by the process's own threads (relaxed); folded and zeroed under proc_lock. */
+	_Atomic uint64_t ctr[KVS_NCOUNTERS];
+	uint8_t pad2[2 * KVS_CACHELINE - 8 * KVS_NCOUNTERS];
+	/* Pin table: slot index + 1, or 0.  An entry changes only under the stripe lock of the
+	 * slot it names, so a stripe's pins can be counted while holding that stripe. */
+	_Atomic uint32_t pin[KVS_PINS_PER_PROC];
+};
+
+struct kvs_stripe {
+	pthread_mutex_t mu; /* process-shared, robust */
+	uint8_t pad[KVS_CACHELINE - sizeof(pthread_mutex_t)];
+};
+
+struct kvs_slot {
+	/* Line 0: the futex word alone, so waiters spinning on it share the line with nobody. */
+	_Atomic uint32_t state;
+	uint8_t pad0[KVS_CACHELINE - 4];
+	/* Line 1: written under the stripe lock of the slot's bucket, except err and length
+	 * (owner, before its release store of the state). */
+	_Atomic uint32_t refs;
+	_Atomic uint32_t bucket; /* bucket while hashed, else KVS_NIL */
+	_Atomic uint32_t next;	 /* chain link */
+	_Atomic uint32_t owner;	 /* process slot of the loader while LOADING */
+	_Atomic int32_t err;	 /* positive errno of a FAILED load */
+	_Atomic uint32_t length; /* valid bytes once READY */
+	uint64_t key[3];	 /* block_lo, block_hi, shard */
+	uint8_t pad1[KVS_CACHELINE - 48];
+};
+
+_Static_assert(offsetof(struct kvs_hdr, hand) == 128, "hand on line 2");
+_Static_assert(offsetof(struct kvs_hdr, rhand) == 192, "rhand on line 3");
+_Static_assert(offsetof(struct kvs_hdr, proc_lock) == 256, "proc_lock on line 4");
+_Static_assert(offsetof(struct kvs_hdr, totals) == 320, "totals on line 5");
+_Static_assert(sizeof(pthread_mutex_t) <= KVS_CACHELINE, "mutex fits a line");
+_Static_assert(offsetof(struct kvs_proc, ctr) == 64, "counters on line 1");
+_Static_assert(offsetof(struct kvs_proc, pin) == 192, "pins after counters");
+_Static_assert(sizeof(struct kvs_proc) == 192 + 4 * KVS_PINS_PER_PROC, "proc size");
+_Static_assert(sizeof(struct kvs_stripe) == KVS_CACHELINE, "stripe size");
+_Static_assert(offsetof(struct kvs_slot, refs) == KVS_CACHELINE, "state word alone");
+_Static_assert(offsetof(struct kvs_slot, key) == KVS_CACHELINE + 24, "key offset");
+_Static_assert(sizeof(struct kvs_slot) == 2 * KVS_CACHELINE, "slot size");
+_Static_assert(KVS_NCOUNTERS * 8 <= 2 * KVS_CACHELINE, "counters fit two lines");
+
+#endif

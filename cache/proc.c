@@ -1,0 +1,187 @@
+/*
+ * proc: the process table, liveness and reclaim (protocol: region.c, "Processes").
+ *
+ * Liveness is an OFD write lock on byte i of the region file for process-table slot i.  OFD
+ * locks belong to the open file description, so the same process can always take a byte it
+ * holds already: reclaim is therefore also serialised inside the process by reclaim_mu.
+ */
+#include <errno.h>
+#include <fcntl.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "internal.h"
+
+static int ofd(struct kvs_cache *c, int cmd, short type, uint32_t byte, short *seen)
+{
+	struct flock fl = {.l_type = type, .l_whence = SEEK_SET, .l_start = byte, .l_len = 1};
+
+	if (fcntl(c->fd, cmd, &fl) < 0)
+		return -errno;
+	if (seen)
+		*seen = fl.l_type;
+	return 0;
+}
+
+bool kvs_proc_alive(struct kvs_cache *c, uint32_t p)
+{
+	short seen = F_UNLCK;
+
+	/* On error assume alive: a wrong "dead" would fail someone's load. */
+	if (ofd(c, F_OFD_GETLK, F_WRLCK, p, &seen))
+		return true;
+	return seen != F_UNLCK;
+}
+
+int kvs_proc_attach(struct kvs_cache *c)
+{
+	struct timespec ts;
+	int r;
+
+	kvs_cache_reap(c);
+	r = kvs_proc_lock(c);
+	if (r)
+		return r;
+	r = -EUSERS;
+	for (uint32_t i = 0; i < c->nprocs; i++) {
+		struct kvs_proc *p = proc_at(c, i);
+
+		if (load_relaxed(&p->state) != KVS_PROC_FREE)
+			continue;
+		if (ofd(c, F_OFD_SETLK, F_WRLCK, i, NULL))
+			continue; /* a reclaimer holds it */
+		memset((void *)p->pin, 0, sizeof(p->pin));
+		for (int k = 0; k < KVS_NCOUNTERS; k++)
+			store_relaxed(&p->ctr[k], 0);
+		p->pid = (int32_t)getpid();
+		store_relaxed(&p->rank, -1);
+		clock_gettime(CLOCK_REALTIME, &ts);
+		p->attach_ns = (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
+		store_release(&p->state, KVS_PROC_ACTIVE);
+		c->self = (int)i;
+		c->me = p;
+		r = 0;
+		break;
+	}
+	kvs_proc_unlock(c);
+	return r;
+}
+
+/* Fold p's counters into the totals and free its slot; caller holds proc_lock. */
+static void retire_locked(struct kvs_cache *c, struct kvs_proc *p)
+{
+	for (int k = 0; k < KVS_NCOUNTERS; k++) {
+		add_relaxed(&c->hdr->totals[k], load_relaxed(&p->ctr[k]));
+		store_relaxed(&p->ctr[k], 0);
+	}
+	p->pid = 0;
+	store_release(&p->state, KVS_PROC_FREE);
+}
+
+void kvs_proc_detach(struct kvs_cache *c)
+{
+	/* Pins still held (a caller bug) are returned as if we had died. */
+	kvs_slot_unpin_all(c, (uint32_t)c->self);
+	if (kvs_proc_lock(c) == 0) {
+		retire_locked(c, c->me);
+		kvs_proc_unlock(c);
+	}
+	ofd(c, F_OFD_SETLK, F_UNLCK, (uint32_t)c->self, NULL);
+	c->self = -1;
+	c->me = NULL;
+}
+
+int kvs_proc_reclaim(struct kvs_cache *c, uint32_t p)
+{
+	struct kvs_proc *pr = proc_at(c, p);
+	int r = 0;
+
+	if (p >= c->nprocs || (int)p == c->self || c->watch)
+		return 0;
+	pthread_mutex_lock(&c->reclaim_mu);
+	if (load_acquire(&pr->state) != KVS_PROC_ACTIVE)
+		goto out;
+	/* Holding the dead process's byte keeps every other reclaimer out. */
+	if (ofd(c, F_OFD_SETLK, F_WRLCK, p, NULL))
+		goto out; /* alive, or being reclaimed */
+	if (load_acquire(&pr->state) != KVS_PROC_ACTIVE)
+		goto out_unlock;
+	kvs_slot_unpin_all(c, p);
+	for (uint32_t i = 0; i < c->nslots; i++) {
+		uint32_t w = KVS_ST_CLAIMED_BY(p);
+
+		/* Pairs with the claim CAS in evict.c: only p's own claims match. */
+		cas_acq_rel(&c->slots[i].state, &w, KVS_SLOT_FREE);
+	}
+	if (kvs_proc_lock(c) == 0) {
+		retire_locked(c, pr);
+		kvs_proc_unlock(c);
+		r = 1;
+	}
+out_unlock:
+	ofd(c, F_OFD_SETLK, F_UNLCK, p, NULL);
+out:
+	pthread_mutex_unlock(&c->reclaim_mu);
+	return r;
+}
+
+int kvs_cache_reap(struct kvs_cache *c)
+{
+	int n = 0;
+
+	if (c->watch)
+		return 0;
+	for (uint32_t i = 0; i < c->nprocs; i++) {
+		if ((int)i == c->self || load_relaxed(&proc_at(c, i)->state) != KVS_PROC_ACTIVE)
+			continue;
+		if (!kvs_proc_alive(c, i))
+			n += kvs_proc_reclaim(c, i);
+	}
+	return n;
+}
+
+void kvs_cache_count(struct kvs_cache *c, enum kvs_counter_id id, uint64_t v)
+{
+	if (c->me)
+		add_relaxed(&c->me->ctr[id], v);
+}
+
+void kvs_cache_ranks(struct kvs_cache *c, uint32_t *rank, uint32_t *nranks)
+{
+	uint32_t below = 0, all = 0;
+
+	for (uint32_t i = 0; i < c->nprocs; i++) {
+		if (load_relaxed(&proc_at(c, i)->state) != KVS_PROC_ACTIVE)
+			continue;
+		all++;
+		below += (int)i < c->self;
+	}
+	*rank = below;
+	*nranks = all ? all : 1;
+}
+
+void kvs_cache_set_rank(struct kvs_cache *c, int rank)
+{
+	if (c->me)
+		store_relaxed(&c->me->rank, rank);
+}
+
+int kvs_cache_live_processes(const char *path)
+{
+	int fd = open(path, O_RDONLY | O_CLOEXEC);
+	int n = 0;
+
+	if (fd < 0)
+		return -errno;
+	/* Probe the first 4096 bytes' locks; the process table is never larger. */
+	for (uint32_t i = 0; i < 4096; i++) {
+		struct flock fl = {
+		    .l_type = F_RDLCK, .l_whence = SEEK_SET, .l_start = i, .l_len = 1};
+
+		if (fcntl(fd, F_OFD_GETLK, &fl) == 0 && fl.l_type != F_UNLCK)
+			n++;
+	}
+	close(fd);
+	return n;
+}

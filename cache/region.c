@@ -1,0 +1,535 @@
+/*
+ * region: creating, attaching and describing the node-wide shared region.
+ *
+ * DESIGN: the shared-memory protocol (this essay covers all of cache/)
+ *
+ * The region is a file in /dev/shm, mapped MAP_SHARED by every process that uses it.  It is
+ * built under a temporary name and link()ed into place, so no process ever maps a half-built
+ * region and two racing creators agree on one winner (link fails with EEXIST for the loser,
+ * which attaches to the winner's).  Attachers check magic, layout version and every dimension
+ * against their own configuration.  Every index read from shared memory is checked against
+ * its bound before use; a chain walk stops after nslots steps.  Corruption yields -EUCLEAN,
+ * never an access out of bounds.
+ *
+ * Slots.  A slot caches one (block, shard).  Its 32-bit state word (alone on its cache line)
+ * is FREE, CLAIMED (by process p, encoded in the word), LOADING, READY or FAILED, plus a
+ * waiters bit.  Its other fields live on the second line.
+ *
+ *   field        written by                                  read without a lock by
+ *   state        FREE->CLAIMED: allocator (CAS)               waiters (acquire), evictor peek
+ *                ->LOADING/FREE: under the stripe lock
+ *                ->READY/FAILED: owner (exchange, release)
+ *   refs         under the stripe lock                        evictor peek (rechecked locked)
+ *   bucket       under the stripe lock                        release/reclaim (rechecked)
+ *   next, key    under the stripe lock                        nobody
+ *   owner        under the stripe lock, at election           waiters (liveness check only)
+ *   err, length  owner, before its release store of state     waiters after an acquire load
+ *
+ * A slot is hashed into bucket b (chain head buckets[b], link next) while it is LOADING,
+ * READY or FAILED.  Bucket b is guarded by stripe mutex b & (nstripes - 1): process-shared,
+ * robust, one per cache line.  No code holds two stripes at once, and nothing holds a stripe
+ * across I/O or a wait.  Lock order: proc_lock, then one stripe.
+ *
+ * Pins.  refs counts pins.  Each pin is also recorded in the pinning process's pin table
+ * (slot + 1 in an entry); an entry changes only under the stripe lock of the slot it names,
+ * together with refs, so while a stripe is held the entries naming its slots add up to their
+ * refs.  The first pin of a slot that is not READY (refs 0 -> 1) elects the pinner owner: it
+ * loads, publishes READY or FAILED (error code stored before the state, both release), and
+ * releases.  A pinned slot is never evicted.  The last release of a FAILED slot sends it back
+ * to LOADING (the next pinner retries); the last release of an invalidated (orphan) slot frees
+ * it.  Orphans keep their former bucket with KVS_ORPHAN set so their stripe stays known.
+ *
+ * Allocation (evict.c).  An allocator takes a slot to CLAIMED-by-itself, either FREE -> CLAIMED
+ * by CAS, or by unhashing an unpinned victim under the victim's stripe; then it takes the
+ * key's stripe, looks the key up again (another process may have inserted it: the claim goes
+ * back to FREE) and inserts: key, owner, refs 1, bucket, then state LOADING, then the link.
+ *
+ * Waiting (wait.c).  Waiters spin on acquire loads of the state word, then set the waiters bit
+ * and FUTEX_WAIT (shared) on the word with a bounded slice.  The owner's exchange to READY or
+ * FAILED returns the old word; only if the waiters bit was set does it FUTEX_WAKE.  After each
+ * slice the waiter checks that the owner is alive.
+ *
+ * Processes (proc.c).  Each attached process holds slot i of the process table and an
+ * open-file-description (OFD) write lock on byte i of the region file.  The kernel drops the
+ * lock when the last descriptor of that open file description closes: at death, at exec
+ * (O_CLOEXEC), never at an unrelated close() as a classic POSIX lock would; a fork child closes
+ * its inherited descriptor (kvs_cache_forget) so it cannot keep its parent looking alive.  A
+ * process whose byte is unlocked while its slot is ACTIVE is dead.  Whoever notices first
+ * reclaims it, holding its byte lock so no second reclaimer runs: each recorded pin is returned
+ * under its stripe (a load it owned becomes FAILED with EOWNERDEAD, waking the waiters), slots
+ * it had CLAIMED go back to FREE, its counters fold into the totals, its slot becomes FREE.
+ *
+ * Crashes.  A process dying inside a stripe leaves the mutex EOWNERDEAD; the next locker
+ * rebuilds that stripe's chains from slot metadata (every slot whose state is hashed and whose
+ * bucket maps to the stripe) and recounts refs from all pin tables, then marks the mutex
+ * consistent.  A process dying inside proc_lock can at worst count its counters twice.
+ *
+ *   dies ...                          seen as                       repaired by
+ *   holding a pin / owning a load     byte unlocked, slot ACTIVE    reclaim (waiter or attach)
+ *   between claim and insert          state CLAIMED by it           reclaim
+ *   inside a stripe                   EOWNERDEAD                    stripe rebuild, then reclaim
+ */
+#include <errno.h>
+#include <fcntl.h>
+#include <inttypes.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "config.h"
+#include "internal.h"
+
+struct dims {
+	uint64_t shard_size, capacity, total;
+	uint32_t nslots, nreserved, nbuckets, nstripes, nprocs;
+	uint64_t off_procs, off_stripes, off_buckets, off_slots, off_access, off_data;
+};
+
+static uint64_t align_up(uint64_t v, uint64_t a)
+{
+	return (v + a - 1) / a * a;
+}
+
+static uint32_t pow2_at_least(uint64_t v)
+{
+	uint32_t p = 1;
+
+	while (p < v && p < (1u << 30))
+		p <<= 1;
+	return p;
+}
+
+/* Derive every dimension and offset of the region from the configuration. */
+static int dims_of(const struct kvs_config *cfg, struct dims *d)
+{
+	memset(d, 0, sizeof(*d));
+	d->shard_size = cfg->cache_shard_size;
+	if (d->shard_size == 0 || d->shard_size % KVS_PAGE || d->shard_size > UINT32_MAX)
+		return -EINVAL;
+	uint64_t n = cfg->cache_capacity / d->shard_size;
+	if (n == 0 || n >= (1u << 30))
+		return -EINVAL;
+	d->nslots = (uint32_t)n;
+	d->capacity = n * d->shard_size;
+	d->nreserved = (uint32_t)(n * cfg->cache_reserved / 100);
+	if (d->nreserved >= d->nslots)
+		d->nreserved = d->nslots - 1;
+	d->nbuckets = pow2_at_least(n);
+	d->nstripes = d->nbuckets < KVS_MAX_STRIPES ? d->nbuckets : KVS_MAX_STRIPES;
+	d->nprocs = (uint32_t)cfg->cache_max_processes;
+	if (d->nprocs == 0 || d->nprocs > 4096)
+		return -EINVAL;
+
+	uint64_t off = align_up(sizeof(struct kvs_hdr), KVS_CACHELINE);
+	d->off_procs = off;
+	off = align_up(off + (uint64_t)d->nprocs * sizeof(struct kvs_proc), KVS_CACHELINE);
+	d->off_stripes = off;
+	off += (uint64_t)d->nstripes * sizeof(struct kvs_stripe);
+	d->off_buckets = off;
+	off = align_up(off + (uint64_t)d->nbuckets * 4, KVS_CACHELINE);
+	d->off_slots = off;
+	off += (uint64_t)d->nslots * sizeof(struct kvs_slot);
+	d->off_access = off;
+	off = align_up(off + d->nslots, KVS_PAGE);
+	d->off_data = off;
+	d->total = off + d->capacity;
+	return 0;
+}
+
+int kvs_cache_path(const struct kvs_config *cfg, char *buf, size_t len)
+{
+	int n = snprintf(buf, len, "/dev/shm/kvshim.%u.%s", (unsigned)getuid(), cfg->cache_name);
+
+	return n < 0 || (size_t)n >= len ? -ENAMETOOLONG : 0;
+}
+
+static uint64_t now_ns(void)
+{
+	struct timespec ts;
+
+	clock_gettime(CLOCK_REALTIME, &ts);
+	return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
+}
+
+/* Point the handle's section pointers into the mapping described by d. */
+static void bind(struct kvs_cache *c, const struct dims *d)
+{
+	char *b = c->base;
+
+	c->hdr = (struct kvs_hdr *)b;
+	c->procs = b + d->off_procs;
+	c->stripes = (struct kvs_stripe *)(b + d->off_stripes);
+	c->buckets = (_Atomic uint32_t *)(b + d->off_buckets);
+	c->slots = (struct kvs_slot *)(b + d->off_slots);
+	c->access = (_Atomic uint8_t *)(b + d->off_access);
+	c->data = b + d->off_data;
+	c->nslots = d->nslots;
+	c->nmain = d->nslots - d->nreserved;
+	c->nbuckets = d->nbuckets;
+	c->nstripes = d->nstripes;
+	c->nprocs = d->nprocs;
+	c->shard_size = d->shard_size;
+}
+
+/* Build a fresh region in the mapping: everything but the magic, which goes last. */
+static int build(struct kvs_cache *c, const struct dims *d, const struct kvs_config *cfg)
+{
+	struct kvs_hdr *h = c->hdr;
+	int r;
+
+	h->version = KVS_LAYOUT_VERSION;
+	h->hdr_bytes = sizeof(*h);
+	h->total_bytes = d->total;
+	h->capacity = d->capacity;
+	h->shard_size = d->shard_size;
+	h->nslots = d->nslots;
+	h->nreserved = d->nreserved;
+	h->nbuckets = d->nbuckets;
+	h->nstripes = d->nstripes;
+	h->nprocs = d->nprocs;
+	h->npins = KVS_PINS_PER_PROC;
+	h->eviction = (uint32_t)cfg->cache_eviction;
+	h->off_procs = d->off_procs;
+	h->off_stripes = d->off_stripes;
+	h->off_buckets = d->off_buckets;
+	h->off_slots = d->off_slots;
+	h->off_access = d->off_access;
+	h->off_data = d->off_data;
+	h->created_ns = now_ns();
+	r = kvs_mutex_init_shared(&h->proc_lock);
+	if (r)
+		return r;
+	for (uint32_t i = 0; i < d->nstripes; i++) {
+		r = kvs_mutex_init_shared(&c->stripes[i].mu);
+		if (r)
+			return r;
+	}
+	for (uint32_t i = 0; i < d->nbuckets; i++)
+		store_relaxed(&c->buckets[i], KVS_NIL);
+	for (uint32_t i = 0; i < d->nslots; i++) {
+		store_relaxed(&c->slots[i].bucket, KVS_NIL);
+		store_relaxed(&c->slots[i].next, KVS_NIL);
+		store_relaxed(&c->slots[i].owner, KVS_NIL);
+	}
+	/* Pairs with the acquire load of magic in check(): readers of a published region see
+	 * every field above. */
+	atomic_thread_fence(memory_order_release);
+	h->magic = KVS_MAGIC;
+	return 0;
+}
+
+#define MISMATCH(field, have, want)                                                                \
+	do {                                                                                       \
+		if ((uint64_t)(have) != (uint64_t)(want)) {                                        \
+			snprintf(msg, msglen,                                                      \
+				 "region %s has %s %" PRIu64 ", the configuration wants %" PRIu64  \
+				 " (run `kvshim reset` to rebuild it)",                            \
+				 c->path, field, (uint64_t)(have), (uint64_t)(want));              \
+			return -EPROTO;                                                            \
+		}                                                                                  \
+	} while (0)
+
+/* Refuse a region whose identity or dimensions differ from d. */
+static int check(struct kvs_cache *c, const struct dims *d, size_t file_size, char *msg,
+		 size_t msglen)
+{
+	const struct kvs_hdr *h = c->hdr;
+
+	if (file_size < sizeof(*h)) {
+		snprintf(msg, msglen, "region %s is truncated (%zu bytes)", c->path, file_size);
+		return -EPROTO;
+	}
+	MISMATCH("magic", h->magic, KVS_MAGIC);
+	atomic_thread_fence(memory_order_acquire); /* pairs with the fence in build() */
+	MISMATCH("layout version", h->version, KVS_LAYOUT_VERSION);
+	MISMATCH("header size", h->hdr_bytes, sizeof(*h));
+	MISMATCH("total_bytes", h->total_bytes, d->total);
+	MISMATCH("file size", file_size, d->total);
+	MISMATCH("shard_size", h->shard_size, d->shard_size);
+	MISMATCH("capacity", h->capacity, d->capacity);
+	MISMATCH("slots", h->nslots, d->nslots);
+	MISMATCH("reserved slots", h->nreserved, d->nreserved);
+	MISMATCH("buckets", h->nbuckets, d->nbuckets);
+	MISMATCH("stripes", h->nstripes, d->nstripes);
+	MISMATCH("max_processes", h->nprocs, d->nprocs);
+	MISMATCH("pins per process", h->npins, KVS_PINS_PER_PROC);
+	MISMATCH("off_procs", h->off_procs, d->off_procs);
+	MISMATCH("off_stripes", h->off_stripes, d->off_stripes);
+	MISMATCH("off_buckets", h->off_buckets, d->off_buckets);
+	MISMATCH("off_slots", h->off_slots, d->off_slots);
+	MISMATCH("off_access", h->off_access, d->off_access);
+	MISMATCH("off_data", h->off_data, d->off_data);
+	return 0;
+}
+
+/* Create the region under a temporary name and link it into place.  Returns the descriptor of
+ * the published region, -EEXIST when another process published first, or -errno. */
+static int create(struct kvs_cache *c, const struct dims *d, const struct kvs_config *cfg,
+		  char *msg, size_t msglen)
+{
+	char tmp[sizeof(c->path) + 48];
+	static _Atomic unsigned seq;
+	int fd, r;
+
+	snprintf(tmp, sizeof(tmp), "%s.tmp.%d.%u", c->path, (int)getpid(), add_relaxed(&seq, 1));
+	fd = open(tmp, O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC | O_NOFOLLOW, 0600);
+	if (fd < 0) {
+		r = -errno;
+		snprintf(msg, msglen, "cannot create %s: %s", tmp, strerror(-r));
+		return r;
+	}
+	if (fchmod(fd, (mode_t)cfg->cache_mode) < 0 || ftruncate(fd, (off_t)d->total) < 0) {
+		r = -errno;
+		snprintf(msg, msglen, "cannot size %s to %" PRIu64 " bytes: %s", tmp, d->total,
+			 strerror(-r));
+		goto err_unlink;
+	}
+	c->base = mmap(NULL, d->total, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+	if (c->base == MAP_FAILED) {
+		r = -errno;
+		c->base = NULL;
+		snprintf(msg, msglen, "cannot map %s: %s", tmp, strerror(-r));
+		goto err_unlink;
+	}
+	c->map_len = d->total;
+	bind(c, d);
+	r = build(c, d, cfg);
+	if (r) {
+		snprintf(msg, msglen, "cannot initialise %s: %s", tmp, strerror(-r));
+		goto err_unmap;
+	}
+	if (link(tmp, c->path) < 0) {
+		r = -errno;
+		if (r != -EEXIST)
+			snprintf(msg, msglen, "cannot publish %s: %s", c->path, strerror(-r));
+		goto err_unmap;
+	}
+	unlink(tmp);
+	return fd;
+
+err_unmap:
+	munmap(c->base, c->map_len);
+	c->base = NULL;
+err_unlink:
+	unlink(tmp);
+	close(fd);
+	return r;
+}
+
+/* Map an existing region and check it against d.  Returns 0 or -errno. */
+static int attach(struct kvs_cache *c, const struct dims *d, char *msg, size_t msglen)
+{
+	struct stat st;
+	size_t len;
+	int r;
+
+	c->fd = open(c->path, O_RDWR | O_CLOEXEC | O_NOFOLLOW);
+	if (c->fd < 0) {
+		r = -errno;
+		if (r != -ENOENT)
+			snprintf(msg, msglen, "cannot open %s: %s", c->path, strerror(-r));
+		return r;
+	}
+	if (fstat(c->fd, &st) < 0) {
+		r = -errno;
+		goto err_close;
+	}
+	if ((uint64_t)st.st_size != d->total) {
+		c->base = NULL;
+		c->hdr = NULL;
+		/* Map the header alone to say what differs. */
+		if ((size_t)st.st_size >= sizeof(struct kvs_hdr)) {
+			void *h =
+			    mmap(NULL, sizeof(struct kvs_hdr), PROT_READ, MAP_SHARED, c->fd, 0);
+			if (h != MAP_FAILED) {
+				c->hdr = h;
+				r = check(c, d, (size_t)st.st_size, msg, msglen);
+				munmap(h, sizeof(struct kvs_hdr));
+				c->hdr = NULL;
+				if (r)
+					goto err_close;
+			}
+		}
+		snprintf(msg, msglen, "region %s is %lld bytes, the configuration wants %" PRIu64,
+			 c->path, (long long)st.st_size, d->total);
+		r = -EPROTO;
+		goto err_close;
+	}
+	len = c->watch ? d->off_data : d->total;
+	c->base = mmap(NULL, len, PROT_READ | PROT_WRITE, MAP_SHARED, c->fd, 0);
+	if (c->base == MAP_FAILED) {
+		r = -errno;
+		c->base = NULL;
+		snprintf(msg, msglen, "cannot map %s: %s", c->path, strerror(-r));
+		goto err_close;
+	}
+	c->map_len = len;
+	bind(c, d);
+	r = check(c, d, (size_t)st.st_size, msg, msglen);
+	if (r)
+		goto err_unmap;
+	return 0;
+
+err_unmap:
+	munmap(c->base, c->map_len);
+	c->base = NULL;
+err_close:
+	close(c->fd);
+	c->fd = -1;
+	return r;
+}
+
+int kvs_cache_open(const struct kvs_config *cfg, int flags, struct kvs_cache **out, char *msg,
+		   size_t msglen)
+{
+	char scratch[8];
+	struct kvs_cache *c;
+	struct dims d;
+	int r;
+
+	if (!msg) {
+		msg = scratch;
+		msglen = sizeof(scratch);
+	}
+	msg[0] = '\0';
+	r = dims_of(cfg, &d);
+	if (r) {
+		snprintf(msg, msglen, "the cache dimensions are out of range");
+		return r;
+	}
+	c = calloc(1, sizeof(*c));
+	if (!c)
+		return -ENOMEM;
+	c->fd = -1;
+	c->self = -1;
+	c->watch = flags & KVS_OPEN_WATCH;
+	c->wait_mode = cfg->loader_wait;
+	c->eviction = cfg->cache_eviction;
+	pthread_mutex_init(&c->reclaim_mu, NULL);
+	r = kvs_cache_path(cfg, c->path, sizeof(c->path));
+	if (r)
+		goto err_free;
+
+	for (int tries = 0; tries < 8; tries++) {
+		r = attach(c, &d, msg, msglen);
+		if (r != -ENOENT || !(flags & KVS_OPEN_CREATE))
+			break;
+		r = create(c, &d, cfg, msg, msglen);
+		if (r >= 0) {
+			c->fd = r;
+			r = 0;
+			break;
+		}
+		if (r != -EEXIST)
+			break;
+	}
+	if (r)
+		goto err_free;
+	if (!c->watch) {
+		r = kvs_proc_attach(c);
+		if (r) {
+			snprintf(msg, msglen, "cannot attach to %s: %s", c->path,
+				 r == -EUSERS ? "the process table is full" : strerror(-r));
+			goto err_unmap;
+		}
+	}
+	*out = c;
+	return 0;
+
+err_unmap:
+	munmap(c->base, c->map_len);
+	close(c->fd);
+err_free:
+	pthread_mutex_destroy(&c->reclaim_mu);
+	free(c);
+	return r;
+}
+
+void kvs_cache_close(struct kvs_cache *c)
+{
+	if (!c)
+		return;
+	if (!c->watch && c->self >= 0)
+		kvs_proc_detach(c);
+	if (c->base)
+		munmap(c->base, c->map_len);
+	if (c->fd >= 0)
+		close(c->fd);
+	pthread_mutex_destroy(&c->reclaim_mu);
+	free(c);
+}
+
+void kvs_cache_forget(struct kvs_cache *c)
+{
+	if (!c)
+		return;
+	if (c->base)
+		munmap(c->base, c->map_len);
+	if (c->fd >= 0)
+		close(c->fd);
+	/* The reclaim mutex may have been held by a thread that does not exist in the child:
+	 * do not touch it; the handle's memory is abandoned with it. */
+}
+
+uint64_t kvs_cache_shard_size(const struct kvs_cache *c)
+{
+	return c->shard_size;
+}
+
+int kvs_cache_self(const struct kvs_cache *c)
+{
+	return c->self;
+}
+
+int kvs_cache_stat(struct kvs_cache *c, struct kvs_region_info *info, struct kvs_counters *totals,
+		   struct kvs_proc_info *procs, int nprocs)
+{
+	int n = 0, r;
+
+	memset(info, 0, sizeof(*info));
+	memset(totals, 0, sizeof(*totals));
+	info->capacity_bytes = c->hdr->capacity;
+	info->shard_size = c->shard_size;
+	info->total_bytes = c->hdr->total_bytes;
+	info->slots = c->nslots;
+	info->reserved_slots = c->nslots - c->nmain;
+	info->max_processes = c->nprocs;
+	for (uint32_t i = 0; i < c->nslots; i++) {
+		uint32_t st = st_of(load_relaxed(&c->slots[i].state));
+
+		info->slots_ready += st == KVS_SLOT_READY;
+		info->slots_loading += st == KVS_SLOT_LOADING;
+		info->slots_failed += st == KVS_SLOT_FAILED;
+		info->slots_pinned += load_relaxed(&c->slots[i].refs) != 0;
+	}
+	r = kvs_proc_lock(c);
+	if (r)
+		return r;
+	for (int k = 0; k < KVS_NCOUNTERS; k++)
+		totals->v[k] = load_relaxed(&c->hdr->totals[k]);
+	for (uint32_t i = 0; i < c->nprocs; i++) {
+		struct kvs_proc *p = proc_at(c, i);
+
+		if (load_relaxed(&p->state) != KVS_PROC_ACTIVE)
+			continue;
+		bool alive = (int)i == c->self || kvs_proc_alive(c, i);
+
+		info->processes_attached += alive;
+		for (int k = 0; k < KVS_NCOUNTERS; k++)
+			totals->v[k] += load_relaxed(&p->ctr[k]);
+		if (procs && n < nprocs) {
+			procs[n].pid = p->pid;
+			procs[n].rank = load_relaxed(&p->rank);
+			procs[n].alive = alive;
+			for (int k = 0; k < KVS_NCOUNTERS; k++)
+				procs[n].ctr.v[k] = load_relaxed(&p->ctr[k]);
+		}
+		n++;
+	}
+	kvs_proc_unlock(c);
+	return n;
+}

@@ -1,0 +1,375 @@
+/*
+ * slot: pin, release, publish, look up, preallocate and invalidate (protocol: region.c).
+ */
+#include <errno.h>
+
+#include "internal.h"
+
+/* Find key in bucket b; caller holds its stripe.  Returns the slot, KVS_NIL, or -EUCLEAN as
+ * a negative int when the chain leaves bounds or loops. */
+static int64_t find_locked(struct kvs_cache *c, uint32_t b, const struct kvs_key *key)
+{
+	uint32_t i = load_relaxed(&c->buckets[b]);
+
+	for (uint32_t steps = 0; i != KVS_NIL; steps++) {
+		if (i >= c->nslots || steps > c->nslots)
+			return -EUCLEAN;
+		if (key_eq(&c->slots[i], key))
+			return i;
+		i = load_relaxed(&c->slots[i].next);
+	}
+	return KVS_NIL;
+}
+
+int kvs_slot_unlink_locked(struct kvs_cache *c, uint32_t slot, uint32_t b)
+{
+	_Atomic uint32_t *link = &c->buckets[b];
+
+	for (uint32_t steps = 0; steps <= c->nslots; steps++) {
+		uint32_t i = load_relaxed(link);
+
+		if (i == slot) {
+			store_relaxed(link, load_relaxed(&c->slots[slot].next));
+			store_relaxed(&c->slots[slot].next, KVS_NIL);
+			return 0;
+		}
+		if (i >= c->nslots)
+			return i == KVS_NIL ? 0 : -EUCLEAN; /* absent: nothing to unlink */
+		link = &c->slots[i].next;
+	}
+	return -EUCLEAN;
+}
+
+/* Record a pin of slot in this process's pin table; caller holds the slot's stripe. */
+static int record_pin_locked(struct kvs_cache *c, uint32_t slot, uint32_t *entry)
+{
+	uint32_t h = add_relaxed(&c->pin_hint, 1);
+
+	for (uint32_t n = 0; n < KVS_PINS_PER_PROC; n++) {
+		uint32_t e = (h + n) & (KVS_PINS_PER_PROC - 1), zero = 0;
+
+		/* Other threads of this process claim entries under other stripes: CAS. */
+		if (cas_acq_rel(&c->me->pin[e], &zero, slot + 1)) {
+			*entry = e;
+			return 0;
+		}
+	}
+	return -ENOBUFS;
+}
+
+/* Pin hashed slot i; caller holds its stripe.  Elects the owner (refs 0 -> 1, not READY). */
+static int pin_found_locked(struct kvs_cache *c, uint32_t i, struct kvs_pin *pin)
+{
+	struct kvs_slot *s = &c->slots[i];
+	int r = record_pin_locked(c, i, &pin->entry);
+
+	if (r)
+		return r;
+	pin->slot = i;
+	uint32_t refs = load_relaxed(&s->refs);
+	store_relaxed(&s->refs, refs + 1);
+	uint32_t st = st_of(load_acquire(&s->state)); /* pairs with publish() */
+	if (st == KVS_SLOT_READY) {
+		store_relaxed(&c->access[i], 1);
+		return KVS_PIN_HIT;
+	}
+	if (refs == 0) {
+		/* No pins, so no waiters: a plain store clears FAILED for the retry. */
+		store_relaxed(&s->owner, (uint32_t)c->self);
+		store_relaxed(&s->err, 0);
+		store_release(&s->state, KVS_SLOT_LOADING);
+		return KVS_PIN_OWNER;
+	}
+	return KVS_PIN_WAIT;
+}
+
+/* Hash claimed slot v under key in bucket b, unowned and unpinned; caller holds the stripe. */
+static void insert_locked(struct kvs_cache *c, uint32_t v, uint32_t b, const struct kvs_key *key)
+{
+	struct kvs_slot *s = &c->slots[v];
+
+	s->key[0] = key->block_lo;
+	s->key[1] = key->block_hi;
+	s->key[2] = key->shard;
+	store_relaxed(&s->owner, KVS_NIL);
+	store_relaxed(&s->err, 0);
+	store_relaxed(&s->length, 0);
+	store_relaxed(&s->refs, 0);
+	store_relaxed(&s->bucket, b);
+	store_release(&s->state, KVS_SLOT_LOADING);
+	store_relaxed(&s->next, load_relaxed(&c->buckets[b]));
+	store_relaxed(&c->buckets[b], v);
+	store_relaxed(&c->access[v], 1);
+}
+
+/* Give back a claim that was not used. */
+static void unclaim(struct kvs_cache *c, uint32_t v)
+{
+	store_release(&c->slots[v].state, KVS_SLOT_FREE);
+}
+
+/*
+ * Find key or allocate a slot for it.  With pin, pin it (owner on a miss); without, insert it
+ * unowned (prealloc).  Returns a kvs_pin_result, -EEXIST (prealloc of a present key), or
+ * -errno.
+ */
+static int lookup_or_insert(struct kvs_cache *c, const struct kvs_key *key,
+			    enum kvs_alloc_class cls, struct kvs_pin *pin)
+{
+	uint32_t b = key_bucket(c, key), stripe = bucket_stripe(c, b), v = KVS_NIL;
+	int64_t i;
+	int r;
+
+	if (c->self < 0)
+		return -EPERM;
+	for (;;) {
+		r = kvs_stripe_lock(c, stripe);
+		if (r)
+			goto out_unclaim;
+		i = find_locked(c, b, key);
+		if (i < 0) {
+			r = (int)i;
+			goto out_unlock;
+		}
+		if (i != KVS_NIL) {
+			r = pin ? pin_found_locked(c, (uint32_t)i, pin) : -EEXIST;
+			goto out_unlock;
+		}
+		if (v != KVS_NIL)
+			break;
+		/* Miss: claim a slot without holding the stripe (eviction takes others). */
+		kvs_stripe_unlock(c, stripe);
+		r = kvs_evict_claim(c, cls, &v);
+		if (r)
+			return r;
+	}
+	insert_locked(c, v, b, key);
+	if (pin) {
+		r = pin_found_locked(c, v, pin);
+		if (r < 0) {
+			kvs_slot_unlink_locked(c, v, b);
+			store_relaxed(&c->slots[v].bucket, KVS_NIL);
+			store_release(&c->slots[v].state, KVS_ST_CLAIMED_BY(c->self));
+			goto out_unlock;
+		}
+	} else {
+		kvs_cache_count(c, KVS_CTR_prefetches, 1);
+		r = 0;
+	}
+	v = KVS_NIL; /* used */
+out_unlock:
+	kvs_stripe_unlock(c, stripe);
+out_unclaim:
+	if (v != KVS_NIL)
+		unclaim(c, v);
+	return r;
+}
+
+int kvs_cache_pin(struct kvs_cache *c, const struct kvs_key *key, enum kvs_alloc_class cls,
+		  struct kvs_pin *pin)
+{
+	return lookup_or_insert(c, key, cls, pin);
+}
+
+int kvs_cache_prealloc(struct kvs_cache *c, const struct kvs_key *key)
+{
+	return lookup_or_insert(c, key, KVS_ALLOC_PREFETCH, NULL);
+}
+
+/* The stripe that guards slot i (hashed or orphan), locked; re-read until stable. */
+static int lock_slot_stripe(struct kvs_cache *c, uint32_t i, uint32_t *stripe)
+{
+	for (int tries = 0; tries < 1000; tries++) {
+		uint32_t b = load_relaxed(&c->slots[i].bucket);
+		int r;
+
+		if (b == KVS_NIL || (b & ~KVS_ORPHAN) >= c->nbuckets)
+			return -EUCLEAN;
+		*stripe = bucket_stripe(c, b & ~KVS_ORPHAN);
+		r = kvs_stripe_lock(c, *stripe);
+		if (r)
+			return r;
+		if (load_relaxed(&c->slots[i].bucket) == b)
+			return 0;
+		kvs_stripe_unlock(c, *stripe);
+	}
+	return -EUCLEAN;
+}
+
+/* Drop the pin recorded in entry e of process pr on slot i; caller holds the stripe. */
+static void unpin_locked(struct kvs_cache *c, struct kvs_proc *pr, uint32_t e, uint32_t i)
+{
+	struct kvs_slot *s = &c->slots[i];
+	uint32_t refs = load_relaxed(&s->refs);
+
+	store_relaxed(&pr->pin[e], 0);
+	if (refs == 0)
+		return; /* corrupt; never underflow */
+	store_relaxed(&s->refs, refs - 1);
+	if (refs != 1)
+		return;
+	/* Last pin: no waiters can exist, so plain stores are enough. */
+	uint32_t b = load_relaxed(&s->bucket);
+	if (b & KVS_ORPHAN) {
+		store_relaxed(&s->bucket, KVS_NIL);
+		store_release(&s->state, KVS_SLOT_FREE);
+	} else if (st_of(load_relaxed(&s->state)) == KVS_SLOT_FAILED) {
+		store_release(&s->state, KVS_SLOT_LOADING);
+	}
+}
+
+void kvs_cache_release(struct kvs_cache *c, const struct kvs_pin *pin)
+{
+	uint32_t stripe;
+
+	if (pin->slot >= c->nslots || pin->entry >= KVS_PINS_PER_PROC)
+		return;
+	if (lock_slot_stripe(c, pin->slot, &stripe))
+		return;
+	if (load_relaxed(&c->me->pin[pin->entry]) == pin->slot + 1)
+		unpin_locked(c, c->me, pin->entry, pin->slot);
+	kvs_stripe_unlock(c, stripe);
+}
+
+/* Publish a final state with a release exchange; wake sleepers only if they said so. */
+static void publish(struct kvs_slot *s, uint32_t state)
+{
+	/* Pairs with the acquire loads in kvs_cache_wait() and pin_found_locked(). */
+	uint32_t old = xchg_acq_rel(&s->state, state);
+
+	if (old & KVS_ST_WAITERS)
+		kvs_wake_all(&s->state);
+}
+
+void kvs_cache_mark_ready(struct kvs_cache *c, const struct kvs_pin *pin, uint32_t length)
+{
+	struct kvs_slot *s = &c->slots[pin->slot];
+
+	store_relaxed(&s->length, length);
+	publish(s, KVS_SLOT_READY);
+}
+
+void kvs_cache_mark_failed(struct kvs_cache *c, const struct kvs_pin *pin, int err)
+{
+	struct kvs_slot *s = &c->slots[pin->slot];
+
+	store_relaxed(&s->err, err > 0 ? err : EIO);
+	publish(s, KVS_SLOT_FAILED);
+}
+
+void kvs_slot_fail_locked(struct kvs_cache *c, uint32_t slot, int err)
+{
+	struct kvs_slot *s = &c->slots[slot];
+
+	store_relaxed(&s->err, err);
+	publish(s, KVS_SLOT_FAILED);
+}
+
+int kvs_cache_mark_not_ready(struct kvs_cache *c, const struct kvs_pin *pin)
+{
+	struct kvs_slot *s = &c->slots[pin->slot];
+	uint32_t stripe;
+	int r = lock_slot_stripe(c, pin->slot, &stripe);
+
+	if (r)
+		return r;
+	if (load_relaxed(&s->refs) == 1 && st_of(load_relaxed(&s->state)) == KVS_SLOT_READY) {
+		store_relaxed(&s->owner, (uint32_t)c->self);
+		store_release(&s->state, KVS_SLOT_LOADING);
+	} else {
+		r = -EBUSY;
+	}
+	kvs_stripe_unlock(c, stripe);
+	return r;
+}
+
+void *kvs_cache_data(struct kvs_cache *c, const struct kvs_pin *pin)
+{
+	return c->data + (size_t)pin->slot * c->shard_size;
+}
+
+uint32_t kvs_cache_length(struct kvs_cache *c, const struct kvs_pin *pin)
+{
+	uint32_t len = load_relaxed(&c->slots[pin->slot].length);
+
+	return len <= c->shard_size ? len : 0;
+}
+
+int kvs_cache_lookup(struct kvs_cache *c, const struct kvs_key *key)
+{
+	uint32_t b = key_bucket(c, key), stripe = bucket_stripe(c, b);
+	int64_t i;
+	int r = kvs_stripe_lock(c, stripe);
+
+	if (r)
+		return r;
+	i = find_locked(c, b, key);
+	if (i < 0)
+		r = (int)i;
+	else if (i == KVS_NIL)
+		r = -ENOENT;
+	else
+		r = (int)st_of(load_acquire(&c->slots[i].state));
+	kvs_stripe_unlock(c, stripe);
+	return r;
+}
+
+int kvs_cache_invalidate(struct kvs_cache *c, const struct kvs_key *block, uint64_t first,
+			 uint64_t last)
+{
+	int removed = 0;
+
+	for (uint64_t sh = first; sh <= last && sh - first < c->nslots; sh++) {
+		struct kvs_key k = {block->block_lo, block->block_hi, sh};
+		uint32_t b = key_bucket(c, &k), stripe = bucket_stripe(c, b);
+		int64_t i;
+
+		if (kvs_stripe_lock(c, stripe))
+			break;
+		i = find_locked(c, b, &k);
+		if (i >= 0 && i != KVS_NIL && kvs_slot_unlink_locked(c, (uint32_t)i, b) == 0) {
+			struct kvs_slot *s = &c->slots[i];
+
+			if (load_relaxed(&s->refs) == 0) {
+				store_relaxed(&s->bucket, KVS_NIL);
+				store_release(&s->state, KVS_SLOT_FREE);
+			} else {
+				store_relaxed(&s->bucket, b | KVS_ORPHAN);
+			}
+			removed++;
+		}
+		kvs_stripe_unlock(c, stripe);
+	}
+	return removed;
+}
+
+/* Return every pin that dead process p recorded, failing the loads it owned.  Caller holds
+ * p's liveness byte (so no other reclaimer runs). */
+void kvs_slot_unpin_all(struct kvs_cache *c, uint32_t p)
+{
+	struct kvs_proc *pr = proc_at(c, p);
+
+	for (uint32_t e = 0; e < KVS_PINS_PER_PROC; e++) {
+		uint32_t v = load_relaxed(&pr->pin[e]), stripe;
+
+		if (v == 0)
+			continue;
+		if (v > c->nslots || lock_slot_stripe(c, v - 1, &stripe)) {
+			store_relaxed(&pr->pin[e], 0);
+			continue;
+		}
+		struct kvs_slot *s = &c->slots[v - 1];
+		if (load_relaxed(&pr->pin[e]) == v) {
+			if (load_relaxed(&s->owner) == p &&
+			    st_of(load_relaxed(&s->state)) == KVS_SLOT_LOADING)
+				kvs_slot_fail_locked(c, v - 1, EOWNERDEAD);
+			unpin_locked(c, pr, e, v - 1);
+		}
+		kvs_stripe_unlock(c, stripe);
+	}
+}
+
+int kvs_cache_test_lock_key(struct kvs_cache *c, const struct kvs_key *key)
+{
+	return kvs_stripe_lock(c, bucket_stripe(c, key_bucket(c, key)));
+}

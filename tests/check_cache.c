@@ -1,0 +1,813 @@
+/*
+ * check_cache: the shared region and its slot protocol, across real processes.
+ *
+ * Each case builds its own region (a unique cache.name) and removes it at the end.  The
+ * multi-process cases fork real children that attach on their own (a child never uses the
+ * parent's handle), and report through an anonymous shared mapping.
+ */
+#include <check.h>
+#include <errno.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "cache.h"
+#include "config.h"
+#include "internal.h"
+
+static int case_seq;
+
+static void test_config(struct kvs_config *cfg, uint64_t slots, uint64_t shard)
+{
+	kvs_config_defaults(cfg);
+	snprintf(cfg->cache_name, sizeof(cfg->cache_name), "check.%d.%d", (int)getpid(),
+		 case_seq++);
+	cfg->cache_shard_size = shard;
+	cfg->cache_capacity = slots * shard;
+	cfg->cache_reserved = 0;
+	cfg->cache_max_processes = 16;
+}
+
+static void remove_region(const struct kvs_config *cfg)
+{
+	char path[256];
+
+	kvs_cache_path(cfg, path, sizeof(path));
+	unlink(path);
+}
+
+static struct kvs_cache *open_ok(const struct kvs_config *cfg)
+{
+	struct kvs_cache *c = NULL;
+	char msg[256];
+	int r = kvs_cache_open(cfg, KVS_OPEN_CREATE, &c, msg, sizeof(msg));
+
+	ck_assert_msg(r == 0, "open: %d %s", r, msg);
+	return c;
+}
+
+static struct kvs_key key_of(uint64_t block, uint64_t shard)
+{
+	struct kvs_key k = {block * 0x9e3779b97f4a7c15ull + 1, block, shard};
+
+	return k;
+}
+
+static uint64_t mono_ms(void)
+{
+	struct timespec ts;
+
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return (uint64_t)ts.tv_sec * 1000 + (uint64_t)ts.tv_nsec / 1000000;
+}
+
+/* Load key as owner: fill the slot with a pattern derived from the key, publish READY. */
+static void load_pattern(struct kvs_cache *c, const struct kvs_pin *pin, const struct kvs_key *k)
+{
+	memset(kvs_cache_data(c, pin), (int)(k->shard * 7 + k->block_hi) & 0xff, 4096);
+	kvs_cache_mark_ready(c, pin, 4096);
+}
+
+static bool pattern_ok(struct kvs_cache *c, const struct kvs_pin *pin, const struct kvs_key *k)
+{
+	const unsigned char *d = kvs_cache_data(c, pin);
+	unsigned char want = (unsigned char)((k->shard * 7 + k->block_hi) & 0xff);
+
+	for (int i = 0; i < 4096; i++)
+		if (d[i] != want)
+			return false;
+	return kvs_cache_length(c, pin) == 4096;
+}
+
+static void *shared_anon(size_t len)
+{
+	void *p = mmap(NULL, len, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
+
+	ck_assert(p != MAP_FAILED);
+	memset(p, 0, len);
+	return p;
+}
+
+/* Wait for every child; fail the test if one did not exit 0. */
+static void reap_children(pid_t *pids, int n)
+{
+	for (int i = 0; i < n; i++) {
+		int st = 0;
+
+		if (pids[i] <= 0)
+			continue;
+		ck_assert(waitpid(pids[i], &st, 0) == pids[i]);
+		ck_assert_msg(WIFEXITED(st) && WEXITSTATUS(st) == 0, "child %d status %#x", i, st);
+	}
+}
+
+static uint32_t pinned_slots(struct kvs_cache *c)
+{
+	struct kvs_region_info info;
+	struct kvs_counters tot;
+
+	ck_assert(kvs_cache_stat(c, &info, &tot, NULL, 0) >= 0);
+	return info.slots_pinned;
+}
+
+/* ------------------------------------------------------------------ core */
+
+START_TEST(test_layout_pinned)
+{
+	/* The shared structures' offsets are the layout; moving one must bump the version. */
+	ck_assert_uint_eq(sizeof(struct kvs_slot), 128);
+	ck_assert_uint_eq(offsetof(struct kvs_slot, state), 0);
+	ck_assert_uint_eq(offsetof(struct kvs_slot, refs), 64);
+	ck_assert_uint_eq(offsetof(struct kvs_slot, bucket), 68);
+	ck_assert_uint_eq(offsetof(struct kvs_slot, next), 72);
+	ck_assert_uint_eq(offsetof(struct kvs_slot, owner), 76);
+	ck_assert_uint_eq(offsetof(struct kvs_slot, err), 80);
+	ck_assert_uint_eq(offsetof(struct kvs_slot, length), 84);
+	ck_assert_uint_eq(offsetof(struct kvs_slot, key), 88);
+	ck_assert_uint_eq(offsetof(struct kvs_hdr, magic), 0);
+	ck_assert_uint_eq(offsetof(struct kvs_hdr, nslots), 40);
+	ck_assert_uint_eq(offsetof(struct kvs_hdr, off_procs), 72);
+	ck_assert_uint_eq(offsetof(struct kvs_hdr, off_data), 112);
+	ck_assert_uint_eq(offsetof(struct kvs_hdr, hand), 128);
+	ck_assert_uint_eq(offsetof(struct kvs_hdr, rhand), 192);
+	ck_assert_uint_eq(offsetof(struct kvs_hdr, proc_lock), 256);
+	ck_assert_uint_eq(offsetof(struct kvs_hdr, totals), 320);
+	ck_assert_uint_eq(offsetof(struct kvs_proc, ctr), 64);
+	ck_assert_uint_eq(offsetof(struct kvs_proc, pin), 192);
+	ck_assert_uint_eq(sizeof(struct kvs_stripe), 64);
+	ck_assert_uint_eq(KVS_LAYOUT_VERSION, 1);
+
+	struct kvs_config cfg;
+	test_config(&cfg, 8, 4096);
+	struct kvs_cache *c = open_ok(&cfg);
+	ck_assert_uint_eq((uintptr_t)c->data % 4096, 0);
+	ck_assert_uint_eq((uintptr_t)c->stripes % 64, 0);
+	ck_assert_uint_eq((uintptr_t)c->slots % 64, 0);
+	ck_assert_uint_eq(c->nbuckets, 8);
+	ck_assert_uint_eq(c->hdr->off_data % 4096, 0);
+	kvs_cache_close(c);
+	remove_region(&cfg);
+}
+END_TEST
+
+START_TEST(test_create_attach_mismatch)
+{
+	struct kvs_config cfg, other;
+	struct kvs_cache *a, *b = NULL;
+	char path[256], msg[256];
+	struct stat st;
+
+	test_config(&cfg, 8, 4096);
+	cfg.cache_mode = 0640;
+	ck_assert_int_eq(kvs_cache_open(&cfg, 0, &b, msg, sizeof(msg)), -ENOENT);
+	a = open_ok(&cfg);
+	kvs_cache_path(&cfg, path, sizeof(path));
+	ck_assert_int_eq(stat(path, &st), 0);
+	ck_assert_uint_eq(st.st_mode & 0777, 0640);
+	b = open_ok(&cfg);
+	ck_assert_int_ne(kvs_cache_self(a), kvs_cache_self(b));
+
+	other = cfg;
+	other.cache_shard_size = 8192;
+	other.cache_capacity = 8 * 8192;
+	ck_assert_int_eq(kvs_cache_open(&other, KVS_OPEN_CREATE, &b, msg, sizeof(msg)), -EPROTO);
+	ck_assert_msg(strstr(msg, "shard_size") || strstr(msg, "bytes"), "msg: %s", msg);
+	other = cfg;
+	other.cache_max_processes = 17;
+	ck_assert_int_eq(kvs_cache_open(&other, KVS_OPEN_CREATE, &b, msg, sizeof(msg)), -EPROTO);
+	kvs_cache_close(a);
+	remove_region(&cfg);
+}
+END_TEST
+
+START_TEST(test_pin_owner_hit)
+{
+	struct kvs_config cfg;
+	struct kvs_pin p1, p2;
+	struct kvs_key k = key_of(1, 0);
+
+	test_config(&cfg, 8, 4096);
+	struct kvs_cache *c = open_ok(&cfg);
+	ck_assert_int_eq(kvs_cache_lookup(c, &k), -ENOENT);
+	ck_assert_int_eq(kvs_cache_pin(c, &k, KVS_ALLOC_LOAD, &p1), KVS_PIN_OWNER);
+	ck_assert_int_eq(kvs_cache_lookup(c, &k), KVS_SLOT_LOADING);
+	ck_assert_int_eq(kvs_cache_pin(c, &k, KVS_ALLOC_LOAD, &p2), KVS_PIN_WAIT);
+	ck_assert_uint_eq(p1.slot, p2.slot);
+	load_pattern(c, &p1, &k);
+	ck_assert_int_eq(kvs_cache_wait(c, &p2, 1000000), 0);
+	ck_assert(pattern_ok(c, &p2, &k));
+	ck_assert_uint_eq(pinned_slots(c), 1);
+	kvs_cache_release(c, &p1);
+	kvs_cache_release(c, &p2);
+	ck_assert_uint_eq(pinned_slots(c), 0);
+	ck_assert_int_eq(kvs_cache_pin(c, &k, KVS_ALLOC_LOAD, &p1), KVS_PIN_HIT);
+	ck_assert(pattern_ok(c, &p1, &k));
+	kvs_cache_release(c, &p1);
+	ck_assert_int_eq(kvs_cache_lookup(c, &k), KVS_SLOT_READY);
+	kvs_cache_close(c);
+	remove_region(&cfg);
+}
+END_TEST
+
+START_TEST(test_failed_then_retry)
+{
+	struct kvs_config cfg;
+	struct kvs_pin own, w, again;
+	struct kvs_key k = key_of(2, 3);
+
+	test_config(&cfg, 8, 4096);
+	struct kvs_cache *c = open_ok(&cfg);
+	ck_assert_int_eq(kvs_cache_pin(c, &k, KVS_ALLOC_LOAD, &own), KVS_PIN_OWNER);
+	ck_assert_int_eq(kvs_cache_pin(c, &k, KVS_ALLOC_LOAD, &w), KVS_PIN_WAIT);
+	kvs_cache_mark_failed(c, &own, ENOMSG);
+	ck_assert_int_eq(kvs_cache_wait(c, &w, 1000000), -ENOMSG);
+	kvs_cache_release(c, &own);
+	/* A pin while FAILED slots still hold pins waits and sees the failure too. */
+	ck_assert_int_eq(kvs_cache_pin(c, &k, KVS_ALLOC_LOAD, &again), KVS_PIN_WAIT);
+	ck_assert_int_eq(kvs_cache_wait(c, &again, 1000000), -ENOMSG);
+	kvs_cache_release(c, &again);
+	kvs_cache_release(c, &w);
+	/* Last pin dropped: back to LOADING, and the next pinner owns the retry. */
+	ck_assert_int_eq(kvs_cache_lookup(c, &k), KVS_SLOT_LOADING);
+	ck_assert_int_eq(kvs_cache_pin(c, &k, KVS_ALLOC_LOAD, &own), KVS_PIN_OWNER);
+	load_pattern(c, &own, &k);
+	kvs_cache_release(c, &own);
+	ck_assert_int_eq(kvs_cache_lookup(c, &k), KVS_SLOT_READY);
+	kvs_cache_close(c);
+	remove_region(&cfg);
+}
+END_TEST
+
+/* Load key as owner and release at once. */
+static uint32_t load_one(struct kvs_cache *c, uint64_t block)
+{
+	struct kvs_key k = key_of(block, 0);
+	struct kvs_pin p;
+
+	ck_assert_int_eq(kvs_cache_pin(c, &k, KVS_ALLOC_LOAD, &p), KVS_PIN_OWNER);
+	load_pattern(c, &p, &k);
+	kvs_cache_release(c, &p);
+	return p.slot;
+}
+
+static void touch(struct kvs_cache *c, uint64_t block)
+{
+	struct kvs_key k = key_of(block, 0);
+	struct kvs_pin p;
+
+	ck_assert_int_eq(kvs_cache_pin(c, &k, KVS_ALLOC_LOAD, &p), KVS_PIN_HIT);
+	kvs_cache_release(c, &p);
+}
+
+static bool present(struct kvs_cache *c, uint64_t block)
+{
+	struct kvs_key k = key_of(block, 0);
+
+	return kvs_cache_lookup(c, &k) == KVS_SLOT_READY;
+}
+
+/* The walk-through of the issue: 4 slots, A B C D; E evicts A; touch B; F evicts C. */
+static void walkthrough(int eviction, bool *b_survives)
+{
+	struct kvs_config cfg;
+	enum { A = 10, B, C, D, E, F };
+
+	test_config(&cfg, 4, 4096);
+	cfg.cache_eviction = eviction;
+	struct kvs_cache *c = open_ok(&cfg);
+	uint32_t sa = load_one(c, A), sb = load_one(c, B), sc = load_one(c, C);
+	load_one(c, D);
+	ck_assert_uint_eq(load_one(c, E), sa);
+	ck_assert(!present(c, A));
+	touch(c, B);
+	uint32_t sf = load_one(c, F);
+	*b_survives = present(c, B);
+	if (eviction == KVS_EVICT_CLOCK) {
+		ck_assert_uint_eq(sf, sc);
+		ck_assert(!present(c, C));
+	} else {
+		ck_assert_uint_eq(sf, sb);
+	}
+	ck_assert(present(c, D) && present(c, E) && present(c, F));
+	kvs_cache_close(c);
+	remove_region(&cfg);
+}
+
+START_TEST(test_clock_walkthrough)
+{
+	bool clock_b, fifo_b;
+
+	walkthrough(KVS_EVICT_CLOCK, &clock_b);
+	walkthrough(KVS_EVICT_FIFO, &fifo_b);
+	ck_assert(clock_b);
+	ck_assert(!fifo_b);
+}
+END_TEST
+
+START_TEST(test_reserved_share)
+{
+	struct kvs_config cfg;
+	struct kvs_pin pins[8], p;
+
+	test_config(&cfg, 8, 4096);
+	cfg.cache_reserved = 25; /* slots 6 and 7 */
+	struct kvs_cache *c = open_ok(&cfg);
+	for (uint64_t b = 0; b < 40; b++) {
+		struct kvs_key k = key_of(100 + b, 0);
+
+		ck_assert_int_eq(kvs_cache_pin(c, &k, KVS_ALLOC_NORMAL, &p), KVS_PIN_OWNER);
+		ck_assert_uint_lt(p.slot, 6);
+		load_pattern(c, &p, &k);
+		kvs_cache_release(c, &p);
+	}
+	/* Pin the whole main share: normal allocations fail, loads take the reserve. */
+	for (int i = 0; i < 6; i++) {
+		struct kvs_key k = key_of(200 + (uint64_t)i, 0);
+		ck_assert_int_eq(kvs_cache_pin(c, &k, KVS_ALLOC_NORMAL, &pins[i]), KVS_PIN_OWNER);
+	}
+	struct kvs_key k = key_of(300, 0);
+	ck_assert_int_eq(kvs_cache_pin(c, &k, KVS_ALLOC_NORMAL, &p), -ENOSPC);
+	ck_assert_int_eq(kvs_cache_pin(c, &k, KVS_ALLOC_LOAD, &p), KVS_PIN_OWNER);
+	ck_assert_uint_ge(p.slot, 6);
+	struct kvs_key k2 = key_of(301, 0);
+	ck_assert_int_eq(kvs_cache_pin(c, &k2, KVS_ALLOC_PREFETCH, &pins[6]), KVS_PIN_OWNER);
+	ck_assert_uint_ge(pins[6].slot, 6);
+	struct kvs_key k3 = key_of(302, 0);
+	ck_assert_int_eq(kvs_cache_pin(c, &k3, KVS_ALLOC_LOAD, &pins[7]), -ENOSPC);
+	kvs_cache_release(c, &p);
+	for (int i = 0; i < 7; i++)
+		kvs_cache_release(c, &pins[i]);
+	ck_assert_uint_eq(pinned_slots(c), 0);
+	kvs_cache_close(c);
+	remove_region(&cfg);
+}
+END_TEST
+
+START_TEST(test_prealloc_invalidate_not_ready)
+{
+	struct kvs_config cfg;
+	struct kvs_pin p, q;
+	struct kvs_key k = key_of(7, 1);
+
+	test_config(&cfg, 8, 4096);
+	struct kvs_cache *c = open_ok(&cfg);
+	ck_assert_int_eq(kvs_cache_prealloc(c, &k), 0);
+	ck_assert_int_eq(kvs_cache_prealloc(c, &k), -EEXIST);
+	ck_assert_int_eq(kvs_cache_lookup(c, &k), KVS_SLOT_LOADING);
+	ck_assert_int_eq(kvs_cache_pin(c, &k, KVS_ALLOC_LOAD, &p), KVS_PIN_OWNER);
+	load_pattern(c, &p, &k);
+	/* backend_only: the sole pinner sends it back, so the next pin reloads. */
+	ck_assert_int_eq(kvs_cache_mark_not_ready(c, &p), 0);
+	kvs_cache_release(c, &p);
+	ck_assert_int_eq(kvs_cache_pin(c, &k, KVS_ALLOC_LOAD, &p), KVS_PIN_OWNER);
+	load_pattern(c, &p, &k);
+	ck_assert_int_eq(kvs_cache_pin(c, &k, KVS_ALLOC_LOAD, &q), KVS_PIN_HIT);
+	ck_assert_int_eq(kvs_cache_mark_not_ready(c, &q), -EBUSY);
+	/* Invalidate while pinned: unhashed now, freed by the last release. */
+	struct kvs_key blk = key_of(7, 0);
+	ck_assert_int_eq(kvs_cache_invalidate(c, &blk, 0, 3), 1);
+	ck_assert_int_eq(kvs_cache_lookup(c, &k), -ENOENT);
+	ck_assert(pattern_ok(c, &q, &k));
+	kvs_cache_release(c, &p);
+	kvs_cache_release(c, &q);
+	ck_assert_uint_eq(st_of(c->slots[p.slot].state), KVS_SLOT_FREE);
+	ck_assert_uint_eq(pinned_slots(c), 0);
+	kvs_cache_close(c);
+	remove_region(&cfg);
+}
+END_TEST
+
+/* ------------------------------------------------------------------ limits */
+
+START_TEST(test_pin_table_full)
+{
+	struct kvs_config cfg;
+	static struct kvs_pin pins[KVS_PINS_PER_PROC];
+	struct kvs_pin extra;
+	struct kvs_key k = key_of(1, 0);
+
+	test_config(&cfg, 4, 4096);
+	struct kvs_cache *c = open_ok(&cfg);
+	for (unsigned i = 0; i < KVS_PINS_PER_PROC; i++)
+		ck_assert_int_ge(kvs_cache_pin(c, &k, KVS_ALLOC_LOAD, &pins[i]), 0);
+	ck_assert_int_eq(kvs_cache_pin(c, &k, KVS_ALLOC_LOAD, &extra), -ENOBUFS);
+	ck_assert_uint_eq(c->slots[pins[0].slot].refs, KVS_PINS_PER_PROC);
+	for (unsigned i = 0; i < KVS_PINS_PER_PROC; i++)
+		kvs_cache_release(c, &pins[i]);
+	ck_assert_uint_eq(pinned_slots(c), 0);
+	kvs_cache_close(c);
+	remove_region(&cfg);
+}
+END_TEST
+
+START_TEST(test_process_table_full)
+{
+	struct kvs_config cfg;
+	struct kvs_cache *a, *b, *x = NULL;
+	char msg[256];
+
+	test_config(&cfg, 4, 4096);
+	cfg.cache_max_processes = 2;
+	a = open_ok(&cfg);
+	b = open_ok(&cfg);
+	ck_assert_int_eq(kvs_cache_open(&cfg, 0, &x, msg, sizeof(msg)), -EUSERS);
+	kvs_cache_close(b);
+	b = open_ok(&cfg);
+	kvs_cache_close(b);
+	kvs_cache_close(a);
+	remove_region(&cfg);
+}
+END_TEST
+
+START_TEST(test_corrupt_header_refused)
+{
+	struct kvs_config cfg;
+	struct kvs_cache *c, *x = NULL;
+	char msg[256];
+
+	test_config(&cfg, 8, 4096);
+	c = open_ok(&cfg);
+	c->hdr->magic = 0xdeadbeef;
+	ck_assert_int_eq(kvs_cache_open(&cfg, 0, &x, msg, sizeof(msg)), -EPROTO);
+	ck_assert_msg(strstr(msg, "magic"), "%s", msg);
+	c->hdr->magic = KVS_MAGIC;
+	c->hdr->nslots = 1u << 30;
+	ck_assert_int_eq(kvs_cache_open(&cfg, 0, &x, msg, sizeof(msg)), -EPROTO);
+	c->hdr->nslots = 8;
+	c->hdr->off_slots = 12;
+	ck_assert_int_eq(kvs_cache_open(&cfg, 0, &x, msg, sizeof(msg)), -EPROTO);
+	kvs_cache_close(c);
+	remove_region(&cfg);
+}
+END_TEST
+
+START_TEST(test_corrupt_chains_contained)
+{
+	struct kvs_config cfg;
+	struct kvs_pin p;
+
+	test_config(&cfg, 8, 4096);
+	struct kvs_cache *c = open_ok(&cfg);
+	for (uint64_t b = 0; b < 8; b++)
+		load_one(c, b);
+	/* Garbage in every bucket head and chain link, then a loop. */
+	srand(1);
+	for (uint32_t i = 0; i < c->nbuckets; i++)
+		c->buckets[i] = (uint32_t)rand() | 0x10000u;
+	for (uint32_t i = 0; i < c->nslots; i++) {
+		c->slots[i].next = (i + 1) % 4; /* a cycle among 0..3 */
+		c->slots[i].bucket = (uint32_t)rand();
+	}
+	for (uint64_t b = 0; b < 64; b++) {
+		struct kvs_key k = key_of(b, 0);
+		int r = kvs_cache_pin(c, &k, KVS_ALLOC_LOAD, &p);
+
+		ck_assert_msg(r == -EUCLEAN || r == -ENOSPC || r >= 0, "pin %d", r);
+		if (r >= 0)
+			kvs_cache_release(c, &p);
+		r = kvs_cache_lookup(c, &k);
+		ck_assert(r == -EUCLEAN || r == -ENOENT || r >= 0);
+	}
+	/* Cycles inside chains: head points into the cycle. */
+	for (uint32_t i = 0; i < c->nbuckets; i++)
+		c->buckets[i] = 0;
+	for (uint64_t b = 0; b < 16; b++) {
+		struct kvs_key k = key_of(1000 + b, 0);
+		ck_assert_int_eq(kvs_cache_lookup(c, &k), -EUCLEAN);
+	}
+	/* A pin entry naming a slot out of bounds is ignored by reclaim and repair. */
+	c->me->pin[5] = 0xffffff;
+	kvs_cache_close(c);
+	remove_region(&cfg);
+}
+END_TEST
+
+/* ------------------------------------------------------------------ concurrency */
+
+#define NPROC 8
+#define NKEYS 64
+
+struct race_board {
+	_Atomic int owners[NKEYS];
+	_Atomic int bad[NPROC];
+	_Atomic int go;
+};
+
+START_TEST(test_one_owner_per_key)
+{
+	struct kvs_config cfg;
+	pid_t pids[NPROC];
+
+	test_config(&cfg, 128, 4096);
+	struct kvs_cache *parent = open_ok(&cfg); /* creates the region */
+	struct race_board *bd = shared_anon(sizeof(*bd));
+	for (int n = 0; n < NPROC; n++) {
+		pids[n] = fork();
+		ck_assert(pids[n] >= 0);
+		if (pids[n])
+			continue;
+		kvs_cache_forget(parent);
+		struct kvs_cache *c = NULL;
+		if (kvs_cache_open(&cfg, 0, &c, NULL, 0))
+			_exit(2);
+		while (!bd->go)
+			;
+		for (int i = 0; i < NKEYS; i++) {
+			int kk = (i + n * 8) % NKEYS; /* rotated, so ranks collide differently */
+			struct kvs_key k = key_of(5, (uint64_t)kk);
+			struct kvs_pin p;
+			int r = kvs_cache_pin(c, &k, KVS_ALLOC_LOAD, &p);
+
+			if (r == KVS_PIN_OWNER) {
+				atomic_fetch_add(&bd->owners[kk], 1);
+				usleep(200);
+				load_pattern(c, &p, &k);
+			} else if (r == KVS_PIN_WAIT) {
+				if (kvs_cache_wait(c, &p, 5000000000ull))
+					atomic_fetch_add(&bd->bad[n], 1);
+			} else if (r != KVS_PIN_HIT) {
+				_exit(3);
+			}
+			if (!pattern_ok(c, &p, &k))
+				atomic_fetch_add(&bd->bad[n], 1);
+			kvs_cache_release(c, &p);
+		}
+		kvs_cache_close(c);
+		_exit(0);
+	}
+	bd->go = 1;
+	reap_children(pids, NPROC);
+	for (int i = 0; i < NKEYS; i++)
+		ck_assert_int_eq(bd->owners[i], 1);
+	for (int n = 0; n < NPROC; n++)
+		ck_assert_int_eq(bd->bad[n], 0);
+	ck_assert_uint_eq(pinned_slots(parent), 0);
+	kvs_cache_close(parent);
+	remove_region(&cfg);
+}
+END_TEST
+
+START_TEST(test_failure_reaches_waiters)
+{
+	struct kvs_config cfg;
+	pid_t pids[NPROC - 1];
+	struct kvs_key k = key_of(9, 9);
+	struct kvs_pin own;
+
+	test_config(&cfg, 16, 4096);
+	struct kvs_cache *c = open_ok(&cfg);
+	_Atomic int *res = shared_anon(4096);
+	ck_assert_int_eq(kvs_cache_pin(c, &k, KVS_ALLOC_LOAD, &own), KVS_PIN_OWNER);
+	for (int n = 0; n < NPROC - 1; n++) {
+		pids[n] = fork();
+		if (pids[n])
+			continue;
+		kvs_cache_forget(c);
+		struct kvs_cache *cc = NULL;
+		struct kvs_pin p;
+		if (kvs_cache_open(&cfg, 0, &cc, NULL, 0) ||
+		    kvs_cache_pin(cc, &k, KVS_ALLOC_LOAD, &p) != KVS_PIN_WAIT)
+			_exit(2);
+		atomic_fetch_add(&res[0], 1);
+		res[1 + n] = kvs_cache_wait(cc, &p, 10000000000ull);
+		kvs_cache_release(cc, &p);
+		kvs_cache_close(cc);
+		_exit(0);
+	}
+	while (res[0] < NPROC - 1)
+		usleep(1000);
+	usleep(100000); /* let them reach the futex */
+	kvs_cache_mark_failed(c, &own, ENOMSG);
+	kvs_cache_release(c, &own);
+	reap_children(pids, NPROC - 1);
+	for (int n = 0; n < NPROC - 1; n++)
+		ck_assert_int_eq(res[1 + n], -ENOMSG);
+	/* Retry after the failure: the next pinner owns it. */
+	ck_assert_int_eq(kvs_cache_pin(c, &k, KVS_ALLOC_LOAD, &own), KVS_PIN_OWNER);
+	load_pattern(c, &own, &k);
+	kvs_cache_release(c, &own);
+	ck_assert_uint_eq(pinned_slots(c), 0);
+	kvs_cache_close(c);
+	remove_region(&cfg);
+}
+END_TEST
+
+/* ------------------------------------------------------------------ crash */
+
+/* Fork a child that attaches, runs hold() and then waits to be killed. */
+static pid_t spawn_holder(struct kvs_cache *parent, const struct kvs_config *cfg,
+			  void (*hold)(struct kvs_cache *), _Atomic int *ready)
+{
+	pid_t pid = fork();
+
+	ck_assert(pid >= 0);
+	if (pid)
+		return pid;
+	kvs_cache_forget(parent);
+	struct kvs_cache *c = NULL;
+	if (kvs_cache_open(cfg, 0, &c, NULL, 0))
+		_exit(2);
+	hold(c);
+	*ready = 1;
+	for (;;)
+		pause();
+}
+
+static void hold_load(struct kvs_cache *c)
+{
+	struct kvs_key k = key_of(11, 0);
+	struct kvs_pin p;
+
+	if (kvs_cache_pin(c, &k, KVS_ALLOC_LOAD, &p) != KVS_PIN_OWNER)
+		_exit(4);
+}
+
+/* Run NPROC-2 waiters on key (11, 0): each must see the owner's death within a second, then
+ * load it themselves (exactly one owner of the retry). */
+static void waiters_survive(struct kvs_cache *parent, const struct kvs_config *cfg, pid_t victim,
+			    struct kvs_key k)
+{
+	pid_t pids[NPROC - 2];
+	_Atomic int *res = shared_anon(4096);
+
+	for (int n = 0; n < NPROC - 2; n++) {
+		pids[n] = fork();
+		if (pids[n])
+			continue;
+		kvs_cache_forget(parent);
+		struct kvs_cache *c = NULL;
+		struct kvs_pin p;
+		if (kvs_cache_open(cfg, 0, &c, NULL, 0))
+			_exit(2);
+		atomic_fetch_add(&res[0], 1);
+		uint64_t t0 = mono_ms();
+		int r = kvs_cache_pin(c, &k, KVS_ALLOC_LOAD, &p);
+		if (r == KVS_PIN_WAIT) {
+			/* The owner died: the load fails and a waiter reads the data itself. */
+			r = kvs_cache_wait(c, &p, 10000000000ull);
+			if (r == -EOWNERDEAD)
+				atomic_fetch_add(&res[1], 1);
+			else if (r || !pattern_ok(c, &p, &k))
+				_exit(5);
+		} else if (r == KVS_PIN_OWNER) {
+			/* Everyone before us released the failed slot: we own the retry. */
+			atomic_fetch_add(&res[2], 1);
+			load_pattern(c, &p, &k);
+		} else if (r != KVS_PIN_HIT) {
+			_exit(6);
+		}
+		kvs_cache_release(c, &p);
+		res[3 + n] = (int)(mono_ms() - t0);
+		kvs_cache_close(c);
+		_exit(0);
+	}
+	while (res[0] < NPROC - 2)
+		usleep(1000);
+	usleep(50000);
+	uint64_t t0 = mono_ms();
+	kill(victim, SIGKILL);
+	waitpid(victim, NULL, 0);
+	reap_children(pids, NPROC - 2);
+	ck_assert_uint_lt(mono_ms() - t0, 1000);
+	for (int n = 0; n < NPROC - 2; n++)
+		ck_assert_int_lt(res[3 + n], 1500);
+	ck_assert_int_ge(res[1], 1); /* the death reached the waiters as EOWNERDEAD */
+	kvs_cache_reap(parent);
+	ck_assert_uint_eq(pinned_slots(parent), 0);
+	/* The retry after the failure: the next pinner owns it (or hits a retry's result). */
+	struct kvs_pin p;
+	int r = kvs_cache_pin(parent, &k, KVS_ALLOC_LOAD, &p);
+	ck_assert(r == KVS_PIN_OWNER || r == KVS_PIN_HIT);
+	if (r == KVS_PIN_OWNER)
+		load_pattern(parent, &p, &k);
+	ck_assert(pattern_ok(parent, &p, &k));
+	kvs_cache_release(parent, &p);
+	ck_assert_uint_eq(pinned_slots(parent), 0);
+}
+
+START_TEST(test_owner_killed)
+{
+	struct kvs_config cfg;
+
+	test_config(&cfg, 16, 4096);
+	struct kvs_cache *c = open_ok(&cfg);
+	_Atomic int *ready = shared_anon(4096);
+	pid_t victim = spawn_holder(c, &cfg, hold_load, ready);
+	while (!*ready)
+		usleep(1000);
+	waiters_survive(c, &cfg, victim, key_of(11, 0));
+	kvs_cache_close(c);
+	remove_region(&cfg);
+}
+END_TEST
+
+static void hold_lock(struct kvs_cache *c)
+{
+	struct kvs_key k = key_of(11, 0);
+	struct kvs_pin p;
+
+	/* Own the load and sit inside the key's stripe. */
+	if (kvs_cache_pin(c, &k, KVS_ALLOC_LOAD, &p) != KVS_PIN_OWNER)
+		_exit(4);
+	if (kvs_cache_test_lock_key(c, &k))
+		_exit(5);
+}
+
+START_TEST(test_lock_holder_killed)
+{
+	struct kvs_config cfg;
+
+	test_config(&cfg, 16, 4096);
+	struct kvs_cache *c = open_ok(&cfg);
+	_Atomic int *ready = shared_anon(4096);
+	pid_t victim = spawn_holder(c, &cfg, hold_lock, ready);
+	while (!*ready)
+		usleep(1000);
+	waiters_survive(c, &cfg, victim, key_of(11, 0));
+	kvs_cache_close(c);
+	remove_region(&cfg);
+}
+END_TEST
+
+START_TEST(test_dead_process_reaped_on_attach)
+{
+	struct kvs_config cfg;
+	struct kvs_region_info info;
+	struct kvs_counters tot;
+
+	test_config(&cfg, 16, 4096);
+	cfg.cache_max_processes = 2;
+	struct kvs_cache *c = open_ok(&cfg);
+	_Atomic int *ready = shared_anon(4096);
+	pid_t victim = spawn_holder(c, &cfg, hold_load, ready);
+	while (!*ready)
+		usleep(1000);
+	kvs_cache_count(c, KVS_CTR_requests, 5);
+	kill(victim, SIGKILL);
+	waitpid(victim, NULL, 0);
+	/* The table is full of one live and one dead process: attach reclaims the dead one. */
+	struct kvs_cache *d = open_ok(&cfg);
+	ck_assert_uint_eq(pinned_slots(c), 0);
+	ck_assert_int_eq(kvs_cache_stat(c, &info, &tot, NULL, 0), 2);
+	ck_assert_uint_eq(info.processes_attached, 2);
+	kvs_cache_close(d);
+	kvs_cache_close(c);
+	/* Totals survive the processes. */
+	struct kvs_cache *w = NULL;
+	ck_assert_int_eq(kvs_cache_open(&cfg, KVS_OPEN_WATCH, &w, NULL, 0), 0);
+	ck_assert_int_eq(kvs_cache_stat(w, &info, &tot, NULL, 0), 0);
+	ck_assert_uint_eq(tot.v[KVS_CTR_requests], 5);
+	kvs_cache_close(w);
+	remove_region(&cfg);
+}
+END_TEST
+
+static Suite *cache_suite(void)
+{
+	Suite *s = suite_create("cache");
+	TCase *core = tcase_create("core");
+	TCase *limits = tcase_create("limits");
+	TCase *conc = tcase_create("concurrency");
+	TCase *crash = tcase_create("crash");
+
+	tcase_add_test(core, test_layout_pinned);
+	tcase_add_test(core, test_create_attach_mismatch);
+	tcase_add_test(core, test_pin_owner_hit);
+	tcase_add_test(core, test_failed_then_retry);
+	tcase_add_test(core, test_clock_walkthrough);
+	tcase_add_test(core, test_reserved_share);
+	tcase_add_test(core, test_prealloc_invalidate_not_ready);
+	tcase_add_test(limits, test_pin_table_full);
+	tcase_add_test(limits, test_process_table_full);
+	tcase_add_test(limits, test_corrupt_header_refused);
+	tcase_add_test(limits, test_corrupt_chains_contained);
+	tcase_add_test(conc, test_one_owner_per_key);
+	tcase_add_test(conc, test_failure_reaches_waiters);
+	tcase_add_test(crash, test_owner_killed);
+	tcase_add_test(crash, test_lock_holder_killed);
+	tcase_add_test(crash, test_dead_process_reaped_on_attach);
+	tcase_set_timeout(conc, 60);
+	tcase_set_timeout(crash, 60);
+	suite_add_tcase(s, core);
+	suite_add_tcase(s, limits);
+	suite_add_tcase(s, conc);
+	suite_add_tcase(s, crash);
+	return s;
+}
+
+int main(void)
+{
+	SRunner *sr = srunner_create(cache_suite());
+	int failed;
+
+	srunner_run_all(sr, CK_NORMAL);
+	failed = srunner_ntests_failed(sr);
+	srunner_free(sr);
+	return failed ? EXIT_FAILURE : EXIT_SUCCESS;
+}
