@@ -108,6 +108,10 @@ int kvs_cache_path(const struct kvs_config *cfg, char *buf, size_t len);
 int kvs_cache_pin(struct kvs_cache *c, const struct kvs_key *key, enum kvs_alloc_class cls,
 		  struct kvs_pin *pin);
 
+/* Pin key only if it is READY (KVS_PIN_HIT); never allocates or elects.  -EAGAIN otherwise.
+ * The calling-thread fast path of the loader. */
+int kvs_cache_pin_ready(struct kvs_cache *c, const struct kvs_key *key, struct kvs_pin *pin);
+
 /* Drop a pin.  The last pin of a FAILED slot sends it back to LOADING (the next pinner owns the
  * retry); the last pin of an invalidated slot frees it. */
 void kvs_cache_release(struct kvs_cache *c, const struct kvs_pin *pin);
@@ -163,6 +167,10 @@ void kvs_cache_ranks(struct kvs_cache *c, uint32_t *rank, uint32_t *nranks);
 void kvs_cache_set_rank(struct kvs_cache *c, int rank);
 
 uint64_t kvs_cache_shard_size(const struct kvs_cache *c);
+
+/* The block id of a file: XXH3-128 of st_dev, st_ino, st_size, st_mtim, st_ctim (shard 0). */
+struct stat;
+void kvs_block_id(const struct stat *st, struct kvs_key *out);
 
 /* Figures for `kvshim stat`. */
 struct kvs_region_info {

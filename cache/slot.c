@@ -171,6 +171,28 @@ int kvs_cache_pin(struct kvs_cache *c, const struct kvs_key *key, enum kvs_alloc
 	return lookup_or_insert(c, key, cls, pin);
 }
 
+int kvs_cache_pin_ready(struct kvs_cache *c, const struct kvs_key *key, struct kvs_pin *pin)
+{
+	uint32_t b = key_bucket(c, key), stripe = bucket_stripe(c, b);
+	int64_t i;
+	int r;
+
+	if (c->self < 0)
+		return -EPERM;
+	r = kvs_stripe_lock(c, stripe);
+	if (r)
+		return r;
+	i = find_locked(c, b, key);
+	if (i < 0)
+		r = (int)i;
+	else if (i == KVS_NIL || st_of(load_relaxed(&c->slots[i].state)) != KVS_SLOT_READY)
+		r = -EAGAIN;
+	else
+		r = pin_found_locked(c, (uint32_t)i, pin); /* READY: a hit, no election */
+	kvs_stripe_unlock(c, stripe);
+	return r;
+}
+
 int kvs_cache_prealloc(struct kvs_cache *c, const struct kvs_key *key)
 {
 	return lookup_or_insert(c, key, KVS_ALLOC_PREFETCH, NULL);

@@ -1,0 +1,255 @@
+/*
+ * backend: storage reads (see backend.h).
+ *
+ * DESIGN.  Both kinds bound the reads in flight with one counter under be->mu; submitters
+ * sleep on be->room while it is at depth.
+ *   io_uring: submitters take be->mu to fill and submit SQEs (so any thread may submit); one
+ *     reaper thread owns the completion queue, finishes short or interrupted reads
+ *     synchronously (rare: end of file, signals) and calls done().
+ *   threads:  depth worker threads pop bios from a list under be->mu and read synchronously.
+ * Destroy waits until nothing is in flight, then stops the threads (a NOP with no bio for the
+ * reaper, a flag and a broadcast for the workers).
+ */
+#include <errno.h>
+#include <liburing.h>
+#include <pthread.h>
+#include <stdbool.h>
+#include <stdlib.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+
+#include "backend.h"
+#include "config.h"
+
+struct kvs_backend {
+	bool uring;
+	unsigned depth;
+	pthread_mutex_t mu;
+	pthread_cond_t room; /* in_flight dropped below depth, or became 0 */
+	pthread_cond_t work; /* threads: a bio was queued, or stop */
+	unsigned in_flight;
+	bool stop;
+	struct kvs_bio *head, *tail; /* threads: the queue */
+	struct io_uring ring;
+	unsigned nthreads;
+	pthread_t threads[];
+};
+
+int64_t kvs_read_full(int fd, void *buf, uint64_t len, uint64_t off)
+{
+	uint64_t got = 0;
+
+	while (got < len) {
+		long n = syscall(SYS_pread64, fd, (char *)buf + got, len - got, off + got);
+
+		if (n < 0) {
+			if (errno == EINTR || errno == EAGAIN)
+				continue;
+			return got ? (int64_t)got : -errno;
+		}
+		if (n == 0)
+			break;
+		got += (uint64_t)n;
+	}
+	return (int64_t)got;
+}
+
+/* One read is over: give its room back, then tell its owner. */
+static void finish(struct kvs_backend *be, struct kvs_bio *bio)
+{
+	pthread_mutex_lock(&be->mu);
+	be->in_flight--;
+	pthread_cond_broadcast(&be->room);
+	pthread_mutex_unlock(&be->mu);
+	bio->done(bio);
+}
+
+static void *reaper(void *arg)
+{
+	struct kvs_backend *be = arg;
+
+	for (;;) {
+		struct io_uring_cqe *cqe;
+		int r = io_uring_wait_cqe(&be->ring, &cqe);
+
+		if (r == -EINTR)
+			continue;
+		if (r < 0)
+			break; /* the ring is gone; destroy() joins us */
+		struct kvs_bio *bio = io_uring_cqe_get_data(cqe);
+		int res = cqe->res;
+
+		io_uring_cqe_seen(&be->ring, cqe);
+		if (!bio)
+			break; /* the stop NOP */
+		if (res == -EINTR || res == -EAGAIN) {
+			bio->result = kvs_read_full(bio->fd, bio->buf, bio->len, bio->off);
+		} else if (res < 0) {
+			bio->result = res;
+		} else if ((uint32_t)res < bio->len && res > 0) {
+			/* Short: continue synchronously until end of file or error. */
+			int64_t more =
+			    kvs_read_full(bio->fd, (char *)bio->buf + res, bio->len - (uint32_t)res,
+					  bio->off + (uint32_t)res);
+			bio->result = more < 0 ? res : res + more;
+		} else {
+			bio->result = res;
+		}
+		finish(be, bio);
+	}
+	return NULL;
+}
+
+static void *worker(void *arg)
+{
+	struct kvs_backend *be = arg;
+
+	pthread_mutex_lock(&be->mu);
+	for (;;) {
+		while (!be->head && !be->stop)
+			pthread_cond_wait(&be->work, &be->mu);
+		if (!be->head)
+			break;
+		struct kvs_bio *bio = be->head;
+		be->head = bio->next;
+		if (!be->head)
+			be->tail = NULL;
+		pthread_mutex_unlock(&be->mu);
+		bio->result = kvs_read_full(bio->fd, bio->buf, bio->len, bio->off);
+		finish(be, bio);
+		pthread_mutex_lock(&be->mu);
+	}
+	pthread_mutex_unlock(&be->mu);
+	return NULL;
+}
+
+/* Start the threads of a backend; returns 0 or -errno. */
+static int start_threads(struct kvs_backend *be, unsigned n, void *(*fn)(void *))
+{
+	pthread_attr_t a;
+	int r;
+
+	pthread_attr_init(&a);
+	pthread_attr_setstacksize(&a, 64 * 1024);
+	for (be->nthreads = 0; be->nthreads < n; be->nthreads++) {
+		r = pthread_create(&be->threads[be->nthreads], &a, fn, be);
+		if (r) {
+			pthread_attr_destroy(&a);
+			return -r;
+		}
+	}
+	pthread_attr_destroy(&a);
+	return 0;
+}
+
+int kvs_backend_create(int mode, unsigned depth, struct kvs_backend **out)
+{
+	struct kvs_backend *be;
+	int r = -ENOSYS;
+
+	if (depth == 0)
+		depth = 1;
+	be = calloc(1, sizeof(*be) + sizeof(pthread_t) * depth);
+	if (!be)
+		return -ENOMEM;
+	be->depth = depth;
+	pthread_mutex_init(&be->mu, NULL);
+	pthread_cond_init(&be->room, NULL);
+	pthread_cond_init(&be->work, NULL);
+	if (mode != KVS_IO_THREADS) {
+		r = io_uring_queue_init(depth < 4096 ? depth : 4096, &be->ring, 0);
+		if (r == 0) {
+			be->uring = true;
+			r = start_threads(be, 1, reaper);
+			if (r == 0)
+				goto out;
+			/* Could not start the reaper: nothing is in flight, so just leave. */
+			io_uring_queue_exit(&be->ring);
+			be->uring = false;
+		}
+		if (mode == KVS_IO_URING)
+			goto err;
+	}
+	r = start_threads(be, depth, worker);
+	if (r) {
+		kvs_backend_destroy(be);
+		return r;
+	}
+out:
+	*out = be;
+	return 0;
+err:
+	pthread_cond_destroy(&be->work);
+	pthread_cond_destroy(&be->room);
+	pthread_mutex_destroy(&be->mu);
+	free(be);
+	return r;
+}
+
+void kvs_backend_submit(struct kvs_backend *be, struct kvs_bio *bio)
+{
+	bio->got = 0;
+	bio->next = NULL;
+	pthread_mutex_lock(&be->mu);
+	while (be->in_flight >= be->depth)
+		pthread_cond_wait(&be->room, &be->mu);
+	be->in_flight++;
+	if (be->uring) {
+		struct io_uring_sqe *sqe = io_uring_get_sqe(&be->ring);
+
+		if (sqe) {
+			io_uring_prep_read(sqe, bio->fd, bio->buf, bio->len, bio->off);
+			io_uring_sqe_set_data(sqe, bio);
+			if (io_uring_submit(&be->ring) >= 1) {
+				pthread_mutex_unlock(&be->mu);
+				return;
+			}
+		}
+		/* No SQE or the submit failed: read on this thread instead. */
+		pthread_mutex_unlock(&be->mu);
+		bio->result = kvs_read_full(bio->fd, bio->buf, bio->len, bio->off);
+		finish(be, bio);
+		return;
+	}
+	if (be->tail)
+		be->tail->next = bio;
+	else
+		be->head = bio;
+	be->tail = bio;
+	pthread_cond_signal(&be->work);
+	pthread_mutex_unlock(&be->mu);
+}
+
+void kvs_backend_destroy(struct kvs_backend *be)
+{
+	if (!be)
+		return;
+	pthread_mutex_lock(&be->mu);
+	while (be->in_flight)
+		pthread_cond_wait(&be->room, &be->mu);
+	be->stop = true;
+	if (be->uring && be->nthreads) {
+		struct io_uring_sqe *sqe = io_uring_get_sqe(&be->ring);
+
+		if (sqe) {
+			io_uring_prep_nop(sqe);
+			io_uring_sqe_set_data(sqe, NULL);
+			io_uring_submit(&be->ring);
+		}
+	}
+	pthread_cond_broadcast(&be->work);
+	pthread_mutex_unlock(&be->mu);
+	for (unsigned i = 0; i < be->nthreads; i++)
+		pthread_join(be->threads[i], NULL);
+	if (be->uring)
+		io_uring_queue_exit(&be->ring);
+	pthread_cond_destroy(&be->work);
+	pthread_cond_destroy(&be->room);
+	pthread_mutex_destroy(&be->mu);
+	free(be);
+}
+
+const char *kvs_backend_name(const struct kvs_backend *be)
+{
+	return be->uring ? "io_uring" : "threads";
+}

@@ -1,0 +1,48 @@
+/*
+ * backend: storage reads for the loader, through io_uring where the kernel allows it and a
+ * pool of threads where it does not (loader.io, loader.io_depth).
+ *
+ * Reads use raw system calls, never the interposed libc names, so the shim's own hooks are not
+ * re-entered.  A read is retried after EINTR and EAGAIN and continued after a short count
+ * until it is complete or a read returns 0 (end of file).
+ */
+#ifndef KVS_BACKEND_H
+#define KVS_BACKEND_H
+
+#include <stdint.h>
+
+struct kvs_backend;
+
+struct kvs_bio {
+	int fd;
+	void *buf;
+	uint64_t off;
+	uint32_t len;
+	/* Set by the backend before done() runs: bytes read (short only at end of file) or
+	 * -errno. */
+	int64_t result;
+	/* Called once, on a backend thread, when the read is over. */
+	void (*done)(struct kvs_bio *bio);
+	void *arg; /* the submitter's */
+	/* Private to the backend. */
+	uint32_t got;
+	struct kvs_bio *next;
+};
+
+/* Start a backend.  mode is enum kvs_io_mode; depth bounds the reads in flight.
+ * Returns 0 or -errno (-ENOSYS/-EPERM when io_uring was asked for and is unavailable). */
+int kvs_backend_create(int mode, unsigned depth, struct kvs_backend **out);
+
+/* Queue bio; blocks while depth reads are in flight.  done() may run before this returns. */
+void kvs_backend_submit(struct kvs_backend *be, struct kvs_bio *bio);
+
+/* Finish the reads in flight, stop the threads, free. NULL is accepted. */
+void kvs_backend_destroy(struct kvs_backend *be);
+
+/* "io_uring" or "threads". */
+const char *kvs_backend_name(const struct kvs_backend *be);
+
+/* Read len bytes at off into buf synchronously, with the same retry rules. */
+int64_t kvs_read_full(int fd, void *buf, uint64_t len, uint64_t off);
+
+#endif

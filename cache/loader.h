@@ -1,0 +1,52 @@
+/*
+ * loader: one per process; turns a read of a KV file into pins of its shards, in rotated
+ * order, storage reads for the shards this process owns, waits for the others, and copies.
+ *
+ * Threads (design.md §2): the calling thread serves shards that are READY at once; the rest
+ * goes, as a task, to a dispatch thread (pins in rotated order, submits owned reads at once,
+ * preallocates or reads ahead when idle) and then, through a single-producer single-consumer
+ * ring, to a transfer thread (waits, copies, releases, completes the task).  Idle threads sleep.
+ */
+#ifndef KVS_LOADER_H
+#define KVS_LOADER_H
+
+#include <stdbool.h>
+#include <stdint.h>
+#include <sys/types.h>
+#include <sys/uio.h>
+
+#include "cache.h"
+
+struct kvs_config;
+struct kvs_loader;
+
+/* One intercepted read, as the hook sees it. */
+struct kvs_read {
+	int fd;
+	bool direct;	      /* the fd has O_DIRECT: storage reads are 4 KiB aligned */
+	struct kvs_key block; /* the file's block id; shard ignored */
+	uint64_t file_size;   /* st_size when the block id was taken */
+	uint64_t off;	      /* file offset of the read */
+	const struct iovec *iov;
+	int iovcnt;
+	uint64_t len; /* sum of the iov lengths */
+};
+
+/* Start a loader over cache c (threads, backend).  Returns 0 or -errno. */
+int kvs_loader_create(struct kvs_cache *c, const struct kvs_config *cfg, struct kvs_loader **out);
+
+/*
+ * Serve rd.  Returns the bytes placed in the iovecs, which is what pread would return
+ * (min(len, file_size - off), 0 at or past the end), or a negative errno meaning that nothing
+ * is promised about the buffers and the caller must make the real call.  Safe from any number
+ * of threads at once.
+ */
+int64_t kvs_loader_read(struct kvs_loader *ld, const struct kvs_read *rd);
+
+/* Stop the threads and free.  No read may be in progress.  NULL is accepted. */
+void kvs_loader_destroy(struct kvs_loader *ld);
+
+/* The backend's name ("io_uring" or "threads"), for logs. */
+const char *kvs_loader_backend(const struct kvs_loader *ld);
+
+#endif
