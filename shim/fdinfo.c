@@ -1,0 +1,218 @@
+/*
+ * fdinfo: see fdinfo.h.
+ *
+ * The cache is a table indexed by descriptor number (below FD_SLOTS), allocated at first use,
+ * so a process that never reads a KV file never allocates it.  Each entry is guarded by a
+ * sequence counter: a writer makes it odd (CAS, so concurrent writers skip rather than wait),
+ * writes, then makes it even again; a reader retries or recomputes when it sees an odd or
+ * changed counter.  A torn read can therefore never pass for a match.
+ */
+#include <errno.h>
+#include <fcntl.h>
+#include <limits.h>
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "fdinfo.h"
+
+#define FD_SLOTS  65536
+#define MAX_ROOTS 16
+
+struct ident {
+	uint64_t dev, ino, size, mtime_s, mtime_ns, ctime_s, ctime_ns;
+};
+
+struct entry {
+	_Atomic uint32_t seq;
+	struct ident id;
+	bool kv;
+	uint32_t dio_mem, dio_off;
+	struct kvs_key block;
+};
+
+static char roots[MAX_ROOTS][PATH_MAX];
+static size_t root_len[MAX_ROOTS];
+static int nroots;
+static struct entry *_Atomic table;
+
+int kvs_fdinfo_set_roots(const char *spec)
+{
+	char buf[PATH_MAX];
+	const char *p = spec;
+
+	nroots = 0;
+	while (*p && nroots < MAX_ROOTS) {
+		const char *end = strchr(p, ':');
+		size_t n = end ? (size_t)(end - p) : strlen(p);
+
+		if (n > 0 && n < sizeof(buf)) {
+			memcpy(buf, p, n);
+			buf[n] = '\0';
+			if (realpath(buf, roots[nroots])) {
+				root_len[nroots] = strlen(roots[nroots]);
+				/* "/" as a root: every path is under it. */
+				if (root_len[nroots] == 1)
+					root_len[nroots] = 0;
+				nroots++;
+			}
+		}
+		if (!end)
+			break;
+		p = end + 1;
+	}
+	return nroots;
+}
+
+static bool under_roots(const char *path)
+{
+	for (int i = 0; i < nroots; i++) {
+		size_t n = root_len[i];
+
+		if (strncmp(path, roots[i], n) == 0 && (path[n] == '/' || path[n] == '\0'))
+			return true;
+	}
+	return false;
+}
+
+static void ident_of(const struct stat *st, struct ident *id)
+{
+	memset(id, 0, sizeof(*id));
+	id->dev = (uint64_t)st->st_dev;
+	id->ino = (uint64_t)st->st_ino;
+	id->size = (uint64_t)st->st_size;
+	id->mtime_s = (uint64_t)st->st_mtim.tv_sec;
+	id->mtime_ns = (uint64_t)st->st_mtim.tv_nsec;
+	id->ctime_s = (uint64_t)st->st_ctim.tv_sec;
+	id->ctime_ns = (uint64_t)st->st_ctim.tv_nsec;
+}
+
+static struct entry *table_get(bool create)
+{
+	struct entry *t = atomic_load(&table);
+
+	if (t || !create)
+		return t;
+	t = calloc(FD_SLOTS, sizeof(*t));
+	if (!t)
+		return NULL;
+	struct entry *expect = NULL;
+	if (!atomic_compare_exchange_strong(&table, &expect, t)) {
+		free(t);
+		t = expect;
+	}
+	return t;
+}
+
+/* Copy entry e into *out if it describes id.  Returns true on a consistent match. */
+static bool entry_read(struct entry *e, const struct ident *id, struct entry *out)
+{
+	uint32_t s1 = atomic_load_explicit(&e->seq, memory_order_acquire);
+
+	if (s1 == 0 || (s1 & 1))
+		return false;
+	out->id = e->id;
+	out->kv = e->kv;
+	out->dio_mem = e->dio_mem;
+	out->dio_off = e->dio_off;
+	out->block = e->block;
+	atomic_thread_fence(memory_order_acquire); /* the copies above happen before s2 */
+	uint32_t s2 = atomic_load_explicit(&e->seq, memory_order_relaxed);
+	return s1 == s2 && memcmp(&out->id, id, sizeof(*id)) == 0;
+}
+
+static void entry_write(struct entry *e, const struct entry *v)
+{
+	uint32_t s = atomic_load_explicit(&e->seq, memory_order_relaxed);
+
+	if ((s & 1) || !atomic_compare_exchange_strong(&e->seq, &s, s + 1))
+		return;				   /* another writer: leave it to them */
+	atomic_thread_fence(memory_order_release); /* odd seq is visible before the fields */
+	e->id = v->id;
+	e->kv = v->kv;
+	e->dio_mem = v->dio_mem;
+	e->dio_off = v->dio_off;
+	e->block = v->block;
+	atomic_store_explicit(&e->seq, s + 2, memory_order_release);
+}
+
+/* Compute the verdict for fd from scratch. */
+static void classify(int fd, const struct stat *st, struct entry *v)
+{
+	char link[64], path[PATH_MAX];
+	ssize_t n;
+
+	ident_of(st, &v->id);
+	v->kv = false;
+	v->dio_mem = 512;
+	v->dio_off = 512;
+	snprintf(link, sizeof(link), "/proc/self/fd/%d", fd);
+	n = readlink(link, path, sizeof(path) - 1);
+	if (n <= 0)
+		return;
+	path[n] = '\0';
+	v->kv = under_roots(path);
+	if (!v->kv)
+		return;
+	kvs_block_id(st, &v->block);
+#ifdef STATX_DIOALIGN
+	struct statx sx;
+	if (statx(fd, "", AT_EMPTY_PATH, STATX_DIOALIGN, &sx) == 0 &&
+	    (sx.stx_mask & STATX_DIOALIGN) && sx.stx_dio_offset_align) {
+		v->dio_mem = sx.stx_dio_mem_align ? sx.stx_dio_mem_align : 1;
+		v->dio_off = sx.stx_dio_offset_align;
+	}
+#endif
+}
+
+static int describe(int fd, struct kvs_fdinfo *out, bool known_only)
+{
+	struct entry *t = table_get(!known_only), got, fresh;
+	struct stat st;
+	struct ident id;
+	int fl;
+
+	memset(out, 0, sizeof(*out));
+	if (known_only && (!t || fd < 0 || fd >= FD_SLOTS ||
+			   !(atomic_load_explicit(&t[fd].seq, memory_order_acquire) && t[fd].kv)))
+		return -ENOENT;
+	if (fstat(fd, &st) < 0)
+		return -errno;
+	if (!S_ISREG(st.st_mode))
+		return 0;
+	fl = fcntl(fd, F_GETFL);
+	if (fl < 0)
+		return -errno;
+	out->direct = fl & O_DIRECT;
+	out->readable = (fl & O_ACCMODE) != O_WRONLY;
+	out->size = (uint64_t)st.st_size;
+	ident_of(&st, &id);
+	if (t && fd >= 0 && fd < FD_SLOTS && entry_read(&t[fd], &id, &got)) {
+		fresh = got;
+	} else {
+		if (known_only)
+			return -ENOENT;
+		classify(fd, &st, &fresh);
+		if (t && fd >= 0 && fd < FD_SLOTS)
+			entry_write(&t[fd], &fresh);
+	}
+	out->kv = fresh.kv;
+	out->block = fresh.block;
+	out->dio_mem_align = fresh.dio_mem;
+	out->dio_off_align = fresh.dio_off;
+	return known_only && !out->kv ? -ENOENT : 0;
+}
+
+int kvs_fdinfo_get(int fd, struct kvs_fdinfo *out)
+{
+	return describe(fd, out, false);
+}
+
+int kvs_fdinfo_known(int fd, struct kvs_fdinfo *out)
+{
+	return describe(fd, out, true);
+}

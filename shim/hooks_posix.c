@@ -1,0 +1,250 @@
+/*
+ * hooks_posix: the interposed POSIX read and write family (design.md §4).
+ *
+ * Each read hook asks kvs_shim_wants() (one branch once initialised) and, for a candidate,
+ * kvs_shim_read(); anything it declines goes to the real function, which then sets errno and
+ * the file position exactly as it always would.  Write hooks invalidate first, then write.
+ */
+#include <errno.h>
+#include <limits.h>
+#include <stdio.h>
+#include <sys/uio.h>
+#include <unistd.h>
+
+#include "real.h"
+#include "shim.h"
+
+/* Serve count bytes into buf at off (or the position); -1 means "make the real call". */
+static ssize_t serve1(int fd, void *buf, size_t count, off_t off, bool use_pos)
+{
+	struct iovec v = {buf, count};
+
+	if (!kvs_shim_wants(count))
+		return -1;
+	return kvs_shim_read(fd, &v, 1, off, use_pos);
+}
+
+static size_t iov_len(const struct iovec *iov, int iovcnt)
+{
+	size_t n = 0;
+
+	for (int i = 0; iov && i < iovcnt && i < IOV_MAX; i++)
+		n += iov[i].iov_len;
+	return n;
+}
+
+static ssize_t servev(int fd, const struct iovec *iov, int iovcnt, off_t off, bool use_pos)
+{
+	if (!iov || iovcnt <= 0 || !kvs_shim_wants(iov_len(iov, iovcnt)))
+		return -1;
+	return kvs_shim_read(fd, iov, iovcnt, off, use_pos);
+}
+
+KVS_EXPORT ssize_t read(int fd, void *buf, size_t count)
+{
+	ssize_t n = serve1(fd, buf, count, 0, true);
+
+	if (n >= 0)
+		return n;
+	kvs_real_init();
+	return kvs_real.read(fd, buf, count);
+}
+
+KVS_EXPORT ssize_t pread(int fd, void *buf, size_t count, off_t off)
+{
+	ssize_t n = off >= 0 ? serve1(fd, buf, count, off, false) : -1;
+
+	if (n >= 0)
+		return n;
+	kvs_real_init();
+	return kvs_real.pread(fd, buf, count, off);
+}
+
+KVS_EXPORT ssize_t pread64(int fd, void *buf, size_t count, off64_t off)
+{
+	ssize_t n = off >= 0 ? serve1(fd, buf, count, (off_t)off, false) : -1;
+
+	if (n >= 0)
+		return n;
+	kvs_real_init();
+	return kvs_real.pread64(fd, buf, count, off);
+}
+
+KVS_EXPORT ssize_t readv(int fd, const struct iovec *iov, int iovcnt)
+{
+	ssize_t n = servev(fd, iov, iovcnt, 0, true);
+
+	if (n >= 0)
+		return n;
+	kvs_real_init();
+	return kvs_real.readv(fd, iov, iovcnt);
+}
+
+KVS_EXPORT ssize_t preadv(int fd, const struct iovec *iov, int iovcnt, off_t off)
+{
+	ssize_t n = off >= 0 ? servev(fd, iov, iovcnt, off, false) : -1;
+
+	if (n >= 0)
+		return n;
+	kvs_real_init();
+	return kvs_real.preadv(fd, iov, iovcnt, off);
+}
+
+KVS_EXPORT ssize_t preadv64(int fd, const struct iovec *iov, int iovcnt, off64_t off)
+{
+	ssize_t n = off >= 0 ? servev(fd, iov, iovcnt, (off_t)off, false) : -1;
+
+	if (n >= 0)
+		return n;
+	kvs_real_init();
+	return kvs_real.preadv64(fd, iov, iovcnt, off);
+}
+
+/* preadv2 with flags (RWF_NOWAIT, RWF_HIPRI, ...) asks for behaviour we do not emulate. */
+KVS_EXPORT ssize_t preadv2(int fd, const struct iovec *iov, int iovcnt, off_t off, int flags)
+{
+	ssize_t n = flags == 0 && off >= -1 ? servev(fd, iov, iovcnt, off, off == -1) : -1;
+
+	if (n >= 0)
+		return n;
+	kvs_real_init();
+	return kvs_real.preadv2(fd, iov, iovcnt, off, flags);
+}
+
+KVS_EXPORT ssize_t preadv64v2(int fd, const struct iovec *iov, int iovcnt, off64_t off, int flags)
+{
+	ssize_t n = flags == 0 && off >= -1 ? servev(fd, iov, iovcnt, (off_t)off, off == -1) : -1;
+
+	if (n >= 0)
+		return n;
+	kvs_real_init();
+	return kvs_real.preadv64v2(fd, iov, iovcnt, off, flags);
+}
+
+/* The fortified variants: an overlong request is libc's to abort on, not ours to serve. */
+KVS_EXPORT ssize_t __read_chk(int fd, void *buf, size_t count, size_t buflen)
+{
+	ssize_t n = count <= buflen ? serve1(fd, buf, count, 0, true) : -1;
+
+	if (n >= 0)
+		return n;
+	kvs_real_init();
+	return kvs_real.read_chk(fd, buf, count, buflen);
+}
+
+KVS_EXPORT ssize_t __pread_chk(int fd, void *buf, size_t count, off_t off, size_t buflen)
+{
+	ssize_t n = count <= buflen && off >= 0 ? serve1(fd, buf, count, off, false) : -1;
+
+	if (n >= 0)
+		return n;
+	kvs_real_init();
+	return kvs_real.pread_chk(fd, buf, count, off, buflen);
+}
+
+KVS_EXPORT ssize_t __pread64_chk(int fd, void *buf, size_t count, off64_t off, size_t buflen)
+{
+	ssize_t n = count <= buflen && off >= 0 ? serve1(fd, buf, count, (off_t)off, false) : -1;
+
+	if (n >= 0)
+		return n;
+	kvs_real_init();
+	return kvs_real.pread64_chk(fd, buf, count, off, buflen);
+}
+
+/*
+ * glibc's fread reads through its own buffer, not through read().  We serve it only when that
+ * buffer is empty and nothing is pending to write, at the descriptor's position, then move the
+ * stream there with fseeko (which discards the buffer state and keeps glibc's offset right).
+ * A short count (end of file) lets the real fread finish, so the EOF flag is set as usual.
+ */
+KVS_EXPORT size_t fread(void *ptr, size_t size, size_t nmemb, FILE *f)
+{
+	size_t total, done = 0;
+	ssize_t n = -1;
+	off_t pos;
+
+	kvs_real_init();
+	if (!f || size == 0 || nmemb == 0 || __builtin_mul_overflow(size, nmemb, &total) ||
+	    !kvs_shim_wants(total))
+		return kvs_real.fread(ptr, size, nmemb, f);
+	flockfile(f);
+	if (f->_IO_read_ptr == f->_IO_read_end && f->_IO_write_ptr == f->_IO_write_base) {
+		int fd = fileno_unlocked(f);
+
+		pos = fd >= 0 ? lseek(fd, 0, SEEK_CUR) : -1;
+		if (pos >= 0) {
+			struct iovec v = {ptr, total};
+
+			n = kvs_shim_read(fd, &v, 1, pos, false);
+		}
+		if (n >= 0 && fseeko(f, pos + n, SEEK_SET) != 0)
+			n = -1; /* cannot happen; the bytes are in ptr and the real call rereads */
+	}
+	if (n < 0) {
+		done = kvs_real.fread(ptr, size, nmemb, f);
+		funlockfile(f);
+		return done;
+	}
+	done = (size_t)n;
+	if (done < total)
+		done += kvs_real.fread((char *)ptr + done, 1, total - done, f);
+	funlockfile(f);
+	return done / size;
+}
+
+KVS_EXPORT ssize_t write(int fd, const void *buf, size_t count)
+{
+	kvs_shim_before_write(fd, 0, count, true);
+	kvs_real_init();
+	return kvs_real.write(fd, buf, count);
+}
+
+KVS_EXPORT ssize_t pwrite(int fd, const void *buf, size_t count, off_t off)
+{
+	kvs_shim_before_write(fd, off, count, false);
+	kvs_real_init();
+	return kvs_real.pwrite(fd, buf, count, off);
+}
+
+KVS_EXPORT ssize_t pwrite64(int fd, const void *buf, size_t count, off64_t off)
+{
+	kvs_shim_before_write(fd, (off_t)off, count, false);
+	kvs_real_init();
+	return kvs_real.pwrite64(fd, buf, count, off);
+}
+
+KVS_EXPORT ssize_t writev(int fd, const struct iovec *iov, int iovcnt)
+{
+	kvs_shim_before_write(fd, 0, iov_len(iov, iovcnt), true);
+	kvs_real_init();
+	return kvs_real.writev(fd, iov, iovcnt);
+}
+
+KVS_EXPORT ssize_t pwritev(int fd, const struct iovec *iov, int iovcnt, off_t off)
+{
+	kvs_shim_before_write(fd, off, iov_len(iov, iovcnt), false);
+	kvs_real_init();
+	return kvs_real.pwritev(fd, iov, iovcnt, off);
+}
+
+KVS_EXPORT ssize_t pwritev64(int fd, const struct iovec *iov, int iovcnt, off64_t off)
+{
+	kvs_shim_before_write(fd, (off_t)off, iov_len(iov, iovcnt), false);
+	kvs_real_init();
+	return kvs_real.pwritev64(fd, iov, iovcnt, off);
+}
+
+KVS_EXPORT ssize_t pwritev2(int fd, const struct iovec *iov, int iovcnt, off_t off, int flags)
+{
+	kvs_shim_before_write(fd, off, iov_len(iov, iovcnt), off == -1);
+	kvs_real_init();
+	return kvs_real.pwritev2(fd, iov, iovcnt, off, flags);
+}
+
+KVS_EXPORT ssize_t pwritev64v2(int fd, const struct iovec *iov, int iovcnt, off64_t off, int flags)
+{
+	kvs_shim_before_write(fd, (off_t)off, iov_len(iov, iovcnt), off == -1);
+	kvs_real_init();
+	return kvs_real.pwritev64v2(fd, iov, iovcnt, off, flags);
+}

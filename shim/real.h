@@ -1,0 +1,41 @@
+/*
+ * real: the libc functions the shim interposes, as the next object in the lookup order
+ * provides them (dlsym(RTLD_NEXT)), resolved once.  A name that cannot be resolved falls back
+ * to the raw system call where one exists, so a hook can always make "the real call".
+ */
+#ifndef KVS_SHIM_REAL_H
+#define KVS_SHIM_REAL_H
+
+#include <stdio.h>
+#include <sys/types.h>
+#include <sys/uio.h>
+
+struct kvs_real {
+	ssize_t (*read)(int, void *, size_t);
+	ssize_t (*pread)(int, void *, size_t, off_t);
+	ssize_t (*pread64)(int, void *, size_t, off64_t);
+	ssize_t (*readv)(int, const struct iovec *, int);
+	ssize_t (*preadv)(int, const struct iovec *, int, off_t);
+	ssize_t (*preadv64)(int, const struct iovec *, int, off64_t);
+	ssize_t (*preadv2)(int, const struct iovec *, int, off_t, int);
+	ssize_t (*preadv64v2)(int, const struct iovec *, int, off64_t, int);
+	ssize_t (*read_chk)(int, void *, size_t, size_t);
+	ssize_t (*pread_chk)(int, void *, size_t, off_t, size_t);
+	ssize_t (*pread64_chk)(int, void *, size_t, off64_t, size_t);
+	size_t (*fread)(void *, size_t, size_t, FILE *);
+	ssize_t (*write)(int, const void *, size_t);
+	ssize_t (*pwrite)(int, const void *, size_t, off_t);
+	ssize_t (*pwrite64)(int, const void *, size_t, off64_t);
+	ssize_t (*writev)(int, const struct iovec *, int);
+	ssize_t (*pwritev)(int, const struct iovec *, int, off_t);
+	ssize_t (*pwritev64)(int, const struct iovec *, int, off64_t);
+	ssize_t (*pwritev2)(int, const struct iovec *, int, off_t, int);
+	ssize_t (*pwritev64v2)(int, const struct iovec *, int, off64_t, int);
+};
+
+extern struct kvs_real kvs_real;
+
+/* Resolve every pointer (once; later calls return at once).  Never fails. */
+void kvs_real_init(void);
+
+#endif

@@ -1,0 +1,216 @@
+/*
+ * shim: configuration, lazy attach, fork, and the serve-or-pass-through decision.
+ *
+ * DESIGN.  Global state, and who writes it:
+ *   cfg, min_read         written once inside pthread_once (init), read-only afterwards.
+ *   state                 OFF/ON, written once in init (release), read by every hook (acquire).
+ *   attached, cache, loader
+ *                         written under attach_mu by the first cacheable read (attach) and by
+ *                         the fork child handler (single-threaded then); read by hooks after
+ *                         an acquire load of attached, which the attacher sets last (release).
+ *   guard                 per thread: nonzero while the shim's own code runs, so any libc call
+ *                         it makes that is itself hooked goes straight to the real function.
+ * The loader's threads call no hooked function (raw system calls only).
+ */
+#include <errno.h>
+#include <limits.h>
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "cache.h"
+#include "config.h"
+#include "fdinfo.h"
+#include "loader.h"
+#include "log.h"
+#include "real.h"
+#include "shim.h"
+
+enum { ST_UNINIT, ST_OFF, ST_ON };
+enum { AT_NONE, AT_OK, AT_FAILED };
+
+static struct kvs_config cfg;
+static uint64_t min_read = UINT64_MAX;
+static _Atomic int state = ST_UNINIT;
+static pthread_once_t once = PTHREAD_ONCE_INIT;
+static pthread_mutex_t attach_mu = PTHREAD_MUTEX_INITIALIZER;
+static _Atomic int attached = AT_NONE;
+static struct kvs_cache *cache;
+static struct kvs_loader *loader;
+static __thread int guard __attribute__((tls_model("initial-exec")));
+
+/* The fork child: the parent's threads do not exist here and its mapping, descriptor and
+ * process slot are the parent's.  Drop them without touching shared state; the child attaches
+ * again, as itself, at its first cacheable read. */
+static void atfork_child(void)
+{
+	if (atomic_load(&attached) == AT_OK)
+		kvs_cache_forget(cache);
+	cache = NULL;
+	loader = NULL; /* its threads are gone; its memory is abandoned */
+	pthread_mutex_init(&attach_mu, NULL);
+	atomic_store(&attached, AT_NONE);
+}
+
+static void init(void)
+{
+	char msg[KVS_CONFIG_MSG_MAX];
+	int on = ST_OFF;
+
+	guard++;
+	kvs_real_init();
+	if (kvs_config_load(&cfg, NULL, NULL, msg, sizeof(msg))) {
+		kvs_log_once(KVS_CAUSE_CONFIG, KVS_LOG_ERROR, "%s; the shim is off", msg);
+		goto out;
+	}
+	kvs_log_set_level(cfg.shim_log);
+	if (!cfg.shim_enable)
+		goto out;
+	if (kvs_fdinfo_set_roots(cfg.files_roots) == 0) {
+		if (cfg.files_roots[0])
+			kvs_log_once(KVS_CAUSE_CONFIG, KVS_LOG_WARN,
+				     "files.roots: no usable directory in \"%s\"; the shim is off",
+				     cfg.files_roots);
+		goto out;
+	}
+	min_read = cfg.files_min_read ? cfg.files_min_read : 1;
+	if (pthread_atfork(NULL, NULL, atfork_child))
+		goto out;
+	on = ST_ON;
+out:
+	atomic_store_explicit(&state, on, memory_order_release); /* pairs with kvs_shim_wants */
+	guard--;
+}
+
+bool kvs_shim_wants(size_t len)
+{
+	if (guard)
+		return false;
+	if (atomic_load_explicit(&state, memory_order_acquire) == ST_UNINIT)
+		pthread_once(&once, init);
+	return atomic_load_explicit(&state, memory_order_acquire) == ST_ON && len >= min_read;
+}
+
+/* Map the region and start the loader, once; a failure is final for this process. */
+static bool attach(void)
+{
+	int a = atomic_load_explicit(&attached, memory_order_acquire); /* pairs below */
+	char msg[512];
+	int r;
+
+	if (a != AT_NONE)
+		return a == AT_OK;
+	pthread_mutex_lock(&attach_mu);
+	a = atomic_load(&attached);
+	if (a != AT_NONE)
+		goto out;
+	a = AT_FAILED;
+	r = kvs_cache_open(&cfg, KVS_OPEN_CREATE, &cache, msg, sizeof(msg));
+	if (r) {
+		kvs_log_once(KVS_CAUSE_ATTACH, KVS_LOG_WARN,
+			     "cannot use the cache (%s); reads go to storage",
+			     msg[0] ? msg : strerror(-r));
+		goto out;
+	}
+	r = kvs_loader_create(cache, &cfg, &loader);
+	if (r) {
+		kvs_log_once(KVS_CAUSE_LOADER, KVS_LOG_WARN,
+			     "cannot start the loader (%s); reads go to storage", strerror(-r));
+		kvs_cache_close(cache);
+		cache = NULL;
+		goto out;
+	}
+	kvs_log_once(KVS_CAUSE_ATTACHED, KVS_LOG_INFO, "attached as process %d, backend %s",
+		     kvs_cache_self(cache), kvs_loader_backend(loader));
+	a = AT_OK;
+out:
+	atomic_store_explicit(&attached, a, memory_order_release); /* publishes cache, loader */
+	pthread_mutex_unlock(&attach_mu);
+	return a == AT_OK;
+}
+
+/* O_DIRECT reads must be aligned or the real call fails: serve only what it would accept. */
+static bool direct_ok(const struct kvs_fdinfo *fi, const struct iovec *iov, int iovcnt, off_t off)
+{
+	if ((uint64_t)off % fi->dio_off_align)
+		return false;
+	for (int i = 0; i < iovcnt; i++)
+		if ((uintptr_t)iov[i].iov_base % fi->dio_mem_align ||
+		    iov[i].iov_len % fi->dio_off_align)
+			return false;
+	return true;
+}
+
+ssize_t kvs_shim_read(int fd, const struct iovec *iov, int iovcnt, off_t off, bool use_pos)
+{
+	int saved = errno;
+	struct kvs_fdinfo fi;
+	struct kvs_read rd;
+	ssize_t ret = -1;
+	uint64_t len = 0;
+
+	if (iovcnt <= 0 || iovcnt > IOV_MAX)
+		return -1;
+	for (int i = 0; i < iovcnt; i++) {
+		if (iov[i].iov_len > SSIZE_MAX - len)
+			return -1;
+		len += iov[i].iov_len;
+	}
+	guard++;
+	if (kvs_fdinfo_get(fd, &fi) || !fi.kv || !fi.readable ||
+	    (!fi.direct && !cfg.files_buffered))
+		goto out;
+	if (use_pos) {
+		off = lseek(fd, 0, SEEK_CUR);
+		if (off < 0)
+			goto out;
+	}
+	if (off < 0 || (fi.direct && !direct_ok(&fi, iov, iovcnt, off)) || !attach())
+		goto out;
+	rd = (struct kvs_read){.fd = fd,
+			       .direct = fi.direct,
+			       .block = fi.block,
+			       .file_size = fi.size,
+			       .off = (uint64_t)off,
+			       .iov = iov,
+			       .iovcnt = iovcnt,
+			       .len = len};
+	int64_t n = kvs_loader_read(loader, &rd);
+	if (n < 0) {
+		kvs_log_once(KVS_CAUSE_READ_FALLBACK, KVS_LOG_INFO,
+			     "a read went to storage directly (%s)", strerror((int)-n));
+		goto out;
+	}
+	if (use_pos && lseek(fd, off + n, SEEK_SET) < 0)
+		goto out; /* cannot happen on a regular file; the real read will redo it */
+	ret = n;
+out:
+	guard--;
+	errno = saved;
+	return ret;
+}
+
+void kvs_shim_before_write(int fd, off_t off, size_t len, bool use_pos)
+{
+	int saved = errno;
+	struct kvs_fdinfo fi;
+
+	if (guard || len == 0 || atomic_load_explicit(&attached, memory_order_acquire) != AT_OK)
+		return;
+	guard++;
+	/* Small writes only reach files already known as KV; large ones are classified. */
+	if ((len < min_read ? kvs_fdinfo_known(fd, &fi) : kvs_fdinfo_get(fd, &fi)) || !fi.kv)
+		goto out;
+	if (use_pos) {
+		off = lseek(fd, 0, SEEK_CUR);
+		if (off < 0)
+			goto out;
+	}
+	uint64_t S = kvs_cache_shard_size(cache);
+	kvs_cache_invalidate(cache, &fi.block, (uint64_t)off / S, ((uint64_t)off + len - 1) / S);
+out:
+	guard--;
+	errno = saved;
+}

@@ -1,0 +1,185 @@
+#!/usr/bin/env bash
+# End-to-end: unmodified programs under LD_PRELOAD=libkvshim.so read KV files; their output
+# must equal the same run without the shim, and `kvshim stat` must show that the shim served
+# what it should have (and nothing it should not).
+#   e2e_test.sh LIBKVSHIM KVSHIM
+set -uo pipefail
+lib=$1
+kvshim=$2
+fails=0
+work=$(mktemp -d /var/tmp/kvshim-e2e.XXXXXX)
+name="e2e-$$"
+cleanup() {
+	KVSHIM_CONFIG= KVSHIM_CACHE_NAME=$name "$kvshim" reset --force >/dev/null 2>&1
+	rm -rf "$work"
+}
+trap cleanup EXIT
+
+ok() { echo "ok   - $*"; }
+fail() {
+	echo "FAIL - $*"
+	fails=$((fails + 1))
+}
+
+# The store: files of odd sizes so that short last shards and EOF are exercised.
+mkdir -p "$work/kv" "$work/other"
+for i in 0 1 2 3; do
+	head -c $((3 * 1024 * 1024 + i * 4096 + i * 777)) /dev/urandom >"$work/kv/blk$i"
+done
+head -c $((2 * 1024 * 1024)) /dev/urandom >"$work/other/outside"
+# fio's verify_only checks the headers that fio's own write job leaves in the file.
+if command -v fio >/dev/null; then
+	fio --name=kv --filename="$work/kv/big" --size=16M --bs=1M --rw=write --verify=crc32c \
+		--do_verify=0 --output=/dev/null
+fi
+
+export KVSHIM_CONFIG=
+export KVSHIM_FILES_ROOTS=$work/kv
+export KVSHIM_CACHE_NAME=$name
+export KVSHIM_CACHE_CAPACITY=128M
+export KVSHIM_CACHE_SHARD_SIZE=1M
+
+totals() { # print one counter from stat --json, 0 if there is no region
+	"$kvshim" stat --json 2>/dev/null |
+		python3 -c 'import json,sys
+try: print(json.load(sys.stdin)["totals"][sys.argv[1]])
+except Exception: print(0)' "$1"
+}
+reset_region() { "$kvshim" reset --force >/dev/null 2>&1; }
+
+# run LABEL EXPECT_SERVED CMD...: compare CMD's stdout with and without the shim.
+run() {
+	local label=$1 expect=$2
+	shift 2
+	local want got before after
+	want=$("$@" 2>/dev/null | sha256sum)
+	before=$(totals requests)
+	got=$(LD_PRELOAD=$lib "$@" 2>"$work/err" | sha256sum)
+	after=$(totals requests)
+	if [ "$want" != "$got" ]; then
+		fail "$label: output differs under the shim"
+		return
+	fi
+	if [ -s "$work/err" ] && grep -v '^kvshim: attached' "$work/err" | grep -q .; then
+		fail "$label: unexpected stderr: $(head -c 300 "$work/err")"
+		return
+	fi
+	if [ "$expect" = served ] && [ "$after" -le "$before" ]; then
+		fail "$label: the shim served nothing (requests $before -> $after)"
+		return
+	fi
+	if [ "$expect" = passed ] && [ "$after" -ne "$before" ]; then
+		fail "$label: the shim served a read it should have left alone"
+		return
+	fi
+	ok "$label"
+}
+
+py_readinto='import sys,hashlib,mmap
+h=hashlib.sha256()
+for p in sys.argv[1:]:
+    f=open(p,"rb",buffering=0); b=bytearray(1<<20)
+    while True:
+        n=f.readinto(b)
+        if not n: break
+        h.update(b[:n])
+print(h.hexdigest())'
+py_direct='import os,sys,hashlib,mmap
+h=hashlib.sha256(); b=mmap.mmap(-1,1<<20); b2=mmap.mmap(-1,1<<19)
+for p in sys.argv[2:]:
+    fd=os.open(p,os.O_RDONLY|os.O_DIRECT); off=0
+    while True:
+        if sys.argv[1]=="preadv": n=os.preadv(fd,[b,b2],off)
+        else: n=os.readv(fd,[b,b2])
+        h.update(b[:min(n,len(b))]); h.update(b2[:max(0,n-len(b))])
+        off+=n
+        if n<len(b)+len(b2): break
+    os.close(fd)
+print(h.hexdigest())'
+files=("$work"/kv/blk*)
+
+# --- What must be left alone: nothing attaches, no region appears.
+reset_region
+run "outside the roots (O_DIRECT dd)" passed dd if="$work/other/outside" bs=1M iflag=direct status=none
+run "reads under files.min_read" passed dd if="$work/kv/blk0" bs=4K iflag=direct status=none
+if [ -e "/dev/shm/kvshim.$(id -u).$name" ]; then
+	fail "a region was created although no read was cacheable"
+else
+	ok "no region, no attach for processes that never read KV"
+fi
+
+for buffered in false true; do
+	export KVSHIM_FILES_BUFFERED=$buffered
+	reset_region
+	b=passed
+	[ "$buffered" = true ] && b=served
+	run "dd buffered, files.buffered=$buffered" $b dd if="$work/kv/blk1" bs=1M status=none
+	run "dd iflag=direct, files.buffered=$buffered" served dd if="$work/kv/blk1" bs=1M iflag=direct status=none
+	run "dd iflag=direct again (hits), files.buffered=$buffered" served dd if="$work/kv/blk1" bs=1M iflag=direct status=none
+	run "cat, files.buffered=$buffered" $b cat "${files[@]}"
+	run "python3 readinto, files.buffered=$buffered" $b python3 -c "$py_readinto" "${files[@]}"
+	run "python3 os.preadv O_DIRECT, files.buffered=$buffered" served python3 -c "$py_direct" preadv "${files[@]}"
+	run "python3 os.readv O_DIRECT, files.buffered=$buffered" served python3 -c "$py_direct" readv "${files[@]}"
+	if command -v fio >/dev/null; then
+		for engine in psync pvsync2; do
+			fio_args=(--name=kv --filename="$work/kv/big" --size=16M --bs=1M --rw=read
+				--direct=1 --ioengine=$engine --numjobs=4 --group_reporting
+				--verify=crc32c --verify_only=1 --output=/dev/null)
+			run "fio $engine O_DIRECT 4 jobs, files.buffered=$buffered" served \
+				sh -c 'fio "$@" && echo fio-ok' sh "${fio_args[@]}"
+		done
+	else
+		echo "skip - fio is not installed"
+	fi
+done
+unset KVSHIM_FILES_BUFFERED
+
+# --- 8 processes at once on the same files: every byte right, storage read once.
+reset_region
+want=$(python3 -c "$py_direct" preadv "${files[@]}")
+pids=()
+for r in 0 1 2 3 4 5 6 7; do
+	LD_PRELOAD=$lib python3 -c "$py_direct" preadv "${files[@]}" >"$work/out.$r" &
+	pids+=($!)
+done
+wait "${pids[@]}"
+bad=0
+for r in 0 1 2 3 4 5 6 7; do [ "$(cat "$work/out.$r")" = "$want" ] || bad=1; done
+unique=$(cat "${files[@]}" | wc -c)
+backend=$(totals backend_bytes)
+if [ $bad -ne 0 ]; then
+	fail "8 processes: some output differs"
+elif [ "$backend" -gt $((unique + unique / 100)) ]; then
+	fail "8 processes: storage read $backend bytes for $unique unique"
+else
+	ok "8 processes at once: identical output, storage read $backend bytes for $unique unique"
+fi
+
+# --- Switches: KVSHIM_ENABLE=0, a broken configuration.
+reset_region
+want=$(dd if="$work/kv/blk2" bs=1M iflag=direct status=none | sha256sum)
+got=$(KVSHIM_ENABLE=0 LD_PRELOAD=$lib dd if="$work/kv/blk2" bs=1M iflag=direct status=none 2>"$work/err" | sha256sum)
+if [ "$want" = "$got" ] && [ ! -s "$work/err" ] && [ "$(totals requests)" = 0 ]; then
+	ok "KVSHIM_ENABLE=0: same output, nothing served, silent"
+else
+	fail "KVSHIM_ENABLE=0"
+fi
+printf '[cache]\ncapacity = 12Q\n' >"$work/bad.ini"
+got=$(KVSHIM_CONFIG=$work/bad.ini LD_PRELOAD=$lib dd if="$work/kv/blk2" bs=1M iflag=direct status=none 2>"$work/err" | sha256sum)
+lines=$(wc -l <"$work/err")
+if [ "$want" = "$got" ] && [ "$lines" -eq 1 ] && grep -q "^kvshim: config: $work/bad.ini:2: cache.capacity: " "$work/err"; then
+	ok "broken config: same output, one stderr line: $(cat "$work/err")"
+else
+	fail "broken config: lines=$lines stderr=$(cat "$work/err")"
+fi
+
+# --- A write through the shim invalidates, and a rewritten file is never served stale.
+reset_region
+LD_PRELOAD=$lib dd if="$work/kv/blk3" bs=1M iflag=direct status=none >/dev/null
+head -c 1048576 /dev/urandom | LD_PRELOAD=$lib dd of="$work/kv/blk3" bs=1M conv=notrunc status=none
+want=$(dd if="$work/kv/blk3" bs=1M iflag=direct status=none | sha256sum)
+got=$(LD_PRELOAD=$lib dd if="$work/kv/blk3" bs=1M iflag=direct status=none | sha256sum)
+[ "$want" = "$got" ] && ok "rewritten file: new bytes served" || fail "rewritten file served stale bytes"
+
+echo "e2e: $fails failed"
+[ $fails -eq 0 ]
