@@ -1,0 +1,395 @@
+#!/usr/bin/env bash
+# tools_test.sh - end-to-end test of the kvshim command (tools/kvshim.c, tools/cmd_*.c).
+#
+#   bash tools_test.sh /path/to/kvshim /path/to/mkregion
+#
+# Runs the real program against a region of its own (a unique cache.name, removed at exit)
+# made by tests/mkregion.c, with KVSHIM_CONFIG= (no file) and every other KVSHIM_* variable
+# cleared, and checks: usage and exit statuses; `config` lists every key of config/keys.def and
+# `--explain` names the sources (default, env, file); a bad value exits 1 with one stderr line;
+# `stat` on an absent region; `stat --json` is one valid object with every key of design.md §7
+# and totals carried over from exited processes; `stat --prom` is well-formed exposition text;
+# `stat --watch` repeats and ends with status 0 on SIGINT; `reset` refuses while a process is
+# attached and works with --force; `run` finds the library, prepends it to LD_PRELOAD, sets
+# KVSHIM_CONFIG absolute and passes the exit status through.
+# Exits 0 on success, 1 on failure, 77 (CTest skip) when python3 is missing.
+
+# The single-quoted sh -c scripts below expand in the child, which is the point.
+# shellcheck disable=SC2016
+
+set -u
+set -o pipefail
+
+KVSHIM=${1:?usage: tools_test.sh /path/to/kvshim /path/to/mkregion}
+MKREGION=${2:?usage: tools_test.sh /path/to/kvshim /path/to/mkregion}
+HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
+KEYS_DEF=$HERE/../config/keys.def
+COUNTERS_DEF=$HERE/../cache/counters.def
+T="timeout 30"
+
+fail() {
+	echo "FAIL: $*" >&2
+	exit 1
+}
+
+pass() {
+	echo "ok: $*"
+}
+
+[ -x "$KVSHIM" ] || fail "$KVSHIM is not an executable"
+[ -x "$MKREGION" ] || fail "$MKREGION is not an executable"
+KVSHIM=$(realpath "$KVSHIM") || fail "realpath $KVSHIM"
+MKREGION=$(realpath "$MKREGION") || fail "realpath $MKREGION"
+if ! command -v python3 >/dev/null; then
+	echo "SKIP: python3 is missing"
+	exit 77
+fi
+
+# A clean, private configuration: no file, no inherited overrides, a region of our own.
+for v in $(compgen -e | grep '^KVSHIM_'); do
+	unset "$v"
+done
+NAME=tools.$$.$RANDOM
+export KVSHIM_CONFIG=
+export KVSHIM_CACHE_NAME=$NAME
+export KVSHIM_CACHE_CAPACITY=4M
+export KVSHIM_CACHE_SHARD_SIZE=64K
+REGION=/dev/shm/kvshim.$(id -u).$NAME
+
+WORK=$(mktemp -d "${TMPDIR:-/tmp}/tools_test.XXXXXX") || fail "mktemp"
+HOLDER=
+cleanup() {
+	if [ -n "$HOLDER" ]; then
+		kill -KILL "$HOLDER" 2>/dev/null
+		wait "$HOLDER" 2>/dev/null
+	fi
+	rm -f /dev/shm/kvshim.*."$NAME" /dev/shm/kvshim.*."$NAME".tmp.*
+	rm -rf "$WORK"
+}
+trap cleanup EXIT
+
+OUT=$WORK/out
+ERR=$WORK/err
+
+# Run the command with a timeout; sets RC, leaves stdout in $OUT and stderr in $ERR.
+k() {
+	$T "$KVSHIM" "$@" >"$OUT" 2>"$ERR"
+	RC=$?
+}
+
+expect_rc() {
+	[ "$RC" -eq "$1" ] || fail "$2: exit status $RC, expected $1 (stderr: $(cat "$ERR"))"
+}
+
+# stderr is exactly one line starting with $1.
+expect_one_err() {
+	[ "$(wc -l <"$ERR")" -eq 1 ] || fail "$2: expected one stderr line, got: $(cat "$ERR")"
+	grep -q "^$1" "$ERR" || fail "$2: stderr does not start with '$1': $(cat "$ERR")"
+}
+
+# Start mkregion holding the region attached; sets HOLDER.
+start_holder() {
+	rm -f "$WORK/ready"
+	"$MKREGION" "$WORK/ready" &
+	HOLDER=$!
+	for _ in $(seq 100); do
+		[ -e "$WORK/ready" ] && return
+		kill -0 "$HOLDER" 2>/dev/null || fail "mkregion holder exited early"
+		sleep 0.05
+	done
+	fail "mkregion holder did not attach within 5 s"
+}
+
+stop_holder() {
+	kill -KILL "$HOLDER"
+	wait "$HOLDER" 2>/dev/null
+	HOLDER=
+}
+
+# --- usage -------------------------------------------------------------------------------
+
+k --help
+expect_rc 0 "kvshim --help"
+grep -q '^usage: kvshim' "$OUT" || fail "--help prints no usage on stdout"
+for c in run stat config reset; do
+	grep -q "^  $c" "$OUT" || fail "--help does not list $c"
+done
+[ ! -s "$ERR" ] || fail "--help wrote to stderr"
+k
+expect_rc 2 "kvshim without arguments"
+[ ! -s "$OUT" ] || fail "bad usage wrote to stdout"
+k frobnicate
+expect_rc 2 "unknown command"
+grep -q '^kvshim: unknown command frobnicate' "$ERR" || fail "unknown command: $(cat "$ERR")"
+k stat --bogus
+expect_rc 2 "stat --bogus"
+grep -q '^kvshim: stat: unknown option --bogus' "$ERR" || fail "stat --bogus: $(cat "$ERR")"
+k stat --json --prom
+expect_rc 2 "stat --json --prom"
+k stat --watch 0
+expect_rc 2 "stat --watch 0"
+k stat --watch
+expect_rc 2 "stat --watch without SEC"
+for c in run stat config reset; do
+	k "$c" --help
+	expect_rc 0 "$c --help"
+	grep -q "^usage: kvshim $c" "$OUT" || fail "$c --help prints no usage"
+done
+pass "usage and exit statuses"
+
+# --- config ------------------------------------------------------------------------------
+
+nkeys=$(grep -c '^KVS_KEY(' "$KEYS_DEF")
+[ "$nkeys" -gt 10 ] || fail "cannot count the keys of $KEYS_DEF"
+k config
+expect_rc 0 "config"
+[ "$(grep -cE '^[a-z_]+\.[a-z_]+ = ' "$OUT")" -eq "$nkeys" ] ||
+	fail "config prints $(grep -cE '^[a-z_]+\.[a-z_]+ = ' "$OUT") keys, keys.def has $nkeys"
+sed -n 's/^KVS_KEY(\([a-z_]*\), *\([a-z_]*\),.*/\1.\2/p' "$KEYS_DEF" | while read -r key; do
+	grep -q "^$key = " "$OUT" || fail "config does not print $key"
+done || exit 1
+grep -qx "cache.name = $NAME" "$OUT" || fail "config does not show cache.name = $NAME"
+pass "config prints all $nkeys keys"
+
+k config --explain
+expect_rc 0 "config --explain"
+grep -q 'source env KVSHIM_CACHE_NAME' "$OUT" || fail "--explain does not name env KVSHIM_CACHE_NAME"
+grep -q 'source default' "$OUT" || fail "--explain does not name a default source"
+printf '[loader]\nio_depth = 7\n' >"$WORK/kv.ini"
+KVSHIM_CONFIG=$WORK/kv.ini k config --explain
+expect_rc 0 "config --explain with a file"
+grep -qx 'loader.io_depth = 7' "$OUT" || fail "the file's loader.io_depth is not used"
+grep -q "source file $WORK/kv.ini:2" "$OUT" || fail "--explain does not name the file and line"
+pass "config --explain names default, env and file sources"
+
+for c in config stat reset; do
+	KVSHIM_CACHE_CAPACITY=lots k "$c"
+	expect_rc 1 "$c with a bad value"
+	expect_one_err "kvshim: config: environment: KVSHIM_CACHE_CAPACITY" "$c with a bad value"
+	[ ! -s "$OUT" ] || fail "$c with a bad value wrote to stdout"
+done
+printf '[cache]\nbogus = 1\n' >"$WORK/bad.ini"
+KVSHIM_CONFIG=$WORK/bad.ini k config
+expect_rc 1 "config with a bad file"
+expect_one_err "kvshim: config: $WORK/bad.ini:2: " "config with a bad file"
+pass "bad configuration: status 1, one stderr line"
+
+# --- stat on an absent region ------------------------------------------------------------
+
+for fmt in "" --json --prom; do
+	k stat $fmt
+	expect_rc 1 "stat $fmt without a region"
+	expect_one_err "kvshim: no region at $REGION\$" "stat $fmt without a region"
+	[ ! -s "$OUT" ] || fail "stat $fmt without a region wrote to stdout"
+done
+k reset
+expect_rc 0 "reset without a region"
+pass "stat and reset without a region"
+
+# --- stat on a region --------------------------------------------------------------------
+
+# Two processes attach, count (requests 3, backend_bytes 4096 each) and exit.
+$T "$MKREGION" || fail "mkregion"
+$T "$MKREGION" || fail "mkregion (second)"
+[ -e "$REGION" ] || fail "mkregion made no $REGION"
+
+# Check the JSON in $OUT: $1 = expected requests total, $2 = processes attached,
+# $3 = expected number of process entries, $4 = expected alive flag of entry 0 (or "").
+cat >"$WORK/check_json.py" <<'EOF'
+import json, re, sys
+counters_def, name, requests, attached, nprocs, alive = sys.argv[1:7]
+text = sys.stdin.read()
+obj = json.loads(text)  # exactly one value: a second object would raise "Extra data"
+assert isinstance(obj, dict), "not an object"
+counters = re.findall(r'^KVS_COUNTER\((\w+),', open(counters_def).read(), re.M)
+assert len(counters) >= 13, counters
+region = obj["region"]
+for key in ("name", "capacity_bytes", "shard_size", "slots", "slots_ready", "slots_loading",
+            "slots_failed", "slots_pinned", "processes_attached"):
+    assert key in region, "region lacks " + key
+    if key != "name":
+        assert type(region[key]) is int, key + " is not an integer"
+assert region["name"] == name, region["name"]
+assert region["capacity_bytes"] == 4 << 20, region["capacity_bytes"]
+assert region["shard_size"] == 64 << 10, region["shard_size"]
+assert region["slots"] == 64, region["slots"]
+assert region["processes_attached"] == int(attached), region["processes_attached"]
+totals = obj["totals"]
+for c in counters:
+    assert type(totals.get(c)) is int, "totals lacks " + c
+assert totals["requests"] == int(requests), totals["requests"]
+assert totals["backend_bytes"] == int(requests) // 3 * 4096, totals["backend_bytes"]
+procs = obj["processes"]
+assert isinstance(procs, list) and len(procs) == int(nprocs), procs
+for p in procs:
+    for key in ["pid", "rank", "alive"] + counters:
+        assert key in p, "process lacks " + key
+    assert type(p["alive"]) is bool
+    assert type(p["pid"]) is int and type(p["rank"]) is int
+if procs:
+    assert procs[0]["alive"] == (alive == "true"), procs[0]
+    assert procs[0]["rank"] == 5 and procs[0]["requests"] == 3, procs[0]
+EOF
+check_json() {
+	python3 "$WORK/check_json.py" "$COUNTERS_DEF" "$NAME" "$@" <"$OUT" ||
+		fail "stat --json: $(cat "$OUT")"
+}
+
+k stat --json
+expect_rc 0 "stat --json"
+[ ! -s "$ERR" ] || fail "stat --json wrote to stderr: $(cat "$ERR")"
+[ "$(wc -l <"$OUT")" -eq 1 ] || fail "stat --json is not one line"
+check_json 6 0 0 ""
+pass "stat --json: every key, totals of exited processes"
+
+start_holder
+k stat --json
+expect_rc 0 "stat --json with a holder"
+check_json 9 1 1 true
+python3 -c 'import json,sys; assert json.load(sys.stdin)["processes"][0]["pid"] == int(sys.argv[1])' \
+	"$HOLDER" <"$OUT" || fail "stat --json does not show the holder's pid $HOLDER"
+pass "stat --json: a live process with its pid, rank and counters"
+
+k stat
+expect_rc 0 "stat"
+grep -q "pid $HOLDER" "$OUT" || fail "stat text lacks the holder's column"
+grep -qE '^requests +9 +3$' "$OUT" || fail "stat text: requests row: $(grep requests "$OUT")"
+pass "stat: text table"
+
+k stat --prom
+expect_rc 0 "stat --prom"
+cat >"$WORK/check_prom.py" <<'EOF'
+import re, sys
+holder = sys.argv[1]
+typed, samples = {}, {}
+for line in sys.stdin.read().splitlines():
+    m = re.match(r'^# (HELP|TYPE) ([a-zA-Z_:][a-zA-Z0-9_:]*) (.+)$', line)
+    if m:
+        if m.group(1) == "TYPE":
+            assert m.group(3) in ("counter", "gauge"), line
+            assert m.group(2) not in typed, "TYPE twice: " + line
+            typed[m.group(2)] = m.group(3)
+        continue
+    m = re.match(r'^([a-zA-Z_:][a-zA-Z0-9_:]*)\{((?:[a-zA-Z_][a-zA-Z0-9_]*="(?:[^"\\]|\\.)*",?)*)\} (-?[0-9]+)$', line)
+    assert m, "bad sample line: " + line
+    assert m.group(1) in typed, "sample before its TYPE: " + line
+    samples.setdefault(m.group(1), []).append((m.group(2), int(m.group(3))))
+assert typed["kvshim_requests_total"] == "counter"
+assert samples["kvshim_requests_total"][0][1] == 9, samples["kvshim_requests_total"]
+assert samples["kvshim_region_slots"][0][1] == 64
+assert samples["kvshim_region_processes_attached"][0][1] == 1
+per = samples["kvshim_process_requests_total"]
+assert len(per) == 1 and 'pid="%s"' % holder in per[0][0] and per[0][1] == 3, per
+EOF
+python3 "$WORK/check_prom.py" "$HOLDER" <"$OUT" || fail "stat --prom: $(cat "$OUT")"
+pass "stat --prom: well-formed, kvshim_requests_total, per-process series"
+
+# --watch: repeats, and SIGINT ends it with status 0 (bash runs background jobs with SIGINT
+# ignored; kvshim installs its handler regardless).
+"$KVSHIM" stat --json --watch 0.1 >"$WORK/watch" 2>"$ERR" &
+WPID=$!
+sleep 0.6
+kill -INT "$WPID"
+wait "$WPID"
+RC=$?
+expect_rc 0 "stat --watch after SIGINT"
+[ "$(wc -l <"$WORK/watch")" -ge 2 ] || fail "stat --watch printed $(wc -l <"$WORK/watch") snapshots"
+python3 -c 'import json,sys; [json.loads(l) for l in sys.stdin]' <"$WORK/watch" ||
+	fail "stat --watch: a line is not JSON"
+pass "stat --watch: $(wc -l <"$WORK/watch") snapshots, status 0 on SIGINT"
+
+# A configuration that disagrees with the region is refused, with the reason.
+KVSHIM_CACHE_SHARD_SIZE=128K k stat --json
+expect_rc 1 "stat with a different shard_size"
+expect_one_err "kvshim: region $REGION .*the configuration wants" "stat with a different shard_size"
+[ ! -s "$OUT" ] || fail "stat --json on a mismatch wrote to stdout"
+pass "stat refuses a region of other dimensions"
+
+# A process that died attached stays in the table, not alive, its counters in the totals.
+stop_holder
+k stat --json
+expect_rc 0 "stat --json after the holder died"
+check_json 9 0 1 false
+pass "stat --json: a dead process is listed with alive false"
+
+# --- reset -------------------------------------------------------------------------------
+
+start_holder
+
+k reset
+expect_rc 1 "reset with a holder attached"
+expect_one_err "kvshim: 1 processes are attached to $REGION; use --force\$" "reset with a holder"
+[ -e "$REGION" ] || fail "reset removed the region while refusing"
+k reset --force
+expect_rc 0 "reset --force"
+[ ! -e "$REGION" ] || fail "reset --force left $REGION"
+grep -qx "removed $REGION" "$OUT" || fail "reset --force: stdout: $(cat "$OUT")"
+stop_holder
+$T "$MKREGION" || fail "mkregion after reset"
+k reset
+expect_rc 0 "reset with no process attached"
+[ ! -e "$REGION" ] || fail "reset left $REGION"
+pass "reset refuses while attached, --force and an idle region work"
+
+# --- run ---------------------------------------------------------------------------------
+
+# A harmless library to preload: the C library itself, if ldd names it.
+LIB=$(ldd "$KVSHIM" 2>/dev/null | awk '$1 ~ /^libc\.so/ { print $3 }')
+[ -n "$LIB" ] && [ -r "$LIB" ] || LIB=$MKREGION
+LIB=$(realpath "$LIB")
+
+KVSHIM_LIBRARY=$LIB k run -- sh -c 'echo "$LD_PRELOAD"'
+expect_rc 0 "run with KVSHIM_LIBRARY"
+[ "$(cat "$OUT")" = "$LIB" ] || fail "run: LD_PRELOAD is '$(cat "$OUT")', expected '$LIB'"
+# This LD_PRELOAD also applies to kvshim itself: an ASan build would refuse to start with a
+# library ahead of its runtime, so its link-order check is turned off (a no-op otherwise).
+KVSHIM_LIBRARY=$LIB LD_PRELOAD="/x/a.so /x/b.so:$LIB" \
+	ASAN_OPTIONS=${ASAN_OPTIONS:+$ASAN_OPTIONS:}verify_asan_link_order=0 \
+	k run -- sh -c 'echo "$LD_PRELOAD"'
+[ "$(cat "$OUT")" = "$LIB:/x/a.so:/x/b.so" ] ||
+	fail "run: LD_PRELOAD is '$(cat "$OUT")', expected '$LIB:/x/a.so:/x/b.so'"
+pass "run: the library first in LD_PRELOAD, earlier entries kept"
+
+KVSHIM_LIBRARY=$LIB k run -- sh -c 'exit 7'
+expect_rc 7 "run: exit status of the command"
+KVSHIM_LIBRARY=$LIB k run sh -c 'echo "$0 $1"' a b
+expect_rc 0 "run without --"
+[ "$(cat "$OUT")" = "a b" ] || fail "run: arguments: '$(cat "$OUT")'"
+KVSHIM_LIBRARY=$LIB k run -- /nonexistent/kvshim-no-such-command
+expect_rc 127 "run of a missing command"
+expect_one_err "kvshim: /nonexistent/kvshim-no-such-command: No such file or directory" \
+	"run of a missing command"
+KVSHIM_LIBRARY=$WORK/missing.so k run -- true
+expect_rc 1 "run with a missing KVSHIM_LIBRARY"
+expect_one_err "kvshim: KVSHIM_LIBRARY=$WORK/missing.so: " "run with a missing KVSHIM_LIBRARY"
+k run
+expect_rc 2 "run without a command"
+pass "run: exit statuses 7, 127, 1 and 2"
+
+(cd "$WORK" && KVSHIM_LIBRARY=$LIB $T "$KVSHIM" run --config kv.ini -- \
+	sh -c 'echo "$KVSHIM_CONFIG"') >"$OUT" 2>"$ERR" || fail "run --config: $(cat "$ERR")"
+[ "$(cat "$OUT")" = "$(realpath "$WORK/kv.ini")" ] || fail "run --config: KVSHIM_CONFIG='$(cat "$OUT")'"
+KVSHIM_LIBRARY=$LIB k run --config "$WORK/none.ini" -- true
+expect_rc 1 "run --config of a missing file"
+pass "run --config: KVSHIM_CONFIG absolute"
+
+# The library next to the program, in ../lib and in ../shim, in that order.
+mkdir -p "$WORK/tree/bin" "$WORK/tree/lib" "$WORK/tree/shim"
+cp "$KVSHIM" "$WORK/tree/bin/kvshim"
+cp "$LIB" "$WORK/tree/shim/libkvshim.so"
+$T "$WORK/tree/bin/kvshim" run -- sh -c 'echo "$LD_PRELOAD"' >"$OUT" 2>"$ERR"
+[ "$(cat "$OUT")" = "$WORK/tree/shim/libkvshim.so" ] || fail "run: ../shim: '$(cat "$OUT")'"
+cp "$LIB" "$WORK/tree/lib/libkvshim.so"
+$T "$WORK/tree/bin/kvshim" run -- sh -c 'echo "$LD_PRELOAD"' >"$OUT" 2>"$ERR"
+[ "$(cat "$OUT")" = "$WORK/tree/lib/libkvshim.so" ] || fail "run: ../lib: '$(cat "$OUT")'"
+cp "$LIB" "$WORK/tree/bin/libkvshim.so"
+$T "$WORK/tree/bin/kvshim" run -- sh -c 'echo "$LD_PRELOAD"' >"$OUT" 2>"$ERR"
+[ "$(cat "$OUT")" = "$WORK/tree/bin/libkvshim.so" ] || fail "run: bin/: '$(cat "$OUT")'"
+rm -f "$WORK"/tree/*/libkvshim.so
+$T "$WORK/tree/bin/kvshim" run -- true >"$OUT" 2>"$ERR"
+RC=$?
+expect_rc 1 "run without a library"
+expect_one_err "kvshim: cannot find libkvshim.so" "run without a library"
+pass "run: library lookup beside the program, ../lib, ../shim; none is an error"
+
+echo "PASS: tools"

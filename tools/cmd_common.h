@@ -1,0 +1,37 @@
+/*
+ * The kvshim command's subcommands (design.md §7) and the helpers they share.
+ *
+ * Each cmd_<name>() is the main() of one subcommand: argv[0] is the subcommand's name, the
+ * options follow, and the return value is the process exit status (0 success, 1 failure,
+ * 2 bad usage; `run` returns only when it cannot exec).  Helpers return 0 or -errno.
+ * Diagnostics go to stderr prefixed "kvshim: "; stdout carries only what was asked for.
+ */
+#ifndef KVS_TOOLS_CMD_COMMON_H
+#define KVS_TOOLS_CMD_COMMON_H
+
+#include <stdio.h>
+
+struct kvs_config;
+
+#define KVS_EXIT_OK    0
+#define KVS_EXIT_FAIL  1
+#define KVS_EXIT_USAGE 2
+#define KVS_EXIT_EXEC  127
+
+int cmd_config(int argc, char **argv);
+int cmd_stat(int argc, char **argv);
+int cmd_reset(int argc, char **argv);
+int cmd_run(int argc, char **argv);
+
+/* Print "kvshim: " and the formatted message and a newline on stderr. */
+void tool_err(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+
+/* Report a getopt_long failure of subcommand cmd (the option at argv[optind - 1]), then
+ * print usage on stderr; returns KVS_EXIT_USAGE. */
+int tool_bad_option(const char *cmd, int opt, char **argv, const char *usage);
+
+/* Load the effective configuration (KVSHIM_CONFIG, /etc/kvshim/kvshim.ini, KVSHIM_* variables)
+ * into a new heap object; on failure print the reason and return -EINVAL or -ENOMEM. */
+int tool_load_config(struct kvs_config **out);
+
+#endif

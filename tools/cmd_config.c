@@ -1,0 +1,56 @@
+/*
+ * kvshim config [--explain]: print the effective configuration (design.md §6), one
+ * "section.key = value" line per key; --explain adds each key's default, where its value came
+ * from (default, file PATH:LINE, env VAR) and its help text.
+ */
+#include <getopt.h>
+#include <stdbool.h>
+#include <stdio.h>
+#include <stdlib.h>
+
+#include "cmd_common.h"
+#include "config.h"
+
+static const char usage[] =
+    "usage: kvshim config [--explain]\n"
+    "  -e, --explain  also print each key's default, the source of its value and its meaning\n"
+    "  -h, --help     print this help\n";
+
+int cmd_config(int argc, char **argv)
+{
+	static const struct option opts[] = {
+	    {"explain", no_argument, NULL, 'e'},
+	    {"help", no_argument, NULL, 'h'},
+	    {NULL, 0, NULL, 0},
+	};
+	struct kvs_config *cfg;
+	bool explain = false;
+	int opt, status = KVS_EXIT_OK;
+
+	opterr = 0;
+	while ((opt = getopt_long(argc, argv, "+:eh", opts, NULL)) != -1) {
+		switch (opt) {
+		case 'e':
+			explain = true;
+			break;
+		case 'h':
+			fputs(usage, stdout);
+			return KVS_EXIT_OK;
+		default:
+			return tool_bad_option("config", opt, argv, usage);
+		}
+	}
+	if (optind < argc) {
+		tool_err("config: unexpected argument %s", argv[optind]);
+		fputs(usage, stderr);
+		return KVS_EXIT_USAGE;
+	}
+	if (tool_load_config(&cfg))
+		return KVS_EXIT_FAIL;
+	if (kvs_config_print(cfg, stdout, explain)) {
+		tool_err("config: cannot write the listing");
+		status = KVS_EXIT_FAIL;
+	}
+	free(cfg);
+	return status;
+}

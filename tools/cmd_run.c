@@ -1,0 +1,165 @@
+/*
+ * kvshim run [--config FILE] -- CMD [ARGS...]: exec CMD with the shim preloaded.
+ *
+ * The library is the first of: $KVSHIM_LIBRARY; libkvshim.so beside this program; ../lib and
+ * ../shim relative to it (an installed tree and the build tree).  It is put first in
+ * LD_PRELOAD, ahead of what was there (minus any earlier copy of itself), so that its hooks
+ * win.  --config FILE sets KVSHIM_CONFIG to FILE's absolute path, so that a CMD that changes
+ * directory still finds it.  Exit status: CMD's own once exec succeeds; 1 when the library or
+ * the file cannot be found; 127 when CMD cannot be executed.
+ */
+#include <errno.h>
+#include <getopt.h>
+#include <limits.h>
+#include <stdbool.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "cmd_common.h"
+
+#define SHIM_NAME "libkvshim.so"
+
+static const char usage[] =
+    "usage: kvshim run [--config FILE] -- CMD [ARGS...]\n"
+    "  -c, --config FILE  use the INI file FILE (sets KVSHIM_CONFIG)\n"
+    "  -h, --help         print this help\n"
+    "The shim library is $KVSHIM_LIBRARY, else " SHIM_NAME " in this program's folder,\n"
+    "in ../lib or in ../shim relative to it.\n";
+
+/* Canonicalise a readable regular file's path into out (PATH_MAX); 0 or -errno. */
+static int usable(const char *path, char *out)
+{
+	if (!realpath(path, out))
+		return -errno;
+	if (access(out, R_OK) < 0)
+		return -errno;
+	return 0;
+}
+
+/* Find the shim library into lib (PATH_MAX), printing why on failure; 0 or -errno. */
+static int find_library(char *lib)
+{
+	static const char *const rel[] = {"", "/../lib", "/../shim"};
+	const char *env = getenv("KVSHIM_LIBRARY");
+	char self[PATH_MAX], cand[PATH_MAX + 32];
+	ssize_t n;
+	char *slash;
+	int r;
+
+	if (env && *env) {
+		r = usable(env, lib);
+		if (r)
+			tool_err("KVSHIM_LIBRARY=%s: %s", env, strerror(-r));
+		return r;
+	}
+	n = readlink("/proc/self/exe", self, sizeof(self) - 1);
+	if (n < 0) {
+		r = -errno;
+		tool_err("cannot find " SHIM_NAME " (/proc/self/exe: %s); set KVSHIM_LIBRARY",
+			 strerror(-r));
+		return r;
+	}
+	self[n] = '\0';
+	slash = strrchr(self, '/');
+	if (slash)
+		*slash = '\0';
+	for (size_t i = 0; i < sizeof(rel) / sizeof(rel[0]); i++) {
+		snprintf(cand, sizeof(cand), "%s%s/" SHIM_NAME, self, rel[i]);
+		if (usable(cand, lib) == 0)
+			return 0;
+	}
+	tool_err("cannot find " SHIM_NAME " in %s, %s/../lib or %s/../shim; set KVSHIM_LIBRARY",
+		 self, self, self);
+	return -ENOENT;
+}
+
+/* Set LD_PRELOAD to lib followed by the entries already there other than lib; 0 or -errno. */
+static int prepend_preload(const char *lib)
+{
+	const char *old = getenv("LD_PRELOAD");
+	size_t len = strlen(lib), cap = len + (old ? strlen(old) : 0) + 2;
+	char *val, *p;
+	int r = 0;
+
+	/* The dynamic loader splits LD_PRELOAD at colons and spaces. */
+	if (strpbrk(lib, ": \t")) {
+		tool_err("%s: a path in LD_PRELOAD cannot hold a colon or a space", lib);
+		return -EINVAL;
+	}
+	val = malloc(cap);
+	if (!val) {
+		tool_err("out of memory");
+		return -ENOMEM;
+	}
+	memcpy(val, lib, len + 1);
+	p = val + len;
+	while (old && *old) {
+		size_t w = strcspn(old, ": \t");
+
+		if (w && !(w == len && !memcmp(old, lib, len))) {
+			*p++ = ':';
+			memcpy(p, old, w);
+			p += w;
+		}
+		old += w;
+		old += strspn(old, ": \t");
+	}
+	*p = '\0';
+	if (setenv("LD_PRELOAD", val, 1) < 0) {
+		r = -errno;
+		tool_err("cannot set LD_PRELOAD: %s", strerror(-r));
+	}
+	free(val);
+	return r;
+}
+
+int cmd_run(int argc, char **argv)
+{
+	static const struct option opts[] = {
+	    {"config", required_argument, NULL, 'c'},
+	    {"help", no_argument, NULL, 'h'},
+	    {NULL, 0, NULL, 0},
+	};
+	char lib[PATH_MAX], conf[PATH_MAX];
+	const char *config = NULL;
+	int opt, r;
+
+	opterr = 0;
+	/* "+": stop at the first non-option, so that CMD's own options are left to CMD. */
+	while ((opt = getopt_long(argc, argv, "+:c:h", opts, NULL)) != -1) {
+		switch (opt) {
+		case 'c':
+			config = optarg;
+			break;
+		case 'h':
+			fputs(usage, stdout);
+			return KVS_EXIT_OK;
+		default:
+			return tool_bad_option("run", opt, argv, usage);
+		}
+	}
+	if (optind >= argc) {
+		tool_err("run: no command given");
+		fputs(usage, stderr);
+		return KVS_EXIT_USAGE;
+	}
+	if (config) {
+		r = usable(config, conf);
+		if (r) {
+			tool_err("%s: %s", config, strerror(-r));
+			return KVS_EXIT_FAIL;
+		}
+		if (setenv("KVSHIM_CONFIG", conf, 1) < 0) {
+			tool_err("cannot set KVSHIM_CONFIG: %s", strerror(errno));
+			return KVS_EXIT_FAIL;
+		}
+	}
+	if (find_library(lib) || prepend_preload(lib))
+		return KVS_EXIT_FAIL;
+	fflush(stdout);
+	execvp(argv[optind], argv + optind);
+	tool_err("%s: %s", argv[optind], strerror(errno));
+	return KVS_EXIT_EXEC;
+}

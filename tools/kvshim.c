@@ -1,0 +1,128 @@
+/*
+ * kvshim: the operator's command (design.md §7).
+ *
+ *   kvshim run [--config FILE] -- CMD [ARGS...]   run CMD with the shim preloaded
+ *   kvshim stat [--json | --prom] [--watch SEC]   print the shared cache's figures
+ *   kvshim config [--explain]                     print the effective configuration
+ *   kvshim reset [--force]                        remove the shared cache region
+ *
+ * This file picks the subcommand and holds the helpers the subcommands share; each subcommand
+ * lives in its own cmd_<name>.c and parses its own options with getopt_long.
+ */
+#include <errno.h>
+#include <getopt.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "cmd_common.h"
+#include "config.h"
+
+static const char usage[] =
+    "usage: kvshim COMMAND [OPTIONS]\n"
+    "\n"
+    "Commands:\n"
+    "  run [--config FILE] -- CMD [ARGS...]\n"
+    "                      run CMD with libkvshim.so prepended to LD_PRELOAD\n"
+    "  stat [--json | --prom] [--watch SEC]\n"
+    "                      print the shared cache's figures (text, JSON or Prometheus)\n"
+    "  config [--explain]  print the effective configuration and where each value came from\n"
+    "  reset [--force]     remove the shared cache region (refused while processes are attached)\n"
+    "\n"
+    "  -h, --help          print this help; `kvshim COMMAND --help` describes one command\n"
+    "\n"
+    "The configuration is the INI file named by KVSHIM_CONFIG (else /etc/kvshim/kvshim.ini if\n"
+    "present, else the defaults), with any key overridden as KVSHIM_<SECTION>_<KEY>.\n"
+    "KVSHIM_LIBRARY names the shim library that `kvshim run` preloads.\n";
+
+static const struct {
+	const char *name;
+	int (*fn)(int argc, char **argv);
+} commands[] = {
+    {"run", cmd_run},
+    {"stat", cmd_stat},
+    {"config", cmd_config},
+    {"reset", cmd_reset},
+};
+
+void tool_err(const char *fmt, ...)
+{
+	va_list ap;
+
+	fputs("kvshim: ", stderr);
+	va_start(ap, fmt);
+	vfprintf(stderr, fmt, ap);
+	va_end(ap);
+	fputc('\n', stderr);
+}
+
+int tool_bad_option(const char *cmd, int opt, char **argv, const char *cmd_usage)
+{
+	const char *arg = optind > 0 ? argv[optind - 1] : "?";
+
+	if (opt == ':')
+		tool_err("%s: option %s needs an argument", cmd, arg);
+	else if (optopt && strncmp(arg, "--", 2))
+		tool_err("%s: unknown option -%c", cmd, optopt);
+	else
+		tool_err("%s: unknown option %s", cmd, arg);
+	fputs(cmd_usage, stderr);
+	return KVS_EXIT_USAGE;
+}
+
+int tool_load_config(struct kvs_config **out)
+{
+	char msg[KVS_CONFIG_MSG_MAX];
+	struct kvs_config *cfg;
+	int r;
+
+	/* About 100 KiB of string fields: too big for the stack. */
+	cfg = calloc(1, sizeof(*cfg));
+	if (!cfg) {
+		tool_err("out of memory");
+		return -ENOMEM;
+	}
+	r = kvs_config_load(cfg, NULL, NULL, msg, sizeof(msg));
+	if (r) {
+		tool_err("%s", msg);
+		free(cfg);
+		return r;
+	}
+	*out = cfg;
+	return 0;
+}
+
+/* Flush stdout and turn a write error (a full disk, a closed pipe) into a failure status. */
+static int finish(int status)
+{
+	if (fflush(stdout) || ferror(stdout)) {
+		tool_err("cannot write the output: %s", strerror(errno));
+		return status ? status : KVS_EXIT_FAIL;
+	}
+	return status;
+}
+
+int main(int argc, char **argv)
+{
+	const char *cmd = argc > 1 ? argv[1] : NULL;
+
+	if (!cmd) {
+		fputs(usage, stderr);
+		return KVS_EXIT_USAGE;
+	}
+	if (!strcmp(cmd, "-h") || !strcmp(cmd, "--help") || !strcmp(cmd, "help")) {
+		fputs(usage, stdout);
+		return finish(KVS_EXIT_OK);
+	}
+	for (size_t i = 0; i < sizeof(commands) / sizeof(commands[0]); i++) {
+		if (!strcmp(cmd, commands[i].name))
+			return finish(commands[i].fn(argc - 1, argv + 1));
+	}
+	if (cmd[0] == '-')
+		tool_err("unknown option %s", cmd);
+	else
+		tool_err("unknown command %s", cmd);
+	fputs(usage, stderr);
+	return KVS_EXIT_USAGE;
+}
