@@ -186,6 +186,14 @@ err:
 	return r;
 }
 
+void kvs_backend_wait_room(struct kvs_backend *be)
+{
+	pthread_mutex_lock(&be->mu);
+	while (be->in_flight >= be->depth)
+		pthread_cond_wait(&be->room, &be->mu);
+	pthread_mutex_unlock(&be->mu);
+}
+
 void kvs_backend_submit(struct kvs_backend *be, struct kvs_bio *bio)
 {
 	bio->got = 0;

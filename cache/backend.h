@@ -36,6 +36,9 @@ int kvs_backend_create(int mode, unsigned depth, struct kvs_backend **out);
 /* Queue bio; blocks while depth reads are in flight.  done() may run before this returns. */
 void kvs_backend_submit(struct kvs_backend *be, struct kvs_bio *bio);
 
+/* Block until fewer than depth reads are in flight (a submit would not block). */
+void kvs_backend_wait_room(struct kvs_backend *be);
+
 /* Finish the reads in flight, stop the threads, free. NULL is accepted. */
 void kvs_backend_destroy(struct kvs_backend *be);
 

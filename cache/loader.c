@@ -212,10 +212,22 @@ static void prefetch_done(struct kvs_bio *bio)
 
 /* ------------------------------------------------------------------ dispatch */
 
+void kvs_loader_order(uint32_t rank, uint32_t nranks, uint32_t nops, uint32_t *order)
+{
+	uint32_t k = 0;
+
+	if (nranks == 0)
+		nranks = 1;
+	rank %= nranks;
+	for (uint32_t j = 0; j < nranks; j++)
+		for (uint32_t i = (rank + j) % nranks; i < nops; i += nranks)
+			order[k++] = i;
+}
+
 /* The visiting order of a task's ops: rotated by this process's rank, or natural. */
 static void order_ops(struct kvs_loader *ld, struct task *t)
 {
-	uint32_t rank = 0, nranks = 1, k = 0;
+	uint32_t rank = 0, nranks = 1;
 
 	if (ld->rotate) {
 		kvs_cache_ranks(ld->c, &rank, &nranks);
@@ -226,9 +238,7 @@ static void order_ops(struct kvs_loader *ld, struct task *t)
 		rank %= nranks;
 		kvs_cache_set_rank(ld->c, (int)rank);
 	}
-	for (uint32_t j = 0; j < nranks; j++)
-		for (uint32_t i = (rank + j) % nranks; i < t->nops; i += nranks)
-			t->order[k++] = i;
+	kvs_loader_order(rank, nranks, t->nops, t->order);
 }
 
 static void remember(struct kvs_loader *ld, struct task *t)
@@ -324,6 +334,13 @@ static void dispatch_task(struct kvs_loader *ld, struct task *t)
 		if (op->kind == OP_DONE)
 			continue;
 		struct kvs_key key = shard_key(&rd->block, op->shard);
+		int st = kvs_cache_lookup(ld->c, &key);
+
+		/* Claim a shard only when we can read it now: an owner whose read waits behind its
+		 * own queue would hold up every rank waiting for it, while another rank with room
+		 * could have loaded it.  Shards others already load are pinned without waiting. */
+		if (st != KVS_SLOT_READY && st != KVS_SLOT_LOADING)
+			kvs_backend_wait_room(ld->be);
 		int r = kvs_cache_pin(ld->c, &key, KVS_ALLOC_LOAD, &op->pin);
 
 		op->kind = r >= 0 ? r : OP_SELF;

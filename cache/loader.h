@@ -46,6 +46,11 @@ int64_t kvs_loader_read(struct kvs_loader *ld, const struct kvs_read *rd);
 /* Stop the threads and free.  No read may be in progress.  NULL is accepted. */
 void kvs_loader_destroy(struct kvs_loader *ld);
 
+/* The rotated visiting order of nops shards for local rank `rank` of `nranks`: slice rank %
+ * nranks first (shards rank, rank + nranks, ...), then the next slice, wrapping.  nranks 1
+ * gives the natural order.  order receives nops indices. */
+void kvs_loader_order(uint32_t rank, uint32_t nranks, uint32_t nops, uint32_t *order);
+
 /* The backend's name ("io_uring" or "threads"), for logs. */
 const char *kvs_loader_backend(const struct kvs_loader *ld);
 

@@ -1,0 +1,630 @@
+/*
+ * check_loader: the loader and the backend, on real files, across real processes.
+ *
+ * Every read is compared with pread of the same range.  Multi-process cases fork children that
+ * open the file, attach and start their own loader; they report through a shared mapping and
+ * the region's own counters.
+ */
+#include <check.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/resource.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "cache.h"
+#include "config.h"
+#include "loader.h"
+
+#define SHARD 65536u
+
+static char dir[256];
+static int seq;
+
+static void setup(void)
+{
+	snprintf(dir, sizeof(dir), "/var/tmp/check_loader.XXXXXX");
+	ck_assert(mkdtemp(dir));
+}
+
+static void teardown(void)
+{
+	char cmd[300];
+
+	snprintf(cmd, sizeof(cmd), "rm -rf %s", dir);
+	ck_assert_int_eq(system(cmd), 0);
+}
+
+static void config(struct kvs_config *cfg, int io)
+{
+	kvs_config_defaults(cfg);
+	snprintf(cfg->cache_name, sizeof(cfg->cache_name), "loader.%d.%d", (int)getpid(), seq++);
+	cfg->cache_shard_size = SHARD;
+	cfg->cache_capacity = 256 * SHARD;
+	cfg->cache_reserved = 0;
+	cfg->loader_io = io;
+	cfg->loader_io_depth = 8;
+	cfg->loader_prefetch = KVS_PREFETCH_OFF;
+}
+
+static void remove_region(const struct kvs_config *cfg)
+{
+	char path[256];
+
+	kvs_cache_path(cfg, path, sizeof(path));
+	unlink(path);
+}
+
+/* A file of size bytes of a pattern that differs at every byte position. */
+static void make_file(const char *name, size_t size, char *path, size_t len)
+{
+	unsigned char *b = malloc(size);
+	int fd;
+
+	ck_assert(b);
+	snprintf(path, len, "%s/%s", dir, name);
+	for (size_t i = 0; i < size; i++)
+		b[i] = (unsigned char)((i * 131) ^ (i >> 11) ^ (size_t)name[0]);
+	fd = open(path, O_WRONLY | O_CREAT | O_TRUNC, 0644);
+	ck_assert(fd >= 0);
+	ck_assert(write(fd, b, size) == (ssize_t)size);
+	close(fd);
+	free(b);
+}
+
+struct env {
+	struct kvs_config cfg;
+	struct kvs_cache *c;
+	struct kvs_loader *ld;
+};
+
+static void env_open(struct env *e)
+{
+	char msg[256];
+
+	ck_assert_msg(kvs_cache_open(&e->cfg, KVS_OPEN_CREATE, &e->c, msg, sizeof(msg)) == 0, "%s",
+		      msg);
+	ck_assert_int_eq(kvs_loader_create(e->c, &e->cfg, &e->ld), 0);
+}
+
+static void env_close(struct env *e)
+{
+	kvs_loader_destroy(e->ld);
+	kvs_cache_close(e->c);
+}
+
+/* Read [off, off+len) of fd through the loader; return the loader's result. */
+static int64_t loader_read(struct env *e, int fd, void *buf, uint64_t off, uint64_t len)
+{
+	struct stat st;
+	struct iovec v = {buf, len};
+	struct kvs_read rd = {.fd = fd, .off = off, .iov = &v, .iovcnt = 1, .len = len};
+
+	ck_assert_int_eq(fstat(fd, &st), 0);
+	kvs_block_id(&st, &rd.block);
+	rd.file_size = (uint64_t)st.st_size;
+	rd.direct = fcntl(fd, F_GETFL) & O_DIRECT;
+	return kvs_loader_read(e->ld, &rd);
+}
+
+/* Compare a loader read with pread of the same range. */
+static void check_range(struct env *e, int fd, uint64_t off, uint64_t len)
+{
+	void *a, *b;
+
+	ck_assert_int_eq(posix_memalign(&a, 4096, len + 4096), 0);
+	ck_assert_int_eq(posix_memalign(&b, 4096, len + 4096), 0);
+	memset(a, 0xaa, len);
+	memset(b, 0xaa, len);
+	ssize_t want = pread(fd, b, len, (off_t)off);
+	int64_t got = loader_read(e, fd, a, off, len);
+	ck_assert_int_eq(got, want);
+	/* Only the returned count is the contract: past it O_DIRECT may leave the block's tail. */
+	ck_assert_msg(want <= 0 || memcmp(a, b, (size_t)want) == 0,
+		      "bytes differ at off %lu len %lu", (unsigned long)off, (unsigned long)len);
+	free(a);
+	free(b);
+}
+
+static struct kvs_counters totals(struct env *e)
+{
+	struct kvs_region_info info;
+	struct kvs_counters t;
+
+	ck_assert_int_ge(kvs_cache_stat(e->c, &info, &t, NULL, 0), 0);
+	return t;
+}
+
+static uint32_t pinned(struct env *e)
+{
+	struct kvs_region_info info;
+	struct kvs_counters t;
+
+	ck_assert_int_ge(kvs_cache_stat(e->c, &info, &t, NULL, 0), 0);
+	return info.slots_pinned;
+}
+
+static void *shared_anon(size_t len)
+{
+	void *p = mmap(NULL, len, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
+
+	ck_assert(p != MAP_FAILED);
+	return p;
+}
+
+static uint64_t mono_ms(void)
+{
+	struct timespec ts;
+
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return (uint64_t)ts.tv_sec * 1000 + (uint64_t)ts.tv_nsec / 1000000;
+}
+
+/* ------------------------------------------------------------------ core */
+
+START_TEST(test_order)
+{
+	uint32_t o[12], want1[12] = {1, 5, 9, 2, 6, 10, 3, 7, 11, 0, 4, 8};
+
+	kvs_loader_order(1, 4, 12, o);
+	ck_assert_mem_eq(o, want1, sizeof(want1));
+	kvs_loader_order(0, 1, 5, o);
+	for (uint32_t i = 0; i < 5; i++)
+		ck_assert_uint_eq(o[i], i);
+	/* More ranks than shards: every shard still visited once. */
+	kvs_loader_order(6, 8, 3, o);
+	ck_assert_uint_eq(o[0] + o[1] + o[2], 3);
+	ck_assert(o[0] != o[1] && o[1] != o[2] && o[0] != o[2]);
+}
+END_TEST
+
+/* Odd sizes and ranges: unaligned buffered reads, aligned O_DIRECT reads, EOF. */
+static void ranges(int io, bool direct)
+{
+	struct env e;
+	char path[300];
+	size_t size = 5 * SHARD + 12345;
+
+	config(&e.cfg, io);
+	env_open(&e);
+	make_file("ranges", size, path, sizeof(path));
+	int fd = open(path, O_RDONLY | (direct ? O_DIRECT : 0));
+	ck_assert(fd >= 0);
+	if (direct) {
+		check_range(&e, fd, 0, 6 * SHARD);
+		check_range(&e, fd, SHARD, 2 * SHARD);
+		check_range(&e, fd, 4096, SHARD);
+		check_range(&e, fd, 5 * SHARD, SHARD);
+		check_range(&e, fd, 6 * SHARD, SHARD); /* past the end: 0 */
+	} else {
+		check_range(&e, fd, 0, size);
+		check_range(&e, fd, 1, 3 * SHARD + 7);
+		check_range(&e, fd, SHARD - 1, 2);
+		check_range(&e, fd, size - 100, 4096); /* short at EOF */
+		check_range(&e, fd, size, 4096);
+		check_range(&e, fd, 0, size + SHARD);
+	}
+	struct kvs_counters t = totals(&e);
+	ck_assert_uint_ge(t.v[KVS_CTR_shards_hit], 1);
+	ck_assert_uint_eq(t.v[KVS_CTR_shards_loaded], 6);
+	ck_assert_uint_eq(t.v[KVS_CTR_backend_bytes], size);
+	ck_assert_uint_eq(t.v[KVS_CTR_fallbacks], 0);
+	ck_assert_uint_eq(pinned(&e), 0);
+	close(fd);
+	env_close(&e);
+	remove_region(&e.cfg);
+}
+
+START_TEST(test_ranges_threads_buffered)
+{
+	ranges(KVS_IO_THREADS, false);
+}
+END_TEST
+
+START_TEST(test_ranges_threads_direct)
+{
+	ranges(KVS_IO_THREADS, true);
+}
+END_TEST
+
+START_TEST(test_ranges_uring_direct)
+{
+	struct kvs_config cfg;
+	struct kvs_cache *c;
+	struct kvs_loader *ld;
+
+	config(&cfg, KVS_IO_URING);
+	ck_assert_int_eq(kvs_cache_open(&cfg, KVS_OPEN_CREATE, &c, NULL, 0), 0);
+	int r = kvs_loader_create(c, &cfg, &ld);
+	if (r) {
+		fprintf(stderr, "check_loader: io_uring unavailable (%s): covered by threads\n",
+			strerror(-r));
+		kvs_cache_close(c);
+		remove_region(&cfg);
+		return;
+	}
+	ck_assert_str_eq(kvs_loader_backend(ld), "io_uring");
+	kvs_loader_destroy(ld);
+	kvs_cache_close(c);
+	remove_region(&cfg);
+	ranges(KVS_IO_URING, true);
+	ranges(KVS_IO_URING, false);
+}
+END_TEST
+
+START_TEST(test_scatter_iovecs)
+{
+	struct env e;
+	char path[300];
+	size_t size = 3 * SHARD;
+	struct stat st;
+
+	config(&e.cfg, KVS_IO_AUTO);
+	env_open(&e);
+	make_file("iov", size, path, sizeof(path));
+	int fd = open(path, O_RDONLY);
+	char *want = malloc(size), *a = calloc(1, 1000), *b = calloc(1, SHARD),
+	     *c = calloc(1, size);
+	ck_assert(pread(fd, want, size, 0) == (ssize_t)size);
+	struct iovec v[3] = {{a, 1000}, {b, SHARD}, {c, size}};
+	struct kvs_read rd = {
+	    .fd = fd, .off = 0, .iov = v, .iovcnt = 3, .len = 1000 + SHARD + size};
+	ck_assert_int_eq(fstat(fd, &st), 0);
+	kvs_block_id(&st, &rd.block);
+	rd.file_size = size;
+	ck_assert_int_eq(kvs_loader_read(e.ld, &rd), (int64_t)size);
+	ck_assert_mem_eq(a, want, 1000);
+	ck_assert_mem_eq(b, want + 1000, SHARD);
+	ck_assert_mem_eq(c, want + 1000 + SHARD, size - 1000 - SHARD);
+	free(want);
+	free(a);
+	free(b);
+	free(c);
+	close(fd);
+	env_close(&e);
+	remove_region(&e.cfg);
+}
+END_TEST
+
+/* Poll until key reaches a state, for up to a second. */
+static int wait_state(struct env *e, const struct kvs_key *k, int want)
+{
+	int s = -1;
+
+	for (int i = 0; i < 1000; i++) {
+		s = kvs_cache_lookup(e->c, k);
+		if (s == want)
+			break;
+		usleep(1000);
+	}
+	return s;
+}
+
+START_TEST(test_prefetch)
+{
+	for (int mode = KVS_PREFETCH_ALLOC; mode <= KVS_PREFETCH_READ; mode++) {
+		struct env e;
+		char path[300];
+		struct stat st;
+		struct kvs_key k;
+
+		config(&e.cfg, KVS_IO_AUTO);
+		e.cfg.loader_prefetch = mode;
+		env_open(&e);
+		make_file(mode == KVS_PREFETCH_READ ? "pr" : "pa", 2 * SHARD + 10, path,
+			  sizeof(path));
+		int fd = open(path, O_RDONLY);
+		check_range(&e, fd, 0, SHARD);
+		ck_assert_int_eq(fstat(fd, &st), 0);
+		kvs_block_id(&st, &k);
+		k.shard = 1;
+		ck_assert_int_eq(
+		    wait_state(&e, &k,
+			       mode == KVS_PREFETCH_READ ? KVS_SLOT_READY : KVS_SLOT_LOADING),
+		    mode == KVS_PREFETCH_READ ? KVS_SLOT_READY : KVS_SLOT_LOADING);
+		ck_assert_uint_eq(totals(&e).v[KVS_CTR_prefetches], 1);
+		/* Shard 2 comes next; never past the end of the file. */
+		check_range(&e, fd, SHARD, 2 * SHARD);
+		k.shard = 3;
+		usleep(50000);
+		ck_assert_int_eq(kvs_cache_lookup(e.c, &k), -ENOENT);
+		ck_assert_uint_eq(pinned(&e), 0);
+		close(fd);
+		env_close(&e);
+		remove_region(&e.cfg);
+	}
+}
+END_TEST
+
+START_TEST(test_backend_only)
+{
+	struct env e;
+	char path[300];
+
+	config(&e.cfg, KVS_IO_AUTO);
+	e.cfg.loader_backend_only = true;
+	env_open(&e);
+	make_file("bo", 2 * SHARD, path, sizeof(path));
+	int fd = open(path, O_RDONLY);
+	check_range(&e, fd, 0, 2 * SHARD);
+	check_range(&e, fd, 0, 2 * SHARD);
+	struct kvs_counters t = totals(&e);
+	/* Every read goes to storage; the cache only coordinates. */
+	ck_assert_uint_ge(t.v[KVS_CTR_backend_bytes], 4 * SHARD);
+	ck_assert_uint_eq(t.v[KVS_CTR_shards_hit], 0);
+	close(fd);
+	env_close(&e);
+	remove_region(&e.cfg);
+}
+END_TEST
+
+/* ------------------------------------------------------------------ limits */
+
+START_TEST(test_all_pinned_reads_itself)
+{
+	struct env e;
+	char path[300];
+	struct kvs_pin p[2];
+
+	config(&e.cfg, KVS_IO_AUTO);
+	e.cfg.cache_capacity = 2 * SHARD;
+	env_open(&e);
+	for (int i = 0; i < 2; i++) {
+		struct kvs_key k = {77, 77, (uint64_t)i};
+		ck_assert_int_eq(kvs_cache_pin(e.c, &k, KVS_ALLOC_LOAD, &p[i]), KVS_PIN_OWNER);
+		kvs_cache_mark_ready(e.c, &p[i], 1);
+	}
+	make_file("full", 4 * SHARD, path, sizeof(path));
+	int fd = open(path, O_RDONLY);
+	check_range(&e, fd, 0, 4 * SHARD);
+	ck_assert_uint_eq(totals(&e).v[KVS_CTR_fallbacks], 4);
+	kvs_cache_release(e.c, &p[0]);
+	kvs_cache_release(e.c, &p[1]);
+	ck_assert_uint_eq(pinned(&e), 0);
+	close(fd);
+	env_close(&e);
+	remove_region(&e.cfg);
+}
+END_TEST
+
+START_TEST(test_file_shrank_falls_back)
+{
+	struct env e;
+	char path[300];
+	struct stat st;
+	char *buf = malloc(3 * SHARD);
+
+	config(&e.cfg, KVS_IO_AUTO);
+	env_open(&e);
+	make_file("shrink", 3 * SHARD, path, sizeof(path));
+	int fd = open(path, O_RDWR);
+	ck_assert_int_eq(fstat(fd, &st), 0);
+	ck_assert_int_eq(ftruncate(fd, SHARD), 0);
+	/* The identity the hook took says 3 shards; storage has 1: never promise the bytes. */
+	struct iovec v = {buf, 3 * SHARD};
+	struct kvs_read rd = {.fd = fd, .off = 0, .iov = &v, .iovcnt = 1, .len = 3 * SHARD};
+	kvs_block_id(&st, &rd.block);
+	rd.file_size = 3 * SHARD;
+	ck_assert_int_lt(kvs_loader_read(e.ld, &rd), 0);
+	ck_assert_uint_eq(pinned(&e), 0);
+	ck_assert_uint_ge(totals(&e).v[KVS_CTR_failures], 1);
+	free(buf);
+	close(fd);
+	env_close(&e);
+	remove_region(&e.cfg);
+}
+END_TEST
+
+START_TEST(test_idle_burns_no_cpu)
+{
+	struct env e;
+	char path[300];
+	struct timespec a, b;
+
+	config(&e.cfg, KVS_IO_AUTO);
+	e.cfg.loader_prefetch = KVS_PREFETCH_ALLOC;
+	env_open(&e);
+	make_file("idle", 2 * SHARD, path, sizeof(path));
+	int fd = open(path, O_RDONLY);
+	check_range(&e, fd, 0, SHARD);
+	usleep(100000);
+	clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &a);
+	usleep(1000000);
+	clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &b);
+	long us = (b.tv_sec - a.tv_sec) * 1000000 + (b.tv_nsec - a.tv_nsec) / 1000;
+	ck_assert_msg(us < 5000, "idle loader used %ld us of CPU in a second", us);
+	close(fd);
+	env_close(&e);
+	remove_region(&e.cfg);
+}
+END_TEST
+
+/* ------------------------------------------------------------------ concurrency */
+
+#define NPROC 8
+
+START_TEST(test_ranks_read_storage_once)
+{
+	struct env e;
+	char path[4][300];
+	pid_t pids[NPROC];
+	size_t size = 8 * SHARD + 4096;
+
+	config(&e.cfg, KVS_IO_AUTO);
+	env_open(&e);
+	for (int f = 0; f < 4; f++) {
+		char n[8] = {(char)('a' + f), 0};
+		make_file(n, size, path[f], sizeof(path[f]));
+	}
+	_Atomic int *bd = shared_anon(4096);
+	for (int n = 0; n < NPROC; n++) {
+		pids[n] = fork();
+		if (pids[n])
+			continue;
+		struct env me = {.cfg = e.cfg};
+		kvs_cache_forget(e.c);
+		env_open(&me);
+		while (!bd[0])
+			;
+		for (int f = 0; f < 4; f++) {
+			int fd = open(path[(f + n) % 4], O_RDONLY | O_DIRECT);
+			void *a, *b;
+			if (fd < 0 || posix_memalign(&a, 4096, size + 4096) ||
+			    posix_memalign(&b, 4096, size + 4096))
+				_exit(2);
+			if (loader_read(&me, fd, a, 0, size + 4096) != (int64_t)size ||
+			    pread(fd, b, size + 4096, 0) != (ssize_t)size || memcmp(a, b, size))
+				bd[1 + n] = 1;
+			close(fd);
+		}
+		env_close(&me);
+		_exit(0);
+	}
+	bd[0] = 1;
+	for (int n = 0; n < NPROC; n++) {
+		int st;
+		ck_assert(waitpid(pids[n], &st, 0) == pids[n]);
+		ck_assert_msg(WIFEXITED(st) && WEXITSTATUS(st) == 0, "child %d: %#x", n, st);
+		ck_assert_int_eq(bd[1 + n], 0);
+	}
+	struct kvs_counters t = totals(&e);
+	ck_assert_uint_eq(t.v[KVS_CTR_backend_bytes], 4 * size);
+	ck_assert_uint_eq(t.v[KVS_CTR_shards_loaded], 4 * 9);
+	ck_assert_uint_eq(t.v[KVS_CTR_requests], NPROC * 4);
+	ck_assert_uint_eq(pinned(&e), 0);
+	env_close(&e);
+	remove_region(&e.cfg);
+}
+END_TEST
+
+/* ------------------------------------------------------------------ crash */
+
+/* A process owns shard 0 and then fails, stalls, or dies; readers still get the bytes. */
+enum owner_fate { FATE_FAIL, FATE_STALL, FATE_DIE };
+
+static void owner_then(enum owner_fate fate)
+{
+	struct env e;
+	char path[300];
+	struct stat st;
+
+	config(&e.cfg, KVS_IO_AUTO);
+	e.cfg.loader_wait_timeout_ms = 300;
+	env_open(&e);
+	make_file("own", 2 * SHARD, path, sizeof(path));
+	int fd = open(path, O_RDONLY);
+	ck_assert_int_eq(fstat(fd, &st), 0);
+	_Atomic int *bd = shared_anon(4096);
+	pid_t owner = fork();
+	if (owner == 0) {
+		struct kvs_cache *c;
+		struct kvs_pin p;
+		struct kvs_key k;
+
+		kvs_cache_forget(e.c);
+		if (kvs_cache_open(&e.cfg, 0, &c, NULL, 0))
+			_exit(2);
+		kvs_block_id(&st, &k);
+		if (kvs_cache_pin(c, &k, KVS_ALLOC_LOAD, &p) != KVS_PIN_OWNER)
+			_exit(3);
+		bd[0] = 1;
+		while (!bd[1])
+			usleep(1000);
+		if (fate == FATE_FAIL)
+			kvs_cache_mark_failed(c, &p, EIO);
+		for (;;)
+			pause();
+	}
+	while (!bd[0])
+		usleep(1000);
+	if (fate == FATE_DIE) {
+		kill(owner, SIGKILL);
+		waitpid(owner, NULL, 0);
+	}
+	bd[1] = 1;
+	uint64_t t0 = mono_ms();
+	check_range(&e, fd, 0, 2 * SHARD);
+	uint64_t ms = mono_ms() - t0;
+	struct kvs_counters t = totals(&e);
+	ck_assert_uint_ge(t.v[KVS_CTR_fallbacks], 1);
+	if (fate == FATE_STALL)
+		ck_assert_uint_ge(ms, 250); /* waited for the timeout, then read itself */
+	else
+		ck_assert_uint_lt(ms, 1000);
+	if (fate != FATE_DIE) {
+		kill(owner, SIGKILL);
+		waitpid(owner, NULL, 0);
+	}
+	kvs_cache_reap(e.c);
+	ck_assert_uint_eq(pinned(&e), 0);
+	close(fd);
+	env_close(&e);
+	remove_region(&e.cfg);
+}
+
+START_TEST(test_owner_fails)
+{
+	owner_then(FATE_FAIL);
+}
+END_TEST
+
+START_TEST(test_owner_stalls)
+{
+	owner_then(FATE_STALL);
+}
+END_TEST
+
+START_TEST(test_owner_dies)
+{
+	owner_then(FATE_DIE);
+}
+END_TEST
+
+static Suite *loader_suite(void)
+{
+	Suite *s = suite_create("loader");
+	TCase *core = tcase_create("core");
+	TCase *limits = tcase_create("limits");
+	TCase *conc = tcase_create("concurrency");
+	TCase *crash = tcase_create("crash");
+	TCase *all[] = {core, limits, conc, crash};
+
+	tcase_add_test(core, test_order);
+	tcase_add_test(core, test_ranges_threads_buffered);
+	tcase_add_test(core, test_ranges_threads_direct);
+	tcase_add_test(core, test_ranges_uring_direct);
+	tcase_add_test(core, test_scatter_iovecs);
+	tcase_add_test(core, test_prefetch);
+	tcase_add_test(core, test_backend_only);
+	tcase_add_test(limits, test_all_pinned_reads_itself);
+	tcase_add_test(limits, test_file_shrank_falls_back);
+	tcase_add_test(limits, test_idle_burns_no_cpu);
+	tcase_add_test(conc, test_ranks_read_storage_once);
+	tcase_add_test(crash, test_owner_fails);
+	tcase_add_test(crash, test_owner_stalls);
+	tcase_add_test(crash, test_owner_dies);
+	for (int i = 0; i < 4; i++) {
+		tcase_add_checked_fixture(all[i], setup, teardown);
+		tcase_set_timeout(all[i], 60);
+		suite_add_tcase(s, all[i]);
+	}
+	return s;
+}
+
+int main(void)
+{
+	SRunner *sr = srunner_create(loader_suite());
+	int failed;
+
+	srunner_run_all(sr, CK_NORMAL);
+	failed = srunner_ntests_failed(sr);
+	srunner_free(sr);
+	return failed ? EXIT_FAILURE : EXIT_SUCCESS;
+}
