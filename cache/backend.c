@@ -82,6 +82,10 @@ static void *reaper(void *arg)
 		io_uring_cqe_seen(&be->ring, cqe);
 		if (!bio)
 			break; /* the stop NOP */
+		/* The kernel orders the submitter's writes to bio before this completion; taking
+		 * be->mu (which the submitter held) says so in a way race detectors can see. */
+		pthread_mutex_lock(&be->mu);
+		pthread_mutex_unlock(&be->mu);
 		if (res == -EINTR || res == -EAGAIN) {
 			bio->result = kvs_read_full(bio->fd, bio->buf, bio->len, bio->off);
 		} else if (res < 0) {

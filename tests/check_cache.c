@@ -172,6 +172,7 @@ START_TEST(test_create_attach_mismatch)
 	ck_assert_uint_eq(st.st_mode & 0777, 0640);
 	b = open_ok(&cfg);
 	ck_assert_int_ne(kvs_cache_self(a), kvs_cache_self(b));
+	kvs_cache_close(b);
 
 	other = cfg;
 	other.cache_shard_size = 8192;

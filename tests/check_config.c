@@ -905,10 +905,11 @@ END_TEST
 START_TEST(test_value_length)
 {
 	char *var = malloc(KVS_CONFIG_STR_MAX + 64);
+
+	ck_assert_ptr_nonnull(var);
 	char *envp[] = {"KVSHIM_CONFIG=", var, NULL};
 	size_t n = (size_t)sprintf(var, "KVSHIM_FILES_ROOTS=");
 
-	ck_assert_ptr_nonnull(var);
 	/* Through the environment a value is not bounded by the line limit. */
 	memset(var + n, 'v', KVS_CONFIG_STR_MAX - 1);
 	var[n + KVS_CONFIG_STR_MAX - 1] = '\0';

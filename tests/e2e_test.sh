@@ -4,7 +4,8 @@
 # what it should have (and nothing it should not).
 #   e2e_test.sh LIBKVSHIM KVSHIM
 set -uo pipefail
-lib=$1
+# A sanitizer build of the shim needs its runtime loaded first (KVS_E2E_PRELOAD).
+lib=${KVS_E2E_PRELOAD:+$KVS_E2E_PRELOAD:}$1
 kvshim=$2
 fails=0
 work=$(mktemp -d /var/tmp/kvshim-e2e.XXXXXX)
