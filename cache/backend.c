@@ -24,6 +24,7 @@
 struct kvs_backend {
 	bool uring;
 	unsigned depth;
+	unsigned test_delay_us; /* KVSHIM_TEST_BACKEND_DELAY_US: slow storage for tests */
 	pthread_mutex_t mu;
 	pthread_cond_t room; /* in_flight dropped below depth, or became 0 */
 	pthread_cond_t work; /* threads: a bio was queued, or stop */
@@ -82,6 +83,8 @@ static void *reaper(void *arg)
 		io_uring_cqe_seen(&be->ring, cqe);
 		if (!bio)
 			break; /* the stop NOP */
+		if (be->test_delay_us)
+			usleep(be->test_delay_us);
 		/* The kernel orders the submitter's writes to bio before this completion; taking
 		 * be->mu (which the submitter held) says so in a way race detectors can see. */
 		pthread_mutex_lock(&be->mu);
@@ -119,6 +122,8 @@ static void *worker(void *arg)
 		if (!be->head)
 			be->tail = NULL;
 		pthread_mutex_unlock(&be->mu);
+		if (be->test_delay_us)
+			usleep(be->test_delay_us);
 		bio->result = kvs_read_full(bio->fd, bio->buf, bio->len, bio->off);
 		finish(be, bio);
 		pthread_mutex_lock(&be->mu);
@@ -157,6 +162,9 @@ int kvs_backend_create(int mode, unsigned depth, struct kvs_backend **out)
 	if (!be)
 		return -ENOMEM;
 	be->depth = depth;
+	const char *delay = getenv("KVSHIM_TEST_BACKEND_DELAY_US");
+	if (delay)
+		be->test_delay_us = (unsigned)strtoul(delay, NULL, 10);
 	pthread_mutex_init(&be->mu, NULL);
 	pthread_cond_init(&be->room, NULL);
 	pthread_cond_init(&be->work, NULL);

@@ -154,6 +154,10 @@ int kvs_cache_invalidate(struct kvs_cache *c, const struct kvs_key *block, uint6
  * free what it had claimed, fold its counters.  Returns the number reclaimed. */
 int kvs_cache_reap(struct kvs_cache *c);
 
+/* kvs_cache_reap, at most once per 250 ms in this process (the callers are hot paths that
+ * notice symptoms of a dead process: a failed slot, no free slot). */
+int kvs_cache_reap_maybe(struct kvs_cache *c);
+
 /* Add v to one of this process's counters (no-op for a watcher). */
 void kvs_cache_count(struct kvs_cache *c, enum kvs_counter_id id, uint64_t v);
 

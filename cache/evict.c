@@ -38,8 +38,9 @@ static int take_victim(struct kvs_cache *c, uint32_t i)
 	r = kvs_slot_unlink_locked(c, i, b);
 	if (r)
 		goto out;
-	store_relaxed(&s->bucket, KVS_NIL);
+	/* Claimed before unhashed: a crash in between leaves a claim that reclaim frees. */
 	store_release(&s->state, KVS_ST_CLAIMED_BY(c->self));
+	store_relaxed(&s->bucket, KVS_NIL);
 	if (st == KVS_SLOT_READY)
 		kvs_cache_count(c, KVS_CTR_evictions, 1);
 out:

@@ -31,6 +31,7 @@ struct kvs_cache {
 	struct kvs_proc *me;
 	pthread_mutex_t reclaim_mu; /* one reclaim at a time in this process (OFD locks are ours) */
 	_Atomic uint32_t pin_hint;
+	_Atomic uint64_t last_reap_ns; /* kvs_cache_reap_maybe's rate limit */
 	char path[256];
 };
 
@@ -86,10 +87,14 @@ void kvs_proc_detach(struct kvs_cache *c);
 bool kvs_proc_alive(struct kvs_cache *c, uint32_t p);
 int kvs_proc_reclaim(struct kvs_cache *c, uint32_t p);
 
+#define KVS_REAP_PERIOD_NS 250000000ull /* kvs_cache_reap_maybe's period */
+
 /* slot.c: fail a LOADING slot owned by dead process p; caller holds the slot's stripe. */
 void kvs_slot_fail_locked(struct kvs_cache *c, uint32_t slot, int err);
 /* slot.c: return dead process p's pins, failing its loads; caller holds p's liveness byte. */
 void kvs_slot_unpin_all(struct kvs_cache *c, uint32_t p);
+/* slot.c: free a slot left CLAIMED by dead process p. */
+void kvs_slot_free_claim(struct kvs_cache *c, uint32_t slot, uint32_t p);
 /* slot.c: unlink slot from its chain; caller holds the stripe. */
 int kvs_slot_unlink_locked(struct kvs_cache *c, uint32_t slot, uint32_t bucket);
 

@@ -73,6 +73,7 @@ struct op {
 	int kind;
 	struct kvs_pin pin;
 	struct kvs_bio bio;
+	_Atomic uint32_t io_done; /* owner: the backend is finished with bio and the op */
 	struct task *t;
 };
 
@@ -163,7 +164,8 @@ static struct kvs_key shard_key(const struct kvs_key *block, uint64_t shard)
 
 /* ------------------------------------------------------------------ backend completions */
 
-/* A storage read of an owned shard is over: publish it (this wakes the waiters). */
+/* A storage read of an owned shard is over: publish it (this wakes the waiters), then tell the
+ * transfer thread that the op is ours no longer.  Nothing here touches the op after that. */
 static void owner_read_done(struct kvs_bio *bio)
 {
 	struct op *op = (struct op *)((char *)bio - offsetof(struct op, bio));
@@ -178,6 +180,25 @@ static void owner_read_done(struct kvs_bio *bio)
 		kvs_cache_count(c, KVS_CTR_failures, 1);
 		kvs_cache_mark_failed(c, &op->pin, bio->result < 0 ? (int)-bio->result : EIO);
 	}
+	_Atomic uint32_t *done = &op->io_done;
+	store_release(done, 1); /* pairs with wait_io_done(); the op may be freed from here on */
+	/* A wake on memory the task's owner has just released is harmless: the stack stays
+	 * mapped, and the kernel answers EFAULT for an unmapped address. */
+	syscall(SYS_futex, (uint32_t *)done, FUTEX_WAKE | FUTEX_PRIVATE_FLAG, 1, NULL, NULL, 0);
+}
+
+/* Transfer: wait until the backend has finished with an owned op, however long storage takes:
+ * giving up would free the op under the read (the real call would wait just the same). */
+static void wait_io_done(struct op *op)
+{
+	for (int spins = 0; !load_acquire(&op->io_done); spins++) {
+		if (spins < 100) {
+			cpu_relax();
+			continue;
+		}
+		syscall(SYS_futex, (uint32_t *)&op->io_done, FUTEX_WAIT | FUTEX_PRIVATE_FLAG, 0,
+			NULL, NULL, 0);
+	}
 }
 
 static void submit_owned(struct kvs_loader *ld, const struct kvs_read *rd, struct op *op)
@@ -190,6 +211,7 @@ static void submit_owned(struct kvs_loader *ld, const struct kvs_read *rd, struc
 	bio->len = rd->direct ? round_page(op->size) : op->size;
 	bio->done = owner_read_done;
 	bio->arg = ld->c;
+	store_relaxed(&op->io_done, 0);
 	kvs_backend_submit(ld->be, bio);
 }
 
@@ -349,6 +371,7 @@ static void dispatch_task(struct kvs_loader *ld, struct task *t)
 	}
 	remember(ld, t);
 	kvs_spsc_push(&ld->running, t);
+	kvs_cache_reap_maybe(ld->c); /* dead ranks' pins come back while we are busy */
 }
 
 static void *dispatch_main(void *arg)
@@ -404,6 +427,8 @@ static bool finish_pinned(struct kvs_loader *ld, struct task *t, struct op *op)
 	struct kvs_cache *c = ld->c;
 	bool ok = true;
 
+	if (op->kind == OP_OWNER)
+		wait_io_done(op);
 	if (op->kind == OP_HIT) {
 		kvs_cache_count(c, KVS_CTR_shards_hit, 1);
 	} else {

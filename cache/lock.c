@@ -83,7 +83,10 @@ int kvs_stripe_lock(struct kvs_cache *c, uint32_t stripe)
 
 	if (r == EOWNERDEAD) {
 		repair_stripe(c, stripe);
-		pthread_mutex_consistent(mu);
+		if (pthread_mutex_consistent(mu)) {
+			pthread_mutex_unlock(mu);
+			return -EUCLEAN;
+		}
 		return 0;
 	}
 	return r == ENOTRECOVERABLE ? -EUCLEAN : -r;
@@ -99,7 +102,10 @@ int kvs_proc_lock(struct kvs_cache *c)
 	int r = pthread_mutex_lock(&c->hdr->proc_lock);
 
 	if (r == EOWNERDEAD) {
-		pthread_mutex_consistent(&c->hdr->proc_lock);
+		if (pthread_mutex_consistent(&c->hdr->proc_lock)) {
+			pthread_mutex_unlock(&c->hdr->proc_lock);
+			return -EUCLEAN;
+		}
 		return 0;
 	}
 	return r == ENOTRECOVERABLE ? -EUCLEAN : -r;

@@ -108,12 +108,9 @@ int kvs_proc_reclaim(struct kvs_cache *c, uint32_t p)
 	if (load_acquire(&pr->state) != KVS_PROC_ACTIVE)
 		goto out_unlock;
 	kvs_slot_unpin_all(c, p);
-	for (uint32_t i = 0; i < c->nslots; i++) {
-		uint32_t w = KVS_ST_CLAIMED_BY(p);
-
-		/* Pairs with the claim CAS in evict.c: only p's own claims match. */
-		cas_acq_rel(&c->slots[i].state, &w, KVS_SLOT_FREE);
-	}
+	for (uint32_t i = 0; i < c->nslots; i++)
+		if (load_relaxed(&c->slots[i].state) == KVS_ST_CLAIMED_BY(p))
+			kvs_slot_free_claim(c, i, p);
 	if (kvs_proc_lock(c) == 0) {
 		retire_locked(c, pr);
 		kvs_proc_unlock(c);
@@ -139,6 +136,18 @@ int kvs_cache_reap(struct kvs_cache *c)
 			n += kvs_proc_reclaim(c, i);
 	}
 	return n;
+}
+
+int kvs_cache_reap_maybe(struct kvs_cache *c)
+{
+	struct timespec ts;
+	uint64_t now, last = load_relaxed(&c->last_reap_ns);
+
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	now = (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
+	if (now - last < KVS_REAP_PERIOD_NS || !cas_acq_rel(&c->last_reap_ns, &last, now))
+		return 0;
+	return kvs_cache_reap(c);
 }
 
 void kvs_cache_count(struct kvs_cache *c, enum kvs_counter_id id, uint64_t v)

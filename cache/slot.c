@@ -140,6 +140,9 @@ static int lookup_or_insert(struct kvs_cache *c, const struct kvs_key *key,
 		/* Miss: claim a slot without holding the stripe (eviction takes others). */
 		kvs_stripe_unlock(c, stripe);
 		r = kvs_evict_claim(c, cls, &v);
+		/* Everything pinned: perhaps by the dead, whose pins reaping returns. */
+		if (r == -ENOSPC && kvs_cache_reap_maybe(c) > 0)
+			r = kvs_evict_claim(c, cls, &v);
 		if (r)
 			return r;
 	}
@@ -148,8 +151,8 @@ static int lookup_or_insert(struct kvs_cache *c, const struct kvs_key *key,
 		r = pin_found_locked(c, v, pin);
 		if (r < 0) {
 			kvs_slot_unlink_locked(c, v, b);
-			store_relaxed(&c->slots[v].bucket, KVS_NIL);
 			store_release(&c->slots[v].state, KVS_ST_CLAIMED_BY(c->self));
+			store_relaxed(&c->slots[v].bucket, KVS_NIL);
 			goto out_unlock;
 		}
 	} else {
@@ -218,6 +221,16 @@ static int lock_slot_stripe(struct kvs_cache *c, uint32_t i, uint32_t *stripe)
 	return -EUCLEAN;
 }
 
+/* Free an unpinned slot that is no longer in any chain; caller holds its stripe.  Claimed,
+ * then unhashed, then freed: a crash between any two steps leaves a claim reclaim can free,
+ * never a hashed-looking slot that no chain holds. */
+static void free_locked(struct kvs_cache *c, struct kvs_slot *s)
+{
+	store_release(&s->state, KVS_ST_CLAIMED_BY(c->self));
+	store_relaxed(&s->bucket, KVS_NIL);
+	store_release(&s->state, KVS_SLOT_FREE);
+}
+
 /* Drop the pin recorded in entry e of process pr on slot i; caller holds the stripe. */
 static void unpin_locked(struct kvs_cache *c, struct kvs_proc *pr, uint32_t e, uint32_t i)
 {
@@ -233,8 +246,7 @@ static void unpin_locked(struct kvs_cache *c, struct kvs_proc *pr, uint32_t e, u
 	/* Last pin: no waiters can exist, so plain stores are enough. */
 	uint32_t b = load_relaxed(&s->bucket);
 	if (b & KVS_ORPHAN) {
-		store_relaxed(&s->bucket, KVS_NIL);
-		store_release(&s->state, KVS_SLOT_FREE);
+		free_locked(c, s);
 	} else if (st_of(load_relaxed(&s->state)) == KVS_SLOT_FAILED) {
 		store_release(&s->state, KVS_SLOT_LOADING);
 	}
@@ -353,8 +365,7 @@ int kvs_cache_invalidate(struct kvs_cache *c, const struct kvs_key *block, uint6
 			struct kvs_slot *s = &c->slots[i];
 
 			if (load_relaxed(&s->refs) == 0) {
-				store_relaxed(&s->bucket, KVS_NIL);
-				store_release(&s->state, KVS_SLOT_FREE);
+				free_locked(c, s);
 			} else {
 				store_relaxed(&s->bucket, b | KVS_ORPHAN);
 			}
@@ -389,6 +400,29 @@ void kvs_slot_unpin_all(struct kvs_cache *c, uint32_t p)
 		}
 		kvs_stripe_unlock(c, stripe);
 	}
+}
+
+void kvs_slot_free_claim(struct kvs_cache *c, uint32_t i, uint32_t p)
+{
+	struct kvs_slot *s = &c->slots[i];
+	uint32_t w = KVS_ST_CLAIMED_BY(p), b = load_relaxed(&s->bucket), stripe = KVS_NIL;
+
+	if (load_relaxed(&s->state) != w)
+		return;
+	/* p died inside a stripe with the bucket still set: clear it under that stripe (whose
+	 * lock may repair it first), so a FREE slot never carries a bucket. */
+	if (b != KVS_NIL && (b & ~KVS_ORPHAN) < c->nbuckets) {
+		stripe = bucket_stripe(c, b & ~KVS_ORPHAN);
+		if (kvs_stripe_lock(c, stripe))
+			return;
+	}
+	if (load_relaxed(&s->state) == w) {
+		store_relaxed(&s->bucket, KVS_NIL);
+		/* Pairs with the claim CAS in evict.c: only p's own claim matches. */
+		cas_acq_rel(&s->state, &w, KVS_SLOT_FREE);
+	}
+	if (stripe != KVS_NIL)
+		kvs_stripe_unlock(c, stripe);
 }
 
 int kvs_cache_test_lock_key(struct kvs_cache *c, const struct kvs_key *key)

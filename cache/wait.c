@@ -68,6 +68,10 @@ int kvs_cache_wait(struct kvs_cache *c, const struct kvs_pin *pin, uint64_t time
 			return 0;
 		if (st == KVS_SLOT_FAILED) {
 			int err = load_relaxed(&s->err); /* stored before FAILED */
+
+			/* A FAILED slot returns to LOADING only when its last pin drops: make sure
+			 * no dead process's pin keeps it failed for everyone. */
+			kvs_cache_reap_maybe(c);
 			return err > 0 ? -err : -EIO;
 		}
 		if (st != KVS_SLOT_LOADING)

@@ -193,58 +193,60 @@ KVS_EXPORT size_t fread(void *ptr, size_t size, size_t nmemb, FILE *f)
 	return done / size;
 }
 
+/* Invalidate around a write: before it for the shards as they were, after it for any that
+ * another process loaded while the write was landing. */
+#define AROUND_WRITE(fd, off, len, use_pos, call)                                                  \
+	do {                                                                                       \
+		kvs_shim_invalidate(fd, off, len, use_pos, 0);                                     \
+		kvs_real_init();                                                                   \
+		ssize_t ret_ = (call);                                                             \
+		if (ret_ > 0) {                                                                    \
+			int saved_ = errno;                                                        \
+			kvs_shim_invalidate(fd, off, (size_t)ret_, use_pos, -(off_t)ret_);         \
+			errno = saved_;                                                            \
+		}                                                                                  \
+		return ret_;                                                                       \
+	} while (0)
+
 KVS_EXPORT ssize_t write(int fd, const void *buf, size_t count)
 {
-	kvs_shim_before_write(fd, 0, count, true);
-	kvs_real_init();
-	return kvs_real.write(fd, buf, count);
+	AROUND_WRITE(fd, 0, count, true, kvs_real.write(fd, buf, count));
 }
 
 KVS_EXPORT ssize_t pwrite(int fd, const void *buf, size_t count, off_t off)
 {
-	kvs_shim_before_write(fd, off, count, false);
-	kvs_real_init();
-	return kvs_real.pwrite(fd, buf, count, off);
+	AROUND_WRITE(fd, off, count, false, kvs_real.pwrite(fd, buf, count, off));
 }
 
 KVS_EXPORT ssize_t pwrite64(int fd, const void *buf, size_t count, off64_t off)
 {
-	kvs_shim_before_write(fd, (off_t)off, count, false);
-	kvs_real_init();
-	return kvs_real.pwrite64(fd, buf, count, off);
+	AROUND_WRITE(fd, (off_t)off, count, false, kvs_real.pwrite64(fd, buf, count, off));
 }
 
 KVS_EXPORT ssize_t writev(int fd, const struct iovec *iov, int iovcnt)
 {
-	kvs_shim_before_write(fd, 0, iov_len(iov, iovcnt), true);
-	kvs_real_init();
-	return kvs_real.writev(fd, iov, iovcnt);
+	AROUND_WRITE(fd, 0, iov_len(iov, iovcnt), true, kvs_real.writev(fd, iov, iovcnt));
 }
 
 KVS_EXPORT ssize_t pwritev(int fd, const struct iovec *iov, int iovcnt, off_t off)
 {
-	kvs_shim_before_write(fd, off, iov_len(iov, iovcnt), false);
-	kvs_real_init();
-	return kvs_real.pwritev(fd, iov, iovcnt, off);
+	AROUND_WRITE(fd, off, iov_len(iov, iovcnt), false, kvs_real.pwritev(fd, iov, iovcnt, off));
 }
 
 KVS_EXPORT ssize_t pwritev64(int fd, const struct iovec *iov, int iovcnt, off64_t off)
 {
-	kvs_shim_before_write(fd, (off_t)off, iov_len(iov, iovcnt), false);
-	kvs_real_init();
-	return kvs_real.pwritev64(fd, iov, iovcnt, off);
+	AROUND_WRITE(fd, (off_t)off, iov_len(iov, iovcnt), false,
+		     kvs_real.pwritev64(fd, iov, iovcnt, off));
 }
 
 KVS_EXPORT ssize_t pwritev2(int fd, const struct iovec *iov, int iovcnt, off_t off, int flags)
 {
-	kvs_shim_before_write(fd, off, iov_len(iov, iovcnt), off == -1);
-	kvs_real_init();
-	return kvs_real.pwritev2(fd, iov, iovcnt, off, flags);
+	AROUND_WRITE(fd, off, iov_len(iov, iovcnt), off == -1,
+		     kvs_real.pwritev2(fd, iov, iovcnt, off, flags));
 }
 
 KVS_EXPORT ssize_t pwritev64v2(int fd, const struct iovec *iov, int iovcnt, off64_t off, int flags)
 {
-	kvs_shim_before_write(fd, (off_t)off, iov_len(iov, iovcnt), off == -1);
-	kvs_real_init();
-	return kvs_real.pwritev64v2(fd, iov, iovcnt, off, flags);
+	AROUND_WRITE(fd, (off_t)off, iov_len(iov, iovcnt), off == -1,
+		     kvs_real.pwritev64v2(fd, iov, iovcnt, off, flags));
 }

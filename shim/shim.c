@@ -41,17 +41,29 @@ static struct kvs_cache *cache;
 static struct kvs_loader *loader;
 static __thread int guard __attribute__((tls_model("initial-exec")));
 
+/* fork() waits for an attach in progress, so the child never inherits a half-made one (a
+ * descriptor it would not know to close would keep the parent's liveness lock alive). */
+static void atfork_prepare(void)
+{
+	pthread_mutex_lock(&attach_mu);
+}
+
+static void atfork_parent(void)
+{
+	pthread_mutex_unlock(&attach_mu);
+}
+
 /* The fork child: the parent's threads do not exist here and its mapping, descriptor and
  * process slot are the parent's.  Drop them without touching shared state; the child attaches
  * again, as itself, at its first cacheable read. */
 static void atfork_child(void)
 {
-	if (atomic_load(&attached) == AT_OK)
+	if (cache)
 		kvs_cache_forget(cache);
 	cache = NULL;
 	loader = NULL; /* its threads are gone; its memory is abandoned */
-	pthread_mutex_init(&attach_mu, NULL);
 	atomic_store(&attached, AT_NONE);
+	pthread_mutex_unlock(&attach_mu);
 }
 
 static void init(void)
@@ -76,7 +88,7 @@ static void init(void)
 		goto out;
 	}
 	min_read = cfg.files_min_read ? cfg.files_min_read : 1;
-	if (pthread_atfork(NULL, NULL, atfork_child))
+	if (pthread_atfork(atfork_prepare, atfork_parent, atfork_child))
 		goto out;
 	on = ST_ON;
 out:
@@ -192,7 +204,7 @@ out:
 	return ret;
 }
 
-void kvs_shim_before_write(int fd, off_t off, size_t len, bool use_pos)
+void kvs_shim_invalidate(int fd, off_t off, size_t len, bool use_pos, off_t pos_delta)
 {
 	int saved = errno;
 	struct kvs_fdinfo fi;
@@ -205,8 +217,9 @@ void kvs_shim_before_write(int fd, off_t off, size_t len, bool use_pos)
 		goto out;
 	if (use_pos) {
 		off = lseek(fd, 0, SEEK_CUR);
-		if (off < 0)
+		if (off < 0 || off + pos_delta < 0)
 			goto out;
+		off += pos_delta;
 	}
 	uint64_t S = kvs_cache_shard_size(cache);
 	kvs_cache_invalidate(cache, &fi.block, (uint64_t)off / S, ((uint64_t)off + len - 1) / S);

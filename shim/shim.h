@@ -27,9 +27,11 @@
  */
 ssize_t kvs_shim_read(int fd, const struct iovec *iov, int iovcnt, off_t off, bool use_pos);
 
-/* Invalidate the cached shards that a write of len bytes at off (or the position) would
- * change.  Never fails; never changes errno. */
-void kvs_shim_before_write(int fd, off_t off, size_t len, bool use_pos);
+/* Invalidate the cached shards of fd's file that a write of len bytes at off changes; with
+ * use_pos, at the file position plus pos_delta (0 before a write, minus the count after it).
+ * Hooks call it before the write (the old identity's shards) and after it (shards another
+ * process may have loaded while the write was landing).  Never fails; never changes errno. */
+void kvs_shim_invalidate(int fd, off_t off, size_t len, bool use_pos, off_t pos_delta);
 
 /* True when a read of len bytes could be served (the shim is on and len >= files.min_read);
  * the cheap test every hook makes before anything else. */

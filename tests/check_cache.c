@@ -769,6 +769,55 @@ START_TEST(test_dead_process_reaped_on_attach)
 }
 END_TEST
 
+/* A waiter dies holding its pin; the owner fails and releases.  The slot must come back for a
+ * retry without anyone calling kvs_cache_reap by hand: the failure itself triggers reaping. */
+START_TEST(test_dead_waiter_does_not_keep_failure)
+{
+	struct kvs_config cfg;
+	struct kvs_key k = key_of(12, 0);
+	struct kvs_pin own, p;
+
+	test_config(&cfg, 16, 4096);
+	struct kvs_cache *c = open_ok(&cfg);
+	_Atomic int *ready = shared_anon(4096);
+	ck_assert_int_eq(kvs_cache_pin(c, &k, KVS_ALLOC_LOAD, &own), KVS_PIN_OWNER);
+	pid_t pid = fork();
+	if (pid == 0) {
+		struct kvs_cache *cc = NULL;
+		kvs_cache_forget(c);
+		if (kvs_cache_open(&cfg, 0, &cc, NULL, 0) ||
+		    kvs_cache_pin(cc, &k, KVS_ALLOC_LOAD, &p) != KVS_PIN_WAIT)
+			_exit(2);
+		*ready = 1;
+		for (;;)
+			pause();
+	}
+	while (!*ready)
+		usleep(1000);
+	kill(pid, SIGKILL);
+	waitpid(pid, NULL, 0);
+	kvs_cache_mark_failed(c, &own, EIO);
+	kvs_cache_release(c, &own);
+	int r = -1;
+	uint64_t t0 = mono_ms();
+	while (mono_ms() - t0 < 2000) {
+		r = kvs_cache_pin(c, &k, KVS_ALLOC_LOAD, &p);
+		if (r == KVS_PIN_OWNER)
+			break;
+		ck_assert_int_eq(r, KVS_PIN_WAIT);
+		ck_assert_int_eq(kvs_cache_wait(c, &p, 1000000), -EIO);
+		kvs_cache_release(c, &p);
+		usleep(20000);
+	}
+	ck_assert_int_eq(r, KVS_PIN_OWNER);
+	load_pattern(c, &p, &k);
+	kvs_cache_release(c, &p);
+	ck_assert_uint_eq(pinned_slots(c), 0);
+	kvs_cache_close(c);
+	remove_region(&cfg);
+}
+END_TEST
+
 static Suite *cache_suite(void)
 {
 	Suite *s = suite_create("cache");
@@ -793,6 +842,7 @@ static Suite *cache_suite(void)
 	tcase_add_test(crash, test_owner_killed);
 	tcase_add_test(crash, test_lock_holder_killed);
 	tcase_add_test(crash, test_dead_process_reaped_on_attach);
+	tcase_add_test(crash, test_dead_waiter_does_not_keep_failure);
 	tcase_set_timeout(conc, 60);
 	tcase_set_timeout(crash, 60);
 	suite_add_tcase(s, core);

@@ -587,6 +587,31 @@ START_TEST(test_owner_dies)
 }
 END_TEST
 
+/* An owner's own read outlasts loader.wait_timeout_ms: the loader must not let go of a read in
+ * flight (its request lives in the caller's task), and still return the right bytes. */
+START_TEST(test_owner_read_outlasts_timeout)
+{
+	struct env e;
+	char path[300];
+
+	setenv("KVSHIM_TEST_BACKEND_DELAY_US", "30000", 1);
+	config(&e.cfg, KVS_IO_AUTO);
+	e.cfg.loader_wait_timeout_ms = 1;
+	e.cfg.loader_io_depth = 1;
+	env_open(&e);
+	unsetenv("KVSHIM_TEST_BACKEND_DELAY_US");
+	make_file("slow", 20 * SHARD + 4096, path, sizeof(path));
+	int fd = open(path, O_RDONLY);
+	check_range(&e, fd, 0, 2 * SHARD);		   /* ops on the stack */
+	check_range(&e, fd, 2 * SHARD, 17 * SHARD + 4096); /* ops on the heap */
+	usleep(100000);
+	ck_assert_uint_eq(pinned(&e), 0);
+	close(fd);
+	env_close(&e);
+	remove_region(&e.cfg);
+}
+END_TEST
+
 static Suite *loader_suite(void)
 {
 	Suite *s = suite_create("loader");
@@ -610,6 +635,7 @@ static Suite *loader_suite(void)
 	tcase_add_test(crash, test_owner_fails);
 	tcase_add_test(crash, test_owner_stalls);
 	tcase_add_test(crash, test_owner_dies);
+	tcase_add_test(crash, test_owner_read_outlasts_timeout);
 	for (int i = 0; i < 4; i++) {
 		tcase_add_checked_fixture(all[i], setup, teardown);
 		tcase_set_timeout(all[i], 60);
