@@ -182,5 +182,36 @@ want=$(dd if="$work/kv/blk3" bs=1M iflag=direct status=none | sha256sum)
 got=$(LD_PRELOAD=$lib dd if="$work/kv/blk3" bs=1M iflag=direct status=none | sha256sum)
 [ "$want" = "$got" ] && ok "rewritten file: new bytes served" || fail "rewritten file served stale bytes"
 
+# --- fork: a child of an attached process starts clean and attaches as itself.
+reset_region
+py_fork='import os,sys,mmap,hashlib
+def load(p):
+    fd=os.open(p,os.O_RDONLY|os.O_DIRECT); b=mmap.mmap(-1,4<<20); n=os.preadv(fd,[b],0); os.close(fd)
+    return hashlib.sha256(b[:n]).hexdigest()
+a=load(sys.argv[1])
+pid=os.fork()
+if pid==0:
+    print("child", load(sys.argv[2]), load(sys.argv[1])); sys.stdout.flush(); os._exit(0)
+os.waitpid(pid,0)
+print("parent", a, load(sys.argv[2]))'
+out=$(LD_PRELOAD=$lib python3 -c "$py_fork" "$work/kv/blk0" "$work/kv/blk1" 2>/dev/null)
+h0=$(sha256sum <"$work/kv/blk0" | cut -d" " -f1)
+h1=$(sha256sum <"$work/kv/blk1" | cut -d" " -f1)
+procs=$("$kvshim" stat --json | python3 -c 'import json,sys; print(len(json.load(sys.stdin)["processes"]))')
+if echo "$out" | grep -q "^child $h1 $h0$" && echo "$out" | grep -q "^parent $h0 $h1$" && [ "$procs" = 2 ]; then
+	ok "fork: parent and child both served right, attached as 2 processes"
+else
+	fail "fork: out=$out processes=$procs"
+fi
+
+# --- The shared object exports the hooked names and nothing else.
+exports=$(nm -D --defined-only "$1" | awk '{print $3}' | sort | tr '\n' ' ')
+want="__pread64_chk __pread_chk __read_chk fread pread pread64 preadv preadv2 preadv64 preadv64v2 pwrite pwrite64 pwritev pwritev2 pwritev64 pwritev64v2 read readv write writev "
+if [ "$exports" = "$want" ]; then
+	ok "libkvshim.so exports only the interposed names"
+else
+	fail "libkvshim.so exports: $exports"
+fi
+
 echo "e2e: $fails failed"
 [ $fails -eq 0 ]
