@@ -13,6 +13,7 @@
 #include <errno.h>
 #include <liburing.h>
 #include <pthread.h>
+#include <signal.h>
 #include <stdbool.h>
 #include <stdlib.h>
 #include <sys/syscall.h>
@@ -24,7 +25,7 @@
 struct kvs_backend {
 	bool uring;
 	unsigned depth;
-	unsigned test_delay_us; /* KVSHIM_TEST_BACKEND_DELAY_US: slow storage for tests */
+	unsigned test_delay_us; /* kvs_backend_test_delay_us when created */
 	pthread_mutex_t mu;
 	pthread_cond_t room; /* in_flight dropped below depth, or became 0 */
 	pthread_cond_t work; /* threads: a bio was queued, or stop */
@@ -35,6 +36,8 @@ struct kvs_backend {
 	unsigned nthreads;
 	pthread_t threads[];
 };
+
+unsigned kvs_backend_test_delay_us;
 
 int64_t kvs_read_full(int fd, void *buf, uint64_t len, uint64_t off)
 {
@@ -138,17 +141,18 @@ static int start_threads(struct kvs_backend *be, unsigned n, void *(*fn)(void *)
 	pthread_attr_t a;
 	int r;
 
+	sigset_t all, old;
+
+	/* Every signal blocked: the host's signals are not ours to take. */
+	sigfillset(&all);
+	pthread_sigmask(SIG_SETMASK, &all, &old);
 	pthread_attr_init(&a);
 	pthread_attr_setstacksize(&a, 64 * 1024);
-	for (be->nthreads = 0; be->nthreads < n; be->nthreads++) {
+	for (r = 0, be->nthreads = 0; be->nthreads < n && !r; be->nthreads += !r)
 		r = pthread_create(&be->threads[be->nthreads], &a, fn, be);
-		if (r) {
-			pthread_attr_destroy(&a);
-			return -r;
-		}
-	}
 	pthread_attr_destroy(&a);
-	return 0;
+	pthread_sigmask(SIG_SETMASK, &old, NULL);
+	return -r;
 }
 
 int kvs_backend_create(int mode, unsigned depth, struct kvs_backend **out)
@@ -162,9 +166,7 @@ int kvs_backend_create(int mode, unsigned depth, struct kvs_backend **out)
 	if (!be)
 		return -ENOMEM;
 	be->depth = depth;
-	const char *delay = getenv("KVSHIM_TEST_BACKEND_DELAY_US");
-	if (delay)
-		be->test_delay_us = (unsigned)strtoul(delay, NULL, 10);
+	be->test_delay_us = kvs_backend_test_delay_us;
 	pthread_mutex_init(&be->mu, NULL);
 	pthread_cond_init(&be->room, NULL);
 	pthread_cond_init(&be->work, NULL);

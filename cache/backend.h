@@ -29,6 +29,10 @@ struct kvs_bio {
 	struct kvs_bio *next;
 };
 
+/* Tests only: microseconds every storage read of backends created from now on sleeps first,
+ * to play slow storage.  Never set by the shim (a hidden symbol: no environment, no key). */
+extern unsigned kvs_backend_test_delay_us;
+
 /* Start a backend.  mode is enum kvs_io_mode; depth bounds the reads in flight.
  * Returns 0 or -errno (-ENOSYS/-EPERM when io_uring was asked for and is unavailable). */
 int kvs_backend_create(int mode, unsigned depth, struct kvs_backend **out);

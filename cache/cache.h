@@ -70,6 +70,7 @@ enum kvs_slot_state {
 	KVS_SLOT_LOADING = 2,
 	KVS_SLOT_READY = 3,
 	KVS_SLOT_FAILED = 4,
+	KVS_SLOT_ALLOCATED = 5, /* lookup only: LOADING with no pin, so no owner (prealloc) */
 };
 
 enum kvs_open_flags {
@@ -137,8 +138,9 @@ int kvs_cache_wait(struct kvs_cache *c, const struct kvs_pin *pin, uint64_t time
 void *kvs_cache_data(struct kvs_cache *c, const struct kvs_pin *pin);
 uint32_t kvs_cache_length(struct kvs_cache *c, const struct kvs_pin *pin);
 
-/* Existence query: the state of key's slot (enum kvs_slot_state) or -ENOENT.  Works on a
- * KVS_OPEN_WATCH mapping. */
+/* Existence query: the state of key's slot (enum kvs_slot_state; ALLOCATED for a LOADING slot
+ * nobody owns yet, which the next pin will own) or -ENOENT.  Works on a KVS_OPEN_WATCH
+ * mapping. */
 int kvs_cache_lookup(struct kvs_cache *c, const struct kvs_key *key);
 
 /* Allocate an unowned LOADING slot for key unless present (-EEXIST), so that a later pin finds

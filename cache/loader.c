@@ -441,7 +441,11 @@ static bool finish_pinned(struct kvs_loader *ld, struct task *t, struct op *op)
 		}
 		ok = r == 0;
 	}
-	if (ok && kvs_cache_length(c, &op->pin) >= op->from + op->len && !ld->backend_only) {
+	/* backend_only: the cache coordinates, storage serves; an owner's slot holds what it just
+	 * read from storage, so only the others read for themselves. */
+	if (ld->backend_only && op->kind != OP_OWNER)
+		ok = false;
+	if (ok && kvs_cache_length(c, &op->pin) >= op->from + op->len) {
 		copy_out(t->rd, op->pos, (char *)kvs_cache_data(c, &op->pin) + op->from, op->len);
 		kvs_cache_count(c, KVS_CTR_copy_bytes, op->len);
 	} else {

@@ -259,6 +259,10 @@ static int build(struct kvs_cache *c, const struct dims *d, const struct kvs_con
 static int check(struct kvs_cache *c, const struct dims *d, size_t file_size, char *msg,
 		 size_t msglen)
 {
+	/* One policy per region: processes evicting differently would defeat each other.  A
+	 * watcher evicts nothing and takes the region's. */
+	int eviction = c->watch ? -1 : c->eviction;
+
 	const struct kvs_hdr *h = c->hdr;
 
 	if (file_size < sizeof(*h)) {
@@ -269,15 +273,18 @@ static int check(struct kvs_cache *c, const struct dims *d, size_t file_size, ch
 	atomic_thread_fence(memory_order_acquire); /* pairs with the fence in build() */
 	MISMATCH("layout version", h->version, KVS_LAYOUT_VERSION);
 	MISMATCH("header size", h->hdr_bytes, sizeof(*h));
-	MISMATCH("total_bytes", h->total_bytes, d->total);
-	MISMATCH("file size", file_size, d->total);
+	/* The dimensions an operator sets come first, so the message names the key that differs. */
 	MISMATCH("shard_size", h->shard_size, d->shard_size);
 	MISMATCH("capacity", h->capacity, d->capacity);
-	MISMATCH("slots", h->nslots, d->nslots);
+	MISMATCH("max_processes", h->nprocs, d->nprocs);
 	MISMATCH("reserved slots", h->nreserved, d->nreserved);
+	if (eviction >= 0)
+		MISMATCH("eviction (0 clock, 1 fifo)", h->eviction, eviction);
+	MISMATCH("slots", h->nslots, d->nslots);
 	MISMATCH("buckets", h->nbuckets, d->nbuckets);
 	MISMATCH("stripes", h->nstripes, d->nstripes);
-	MISMATCH("max_processes", h->nprocs, d->nprocs);
+	MISMATCH("total_bytes", h->total_bytes, d->total);
+	MISMATCH("file size", file_size, d->total);
 	MISMATCH("pins per process", h->npins, KVS_PINS_PER_PROC);
 	MISMATCH("off_procs", h->off_procs, d->off_procs);
 	MISMATCH("off_stripes", h->off_stripes, d->off_stripes);
@@ -397,6 +404,7 @@ static int attach(struct kvs_cache *c, const struct dims *d, char *msg, size_t m
 	r = check(c, d, (size_t)st.st_size, msg, msglen);
 	if (r)
 		goto err_unmap;
+	c->eviction = (int)c->hdr->eviction;
 	return 0;
 
 err_unmap:

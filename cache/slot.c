@@ -344,6 +344,8 @@ int kvs_cache_lookup(struct kvs_cache *c, const struct kvs_key *key)
 		r = -ENOENT;
 	else
 		r = (int)st_of(load_acquire(&c->slots[i].state));
+	if (r == KVS_SLOT_LOADING && load_relaxed(&c->slots[i].refs) == 0)
+		r = KVS_SLOT_ALLOCATED;
 	kvs_stripe_unlock(c, stripe);
 	return r;
 }

@@ -19,11 +19,6 @@ void kvs_log_set_level(int level)
 	atomic_store(&max_level, level);
 }
 
-void kvs_log_reset(void)
-{
-	atomic_store(&printed, 0);
-}
-
 void kvs_log_once(enum kvs_cause cause, int level, const char *fmt, ...)
 {
 	char buf[600];

@@ -22,7 +22,4 @@ void kvs_log_set_level(int level);
 void kvs_log_once(enum kvs_cause cause, int level, const char *fmt, ...)
     __attribute__((format(printf, 3, 4)));
 
-/* Forget which causes were printed (a fork child is a new process for the operator). */
-void kvs_log_reset(void);
-
 #endif

@@ -178,10 +178,15 @@ START_TEST(test_create_attach_mismatch)
 	other.cache_shard_size = 8192;
 	other.cache_capacity = 8 * 8192;
 	ck_assert_int_eq(kvs_cache_open(&other, KVS_OPEN_CREATE, &b, msg, sizeof(msg)), -EPROTO);
-	ck_assert_msg(strstr(msg, "shard_size") || strstr(msg, "bytes"), "msg: %s", msg);
+	ck_assert_msg(strstr(msg, "shard_size"), "msg: %s", msg);
 	other = cfg;
 	other.cache_max_processes = 17;
 	ck_assert_int_eq(kvs_cache_open(&other, KVS_OPEN_CREATE, &b, msg, sizeof(msg)), -EPROTO);
+	ck_assert_msg(strstr(msg, "max_processes"), "msg: %s", msg);
+	other = cfg;
+	other.cache_eviction = KVS_EVICT_FIFO;
+	ck_assert_int_eq(kvs_cache_open(&other, KVS_OPEN_CREATE, &b, msg, sizeof(msg)), -EPROTO);
+	ck_assert_msg(strstr(msg, "eviction"), "msg: %s", msg);
 	kvs_cache_close(a);
 	remove_region(&cfg);
 }
@@ -234,8 +239,8 @@ START_TEST(test_failed_then_retry)
 	ck_assert_int_eq(kvs_cache_wait(c, &again, 1000000), -ENOMSG);
 	kvs_cache_release(c, &again);
 	kvs_cache_release(c, &w);
-	/* Last pin dropped: back to LOADING, and the next pinner owns the retry. */
-	ck_assert_int_eq(kvs_cache_lookup(c, &k), KVS_SLOT_LOADING);
+	/* Last pin dropped: back to LOADING, unowned, and the next pinner owns the retry. */
+	ck_assert_int_eq(kvs_cache_lookup(c, &k), KVS_SLOT_ALLOCATED);
 	ck_assert_int_eq(kvs_cache_pin(c, &k, KVS_ALLOC_LOAD, &own), KVS_PIN_OWNER);
 	load_pattern(c, &own, &k);
 	kvs_cache_release(c, &own);
@@ -360,7 +365,7 @@ START_TEST(test_prealloc_invalidate_not_ready)
 	struct kvs_cache *c = open_ok(&cfg);
 	ck_assert_int_eq(kvs_cache_prealloc(c, &k), 0);
 	ck_assert_int_eq(kvs_cache_prealloc(c, &k), -EEXIST);
-	ck_assert_int_eq(kvs_cache_lookup(c, &k), KVS_SLOT_LOADING);
+	ck_assert_int_eq(kvs_cache_lookup(c, &k), KVS_SLOT_ALLOCATED);
 	ck_assert_int_eq(kvs_cache_pin(c, &k, KVS_ALLOC_LOAD, &p), KVS_PIN_OWNER);
 	load_pattern(c, &p, &k);
 	/* backend_only: the sole pinner sends it back, so the next pin reloads. */

@@ -21,6 +21,7 @@
 
 #include "cache.h"
 #include "config.h"
+#include "backend.h"
 #include "loader.h"
 
 #define SHARD 65536u
@@ -327,8 +328,8 @@ START_TEST(test_prefetch)
 		k.shard = 1;
 		ck_assert_int_eq(
 		    wait_state(&e, &k,
-			       mode == KVS_PREFETCH_READ ? KVS_SLOT_READY : KVS_SLOT_LOADING),
-		    mode == KVS_PREFETCH_READ ? KVS_SLOT_READY : KVS_SLOT_LOADING);
+			       mode == KVS_PREFETCH_READ ? KVS_SLOT_READY : KVS_SLOT_ALLOCATED),
+		    mode == KVS_PREFETCH_READ ? KVS_SLOT_READY : KVS_SLOT_ALLOCATED);
 		ck_assert_uint_eq(totals(&e).v[KVS_CTR_prefetches], 1);
 		/* Shard 2 comes next; never past the end of the file. */
 		check_range(&e, fd, SHARD, 2 * SHARD);
@@ -594,12 +595,12 @@ START_TEST(test_owner_read_outlasts_timeout)
 	struct env e;
 	char path[300];
 
-	setenv("KVSHIM_TEST_BACKEND_DELAY_US", "30000", 1);
+	kvs_backend_test_delay_us = 30000;
 	config(&e.cfg, KVS_IO_AUTO);
 	e.cfg.loader_wait_timeout_ms = 1;
 	e.cfg.loader_io_depth = 1;
 	env_open(&e);
-	unsetenv("KVSHIM_TEST_BACKEND_DELAY_US");
+	kvs_backend_test_delay_us = 0;
 	make_file("slow", 20 * SHARD + 4096, path, sizeof(path));
 	int fd = open(path, O_RDONLY);
 	check_range(&e, fd, 0, 2 * SHARD);		   /* ops on the stack */
