@@ -183,6 +183,8 @@ struct kvs_region_info {
 	uint64_t capacity_bytes, shard_size, total_bytes;
 	uint32_t slots, slots_ready, slots_loading, slots_failed, slots_pinned, reserved_slots;
 	uint32_t processes_attached, max_processes;
+	uint32_t slots_populated; /* slots whose pages are allocated */
+	int32_t populate_err;	  /* why the background population stopped (errno), or 0 */
 };
 struct kvs_proc_info {
 	int32_t pid;

@@ -63,11 +63,16 @@ static int sweep(struct kvs_cache *c, _Atomic uint64_t *h, uint32_t base, uint32
 			uint32_t w = load_relaxed(&s->state);
 
 			if (st_of(w) == KVS_SLOT_FREE) {
-				if (cas_acq_rel(&s->state, &w, KVS_ST_CLAIMED_BY(c->self))) {
-					*slot = i;
-					return 0;
+				if (load_relaxed(&s->pages) == KVS_PAGES_NOROOM ||
+				    !cas_acq_rel(&s->state, &w, KVS_ST_CLAIMED_BY(c->self)))
+					continue;
+				/* A slot's pages exist before its first use (populate.c). */
+				if (kvs_populate_claimed(c, i)) {
+					store_release(&s->state, KVS_SLOT_FREE);
+					continue;
 				}
-				continue;
+				*slot = i;
+				return 0;
 			}
 			if (st_of(w) == KVS_SLOT_CLAIMED || load_relaxed(&s->refs) != 0)
 				continue;

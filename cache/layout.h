@@ -16,13 +16,20 @@
 #include "cache.h"
 
 #define KVS_MAGIC	   0x3130594b4d485356ULL /* "VSHMKY01" little-endian */
-#define KVS_LAYOUT_VERSION 1u
+#define KVS_LAYOUT_VERSION 2u
 #define KVS_CACHELINE	   64u
 #define KVS_PAGE	   4096u
 #define KVS_NIL		   UINT32_MAX
 #define KVS_PINS_PER_PROC  1024u /* power of two */
 #define KVS_MAX_STRIPES	   1024u
-#define KVS_ORPHAN	   0x80000000u /* in slot.bucket: unhashed by invalidation, still pinned */
+#define KVS_POPULATE_BYTE  8192u /* OFD lock byte of the populating process (past the table) */
+
+/* slot.pages: a slot's data pages are allocated before the slot is first used, so that no
+ * process ever touches a page /dev/shm cannot back (which would be a SIGBUS in an engine). */
+#define KVS_PAGES_UNKNOWN 0u
+#define KVS_PAGES_OK	  1u
+#define KVS_PAGES_NOROOM  2u	      /* allocation failed: the slot is never used */
+#define KVS_ORPHAN	  0x80000000u /* in slot.bucket: unhashed by invalidation, still pinned */
 
 /* The state word: bits 0-7 the state, bits 8-30 the claiming process for CLAIMED, bit 31 set
  * while some process sleeps on the word. */
@@ -57,6 +64,11 @@ struct kvs_hdr {
 	/* Line 3: the hand over the reserved share. */
 	_Atomic uint64_t rhand;
 	uint8_t pad3[KVS_CACHELINE - 8];
+	/* Line 4: the background population's progress (slots it has walked) and the errno
+	 * that stopped it; written by the populating process only (populate.c). */
+	_Atomic uint32_t populated;
+	_Atomic int32_t populate_err;
+	uint8_t pad5[KVS_CACHELINE - 8];
 	/* Lines 4-: the process-table mutex (robust) and the folded totals it guards. */
 	pthread_mutex_t proc_lock;
 	uint8_t pad4[KVS_CACHELINE - sizeof(pthread_mutex_t)];
@@ -97,13 +109,15 @@ struct kvs_slot {
 	_Atomic int32_t err;	 /* positive errno of a FAILED load */
 	_Atomic uint32_t length; /* valid bytes once READY */
 	uint64_t key[3];	 /* block_lo, block_hi, shard */
-	uint8_t pad1[KVS_CACHELINE - 48];
+	_Atomic uint32_t pages;	 /* KVS_PAGES_*: whether the data pages exist (populate.c) */
+	uint8_t pad1[KVS_CACHELINE - 52];
 };
 
 _Static_assert(offsetof(struct kvs_hdr, hand) == 128, "hand on line 2");
 _Static_assert(offsetof(struct kvs_hdr, rhand) == 192, "rhand on line 3");
-_Static_assert(offsetof(struct kvs_hdr, proc_lock) == 256, "proc_lock on line 4");
-_Static_assert(offsetof(struct kvs_hdr, totals) == 320, "totals on line 5");
+_Static_assert(offsetof(struct kvs_hdr, populated) == 256, "populated on line 4");
+_Static_assert(offsetof(struct kvs_hdr, proc_lock) == 320, "proc_lock on line 5");
+_Static_assert(offsetof(struct kvs_hdr, totals) == 384, "totals on line 6");
 _Static_assert(sizeof(pthread_mutex_t) <= KVS_CACHELINE, "mutex fits a line");
 _Static_assert(offsetof(struct kvs_proc, ctr) == 64, "counters on line 1");
 _Static_assert(offsetof(struct kvs_proc, pin) == 192, "pins after counters");

@@ -147,6 +147,7 @@ int kvs_cache_reap_maybe(struct kvs_cache *c)
 	now = (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
 	if (now - last < KVS_REAP_PERIOD_NS || !cas_acq_rel(&c->last_reap_ns, &last, now))
 		return 0;
+	kvs_populate_start(c); /* if the populating process died, carry on */
 	return kvs_cache_reap(c);
 }
 

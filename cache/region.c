@@ -326,6 +326,12 @@ static int create(struct kvs_cache *c, const struct dims *d, const struct kvs_co
 	}
 	c->map_len = d->total;
 	bind(c, d);
+	/* Allocate before writing: a /dev/shm too small must be an error here, not a SIGBUS. */
+	r = kvs_populate_control(c);
+	if (r) {
+		snprintf(msg, msglen, "cannot allocate %s in /dev/shm: %s", tmp, strerror(-r));
+		goto err_unmap;
+	}
 	r = build(c, d, cfg);
 	if (r) {
 		snprintf(msg, msglen, "cannot initialise %s: %s", tmp, strerror(-r));
@@ -463,6 +469,7 @@ int kvs_cache_open(const struct kvs_config *cfg, int flags, struct kvs_cache **o
 	if (r)
 		goto err_free;
 	if (!c->watch) {
+		kvs_populate_start(c);
 		r = kvs_proc_attach(c);
 		if (r) {
 			snprintf(msg, msglen, "cannot attach to %s: %s", c->path,
@@ -531,6 +538,7 @@ int kvs_cache_stat(struct kvs_cache *c, struct kvs_region_info *info, struct kvs
 	info->slots = c->nslots;
 	info->reserved_slots = c->nslots - c->nmain;
 	info->max_processes = c->nprocs;
+	info->populate_err = load_relaxed(&c->hdr->populate_err);
 	for (uint32_t i = 0; i < c->nslots; i++) {
 		uint32_t st = st_of(load_relaxed(&c->slots[i].state));
 
@@ -538,6 +546,7 @@ int kvs_cache_stat(struct kvs_cache *c, struct kvs_region_info *info, struct kvs
 		info->slots_loading += st == KVS_SLOT_LOADING;
 		info->slots_failed += st == KVS_SLOT_FAILED;
 		info->slots_pinned += load_relaxed(&c->slots[i].refs) != 0;
+		info->slots_populated += load_relaxed(&c->slots[i].pages) == KVS_PAGES_OK;
 	}
 	r = kvs_proc_lock(c);
 	if (r)

@@ -7,6 +7,7 @@
  */
 #include <check.h>
 #include <errno.h>
+#include <fcntl.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -130,18 +131,20 @@ START_TEST(test_layout_pinned)
 	ck_assert_uint_eq(offsetof(struct kvs_slot, err), 80);
 	ck_assert_uint_eq(offsetof(struct kvs_slot, length), 84);
 	ck_assert_uint_eq(offsetof(struct kvs_slot, key), 88);
+	ck_assert_uint_eq(offsetof(struct kvs_slot, pages), 112);
 	ck_assert_uint_eq(offsetof(struct kvs_hdr, magic), 0);
 	ck_assert_uint_eq(offsetof(struct kvs_hdr, nslots), 40);
 	ck_assert_uint_eq(offsetof(struct kvs_hdr, off_procs), 72);
 	ck_assert_uint_eq(offsetof(struct kvs_hdr, off_data), 112);
 	ck_assert_uint_eq(offsetof(struct kvs_hdr, hand), 128);
 	ck_assert_uint_eq(offsetof(struct kvs_hdr, rhand), 192);
-	ck_assert_uint_eq(offsetof(struct kvs_hdr, proc_lock), 256);
-	ck_assert_uint_eq(offsetof(struct kvs_hdr, totals), 320);
+	ck_assert_uint_eq(offsetof(struct kvs_hdr, populated), 256);
+	ck_assert_uint_eq(offsetof(struct kvs_hdr, proc_lock), 320);
+	ck_assert_uint_eq(offsetof(struct kvs_hdr, totals), 384);
 	ck_assert_uint_eq(offsetof(struct kvs_proc, ctr), 64);
 	ck_assert_uint_eq(offsetof(struct kvs_proc, pin), 192);
 	ck_assert_uint_eq(sizeof(struct kvs_stripe), 64);
-	ck_assert_uint_eq(KVS_LAYOUT_VERSION, 1);
+	ck_assert_uint_eq(KVS_LAYOUT_VERSION, 2);
 
 	struct kvs_config cfg;
 	test_config(&cfg, 8, 4096);
@@ -823,6 +826,76 @@ START_TEST(test_dead_waiter_does_not_keep_failure)
 }
 END_TEST
 
+/* A slot whose pages could not be allocated is never handed out. */
+START_TEST(test_noroom_slots_unused)
+{
+	struct kvs_config cfg;
+	struct kvs_pin p;
+
+	test_config(&cfg, 8, 4096);
+	struct kvs_cache *c = open_ok(&cfg);
+	for (uint32_t i = 3; i < 8; i++)
+		c->slots[i].pages = KVS_PAGES_NOROOM; /* as if /dev/shm had filled up */
+	for (uint64_t b = 0; b < 20; b++) {
+		struct kvs_key k = key_of(400 + b, 0);
+		ck_assert_int_eq(kvs_cache_pin(c, &k, KVS_ALLOC_LOAD, &p), KVS_PIN_OWNER);
+		ck_assert_uint_lt(p.slot, 3);
+		ck_assert_uint_eq(c->slots[p.slot].pages, KVS_PAGES_OK);
+		load_pattern(c, &p, &k);
+		kvs_cache_release(c, &p);
+	}
+	kvs_cache_close(c);
+	remove_region(&cfg);
+}
+END_TEST
+
+/* A region is usable at once; a background walk allocates its pages. */
+START_TEST(test_background_population)
+{
+	struct kvs_config cfg;
+	struct kvs_region_info info;
+	struct kvs_counters t;
+
+	test_config(&cfg, 96, 1u << 20);
+	struct kvs_cache *c = open_ok(&cfg);
+	for (int i = 0; i < 5000 && c->hdr->populated < 96; i++)
+		usleep(1000);
+	ck_assert_int_eq(kvs_cache_stat(c, &info, &t, NULL, 0), 1);
+	ck_assert_uint_eq(info.slots_populated, 96);
+	ck_assert_int_eq(info.populate_err, 0);
+	kvs_cache_close(c);
+	remove_region(&cfg);
+}
+END_TEST
+
+/* Where /dev/shm cannot back the pages, population reports ENOSPC instead of a SIGBUS. */
+START_TEST(test_populate_full_tmpfs)
+{
+	char dir[] = "/tmp/kvs_tmpfs.XXXXXX", path[64], cmd[128];
+
+	ck_assert(mkdtemp(dir));
+	snprintf(cmd, sizeof(cmd), "mount -t tmpfs -o size=1M tmpfs %s 2>/dev/null", dir);
+	if (system(cmd) != 0) {
+		rmdir(dir);
+		fprintf(stderr, "check_cache: cannot mount a small tmpfs here; skipped\n");
+		return;
+	}
+	snprintf(path, sizeof(path), "%s/region", dir);
+	int fd = open(path, O_RDWR | O_CREAT, 0600);
+	ck_assert(fd >= 0);
+	ck_assert_int_eq(ftruncate(fd, 8 << 20), 0);
+	char *m = mmap(NULL, 8 << 20, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+	ck_assert(m != MAP_FAILED);
+	ck_assert_int_eq(kvs_populate_range(fd, m, 0, 512 << 10), 0);
+	ck_assert_int_eq(kvs_populate_range(fd, m, 0, 8 << 20), ENOSPC);
+	munmap(m, 8 << 20);
+	close(fd);
+	snprintf(cmd, sizeof(cmd), "umount %s", dir);
+	ck_assert_int_eq(system(cmd), 0);
+	rmdir(dir);
+}
+END_TEST
+
 static Suite *cache_suite(void)
 {
 	Suite *s = suite_create("cache");
@@ -842,6 +915,9 @@ static Suite *cache_suite(void)
 	tcase_add_test(limits, test_process_table_full);
 	tcase_add_test(limits, test_corrupt_header_refused);
 	tcase_add_test(limits, test_corrupt_chains_contained);
+	tcase_add_test(limits, test_noroom_slots_unused);
+	tcase_add_test(limits, test_background_population);
+	tcase_add_test(limits, test_populate_full_tmpfs);
 	tcase_add_test(conc, test_one_owner_per_key);
 	tcase_add_test(conc, test_failure_reaches_waiters);
 	tcase_add_test(crash, test_owner_killed);

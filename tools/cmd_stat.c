@@ -109,10 +109,11 @@ static void print_json(FILE *f, const struct snapshot *s)
 		",\"total_bytes\":%" PRIu64 ",\"slots\":%" PRIu32 ",\"reserved_slots\":%" PRIu32
 		",\"slots_ready\":%" PRIu32 ",\"slots_loading\":%" PRIu32
 		",\"slots_failed\":%" PRIu32 ",\"slots_pinned\":%" PRIu32
-		",\"processes_attached\":%" PRIu32 ",\"max_processes\":%" PRIu32 "}",
+		",\"processes_attached\":%" PRIu32 ",\"max_processes\":%" PRIu32
+		",\"slots_populated\":%" PRIu32 ",\"populate_errno\":%" PRId32 "}",
 		i->capacity_bytes, i->shard_size, i->total_bytes, i->slots, i->reserved_slots,
 		i->slots_ready, i->slots_loading, i->slots_failed, i->slots_pinned,
-		i->processes_attached, i->max_processes);
+		i->processes_attached, i->max_processes, i->slots_populated, i->populate_err);
 	fputs(",\"totals\":{", f);
 	json_counters(f, &s->totals);
 	fputs("},\"processes\":[", f);
@@ -247,6 +248,10 @@ static void print_text(FILE *f, const struct snapshot *s)
 		"slots      %" PRIu32 " ready, %" PRIu32 " loading, %" PRIu32 " failed, %" PRIu32
 		" pinned\n",
 		i->slots_ready, i->slots_loading, i->slots_failed, i->slots_pinned);
+	if (i->slots_populated < i->slots)
+		fprintf(f, "populated  %" PRIu32 " of %" PRIu32 " slots%s%s\n", i->slots_populated,
+			i->slots, i->populate_err ? ": stopped, " : " (in progress)",
+			i->populate_err ? strerror(i->populate_err) : "");
 	fprintf(f, "processes  %" PRIu32 " attached (table of %" PRIu32 ")\n\n",
 		i->processes_attached, i->max_processes);
 

@@ -1,0 +1,154 @@
+/*
+ * populate: allocate the region's data pages before a slot on them is used.
+ *
+ * DESIGN.  A tmpfs file is sparse: ftruncate reserves nothing, and the first touch of a page
+ * that /dev/shm cannot back raises SIGBUS in whichever process touched it: an engine.  So no
+ * slot is used before its pages exist.  Each slot records it in slot.pages:
+ *
+ *   UNKNOWN -> OK      the allocator that claims a FREE slot (evict.c), or the background
+ *                      populator, allocates its pages (MADV_POPULATE_WRITE, which also zeroes
+ *                      and maps them, so that later first touches are cheap; fallocate where the
+ *                      kernel lacks it), then stores OK.  Both may do it at once: harmless.
+ *   UNKNOWN -> NOROOM  allocation failed (ENOSPC: /dev/shm is full): the slot is never used,
+ *                      so the cache is smaller than configured, never a crash.
+ *
+ * The creator allocates the control plane before it writes it, so a region that does not fit
+ * fails to build with a message instead.  A background thread of one process (the holder of
+ * an OFD lock on byte KVS_POPULATE_BYTE) walks the slots ahead of the allocators so that loads
+ * do not pay for page allocation; if that process dies the lock drops and the next process to
+ * attach or reap carries on.  The thread owns a descriptor and a mapping of its own, so it
+ * never touches the handle that started it, which may be closed, or forgotten after fork,
+ * while it runs.
+ */
+#include <errno.h>
+#include <fcntl.h>
+#include <pthread.h>
+#include <signal.h>
+#include <stdlib.h>
+#include <sys/mman.h>
+#include <unistd.h>
+
+#include "internal.h"
+
+#ifndef MADV_POPULATE_WRITE
+#define MADV_POPULATE_WRITE 23
+#endif
+
+struct populator {
+	int fd;
+	char *base;
+	size_t len;
+	struct kvs_slot *slots;
+	uint64_t off_data, shard_size;
+	uint32_t nslots;
+};
+
+int kvs_populate_range(int fd, char *base, uint64_t off, uint64_t len)
+{
+	if (madvise(base + off, len, MADV_POPULATE_WRITE) == 0)
+		return 0;
+	if (errno != EINVAL)
+		return errno == EFAULT ? ENOSPC : errno; /* SIGBUS averted: no room in /dev/shm */
+	/* Kernels before 5.14: allocate without mapping. */
+	return fallocate(fd, 0, (off_t)off, (off_t)len) == 0 ? 0 : errno;
+}
+
+/* Make sure slot i's pages exist.  Returns 0, or a positive errno (the slot is marked
+ * NOROOM). */
+static int populate_slot(struct kvs_slot *s, int fd, char *base, uint64_t off, uint64_t len)
+{
+	uint32_t pages = load_acquire(&s->pages); /* pairs with the release stores below */
+	int err;
+
+	if (pages == KVS_PAGES_OK)
+		return 0;
+	if (pages == KVS_PAGES_NOROOM)
+		return ENOSPC;
+	err = kvs_populate_range(fd, base, off, len);
+	store_release(&s->pages, err ? KVS_PAGES_NOROOM : KVS_PAGES_OK);
+	return err;
+}
+
+int kvs_populate_claimed(struct kvs_cache *c, uint32_t i)
+{
+	return populate_slot(&c->slots[i], c->fd, c->base, c->hdr->off_data + i * c->shard_size,
+			     c->shard_size);
+}
+
+int kvs_populate_control(struct kvs_cache *c)
+{
+	return -kvs_populate_range(c->fd, c->base, 0, c->hdr->off_data);
+}
+
+static void *populate_main(void *arg)
+{
+	struct populator *p = arg;
+	struct kvs_hdr *h = (struct kvs_hdr *)p->base;
+	struct flock fl = {
+	    .l_type = F_UNLCK, .l_whence = SEEK_SET, .l_start = KVS_POPULATE_BYTE, .l_len = 1};
+
+	for (uint32_t i = load_relaxed(&h->populated); i < p->nslots; i++) {
+		int err = populate_slot(&p->slots[i], p->fd, p->base,
+					p->off_data + i * p->shard_size, p->shard_size);
+		if (err) {
+			store_relaxed(&h->populate_err, err);
+			break;
+		}
+		store_relaxed(&h->populated, i + 1);
+	}
+	fcntl(p->fd, F_OFD_SETLK, &fl);
+	munmap(p->base, p->len);
+	close(p->fd);
+	free(p);
+	return NULL;
+}
+
+void kvs_populate_start(struct kvs_cache *c)
+{
+	struct flock fl = {
+	    .l_type = F_WRLCK, .l_whence = SEEK_SET, .l_start = KVS_POPULATE_BYTE, .l_len = 1};
+	struct populator *p;
+	pthread_attr_t a;
+	sigset_t all, old;
+	pthread_t th;
+	int fd, r;
+
+	if (c->watch || load_relaxed(&c->hdr->populated) >= c->nslots ||
+	    load_relaxed(&c->hdr->populate_err))
+		return;
+	/* A descriptor of our own: a new open file description, so the lock is the thread's and
+	 * not shared with the handle's descriptor (nor with our fork children). */
+	fd = open(c->path, O_RDWR | O_CLOEXEC | O_NOFOLLOW);
+	if (fd < 0)
+		return;
+	if (fcntl(fd, F_OFD_SETLK, &fl) < 0)
+		goto err_close; /* someone populates already */
+	p = calloc(1, sizeof(*p));
+	if (!p)
+		goto err_close;
+	p->fd = fd;
+	p->len = c->map_len;
+	p->off_data = c->hdr->off_data;
+	p->shard_size = c->shard_size;
+	p->nslots = c->nslots;
+	p->base = mmap(NULL, p->len, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+	if (p->base == MAP_FAILED)
+		goto err_free;
+	p->slots = (struct kvs_slot *)(p->base + c->hdr->off_slots);
+	/* Every signal blocked: the host's signals are not ours to take. */
+	sigfillset(&all);
+	pthread_sigmask(SIG_SETMASK, &all, &old);
+	pthread_attr_init(&a);
+	pthread_attr_setdetachstate(&a, PTHREAD_CREATE_DETACHED);
+	pthread_attr_setstacksize(&a, 64 * 1024);
+	r = pthread_create(&th, &a, populate_main, p);
+	pthread_attr_destroy(&a);
+	pthread_sigmask(SIG_SETMASK, &old, NULL);
+	if (r == 0)
+		return;
+	munmap(p->base, p->len);
+err_free:
+	free(p);
+err_close:
+	close(fd); /* drops the lock with the last reference */
+}
