@@ -30,8 +30,8 @@ done
 head -c $((2 * 1024 * 1024)) /dev/urandom >"$work/other/outside"
 # fio's verify_only checks the headers that fio's own write job leaves in the file.
 if command -v fio >/dev/null; then
-	fio --name=kv --filename="$work/kv/big" --size=16M --bs=1M --rw=write --verify=crc32c \
-		--do_verify=0 --output=/dev/null
+	(cd "$work" && fio --name=kv --filename="$work/kv/big" --size=16M --bs=1M --rw=write \
+		--verify=crc32c --do_verify=0 --output=/dev/null)
 fi
 
 export KVSHIM_CONFIG=
@@ -127,7 +127,7 @@ for buffered in false true; do
 				--direct=1 --ioengine=$engine --numjobs=4 --group_reporting
 				--verify=crc32c --verify_only=1 --output=/dev/null)
 			run "fio $engine O_DIRECT 4 jobs, files.buffered=$buffered" served \
-				sh -c 'fio "$@" && echo fio-ok' sh "${fio_args[@]}"
+				sh -c 'cd "$0" && fio "$@" && echo fio-ok' "$work" "${fio_args[@]}"
 		done
 	else
 		echo "skip - fio is not installed"
