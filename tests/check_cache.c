@@ -896,6 +896,17 @@ START_TEST(test_populate_full_tmpfs)
 }
 END_TEST
 
+/* Remove the regions of a case that failed before removing its own. */
+static void teardown(void)
+{
+	char cmd[128];
+
+	snprintf(cmd, sizeof(cmd), "rm -f /dev/shm/kvshim.%u.check.%d.*", (unsigned)getuid(),
+		 (int)getpid());
+	if (system(cmd) != 0)
+		fprintf(stderr, "check_cache: %s failed\n", cmd);
+}
+
 static Suite *cache_suite(void)
 {
 	Suite *s = suite_create("cache");
@@ -924,6 +935,10 @@ static Suite *cache_suite(void)
 	tcase_add_test(crash, test_lock_holder_killed);
 	tcase_add_test(crash, test_dead_process_reaped_on_attach);
 	tcase_add_test(crash, test_dead_waiter_does_not_keep_failure);
+	tcase_add_checked_fixture(core, NULL, teardown);
+	tcase_add_checked_fixture(limits, NULL, teardown);
+	tcase_add_checked_fixture(conc, NULL, teardown);
+	tcase_add_checked_fixture(crash, NULL, teardown);
 	tcase_set_timeout(conc, 60);
 	tcase_set_timeout(crash, 60);
 	suite_add_tcase(s, core);

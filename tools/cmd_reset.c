@@ -6,8 +6,10 @@
  * attached keep using the old region until they detach, and the next process to attach builds
  * a fresh one.
  */
+#include <dirent.h>
 #include <errno.h>
 #include <getopt.h>
+#include <signal.h>
 #include <limits.h>
 #include <stdbool.h>
 #include <stdio.h>
@@ -24,11 +26,39 @@ static const char usage[] =
     "  -f, --force  remove the region even while processes are attached to it\n"
     "  -h, --help   print this help\n";
 
+/* Remove the half-built regions that creators which died left behind: "<path>.tmp.<pid>.<n>"
+ * whose pid no longer exists.  A live creator's file is left alone. */
+static void remove_stale_builds(const char *path)
+{
+	const char *base = strrchr(path, '/') + 1;
+	char dir[PATH_MAX], prefix[NAME_MAX + 8], victim[PATH_MAX + NAME_MAX + 2];
+	struct dirent *e;
+	DIR *d;
+
+	snprintf(dir, sizeof(dir), "%.*s", (int)(base - path), path);
+	snprintf(prefix, sizeof(prefix), "%s.tmp.", base);
+	d = opendir(dir);
+	if (!d)
+		return;
+	while ((e = readdir(d))) {
+		if (strncmp(e->d_name, prefix, strlen(prefix)))
+			continue;
+		long pid = strtol(e->d_name + strlen(prefix), NULL, 10);
+		if (pid <= 0 || kill((pid_t)pid, 0) == 0 || errno != ESRCH)
+			continue;
+		snprintf(victim, sizeof(victim), "%s%s", dir, e->d_name);
+		if (unlink(victim) == 0)
+			printf("removed %s (left by a creator that died)\n", victim);
+	}
+	closedir(d);
+}
+
 /* Remove the region at path unless live processes hold it (or force); returns an exit status. */
 static int reset(const char *path, bool force)
 {
 	int n = kvs_cache_live_processes(path);
 
+	remove_stale_builds(path);
 	if (n == -ENOENT) {
 		tool_err("no region at %s", path);
 		return KVS_EXIT_OK;
