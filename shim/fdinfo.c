@@ -27,12 +27,23 @@ struct ident {
 	uint64_t dev, ino, size, mtime_s, mtime_ns, ctime_s, ctime_ns;
 };
 
+/* What the table says about one descriptor. */
+struct verdict {
+	struct ident id;
+	struct kvs_key block;
+	uint32_t dio_mem, dio_off;
+	uint32_t kv, pad;
+};
+
+#define VERDICT_WORDS (sizeof(struct verdict) / 8)
+_Static_assert(sizeof(struct verdict) % 8 == 0, "a verdict is whole words");
+
+/* The verdict is stored as relaxed atomic words, so a reader racing a writer reads stale or
+ * torn words, never undefined behaviour; the sequence counter then rejects the copy. */
 struct entry {
 	_Atomic uint32_t seq;
-	struct ident id;
-	bool kv;
-	uint32_t dio_mem, dio_off;
-	struct kvs_key block;
+	_Atomic uint32_t kv_hint; /* the last verdict's kv, for kvs_fdinfo_known's quick test */
+	_Atomic uint64_t w[VERDICT_WORDS];
 };
 
 static char roots[MAX_ROOTS][PATH_MAX];
@@ -109,45 +120,44 @@ static struct entry *table_get(bool create)
 }
 
 /* Copy entry e into *out if it describes id.  Returns true on a consistent match. */
-static bool entry_read(struct entry *e, const struct ident *id, struct entry *out)
+static bool entry_read(struct entry *e, const struct ident *id, struct verdict *out)
 {
-	uint32_t s1 = atomic_load_explicit(&e->seq, memory_order_acquire);
+	uint64_t w[VERDICT_WORDS];
+	uint32_t s1 = atomic_load_explicit(&e->seq, memory_order_acquire); /* pairs with write */
 
 	if (s1 == 0 || (s1 & 1))
 		return false;
-	out->id = e->id;
-	out->kv = e->kv;
-	out->dio_mem = e->dio_mem;
-	out->dio_off = e->dio_off;
-	out->block = e->block;
-	atomic_thread_fence(memory_order_acquire); /* the copies above happen before s2 */
+	for (size_t i = 0; i < VERDICT_WORDS; i++)
+		w[i] = atomic_load_explicit(&e->w[i], memory_order_relaxed);
+	atomic_thread_fence(memory_order_acquire); /* the loads above happen before s2 */
 	uint32_t s2 = atomic_load_explicit(&e->seq, memory_order_relaxed);
+	memcpy(out, w, sizeof(*out));
 	return s1 == s2 && memcmp(&out->id, id, sizeof(*id)) == 0;
 }
 
-static void entry_write(struct entry *e, const struct entry *v)
+static void entry_write(struct entry *e, const struct verdict *v)
 {
+	uint64_t w[VERDICT_WORDS];
 	uint32_t s = atomic_load_explicit(&e->seq, memory_order_relaxed);
 
 	if ((s & 1) || !atomic_compare_exchange_strong(&e->seq, &s, s + 1))
 		return;				   /* another writer: leave it to them */
-	atomic_thread_fence(memory_order_release); /* odd seq is visible before the fields */
-	e->id = v->id;
-	e->kv = v->kv;
-	e->dio_mem = v->dio_mem;
-	e->dio_off = v->dio_off;
-	e->block = v->block;
-	atomic_store_explicit(&e->seq, s + 2, memory_order_release);
+	atomic_thread_fence(memory_order_release); /* odd seq is visible before the words */
+	memcpy(w, v, sizeof(*v));
+	for (size_t i = 0; i < VERDICT_WORDS; i++)
+		atomic_store_explicit(&e->w[i], w[i], memory_order_relaxed);
+	atomic_store_explicit(&e->kv_hint, v->kv, memory_order_relaxed);
+	atomic_store_explicit(&e->seq, s + 2, memory_order_release); /* pairs with entry_read */
 }
 
 /* Compute the verdict for fd from scratch. */
-static void classify(int fd, const struct stat *st, struct entry *v)
+static void classify(int fd, const struct stat *st, struct verdict *v)
 {
 	char link[64], path[PATH_MAX];
 	ssize_t n;
 
+	memset(v, 0, sizeof(*v));
 	ident_of(st, &v->id);
-	v->kv = false;
 	v->dio_mem = 512;
 	v->dio_off = 512;
 	snprintf(link, sizeof(link), "/proc/self/fd/%d", fd);
@@ -171,14 +181,15 @@ static void classify(int fd, const struct stat *st, struct entry *v)
 
 static int describe(int fd, struct kvs_fdinfo *out, bool known_only)
 {
-	struct entry *t = table_get(!known_only), got, fresh;
+	struct entry *t = table_get(!known_only);
+	struct verdict got, fresh;
 	struct stat st;
 	struct ident id;
 	int fl;
 
 	memset(out, 0, sizeof(*out));
 	if (known_only && (!t || fd < 0 || fd >= FD_SLOTS ||
-			   !(atomic_load_explicit(&t[fd].seq, memory_order_acquire) && t[fd].kv)))
+			   !atomic_load_explicit(&t[fd].kv_hint, memory_order_relaxed)))
 		return -ENOENT;
 	if (fstat(fd, &st) < 0)
 		return -errno;
