@@ -219,6 +219,15 @@ START_TEST(test_pin_owner_hit)
 	ck_assert(pattern_ok(c, &p1, &k));
 	kvs_cache_release(c, &p1);
 	ck_assert_int_eq(kvs_cache_lookup(c, &k), KVS_SLOT_READY);
+	/* A watcher maps the control plane only, and can still answer the existence query. */
+	struct kvs_cache *w = NULL;
+	ck_assert_int_eq(kvs_cache_open(&cfg, KVS_OPEN_WATCH, &w, NULL, 0), 0);
+	ck_assert_uint_lt(w->map_len, c->map_len);
+	ck_assert_int_eq(kvs_cache_lookup(w, &k), KVS_SLOT_READY);
+	struct kvs_key absent = key_of(1, 1);
+	ck_assert_int_eq(kvs_cache_lookup(w, &absent), -ENOENT);
+	ck_assert_int_eq(kvs_cache_pin(w, &k, KVS_ALLOC_LOAD, &p1), -EPERM);
+	kvs_cache_close(w);
 	kvs_cache_close(c);
 	remove_region(&cfg);
 }

@@ -7,6 +7,7 @@
  */
 #include <check.h>
 #include <errno.h>
+#include <pthread.h>
 #include <fcntl.h>
 #include <signal.h>
 #include <stdio.h>
@@ -507,6 +508,70 @@ START_TEST(test_ranks_read_storage_once)
 }
 END_TEST
 
+/* Many engine threads of one process submit at once. */
+struct thread_arg {
+	struct env *e;
+	int fd, n;
+	size_t size;
+	int bad;
+};
+
+static void *reader_thread(void *p)
+{
+	struct thread_arg *a = p;
+	char *got = malloc(a->size), *want = malloc(a->size);
+
+	for (int round = 0; round < 20 && got && want; round++) {
+		uint64_t off = ((uint64_t)(a->n * 7 + round * 13) % 16) * 4096;
+		uint64_t len = a->size - off;
+		struct stat st;
+		struct iovec v = {got, len};
+		struct kvs_read rd = {.fd = a->fd, .off = off, .iov = &v, .iovcnt = 1, .len = len};
+
+		if (fstat(a->fd, &st))
+			a->bad++;
+		kvs_block_id(&st, &rd.block);
+		rd.file_size = (uint64_t)st.st_size;
+		if (kvs_loader_read(a->e->ld, &rd) != (int64_t)len ||
+		    pread(a->fd, want, len, (off_t)off) != (ssize_t)len || memcmp(got, want, len))
+			a->bad++;
+	}
+	free(got);
+	free(want);
+	return NULL;
+}
+
+START_TEST(test_threads_submit_at_once)
+{
+	struct env e;
+	char path[300];
+	pthread_t th[8];
+	struct thread_arg a[8];
+	size_t size = 6 * SHARD + 333;
+
+	config(&e.cfg, KVS_IO_AUTO);
+	e.cfg.loader_waiting_queue_depth = 2; /* submitters also wait for room */
+	env_open(&e);
+	make_file("threads", size, path, sizeof(path));
+	int fd = open(path, O_RDONLY);
+	for (int i = 0; i < 8; i++) {
+		a[i] = (struct thread_arg){.e = &e, .fd = fd, .n = i, .size = size};
+		ck_assert_int_eq(pthread_create(&th[i], NULL, reader_thread, &a[i]), 0);
+	}
+	for (int i = 0; i < 8; i++) {
+		pthread_join(th[i], NULL);
+		ck_assert_int_eq(a[i].bad, 0);
+	}
+	struct kvs_counters t = totals(&e);
+	ck_assert_uint_eq(t.v[KVS_CTR_shards_loaded], 7);
+	ck_assert_uint_eq(t.v[KVS_CTR_requests], 8 * 20);
+	ck_assert_uint_eq(pinned(&e), 0);
+	close(fd);
+	env_close(&e);
+	remove_region(&e.cfg);
+}
+END_TEST
+
 /* ------------------------------------------------------------------ crash */
 
 /* A process owns shard 0 and then fails, stalls, or dies; readers still get the bytes. */
@@ -635,6 +700,7 @@ static Suite *loader_suite(void)
 	tcase_add_test(limits, test_file_shrank_falls_back);
 	tcase_add_test(limits, test_idle_burns_no_cpu);
 	tcase_add_test(conc, test_ranks_read_storage_once);
+	tcase_add_test(conc, test_threads_submit_at_once);
 	tcase_add_test(crash, test_owner_fails);
 	tcase_add_test(crash, test_owner_stalls);
 	tcase_add_test(crash, test_owner_dies);
