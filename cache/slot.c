@@ -396,8 +396,10 @@ void kvs_slot_unpin_all(struct kvs_cache *c, uint32_t p)
 		struct kvs_slot *s = &c->slots[v - 1];
 		if (load_relaxed(&pr->pin[e]) == v) {
 			if (load_relaxed(&s->owner) == p &&
-			    st_of(load_relaxed(&s->state)) == KVS_SLOT_LOADING)
+			    st_of(load_relaxed(&s->state)) == KVS_SLOT_LOADING) {
 				kvs_slot_fail_locked(c, v - 1, EOWNERDEAD);
+				kvs_cache_count(c, KVS_CTR_failures, 1);
+			}
 			unpin_locked(c, pr, e, v - 1);
 		}
 		kvs_stripe_unlock(c, stripe);
