@@ -2,15 +2,27 @@
 # The tests: on a fresh machine, install what is needed, configure and build from scratch with
 # warnings as errors, then run every test with CTest (Check suites, multi-process tests, the
 # end-to-end runs under LD_PRELOAD, the FUSE file system; a test whose requirement is missing
-# reports itself skipped).
-#   scripts/test.sh [BUILD_DIR]        (default build-test)
+# reports itself skipped).  Then the same again built with AddressSanitizer and UBSan
+# (KVS_TEST_SANITIZERS=0 skips that pass).
+#   scripts/test.sh [BUILD_DIR]        (default build-test; the sanitizer pass adds -asan)
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 build=${1:-$root/build-test}
 
 bash "$root/scripts/deps.sh"
-rm -rf "$build"
-cmake -S "$root" -B "$build" -DCMAKE_BUILD_TYPE=RelWithDebInfo -DKVS_WERROR=ON
-cmake --build "$build" -j"$(nproc)"
-cd "$build"
-ctest --output-on-failure --timeout 900
+
+run() { # BUILD_DIR CMAKE_ARGS...
+	local dir=$1
+	shift
+	rm -rf "$dir"
+	cmake -S "$root" -B "$dir" -DCMAKE_BUILD_TYPE=RelWithDebInfo -DKVS_WERROR=ON "$@"
+	cmake --build "$dir" -j"$(nproc)"
+	(cd "$dir" && ctest --output-on-failure --timeout 900)
+}
+
+run "$build"
+if [ "${KVS_TEST_SANITIZERS:-1}" != 0 ]; then
+	echo "== the same tests, built with AddressSanitizer and UBSan"
+	ASAN_OPTIONS=detect_leaks=1 UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1 \
+		run "$build-asan" -DKVS_ASAN=ON
+fi
