@@ -16,6 +16,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <sys/vfs.h>
 #include <unistd.h>
 
 #include "fdinfo.h"
@@ -32,7 +33,7 @@ struct verdict {
 	struct ident id;
 	struct kvs_key block;
 	uint32_t dio_mem, dio_off;
-	uint32_t kv, pad;
+	uint32_t kv, zero_tail;
 };
 
 #define VERDICT_WORDS (sizeof(struct verdict) / 8)
@@ -169,6 +170,12 @@ static void classify(int fd, const struct stat *st, struct verdict *v)
 	if (!v->kv)
 		return;
 	kvs_block_id(st, &v->block);
+	/* ext4, XFS and btrfs (iomap) zero the caller's buffer past the end of the file on a
+	 * short O_DIRECT read; FUSE, NFS and tmpfs leave it alone.  The shim does the same. */
+	struct statfs sf;
+	if (fstatfs(fd, &sf) == 0)
+		v->zero_tail = sf.f_type == 0xEF53 || sf.f_type == 0x58465342 ||
+			       (unsigned long)sf.f_type == 0x9123683EUL;
 #ifdef STATX_DIOALIGN
 	struct statx sx;
 	if (statx(fd, "", AT_EMPTY_PATH, STATX_DIOALIGN, &sx) == 0 &&
@@ -215,6 +222,7 @@ static int describe(int fd, struct kvs_fdinfo *out, bool known_only)
 	out->block = fresh.block;
 	out->dio_mem_align = fresh.dio_mem;
 	out->dio_off_align = fresh.dio_off;
+	out->dio_zero_tail = fresh.zero_tail;
 	return known_only && !out->kv ? -ENOENT : 0;
 }
 

@@ -23,6 +23,7 @@ struct kvs_fdinfo {
 	uint64_t size;		/* st_size now */
 	uint32_t dio_mem_align; /* O_DIRECT alignment of buffers */
 	uint32_t dio_off_align; /* O_DIRECT alignment of offsets and lengths */
+	bool dio_zero_tail;	/* a short O_DIRECT read zeroes the rest of the buffers */
 };
 
 /* Set the roots (colon-separated directories; each is canonicalised, missing ones dropped).

@@ -100,8 +100,12 @@ bool kvs_shim_wants(size_t len)
 {
 	if (guard)
 		return false;
-	if (atomic_load_explicit(&state, memory_order_acquire) == ST_UNINIT)
+	if (atomic_load_explicit(&state, memory_order_acquire) == ST_UNINIT) {
+		int saved = errno; /* a hook that passes through must leave errno as libc would */
+
 		pthread_once(&once, init);
+		errno = saved;
+	}
 	return atomic_load_explicit(&state, memory_order_acquire) == ST_ON && len >= min_read;
 }
 
@@ -155,6 +159,22 @@ static bool direct_ok(const struct kvs_fdinfo *fi, const struct iovec *iov, int 
 	return true;
 }
 
+/* Zero the request's bytes from pos to its end, as the kernel does for a short O_DIRECT read on
+ * some file systems. */
+static void zero_tail(const struct iovec *iov, int iovcnt, uint64_t pos)
+{
+	for (int i = 0; i < iovcnt; i++) {
+		uint64_t l = iov[i].iov_len;
+
+		if (pos >= l) {
+			pos -= l;
+			continue;
+		}
+		memset((char *)iov[i].iov_base + pos, 0, l - pos);
+		pos = 0;
+	}
+}
+
 ssize_t kvs_shim_read(int fd, const struct iovec *iov, int iovcnt, off_t off, bool use_pos)
 {
 	int saved = errno;
@@ -197,6 +217,8 @@ ssize_t kvs_shim_read(int fd, const struct iovec *iov, int iovcnt, off_t off, bo
 	}
 	if (use_pos && lseek(fd, off + n, SEEK_SET) < 0)
 		goto out; /* cannot happen on a regular file; the real read will redo it */
+	if (fi.direct && fi.dio_zero_tail && (uint64_t)n < len)
+		zero_tail(iov, iovcnt, (uint64_t)n);
 	ret = n;
 out:
 	guard--;

@@ -7,6 +7,7 @@ set -uo pipefail
 # A sanitizer build of the shim needs its runtime loaded first (KVS_E2E_PRELOAD).
 lib=${KVS_E2E_PRELOAD:+$KVS_E2E_PRELOAD:}$1
 kvshim=$2
+reader=${3:-}
 fails=0
 work=$(mktemp -d /var/tmp/kvshim-e2e.XXXXXX)
 name="e2e-$$"
@@ -121,6 +122,10 @@ for buffered in false true; do
 	run "python3 readinto, files.buffered=$buffered" $b python3 -c "$py_readinto" "${files[@]}"
 	run "python3 os.preadv O_DIRECT, files.buffered=$buffered" served python3 -c "$py_direct" preadv "${files[@]}"
 	run "python3 os.readv O_DIRECT, files.buffered=$buffered" served python3 -c "$py_direct" readv "${files[@]}"
+	# Every interposed call: return value, errno (kept on success), position, bytes (also
+	# past the count), fread's position and EOF, failures' errno.
+	[ -n "$reader" ] && run "every read call (kvshim-e2e-reader), files.buffered=$buffered" served \
+		"$reader" "${files[3]}"
 	if command -v fio >/dev/null; then
 		for engine in psync pvsync2; do
 			fio_args=(--name=kv --filename="$work/kv/big" --size=16M --bs=1M --rw=read
