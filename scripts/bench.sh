@@ -59,23 +59,44 @@ echo
 echo "== 4 ranks, 12-shard tasks, storage at 1 ms per read (slowfs), rotated vs natural order"
 if [ -x "$root/build/tests/slowfs" ] && [ -w /dev/fuse ] && command -v fusermount3 >/dev/null; then
 	mkdir -p "$work/slow" "$mnt"
-	for i in $(seq 1 16); do head -c $((12 * 256 * 1024)) /dev/urandom >"$work/slow/t$i"; done
+	for set in a b c; do
+		mkdir -p "$work/slow/$set"
+		for i in $(seq 1 16); do head -c $((12 * 256 * 1024)) /dev/urandom >"$work/slow/$set/t$i"; done
+	done
+	head -c $((256 * 1024)) /dev/urandom >"$work/slow/warm"
 	"$root/build/tests/slowfs" --latency-us 1000 "$work/slow" "$mnt" -f &
 	for _ in $(seq 100); do mountpoint -q "$mnt" && break; sleep 0.05; done
-	tasks=("$mnt"/t*)
+	cat "$mnt"/*/t* >/dev/null # warm the mount's lookups before anything is timed
 	for depth in 1 32; do
 		for rotate in true false; do
-			t=$(KVSHIM_FILES_ROOTS=$mnt KVSHIM_CACHE_NAME=bench-rot-$rotate-$depth-$$ \
-				KVSHIM_CACHE_CAPACITY=64M KVSHIM_CACHE_SHARD_SIZE=256K \
-				KVSHIM_LOADER_ROTATE=$rotate KVSHIM_LOADER_IO_DEPTH=$depth \
-				KVSHIM_LOADER_LOCAL_RANK_SIZE=4 KVSHIM_LOADER_PREFETCH=off LD_PRELOAD=$lib \
-				"$bench" ranks 4 --direct "${tasks[@]}" | seconds)
-			KVSHIM_CACHE_NAME=bench-rot-$rotate-$depth-$$ "$bin/kvshim" reset --force >/dev/null
-			eval "t_${rotate}_${depth}=$t"
+			# One region per configuration, its pages allocated before the clock starts
+			# (a new region's first loads would also pay for that); then three rounds on
+			# files it has not seen, best of three: the VM's noise exceeds the effect.
+			n=bench-rot-$rotate-$depth-$$
+			export KVSHIM_FILES_ROOTS=$mnt KVSHIM_CACHE_NAME=$n KVSHIM_CACHE_CAPACITY=160M \
+				KVSHIM_CACHE_SHARD_SIZE=256K KVSHIM_LOADER_ROTATE=$rotate \
+				KVSHIM_LOADER_IO_DEPTH=$depth KVSHIM_LOADER_LOCAL_RANK_SIZE=4 \
+				KVSHIM_LOADER_PREFETCH=off
+			LD_PRELOAD=$lib "$bench" read --direct --passes 1 "$mnt/warm" >/dev/null
+			for _ in $(seq 200); do
+				"$bin/kvshim" stat --json | python3 -c 'import json,sys
+r = json.load(sys.stdin)["region"]; sys.exit(r["slots_populated"] < r["slots"])' && break
+				sleep 0.05
+			done
+			best=999
+			for set in a b c; do
+				t=$(LD_PRELOAD=$lib "$bench" ranks 4 --direct "$mnt/$set"/t* | seconds)
+				best=$(python3 -c "print(min($t, $best))")
+			done
+			"$bin/kvshim" reset --force >/dev/null
+			unset KVSHIM_FILES_ROOTS KVSHIM_CACHE_NAME KVSHIM_CACHE_CAPACITY \
+				KVSHIM_CACHE_SHARD_SIZE KVSHIM_LOADER_ROTATE KVSHIM_LOADER_IO_DEPTH \
+				KVSHIM_LOADER_LOCAL_RANK_SIZE KVSHIM_LOADER_PREFETCH
+			eval "t_${rotate}_${depth}=$best"
 		done
 		python3 -c 'import sys; r, n = float(sys.argv[2]), float(sys.argv[3]); print(
-"io_depth %s: rotated %.3f s, natural %.3f s: rotated %.2fx faster" % (sys.argv[1], r, n, n / r))' \
-			"$depth" "$(eval echo \$t_true_$depth)" "$(eval echo \$t_false_$depth)"
+"io_depth %s: rotated %.3f s, natural %.3f s (best of 3): rotated %.2fx faster" % (
+sys.argv[1], r, n, n / r))' "$depth" "$(eval echo \$t_true_$depth)" "$(eval echo \$t_false_$depth)"
 	done
 	fusermount3 -u "$mnt"
 else
