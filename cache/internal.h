@@ -79,10 +79,12 @@ int kvs_mutex_init_shared(pthread_mutex_t *mu);
  * make sure a claimed slot's pages exist (0, or a positive errno: never use the slot);
  * start a background walk that allocates slots ahead of the allocators (once per region);
  * allocate [off, off + len) of a mapping (0 or a positive errno, never SIGBUS). */
-int kvs_populate_control(struct kvs_cache *c);
+int kvs_populate_control(int fd, char *base, uint64_t control_len);
 int kvs_populate_claimed(struct kvs_cache *c, uint32_t slot);
 void kvs_populate_start(struct kvs_cache *c);
 int kvs_populate_range(int fd, char *base, uint64_t off, uint64_t len);
+/* Tests only: behave as a kernel without MADV_POPULATE_WRITE (before 5.14) does. */
+extern bool kvs_populate_test_no_madvise;
 
 /* evict.c: a slot in state CLAIMED by this process, or -ENOSPC / -EUCLEAN. */
 int kvs_evict_claim(struct kvs_cache *c, enum kvs_alloc_class cls, uint32_t *slot);

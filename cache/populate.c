@@ -24,6 +24,7 @@
 #include <fcntl.h>
 #include <pthread.h>
 #include <signal.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <sys/mman.h>
 #include <unistd.h>
@@ -34,6 +35,24 @@
 #define MADV_POPULATE_WRITE 23
 #endif
 
+/* The walker's descriptor, for the fork child to close: O_CLOEXEC acts only at exec, and a
+ * child holding a copy would keep the walker's lock after the walker's process is gone. */
+static _Atomic int walker_fd = -1;
+static pthread_once_t atfork_once = PTHREAD_ONCE_INIT;
+
+static void atfork_child(void)
+{
+	int fd = atomic_exchange(&walker_fd, -1);
+
+	if (fd >= 0)
+		close(fd); /* the child's copy only: the parent's lock stays */
+}
+
+static void register_atfork(void)
+{
+	pthread_atfork(NULL, NULL, atfork_child);
+}
+
 struct populator {
 	int fd;
 	char *base;
@@ -43,11 +62,13 @@ struct populator {
 	uint32_t nslots;
 };
 
+bool kvs_populate_test_no_madvise;
+
 int kvs_populate_range(int fd, char *base, uint64_t off, uint64_t len)
 {
-	if (madvise(base + off, len, MADV_POPULATE_WRITE) == 0)
+	if (!kvs_populate_test_no_madvise && madvise(base + off, len, MADV_POPULATE_WRITE) == 0)
 		return 0;
-	if (errno != EINVAL)
+	if (!kvs_populate_test_no_madvise && errno != EINVAL)
 		return errno == EFAULT ? ENOSPC : errno; /* SIGBUS averted: no room in /dev/shm */
 	/* Kernels before 5.14: allocate without mapping. */
 	return fallocate(fd, 0, (off_t)off, (off_t)len) == 0 ? 0 : errno;
@@ -65,7 +86,11 @@ static int populate_slot(struct kvs_slot *s, int fd, char *base, uint64_t off, u
 	if (pages == KVS_PAGES_NOROOM)
 		return ENOSPC;
 	err = kvs_populate_range(fd, base, off, len);
-	store_release(&s->pages, err ? KVS_PAGES_NOROOM : KVS_PAGES_OK);
+	/* Only from UNKNOWN: a late failure must not mark a slot another process populated and
+	 * may be using.  Pairs with the acquire above. */
+	uint32_t expect = KVS_PAGES_UNKNOWN;
+	if (!cas_acq_rel(&s->pages, &expect, err ? KVS_PAGES_NOROOM : KVS_PAGES_OK))
+		return expect == KVS_PAGES_OK ? 0 : ENOSPC;
 	return err;
 }
 
@@ -75,9 +100,9 @@ int kvs_populate_claimed(struct kvs_cache *c, uint32_t i)
 			     c->shard_size);
 }
 
-int kvs_populate_control(struct kvs_cache *c)
+int kvs_populate_control(int fd, char *base, uint64_t len)
 {
-	return -kvs_populate_range(c->fd, c->base, 0, c->hdr->off_data);
+	return -kvs_populate_range(fd, base, 0, len);
 }
 
 static void *populate_main(void *arg)
@@ -98,6 +123,7 @@ static void *populate_main(void *arg)
 	}
 	fcntl(p->fd, F_OFD_SETLK, &fl);
 	munmap(p->base, p->len);
+	atomic_store(&walker_fd, -1);
 	close(p->fd);
 	free(p);
 	return NULL;
@@ -116,9 +142,12 @@ void kvs_populate_start(struct kvs_cache *c)
 	if (c->watch || load_relaxed(&c->hdr->populated) >= c->nslots ||
 	    load_relaxed(&c->hdr->populate_err))
 		return;
-	/* A descriptor of our own: a new open file description, so the lock is the thread's and
-	 * not shared with the handle's descriptor (nor with our fork children). */
-	fd = open(c->path, O_RDWR | O_CLOEXEC | O_NOFOLLOW);
+	/* A descriptor of our own: a new open file description of the same inode (not of the
+	 * name, which a reset may have given to another region), so the lock is the thread's and
+	 * not shared with the handle's descriptor. */
+	char self[64];
+	snprintf(self, sizeof(self), "/proc/self/fd/%d", c->fd);
+	fd = open(self, O_RDWR | O_CLOEXEC);
 	if (fd < 0)
 		return;
 	if (fcntl(fd, F_OFD_SETLK, &fl) < 0)
@@ -134,6 +163,10 @@ void kvs_populate_start(struct kvs_cache *c)
 	p->base = mmap(NULL, p->len, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
 	if (p->base == MAP_FAILED)
 		goto err_free;
+	/* A fork child gets neither the mapping nor (atfork_child) the descriptor. */
+	madvise(p->base, p->len, MADV_DONTFORK);
+	pthread_once(&atfork_once, register_atfork);
+	atomic_store(&walker_fd, fd);
 	p->slots = (struct kvs_slot *)(p->base + c->hdr->off_slots);
 	/* Every signal blocked: the host's signals are not ours to take. */
 	sigfillset(&all);
@@ -146,6 +179,7 @@ void kvs_populate_start(struct kvs_cache *c)
 	pthread_sigmask(SIG_SETMASK, &old, NULL);
 	if (r == 0)
 		return;
+	atomic_store(&walker_fd, -1);
 	munmap(p->base, p->len);
 err_free:
 	free(p);

@@ -327,7 +327,7 @@ static int create(struct kvs_cache *c, const struct dims *d, const struct kvs_co
 	c->map_len = d->total;
 	bind(c, d);
 	/* Allocate before writing: a /dev/shm too small must be an error here, not a SIGBUS. */
-	r = kvs_populate_control(c);
+	r = kvs_populate_control(fd, c->base, d->off_data);
 	if (r) {
 		snprintf(msg, msglen, "cannot allocate %s in /dev/shm: %s", tmp, strerror(-r));
 		goto err_unmap;

@@ -217,7 +217,7 @@ ssize_t kvs_shim_read(int fd, const struct iovec *iov, int iovcnt, off_t off, bo
 	}
 	if (use_pos && lseek(fd, off + n, SEEK_SET) < 0)
 		goto out; /* cannot happen on a regular file; the real read will redo it */
-	if (fi.direct && fi.dio_zero_tail && (uint64_t)n < len)
+	if (fi.direct && fi.dio_zero_tail && n > 0 && (uint64_t)n < len)
 		zero_tail(iov, iovcnt, (uint64_t)n);
 	ret = n;
 out:

@@ -12,7 +12,9 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sched.h>
 #include <sys/mman.h>
+#include <sys/mount.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <time.h>
@@ -919,6 +921,143 @@ static void teardown(void)
 		fprintf(stderr, "check_cache: %s failed\n", cmd);
 }
 
+/* Run fn in a child process that sees a tmpfs of `size` as /dev/shm (a private mount
+ * namespace).  Returns the child's wait status, or -1 when this machine cannot do it. */
+static int with_small_shm(const char *size, void (*fn)(void))
+{
+	pid_t pid = fork();
+	int st;
+
+	ck_assert(pid >= 0);
+	if (pid == 0) {
+		if (unshare(CLONE_NEWNS) || mount("none", "/", NULL, MS_REC | MS_PRIVATE, NULL) ||
+		    mount("tmpfs", "/dev/shm", "tmpfs", 0, size))
+			_exit(77);
+		fn();
+		_exit(0);
+	}
+	ck_assert(waitpid(pid, &st, 0) == pid);
+	if (WIFEXITED(st) && WEXITSTATUS(st) == 77) {
+		fprintf(stderr,
+			"check_cache: no private /dev/shm here (unshare, mount); skipped\n");
+		return -1;
+	}
+	return st;
+}
+
+/* A region too big for /dev/shm: an error at creation, no SIGBUS, nothing left behind. */
+static void create_too_big(void)
+{
+	struct kvs_config cfg;
+	struct kvs_cache *c = NULL;
+	char msg[256];
+
+	test_config(&cfg, 200000, 4096); /* ~30 MiB of control plane */
+	int r = kvs_cache_open(&cfg, KVS_OPEN_CREATE, &c, msg, sizeof(msg));
+	if (r != -ENOSPC || !strstr(msg, "No space"))
+		_exit(3);
+	if (system("ls /dev/shm | grep -q kvshim") == 0)
+		_exit(4); /* a temporary region was left behind */
+}
+
+START_TEST(test_region_too_big_for_shm)
+{
+	int st = with_small_shm("size=2M", create_too_big);
+
+	if (st != -1)
+		ck_assert_msg(WIFEXITED(st) && WEXITSTATUS(st) == 0, "child status %#x", st);
+}
+END_TEST
+
+/* /dev/shm fills up after the region is built: loads go on, into the slots that exist. */
+static void fill_then_load(void)
+{
+	struct kvs_config cfg;
+	struct kvs_pin p;
+
+	test_config(&cfg, 4096, 4096); /* 16 MiB of data in a 40 MiB /dev/shm */
+	struct kvs_cache *c = open_ok(&cfg);
+	for (int i = 0; i < 100; i++)
+		kvs_cache_reap_maybe(c); /* no-op but for the walker restart path */
+	int fd = open("/dev/shm/filler", O_RDWR | O_CREAT, 0600);
+	/* Fill before the walk is done: most slots have no pages when space runs out. */
+	while (fd >= 0 && fallocate(fd, 0, 0, 64 << 20) == 0)
+		;
+	if (fd >= 0)
+		while (fallocate(fd, 0, lseek(fd, 0, SEEK_END), 4096) == 0)
+			lseek(fd, 4096, SEEK_END);
+	for (uint64_t b = 0; b < 8192; b++) {
+		struct kvs_key k = key_of(b, 0);
+		int r = kvs_cache_pin(c, &k, KVS_ALLOC_LOAD, &p);
+
+		if (r == -ENOSPC)
+			continue;
+		if (r != KVS_PIN_OWNER)
+			_exit(5);
+		memset(kvs_cache_data(c, &p), 1, 4096); /* a SIGBUS here would kill the child */
+		kvs_cache_mark_ready(c, &p, 4096);
+		kvs_cache_release(c, &p);
+	}
+	kvs_cache_close(c);
+}
+
+START_TEST(test_shm_fills_up_later)
+{
+	int st = with_small_shm("size=40M", fill_then_load);
+
+	if (st != -1)
+		ck_assert_msg(WIFEXITED(st) && WEXITSTATUS(st) == 0, "child status %#x", st);
+}
+END_TEST
+
+/* On kernels without MADV_POPULATE_WRITE the fallback (fallocate) must work too. */
+START_TEST(test_populate_without_madvise)
+{
+	struct kvs_config cfg;
+	struct kvs_pin p;
+	struct kvs_key k = key_of(3, 3);
+
+	kvs_populate_test_no_madvise = true;
+	test_config(&cfg, 64, 4096);
+	struct kvs_cache *c = open_ok(&cfg);
+	ck_assert_int_eq(kvs_cache_pin(c, &k, KVS_ALLOC_LOAD, &p), KVS_PIN_OWNER);
+	ck_assert_uint_eq(c->slots[p.slot].pages, KVS_PAGES_OK);
+	load_pattern(c, &p, &k);
+	kvs_cache_release(c, &p);
+	kvs_cache_close(c);
+	remove_region(&cfg);
+	kvs_populate_test_no_madvise = false;
+}
+END_TEST
+
+/* A fork child holds neither the walker's descriptor nor its mapping of the region. */
+START_TEST(test_fork_child_drops_walker)
+{
+	struct kvs_config cfg;
+	char path[256];
+
+	test_config(&cfg, 512, 1u << 20); /* a walk long enough to be running at fork */
+	struct kvs_cache *c = open_ok(&cfg);
+	kvs_cache_path(&cfg, path, sizeof(path));
+	pid_t pid = fork();
+	if (pid == 0) {
+		char cmd[1024];
+
+		kvs_cache_forget(c);
+		/* Exit 0 only if no descriptor and no mapping of the region remain. */
+		snprintf(cmd, sizeof(cmd),
+			 "! ls -l /proc/%d/fd | grep -q '%s' && ! grep -q '%s' /proc/%d/maps",
+			 (int)getpid(), path, path, (int)getpid());
+		_exit(system(cmd) == 0 ? 0 : 6);
+	}
+	int st;
+	ck_assert(waitpid(pid, &st, 0) == pid);
+	ck_assert_msg(WIFEXITED(st) && WEXITSTATUS(st) == 0, "child status %#x", st);
+	kvs_cache_close(c);
+	remove_region(&cfg);
+}
+END_TEST
+
 static Suite *cache_suite(void)
 {
 	Suite *s = suite_create("cache");
@@ -941,6 +1080,10 @@ static Suite *cache_suite(void)
 	tcase_add_test(limits, test_noroom_slots_unused);
 	tcase_add_test(limits, test_background_population);
 	tcase_add_test(limits, test_populate_full_tmpfs);
+	tcase_add_test(limits, test_region_too_big_for_shm);
+	tcase_add_test(limits, test_shm_fills_up_later);
+	tcase_add_test(limits, test_populate_without_madvise);
+	tcase_add_test(crash, test_fork_child_drops_walker);
 	tcase_add_test(conc, test_one_owner_per_key);
 	tcase_add_test(conc, test_failure_reaches_waiters);
 	tcase_add_test(crash, test_owner_killed);
