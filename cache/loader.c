@@ -74,7 +74,6 @@ struct op {
 	struct kvs_pin pin;
 	struct kvs_bio bio;
 	_Atomic uint32_t io_done; /* owner: the backend is finished with bio and the op */
-	struct task *t;
 };
 
 struct task {
@@ -529,7 +528,6 @@ int64_t kvs_loader_read(struct kvs_loader *ld, const struct kvs_read *rd)
 		op->len = (uint32_t)(end - from);
 		op->pos = start + from - rd->off;
 		op->size = (uint32_t)(rd->file_size - start < S ? rd->file_size - start : S);
-		op->t = &t;
 		op->kind = OP_SELF;
 		struct kvs_key key = shard_key(&rd->block, sh);
 		if (!ld->backend_only &&

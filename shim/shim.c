@@ -29,6 +29,8 @@
 #include "shim.h"
 
 enum { ST_UNINIT, ST_OFF, ST_ON };
+
+#define KVS_MAX_RW_COUNT 0x7ffff000ull /* Linux's MAX_RW_COUNT: INT_MAX rounded down to a page */
 enum { AT_NONE, AT_OK, AT_FAILED };
 
 static struct kvs_config cfg;
@@ -201,6 +203,9 @@ ssize_t kvs_shim_read(int fd, const struct iovec *iov, int iovcnt, off_t off, bo
 	}
 	if (off < 0 || (fi.direct && !direct_ok(&fi, iov, iovcnt, off)) || !attach())
 		goto out;
+	/* The kernel moves at most MAX_RW_COUNT bytes in one call, whatever was asked. */
+	if (len > KVS_MAX_RW_COUNT)
+		len = KVS_MAX_RW_COUNT;
 	rd = (struct kvs_read){.fd = fd,
 			       .direct = fi.direct,
 			       .block = fi.block,
