@@ -13,7 +13,6 @@
 #include <errno.h>
 #include <liburing.h>
 #include <pthread.h>
-#include <signal.h>
 #include <stdbool.h>
 #include <stdlib.h>
 #include <sys/syscall.h>
@@ -21,6 +20,7 @@
 
 #include "backend.h"
 #include "config.h"
+#include "sys.h"
 
 struct kvs_backend {
 	bool uring;
@@ -138,21 +138,11 @@ static void *worker(void *arg)
 /* Start the threads of a backend; returns 0 or -errno. */
 static int start_threads(struct kvs_backend *be, unsigned n, void *(*fn)(void *))
 {
-	pthread_attr_t a;
-	int r;
+	int r = 0;
 
-	sigset_t all, old;
-
-	/* Every signal blocked: the host's signals are not ours to take. */
-	sigfillset(&all);
-	pthread_sigmask(SIG_SETMASK, &all, &old);
-	pthread_attr_init(&a);
-	pthread_attr_setstacksize(&a, 64 * 1024);
-	for (r = 0, be->nthreads = 0; be->nthreads < n && !r; be->nthreads += !r)
-		r = pthread_create(&be->threads[be->nthreads], &a, fn, be);
-	pthread_attr_destroy(&a);
-	pthread_sigmask(SIG_SETMASK, &old, NULL);
-	return -r;
+	for (be->nthreads = 0; be->nthreads < n && !r; be->nthreads += !r)
+		r = kvs_thread_start(&be->threads[be->nthreads], fn, be);
+	return r;
 }
 
 int kvs_backend_create(int mode, unsigned depth, struct kvs_backend **out)

@@ -34,14 +34,10 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <limits.h>
-#include <linux/futex.h>
 #include <pthread.h>
-#include <signal.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
-#include <sys/syscall.h>
-#include <time.h>
 #include <unistd.h>
 
 #include "atomics.h"
@@ -49,6 +45,7 @@
 #include "config.h"
 #include "loader.h"
 #include "ring.h"
+#include "sys.h"
 
 #define STACK_OPS   16
 #define RECENT	    8
@@ -123,14 +120,6 @@ struct kvs_loader {
 	bool dispatch_started, transfer_started;
 };
 
-static uint64_t mono_ns(void)
-{
-	struct timespec ts;
-
-	clock_gettime(CLOCK_MONOTONIC, &ts);
-	return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
-}
-
 static uint32_t round_page(uint32_t v)
 {
 	return (v + KVS_PAGE_SZ - 1) & ~(KVS_PAGE_SZ - 1);
@@ -183,7 +172,7 @@ static void owner_read_done(struct kvs_bio *bio)
 	store_release(done, 1); /* pairs with wait_io_done(); the op may be freed from here on */
 	/* A wake on memory the task's owner has just released is harmless: the stack stays
 	 * mapped, and the kernel answers EFAULT for an unmapped address. */
-	syscall(SYS_futex, (uint32_t *)done, FUTEX_WAKE | FUTEX_PRIVATE_FLAG, 1, NULL, NULL, 0);
+	kvs_futex_wake(done, 1, false);
 }
 
 /* Transfer: wait until the backend has finished with an owned op, however long storage takes:
@@ -195,8 +184,7 @@ static void wait_io_done(struct op *op)
 			cpu_relax();
 			continue;
 		}
-		syscall(SYS_futex, (uint32_t *)&op->io_done, FUTEX_WAIT | FUTEX_PRIVATE_FLAG, 0,
-			NULL, NULL, 0);
+		kvs_futex_wait(&op->io_done, 0, 0, false);
 	}
 }
 
@@ -431,11 +419,11 @@ static bool finish_pinned(struct kvs_loader *ld, struct task *t, struct op *op)
 	if (op->kind == OP_HIT) {
 		kvs_cache_count(c, KVS_CTR_shards_hit, 1);
 	} else {
-		uint64_t t0 = mono_ns();
+		uint64_t t0 = kvs_mono_ns();
 		int r = kvs_cache_wait(c, &op->pin, ld->wait_timeout_ns);
 
 		if (op->kind == OP_WAIT) {
-			kvs_cache_count(c, KVS_CTR_wait_ns, mono_ns() - t0);
+			kvs_cache_count(c, KVS_CTR_wait_ns, kvs_mono_ns() - t0);
 			kvs_cache_count(c, KVS_CTR_shards_waited, 1);
 		}
 		ok = r == 0;
@@ -460,7 +448,7 @@ static void complete(struct task *t, int64_t result)
 {
 	t->result = result;
 	store_release(&t->done, 1); /* pairs with the acquire load in kvs_loader_read() */
-	syscall(SYS_futex, (uint32_t *)&t->done, FUTEX_WAKE | FUTEX_PRIVATE_FLAG, 1, NULL, NULL, 0);
+	kvs_futex_wake(&t->done, 1, false);
 }
 
 static void *transfer_main(void *arg)
@@ -571,8 +559,7 @@ int64_t kvs_loader_read(struct kvs_loader *ld, const struct kvs_read *rd)
 	pthread_mutex_unlock(&ld->mu);
 
 	while (!load_acquire(&t.done)) /* pairs with complete() */
-		syscall(SYS_futex, (uint32_t *)&t.done, FUTEX_WAIT | FUTEX_PRIVATE_FLAG, 0, NULL,
-			NULL, 0);
+		kvs_futex_wait(&t.done, 0, 0, false);
 	ret = t.result ? t.result : (int64_t)len;
 	if (t.result)
 		kvs_cache_count(ld->c, KVS_CTR_fallbacks, 1);
@@ -583,19 +570,6 @@ out:
 }
 
 /* ------------------------------------------------------------------ life */
-
-/* Start a thread with every signal blocked: the host's signals are not ours to take. */
-static int start_thread(pthread_t *th, void *(*fn)(void *), void *arg)
-{
-	sigset_t all, old;
-	int r;
-
-	sigfillset(&all);
-	pthread_sigmask(SIG_SETMASK, &all, &old);
-	r = pthread_create(th, NULL, fn, arg);
-	pthread_sigmask(SIG_SETMASK, &old, NULL);
-	return -r;
-}
 
 int kvs_loader_create(struct kvs_cache *c, const struct kvs_config *cfg, struct kvs_loader **out)
 {
@@ -630,11 +604,11 @@ int kvs_loader_create(struct kvs_cache *c, const struct kvs_config *cfg, struct 
 	r = kvs_backend_create(cfg->loader_io, (unsigned)cfg->loader_io_depth, &ld->be);
 	if (r)
 		goto err;
-	r = start_thread(&ld->transfer_thread, transfer_main, ld);
+	r = kvs_thread_start(&ld->transfer_thread, transfer_main, ld);
 	if (r)
 		goto err;
 	ld->transfer_started = true;
-	r = start_thread(&ld->dispatch_thread, dispatch_main, ld);
+	r = kvs_thread_start(&ld->dispatch_thread, dispatch_main, ld);
 	if (r)
 		goto err;
 	ld->dispatch_started = true;

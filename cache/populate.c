@@ -23,13 +23,13 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <pthread.h>
-#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <sys/mman.h>
 #include <unistd.h>
 
 #include "internal.h"
+#include "sys.h"
 
 #ifndef MADV_POPULATE_WRITE
 #define MADV_POPULATE_WRITE 23
@@ -134,10 +134,7 @@ void kvs_populate_start(struct kvs_cache *c)
 	struct flock fl = {
 	    .l_type = F_WRLCK, .l_whence = SEEK_SET, .l_start = KVS_POPULATE_BYTE, .l_len = 1};
 	struct populator *p;
-	pthread_attr_t a;
-	sigset_t all, old;
-	pthread_t th;
-	int fd, r;
+	int fd;
 
 	if (c->watch || load_relaxed(&c->hdr->populated) >= c->nslots ||
 	    load_relaxed(&c->hdr->populate_err))
@@ -168,16 +165,7 @@ void kvs_populate_start(struct kvs_cache *c)
 	pthread_once(&atfork_once, register_atfork);
 	atomic_store(&walker_fd, fd);
 	p->slots = (struct kvs_slot *)(p->base + c->hdr->off_slots);
-	/* Every signal blocked: the host's signals are not ours to take. */
-	sigfillset(&all);
-	pthread_sigmask(SIG_SETMASK, &all, &old);
-	pthread_attr_init(&a);
-	pthread_attr_setdetachstate(&a, PTHREAD_CREATE_DETACHED);
-	pthread_attr_setstacksize(&a, 64 * 1024);
-	r = pthread_create(&th, &a, populate_main, p);
-	pthread_attr_destroy(&a);
-	pthread_sigmask(SIG_SETMASK, &old, NULL);
-	if (r == 0)
+	if (kvs_thread_start(NULL, populate_main, p) == 0)
 		return;
 	atomic_store(&walker_fd, -1);
 	munmap(p->base, p->len);

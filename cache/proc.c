@@ -12,6 +12,7 @@
 #include <unistd.h>
 
 #include "internal.h"
+#include "sys.h"
 
 static int ofd(struct kvs_cache *c, int cmd, short type, uint32_t byte, short *seen)
 {
@@ -140,11 +141,8 @@ int kvs_cache_reap(struct kvs_cache *c)
 
 int kvs_cache_reap_maybe(struct kvs_cache *c)
 {
-	struct timespec ts;
-	uint64_t now, last = load_relaxed(&c->last_reap_ns);
+	uint64_t now = kvs_mono_ns(), last = load_relaxed(&c->last_reap_ns);
 
-	clock_gettime(CLOCK_MONOTONIC, &ts);
-	now = (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
 	if (now - last < KVS_REAP_PERIOD_NS || !cas_acq_rel(&c->last_reap_ns, &last, now))
 		return 0;
 	kvs_populate_start(c); /* if the populating process died, carry on */

@@ -13,13 +13,12 @@
 #define KVS_RING_H
 
 #include <limits.h>
-#include <linux/futex.h>
 #include <stdatomic.h>
 #include <stdbool.h>
 #include <stdint.h>
 #include <stdlib.h>
-#include <sys/syscall.h>
-#include <unistd.h>
+
+#include "sys.h"
 
 struct kvs_spsc {
 	_Alignas(64) _Atomic uint32_t head;
@@ -49,11 +48,6 @@ static inline void kvs_spsc_free(struct kvs_spsc *r)
 	r->items = NULL;
 }
 
-static inline void kvs_spsc_futex(_Atomic uint32_t *w, int op, uint32_t v)
-{
-	syscall(SYS_futex, (uint32_t *)w, op | FUTEX_PRIVATE_FLAG, v, NULL, NULL, 0);
-}
-
 /* Producer: append p, sleeping while the ring is full. */
 static inline void kvs_spsc_push(struct kvs_spsc *r, void *p)
 {
@@ -66,13 +60,13 @@ static inline void kvs_spsc_push(struct kvs_spsc *r, void *p)
 			break;
 		atomic_store(&r->prod_sleeps, 1);
 		if (atomic_load(&r->head) == h)
-			kvs_spsc_futex(&r->head, FUTEX_WAIT, h);
+			kvs_futex_wait(&r->head, h, 0, false);
 		atomic_store(&r->prod_sleeps, 0);
 	}
 	r->items[t & r->mask] = p;
 	atomic_store(&r->tail, t + 1); /* publishes the item; pairs with pop's tail load */
 	if (atomic_load(&r->cons_sleeps))
-		kvs_spsc_futex(&r->tail, FUTEX_WAKE, INT_MAX);
+		kvs_futex_wake(&r->tail, INT_MAX, false);
 }
 
 /* Consumer: take the oldest item, sleeping while the ring is empty. */
@@ -88,13 +82,13 @@ static inline void *kvs_spsc_pop(struct kvs_spsc *r)
 			break;
 		atomic_store(&r->cons_sleeps, 1);
 		if (atomic_load(&r->tail) == t)
-			kvs_spsc_futex(&r->tail, FUTEX_WAIT, t);
+			kvs_futex_wait(&r->tail, t, 0, false);
 		atomic_store(&r->cons_sleeps, 0);
 	}
 	p = r->items[h & r->mask];
 	atomic_store(&r->head, h + 1); /* frees the entry; pairs with push's head load */
 	if (atomic_load(&r->prod_sleeps))
-		kvs_spsc_futex(&r->head, FUTEX_WAKE, INT_MAX);
+		kvs_futex_wake(&r->head, INT_MAX, false);
 	return p;
 }
 

@@ -12,37 +12,18 @@
  */
 #include <errno.h>
 #include <limits.h>
-#include <linux/futex.h>
 #include <sched.h>
-#include <sys/syscall.h>
-#include <time.h>
-#include <unistd.h>
 
 #include "config.h"
 #include "internal.h"
+#include "sys.h"
 
 #define SPIN_LOOPS 200
 #define SLICE_NS   50000000ull /* liveness re-check period while asleep */
 
-static uint64_t mono_ns(void)
-{
-	struct timespec ts;
-
-	clock_gettime(CLOCK_MONOTONIC, &ts);
-	return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
-}
-
 void kvs_wake_all(_Atomic uint32_t *word)
 {
-	syscall(SYS_futex, (uint32_t *)word, FUTEX_WAKE, INT_MAX, NULL, NULL, 0);
-}
-
-static void futex_sleep(_Atomic uint32_t *word, uint32_t expect, uint64_t ns)
-{
-	struct timespec ts = {.tv_sec = (time_t)(ns / 1000000000ull),
-			      .tv_nsec = (long)(ns % 1000000000ull)};
-
-	syscall(SYS_futex, (uint32_t *)word, FUTEX_WAIT, expect, &ts, NULL, 0);
+	kvs_futex_wake(word, INT_MAX, true);
 }
 
 /* The owner of a LOADING slot died without publishing: reclaim it (fails the load). */
@@ -80,7 +61,7 @@ int kvs_cache_wait(struct kvs_cache *c, const struct kvs_pin *pin, uint64_t time
 			cpu_relax();
 			continue;
 		}
-		uint64_t now = mono_ns();
+		uint64_t now = kvs_mono_ns();
 		if (!start) {
 			start = now;
 			next_check = now + SLICE_NS;
@@ -103,6 +84,6 @@ int kvs_cache_wait(struct kvs_cache *c, const struct kvs_pin *pin, uint64_t time
 			w = want;
 		}
 		uint64_t left = timeout_ns - (now - start);
-		futex_sleep(&s->state, w, left < SLICE_NS ? left : SLICE_NS);
+		kvs_futex_wait(&s->state, w, left < SLICE_NS ? left : SLICE_NS, true);
 	}
 }

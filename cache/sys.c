@@ -1,0 +1,25 @@
+/*
+ * sys: see sys.h.
+ */
+#include <signal.h>
+
+#include "sys.h"
+
+int kvs_thread_start(pthread_t *th, void *(*fn)(void *), void *arg)
+{
+	pthread_attr_t a;
+	sigset_t all, old;
+	pthread_t ignored;
+	int r;
+
+	sigfillset(&all);
+	pthread_sigmask(SIG_SETMASK, &all, &old);
+	pthread_attr_init(&a);
+	pthread_attr_setstacksize(&a, 64 * 1024);
+	if (!th)
+		pthread_attr_setdetachstate(&a, PTHREAD_CREATE_DETACHED);
+	r = pthread_create(th ? th : &ignored, &a, fn, arg);
+	pthread_attr_destroy(&a);
+	pthread_sigmask(SIG_SETMASK, &old, NULL);
+	return -r;
+}

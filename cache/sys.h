@@ -1,0 +1,53 @@
+/*
+ * sys: the few system facilities cache/ uses in several places, wrapped once.
+ *
+ *   futex wait/wake  private (threads of one process) or shared (processes mapping the
+ *                    region); a wait returns on a wake, a value change, a signal or timeout,
+ *                    so every caller loops on its own condition.
+ *   kvs_mono_ns      CLOCK_MONOTONIC in nanoseconds.
+ *   kvs_thread_start a thread started with every signal blocked (the host's signals are not
+ *                    ours to take), small stack, optionally detached.
+ */
+#ifndef KVS_SYS_H
+#define KVS_SYS_H
+
+#include <limits.h>
+#include <linux/futex.h>
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdbool.h>
+#include <stdint.h>
+#include <sys/syscall.h>
+#include <time.h>
+#include <unistd.h>
+
+/* Sleep while *word == expect, at most ns nanoseconds (0: no limit). */
+static inline void kvs_futex_wait(_Atomic uint32_t *word, uint32_t expect, uint64_t ns, bool shared)
+{
+	struct timespec ts = {.tv_sec = (time_t)(ns / 1000000000ull),
+			      .tv_nsec = (long)(ns % 1000000000ull)};
+
+	syscall(SYS_futex, (uint32_t *)word, FUTEX_WAIT | (shared ? 0 : FUTEX_PRIVATE_FLAG), expect,
+		ns ? &ts : NULL, NULL, 0);
+}
+
+/* Wake up to n sleepers on word (INT_MAX: all).  Harmless on memory nobody waits on. */
+static inline void kvs_futex_wake(_Atomic uint32_t *word, int n, bool shared)
+{
+	syscall(SYS_futex, (uint32_t *)word, FUTEX_WAKE | (shared ? 0 : FUTEX_PRIVATE_FLAG), n,
+		NULL, NULL, 0);
+}
+
+static inline uint64_t kvs_mono_ns(void)
+{
+	struct timespec ts;
+
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
+}
+
+/* Start fn(arg) with every signal blocked and a 64 KiB stack; detached if th is NULL.
+ * Returns 0 or -errno. */
+int kvs_thread_start(pthread_t *th, void *(*fn)(void *), void *arg);
+
+#endif
