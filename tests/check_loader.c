@@ -104,6 +104,13 @@ static void env_close(struct env *e)
 	kvs_cache_close(e->c);
 }
 
+/* Close and remove the region: the end of every case that made one. */
+static void env_done(struct env *e)
+{
+	env_close(e);
+	remove_region(&e->cfg);
+}
+
 /* Read [off, off+len) of fd through the loader; return the loader's result. */
 static int64_t loader_read(struct env *e, int fd, void *buf, uint64_t off, uint64_t len)
 {
@@ -222,8 +229,7 @@ static void ranges(int io, bool direct)
 	ck_assert_uint_eq(t.v[KVS_CTR_fallbacks], 0);
 	ck_assert_uint_eq(pinned(&e), 0);
 	close(fd);
-	env_close(&e);
-	remove_region(&e.cfg);
+	env_done(&e);
 }
 
 START_TEST(test_ranges_threads_buffered)
@@ -292,8 +298,7 @@ START_TEST(test_scatter_iovecs)
 	free(b);
 	free(c);
 	close(fd);
-	env_close(&e);
-	remove_region(&e.cfg);
+	env_done(&e);
 }
 END_TEST
 
@@ -341,8 +346,7 @@ START_TEST(test_prefetch)
 		ck_assert_int_eq(kvs_cache_lookup(e.c, &k), -ENOENT);
 		ck_assert_uint_eq(pinned(&e), 0);
 		close(fd);
-		env_close(&e);
-		remove_region(&e.cfg);
+		env_done(&e);
 	}
 }
 END_TEST
@@ -364,8 +368,7 @@ START_TEST(test_backend_only)
 	ck_assert_uint_ge(t.v[KVS_CTR_backend_bytes], 4 * SHARD);
 	ck_assert_uint_eq(t.v[KVS_CTR_shards_hit], 0);
 	close(fd);
-	env_close(&e);
-	remove_region(&e.cfg);
+	env_done(&e);
 }
 END_TEST
 
@@ -393,8 +396,7 @@ START_TEST(test_all_pinned_reads_itself)
 	kvs_cache_release(e.c, &p[1]);
 	ck_assert_uint_eq(pinned(&e), 0);
 	close(fd);
-	env_close(&e);
-	remove_region(&e.cfg);
+	env_done(&e);
 }
 END_TEST
 
@@ -421,8 +423,7 @@ START_TEST(test_file_shrank_falls_back)
 	ck_assert_uint_ge(totals(&e).v[KVS_CTR_failures], 1);
 	free(buf);
 	close(fd);
-	env_close(&e);
-	remove_region(&e.cfg);
+	env_done(&e);
 }
 END_TEST
 
@@ -445,8 +446,7 @@ START_TEST(test_idle_burns_no_cpu)
 	long us = (b.tv_sec - a.tv_sec) * 1000000 + (b.tv_nsec - a.tv_nsec) / 1000;
 	ck_assert_msg(us < 5000, "idle loader used %ld us of CPU in a second", us);
 	close(fd);
-	env_close(&e);
-	remove_region(&e.cfg);
+	env_done(&e);
 }
 END_TEST
 
@@ -503,8 +503,7 @@ START_TEST(test_ranks_read_storage_once)
 	ck_assert_uint_eq(t.v[KVS_CTR_shards_loaded], 4 * 9);
 	ck_assert_uint_eq(t.v[KVS_CTR_requests], NPROC * 4);
 	ck_assert_uint_eq(pinned(&e), 0);
-	env_close(&e);
-	remove_region(&e.cfg);
+	env_done(&e);
 }
 END_TEST
 
@@ -567,8 +566,7 @@ START_TEST(test_threads_submit_at_once)
 	ck_assert_uint_eq(t.v[KVS_CTR_requests], 8 * 20);
 	ck_assert_uint_eq(pinned(&e), 0);
 	close(fd);
-	env_close(&e);
-	remove_region(&e.cfg);
+	env_done(&e);
 }
 END_TEST
 
@@ -633,8 +631,7 @@ static void owner_then(enum owner_fate fate)
 	kvs_cache_reap(e.c);
 	ck_assert_uint_eq(pinned(&e), 0);
 	close(fd);
-	env_close(&e);
-	remove_region(&e.cfg);
+	env_done(&e);
 }
 
 START_TEST(test_owner_fails)
@@ -675,8 +672,7 @@ START_TEST(test_owner_read_outlasts_timeout)
 	usleep(100000);
 	ck_assert_uint_eq(pinned(&e), 0);
 	close(fd);
-	env_close(&e);
-	remove_region(&e.cfg);
+	env_done(&e);
 }
 END_TEST
 
