@@ -265,3 +265,11 @@ const char *kvs_backend_name(const struct kvs_backend *be)
 {
 	return be->uring ? "io_uring" : "threads";
 }
+
+void kvs_backend_forget(struct kvs_backend *be)
+{
+	if (be && be->uring) {
+		io_uring_queue_exit(&be->ring);
+		be->uring = false;
+	}
+}

@@ -46,6 +46,10 @@ void kvs_backend_wait_room(struct kvs_backend *be);
 /* Finish the reads in flight, stop the threads, free. NULL is accepted. */
 void kvs_backend_destroy(struct kvs_backend *be);
 
+/* The fork child: close the io_uring (descriptor and mappings) inherited from the parent, whose
+ * reaper does not exist here.  Nothing else is touched. */
+void kvs_backend_forget(struct kvs_backend *be);
+
 /* "io_uring" or "threads". */
 const char *kvs_backend_name(const struct kvs_backend *be);
 

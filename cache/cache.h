@@ -120,6 +120,11 @@ void kvs_cache_release(struct kvs_cache *c, const struct kvs_pin *pin);
 /* Owner only: publish length valid bytes as READY and wake waiters. */
 void kvs_cache_mark_ready(struct kvs_cache *c, const struct kvs_pin *pin, uint32_t length);
 
+/* Owner only: publish length valid bytes as READY to the pins held now, but do not keep them:
+ * the key is unhashed first, so later pins miss (and load again), and the last release frees
+ * the slot.  For bytes read while the file's identity could not be trusted. */
+void kvs_cache_mark_ready_unkept(struct kvs_cache *c, const struct kvs_pin *pin, uint32_t length);
+
 /* Owner only: publish FAILED with err (a positive errno), stored before the state. */
 void kvs_cache_mark_failed(struct kvs_cache *c, const struct kvs_pin *pin, int err);
 

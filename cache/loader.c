@@ -3,10 +3,11 @@
  *
  * DESIGN
  *
- * A task is one intercepted read: its shards ("ops"), the rotated order to visit them in, and
- * a completion word.  It lives on the calling thread's stack (ops on the heap when many) and
- * the calling thread sleeps on the completion word until the transfer thread sets it, so the
- * task outlives every use by the loader's threads.
+ * A task is one intercepted read, or a piece of at most STACK_OPS shards of a longer one: its
+ * shards ("ops"), the rotated order to visit them in, and a completion word.  It lives on the
+ * calling thread's stack (no malloc: a hooked read may come from a signal handler) and the
+ * calling thread sleeps on the completion word until the transfer thread sets it, so the task
+ * outlives every use by the loader's threads.
  *
  *   calling thread   pins every shard that is READY now (kvs_cache_pin_ready), copies and
  *                    releases it; if all were, returns without a hand-off.  Else queues the
@@ -62,6 +63,7 @@ enum op_kind {
 struct task;
 
 struct op {
+	const struct kvs_read *rd;
 	uint64_t shard;
 	uint64_t pos;  /* where its bytes go, as an offset into the request */
 	uint32_t from; /* first byte wanted, within the shard */
@@ -83,18 +85,26 @@ struct task {
 	struct task *next;
 };
 
+/* A file recently read, for prefetch.  fd is the shim's anchor of it (never closed here: the
+ * anchor belongs to the shim, and closing a descriptor would drop the program's record locks);
+ * read-ahead checks before and after that it still names the same file. */
 struct recent {
 	struct kvs_key block;
+	uint64_t dev, ino;
 	uint64_t next_shard, file_size;
-	int fd; /* a dup for read-ahead, or -1 */
+	int fd;
 	bool direct, valid;
 };
 
+/* A read-ahead in flight; a fixed pool, so that no loader thread calls malloc. */
 struct prefetch_io {
 	struct kvs_bio bio;
 	struct kvs_loader *ld;
 	struct kvs_pin pin;
+	struct kvs_key block;
+	uint64_t dev, ino;
 	uint32_t size;
+	_Atomic uint32_t busy;
 };
 
 struct kvs_loader {
@@ -113,6 +123,7 @@ struct kvs_loader {
 	bool stop;
 	struct recent recent[RECENT];
 	uint32_t nrecent_next;
+	struct prefetch_io pio[RECENT];
 
 	struct kvs_spsc running;
 	void *bounce; /* transfer thread's buffer for reading a shard itself */
@@ -150,6 +161,34 @@ static struct kvs_key shard_key(const struct kvs_key *block, uint64_t shard)
 	return k;
 }
 
+/* What a storage read through fd may be used for, judged after it: the file must still be
+ * (dev, ino), else the bytes are another file's; kept only if its identity is still block. */
+enum verdict { V_KEEP, V_HAND_OUT, V_WRONG_FILE };
+
+static enum verdict check_file(int fd, uint64_t dev, uint64_t ino, const struct kvs_key *block)
+{
+	struct stat st;
+	struct kvs_key now;
+
+	if (fstat(fd, &st) < 0 || (uint64_t)st.st_dev != dev || (uint64_t)st.st_ino != ino)
+		return V_WRONG_FILE;
+	kvs_block_id(&st, &now);
+	return now.block_lo == block->block_lo && now.block_hi == block->block_hi ? V_KEEP
+										  : V_HAND_OUT;
+}
+
+/* Publish a loaded shard as the check after its read allows. */
+static void publish_loaded(struct kvs_cache *c, const struct kvs_pin *pin, enum verdict v,
+			   bool keep, uint32_t size)
+{
+	if (v == V_WRONG_FILE)
+		kvs_cache_mark_failed(c, pin, ESTALE);
+	else if (v == V_KEEP && keep)
+		kvs_cache_mark_ready(c, pin, size);
+	else
+		kvs_cache_mark_ready_unkept(c, pin, size);
+}
+
 /* ------------------------------------------------------------------ backend completions */
 
 /* A storage read of an owned shard is over: publish it (this wakes the waiters), then tell the
@@ -161,9 +200,12 @@ static void owner_read_done(struct kvs_bio *bio)
 
 	kvs_cache_count(c, KVS_CTR_backend_reads, 1);
 	if (bio->result >= (int64_t)op->size) {
+		const struct kvs_read *rd = op->rd;
+
 		kvs_cache_count(c, KVS_CTR_backend_bytes, (uint64_t)op->size);
 		kvs_cache_count(c, KVS_CTR_shards_loaded, 1);
-		kvs_cache_mark_ready(c, &op->pin, op->size);
+		publish_loaded(c, &op->pin, check_file(bio->fd, rd->dev, rd->ino, &rd->block),
+			       rd->keep, op->size);
 	} else {
 		kvs_cache_count(c, KVS_CTR_failures, 1);
 		kvs_cache_mark_failed(c, &op->pin, bio->result < 0 ? (int)-bio->result : EIO);
@@ -210,13 +252,13 @@ static void prefetch_done(struct kvs_bio *bio)
 	kvs_cache_count(c, KVS_CTR_backend_reads, 1);
 	if (bio->result >= (int64_t)io->size) {
 		kvs_cache_count(c, KVS_CTR_backend_bytes, io->size);
-		kvs_cache_mark_ready(c, &io->pin, io->size);
+		publish_loaded(c, &io->pin, check_file(bio->fd, io->dev, io->ino, &io->block), true,
+			       io->size);
 	} else {
 		kvs_cache_mark_failed(c, &io->pin, bio->result < 0 ? (int)-bio->result : EIO);
 	}
 	kvs_cache_release(c, &io->pin);
-	close(bio->fd);
-	free(io);
+	store_release(&io->busy, 0); /* pairs with the acquire in read_ahead() */
 }
 
 /* ------------------------------------------------------------------ dispatch */
@@ -256,18 +298,19 @@ static void remember(struct kvs_loader *ld, struct task *t)
 	struct op *last = &t->ops[t->nops - 1];
 	uint64_t next = last->shard + 1;
 
-	if (ld->prefetch == KVS_PREFETCH_OFF || next * ld->shard_size >= rd->file_size)
+	/* A file whose times are not settled is not worth reading ahead: it would not be kept. */
+	if (ld->prefetch == KVS_PREFETCH_OFF || next * ld->shard_size >= rd->file_size || !rd->keep)
 		return;
 	pthread_mutex_lock(&ld->mu);
 	struct recent *r = &ld->recent[ld->nrecent_next++ % RECENT];
-	if (r->valid && r->fd >= 0)
-		close(r->fd);
 	r->block = rd->block;
+	r->dev = rd->dev;
+	r->ino = rd->ino;
 	r->next_shard = next;
 	r->file_size = rd->file_size;
 	r->direct = rd->direct;
-	r->fd = ld->prefetch == KVS_PREFETCH_READ ? fcntl(rd->fd, F_DUPFD_CLOEXEC, 0) : -1;
-	r->valid = ld->prefetch == KVS_PREFETCH_ALLOC || r->fd >= 0;
+	r->fd = rd->fd;
+	r->valid = true;
 	pthread_mutex_unlock(&ld->mu);
 }
 
@@ -275,26 +318,33 @@ static void remember(struct kvs_loader *ld, struct task *t)
 static void read_ahead(struct kvs_loader *ld, struct recent *r)
 {
 	struct kvs_key k = shard_key(&r->block, r->next_shard);
-	struct kvs_key now;
-	struct stat st;
-	struct prefetch_io *io;
+	struct prefetch_io *io = NULL;
 
-	/* The dup refers to the file we remembered; skip it if the file changed since. */
-	if (fstat(r->fd, &st) < 0 || (kvs_block_id(&st, &now), now.block_lo != k.block_lo) ||
-	    now.block_hi != k.block_hi)
-		goto out_close;
-	io = calloc(1, sizeof(*io));
+	/* The anchor may name another file by now (the program moved on): then skip it.  The
+	 * check after the read catches a change during it. */
+	if (check_file(r->fd, r->dev, r->ino, &r->block) != V_KEEP)
+		return;
+	for (int i = 0; i < RECENT && !io; i++) {
+		uint32_t idle = 0;
+
+		/* Pairs with the release in prefetch_done(). */
+		if (cas_acq_rel(&ld->pio[i].busy, &idle, 1))
+			io = &ld->pio[i];
+	}
 	if (!io)
-		goto out_close;
+		return; /* every read-ahead slot is in flight */
 	int res = kvs_cache_pin(ld->c, &k, KVS_ALLOC_PREFETCH, &io->pin);
 	if (res != KVS_PIN_OWNER) {
 		if (res >= 0)
 			kvs_cache_release(ld->c, &io->pin);
-		free(io);
-		goto out_close;
+		store_release(&io->busy, 0);
+		return;
 	}
 	uint64_t off = r->next_shard * ld->shard_size;
 	io->ld = ld;
+	io->block = r->block;
+	io->dev = r->dev;
+	io->ino = r->ino;
 	io->size =
 	    (uint32_t)(r->file_size - off < ld->shard_size ? r->file_size - off : ld->shard_size);
 	io->bio.fd = r->fd;
@@ -303,10 +353,7 @@ static void read_ahead(struct kvs_loader *ld, struct recent *r)
 	io->bio.len = r->direct ? round_page(io->size) : io->size;
 	io->bio.done = prefetch_done;
 	kvs_cache_count(ld->c, KVS_CTR_prefetches, 1);
-	kvs_backend_submit(ld->be, &io->bio); /* prefetch_done closes the fd */
-	return;
-out_close:
-	close(r->fd);
+	kvs_backend_submit(ld->be, &io->bio);
 }
 
 /* With the queue empty: act on one remembered task.  Called with ld->mu held; returns with it
@@ -403,6 +450,8 @@ static int read_self(struct kvs_loader *ld, struct task *t, struct op *op)
 	kvs_cache_count(ld->c, KVS_CTR_backend_reads, 1);
 	if (got < (int64_t)want)
 		return got < 0 ? (int)got : -EIO;
+	if (check_file(rd->fd, rd->dev, rd->ino, &rd->block) == V_WRONG_FILE)
+		return -ESTALE;
 	kvs_cache_count(ld->c, KVS_CTR_backend_bytes, (uint64_t)got);
 	copy_out(rd, op->pos, (char *)ld->bounce + op->from, op->len);
 	return 0;
@@ -477,40 +526,27 @@ static void *transfer_main(void *arg)
 
 /* ------------------------------------------------------------------ calling thread */
 
-int64_t kvs_loader_read(struct kvs_loader *ld, const struct kvs_read *rd)
+/* Serve bytes [off, off + len) of rd's request, which span at most STACK_OPS shards, so that
+ * the task and its ops live on this thread's stack.  Returns 0 or -errno. */
+static int64_t serve_chunk(struct kvs_loader *ld, const struct kvs_read *rd, uint64_t off,
+			   uint64_t len)
 {
-	struct op stack_ops[STACK_OPS];
-	uint32_t stack_order[STACK_OPS];
-	struct task t = {.rd = rd};
-	uint64_t S = ld->shard_size, len;
-	int64_t ret;
+	struct op ops[STACK_OPS];
+	uint32_t order[STACK_OPS];
+	struct task t = {.rd = rd, .ops = ops, .order = order};
+	uint64_t S = ld->shard_size;
+	uint64_t first = off / S, last = (off + len - 1) / S;
 
-	if (rd->off >= rd->file_size || rd->len == 0)
-		return 0;
-	len = rd->file_size - rd->off < rd->len ? rd->file_size - rd->off : rd->len;
-	if (len > (uint64_t)INT64_MAX / 2)
-		return -EOVERFLOW;
-	uint64_t first = rd->off / S, last = (rd->off + len - 1) / S;
 	t.nops = (uint32_t)(last - first + 1);
-	if (t.nops <= STACK_OPS) {
-		t.ops = stack_ops;
-		t.order = stack_order;
-	} else {
-		t.ops = malloc(t.nops * (sizeof(struct op) + sizeof(uint32_t)));
-		if (!t.ops)
-			return -ENOMEM;
-		t.order = (uint32_t *)(t.ops + t.nops);
-	}
-	kvs_cache_count(ld->c, KVS_CTR_requests, 1);
-
 	/* Serve what is READY now on this thread: no hand-off costs more than these copies. */
 	uint32_t left = 0;
 	for (uint32_t i = 0; i < t.nops; i++) {
 		struct op *op = &t.ops[i];
 		uint64_t sh = first + i, start = sh * S;
-		uint64_t from = rd->off > start ? rd->off - start : 0;
-		uint64_t end = rd->off + len < start + S ? rd->off + len - start : S;
+		uint64_t from = off > start ? off - start : 0;
+		uint64_t end = off + len < start + S ? off + len - start : S;
 
+		op->rd = rd;
 		op->shard = sh;
 		op->from = (uint32_t)from;
 		op->len = (uint32_t)(end - from);
@@ -536,18 +572,15 @@ int64_t kvs_loader_read(struct kvs_loader *ld, const struct kvs_read *rd)
 		}
 		left++;
 	}
-	if (left == 0) {
-		ret = (int64_t)len;
-		goto out;
-	}
+	if (left == 0)
+		return 0;
 
 	pthread_mutex_lock(&ld->mu);
 	while (ld->qlen >= ld->qmax && !ld->stop)
 		pthread_cond_wait(&ld->cond, &ld->mu);
 	if (ld->stop) {
 		pthread_mutex_unlock(&ld->mu);
-		ret = -ESHUTDOWN;
-		goto out;
+		return -ESHUTDOWN;
 	}
 	if (ld->qtail)
 		ld->qtail->next = &t;
@@ -560,13 +593,33 @@ int64_t kvs_loader_read(struct kvs_loader *ld, const struct kvs_read *rd)
 
 	while (!load_acquire(&t.done)) /* pairs with complete() */
 		kvs_futex_wait(&t.done, 0, 0, false);
-	ret = t.result ? t.result : (int64_t)len;
 	if (t.result)
 		kvs_cache_count(ld->c, KVS_CTR_fallbacks, 1);
-out:
-	if (t.ops != stack_ops)
-		free(t.ops);
-	return ret;
+	return t.result;
+}
+
+int64_t kvs_loader_read(struct kvs_loader *ld, const struct kvs_read *rd)
+{
+	uint64_t S = ld->shard_size, len, off, end;
+
+	if (rd->off >= rd->file_size || rd->len == 0)
+		return 0;
+	len = rd->file_size - rd->off < rd->len ? rd->file_size - rd->off : rd->len;
+	if (len > (uint64_t)INT64_MAX / 2)
+		return -EOVERFLOW;
+	kvs_cache_count(ld->c, KVS_CTR_requests, 1);
+	/* A long read goes as several tasks of at most STACK_OPS shards, one after the other. */
+	for (off = rd->off, end = rd->off + len; off < end;) {
+		uint64_t stop = (off / S + STACK_OPS) * S;
+
+		if (stop > end)
+			stop = end;
+		int64_t r = serve_chunk(ld, rd, off, stop - off);
+		if (r < 0)
+			return r;
+		off = stop;
+	}
+	return (int64_t)len;
 }
 
 /* ------------------------------------------------------------------ life */
@@ -634,14 +687,17 @@ void kvs_loader_destroy(struct kvs_loader *ld)
 	if (ld->transfer_started)
 		pthread_join(ld->transfer_thread, NULL);
 	kvs_backend_destroy(ld->be); /* waits for read-aheads in flight */
-	for (int i = 0; i < RECENT; i++)
-		if (ld->recent[i].valid && ld->recent[i].fd >= 0)
-			close(ld->recent[i].fd);
 	kvs_spsc_free(&ld->running);
 	free(ld->bounce);
 	pthread_cond_destroy(&ld->cond);
 	pthread_mutex_destroy(&ld->mu);
 	free(ld);
+}
+
+void kvs_loader_forget(struct kvs_loader *ld)
+{
+	if (ld)
+		kvs_backend_forget(ld->be);
 }
 
 const char *kvs_loader_backend(const struct kvs_loader *ld)

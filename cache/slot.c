@@ -283,6 +283,28 @@ void kvs_cache_mark_ready(struct kvs_cache *c, const struct kvs_pin *pin, uint32
 	publish(s, KVS_SLOT_READY);
 }
 
+void kvs_cache_mark_ready_unkept(struct kvs_cache *c, const struct kvs_pin *pin, uint32_t length)
+{
+	struct kvs_slot *s = &c->slots[pin->slot];
+	uint32_t stripe, b;
+
+	/* Unhash first, under the stripe, so no pin from now on finds the key: the pins held
+	 * (this load's readers) see READY, and the last release frees the orphan. */
+	if (lock_slot_stripe(c, pin->slot, &stripe)) {
+		kvs_cache_mark_failed(c, pin, ESTALE); /* cannot unhash: never publish it */
+		return;
+	}
+	b = load_relaxed(&s->bucket);
+	if (!(b & KVS_ORPHAN) && kvs_slot_unlink_locked(c, pin->slot, b)) {
+		kvs_stripe_unlock(c, stripe);
+		kvs_cache_mark_failed(c, pin, ESTALE);
+		return;
+	}
+	store_relaxed(&s->bucket, b | KVS_ORPHAN);
+	kvs_stripe_unlock(c, stripe);
+	kvs_cache_mark_ready(c, pin, length);
+}
+
 void kvs_cache_mark_failed(struct kvs_cache *c, const struct kvs_pin *pin, int err)
 {
 	struct kvs_slot *s = &c->slots[pin->slot];

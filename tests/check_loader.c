@@ -112,6 +112,15 @@ static void env_done(struct env *e)
 }
 
 /* Read [off, off+len) of fd through the loader; return the loader's result. */
+/* Fill in what the shim's hook knows of the file: its identity, and that it may be kept. */
+static void describe_file(struct kvs_read *rd, const struct stat *st)
+{
+	kvs_block_id(st, &rd->block);
+	rd->dev = (uint64_t)st->st_dev;
+	rd->ino = (uint64_t)st->st_ino;
+	rd->keep = true;
+}
+
 static int64_t loader_read(struct env *e, int fd, void *buf, uint64_t off, uint64_t len)
 {
 	struct stat st;
@@ -119,7 +128,7 @@ static int64_t loader_read(struct env *e, int fd, void *buf, uint64_t off, uint6
 	struct kvs_read rd = {.fd = fd, .off = off, .iov = &v, .iovcnt = 1, .len = len};
 
 	ck_assert_int_eq(fstat(fd, &st), 0);
-	kvs_block_id(&st, &rd.block);
+	describe_file(&rd, &st);
 	rd.file_size = (uint64_t)st.st_size;
 	rd.direct = fcntl(fd, F_GETFL) & O_DIRECT;
 	return kvs_loader_read(e->ld, &rd);
@@ -287,7 +296,7 @@ START_TEST(test_scatter_iovecs)
 	struct kvs_read rd = {
 	    .fd = fd, .off = 0, .iov = v, .iovcnt = 3, .len = 1000 + SHARD + size};
 	ck_assert_int_eq(fstat(fd, &st), 0);
-	kvs_block_id(&st, &rd.block);
+	describe_file(&rd, &st);
 	rd.file_size = size;
 	ck_assert_int_eq(kvs_loader_read(e.ld, &rd), (int64_t)size);
 	ck_assert_mem_eq(a, want, 1000);
@@ -416,7 +425,7 @@ START_TEST(test_file_shrank_falls_back)
 	/* The identity the hook took says 3 shards; storage has 1: never promise the bytes. */
 	struct iovec v = {buf, 3 * SHARD};
 	struct kvs_read rd = {.fd = fd, .off = 0, .iov = &v, .iovcnt = 1, .len = 3 * SHARD};
-	kvs_block_id(&st, &rd.block);
+	describe_file(&rd, &st);
 	rd.file_size = 3 * SHARD;
 	ck_assert_int_lt(kvs_loader_read(e.ld, &rd), 0);
 	ck_assert_uint_eq(pinned(&e), 0);
@@ -529,7 +538,7 @@ static void *reader_thread(void *p)
 
 		if (fstat(a->fd, &st))
 			a->bad++;
-		kvs_block_id(&st, &rd.block);
+		describe_file(&rd, &st);
 		rd.file_size = (uint64_t)st.st_size;
 		if (kvs_loader_read(a->e->ld, &rd) != (int64_t)len ||
 		    pread(a->fd, want, len, (off_t)off) != (ssize_t)len || memcmp(got, want, len))
