@@ -1,11 +1,21 @@
 /*
  * fdinfo: see fdinfo.h.
  *
- * The cache is a table indexed by descriptor number (below FD_SLOTS), allocated at first use,
- * so a process that never reads a KV file never allocates it.  Each entry is guarded by a
- * sequence counter: a writer makes it odd (CAS, so concurrent writers skip rather than wait),
- * writes, then makes it even again; a reader retries or recomputes when it sees an odd or
- * changed counter.  A torn read can therefore never pass for a match.
+ * The cache is a table indexed by descriptor number (below FD_SLOTS), mapped at first use (mmap,
+ * not malloc: a hooked read may come from a signal handler), so a process that never reads a
+ * KV file never maps it.  Each entry is guarded by a sequence counter: a writer makes it odd
+ * (CAS, so concurrent writers skip rather than wait), writes, then makes it even again; a
+ * reader retries or recomputes when it sees an odd or changed counter.  A torn read can
+ * therefore never pass for a match.
+ *
+ * Anchors (fdinfo.h).  entry.anchor holds our dup of the program's descriptor plus one (0:
+ * none), with the (dev, ino) it was made for.  Readers load it without a lock and trust it only
+ * after an fstat of it matches the identity they want, so a stale number (closed by a fork
+ * child's cleanup, say) is harmless: it fails the check.  Installing and retiring anchors is
+ * serialised by anchor_mu, taken with trylock only (a signal handler must never wait for it:
+ * it passes through instead).  An anchor leaves the table by exchange, so exactly one thread
+ * retires it: closed when no program descriptor names its file, else parked and retried at
+ * later retirements.
  */
 #include <errno.h>
 #include <fcntl.h>
@@ -15,14 +25,18 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <sys/stat.h>
+#include <sys/syscall.h>
 #include <sys/vfs.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "fdinfo.h"
 
-#define FD_SLOTS  65536
-#define MAX_ROOTS 16
+#define FD_SLOTS   65536
+#define MAX_ROOTS  16
+#define MAX_PARKED 64
 
 struct ident {
 	uint64_t dev, ino, size, mtime_s, mtime_ns, ctime_s, ctime_ns;
@@ -34,6 +48,7 @@ struct verdict {
 	struct kvs_key block;
 	uint32_t dio_mem, dio_off;
 	uint32_t kv, zero_tail;
+	uint64_t settle_ns;
 };
 
 #define VERDICT_WORDS (sizeof(struct verdict) / 8)
@@ -45,12 +60,29 @@ struct entry {
 	_Atomic uint32_t seq;
 	_Atomic uint32_t kv_hint; /* the last verdict's kv, for kvs_fdinfo_known's quick test */
 	_Atomic uint64_t w[VERDICT_WORDS];
+	_Atomic int32_t anchor;		 /* our descriptor + 1, or 0; see the essay above */
+	uint64_t anchor_dev, anchor_ino; /* written under anchor_mu before anchor (release) */
+};
+
+struct parked {
+	int fd;
+	uint64_t dev, ino;
 };
 
 static char roots[MAX_ROOTS][PATH_MAX];
 static size_t root_len[MAX_ROOTS];
 static int nroots;
+static int64_t settle_ms = -1;
 static struct entry *_Atomic table;
+static pthread_mutex_t anchor_mu = PTHREAD_MUTEX_INITIALIZER;
+static struct parked parked[MAX_PARKED]; /* under anchor_mu */
+static int nparked;
+static _Atomic uint64_t ours[FD_SLOTS / 64]; /* descriptors that are anchors, parked or not */
+
+void kvs_fdinfo_set_settle(int64_t ms)
+{
+	settle_ms = ms;
+}
 
 int kvs_fdinfo_set_roots(const char *spec)
 {
@@ -109,12 +141,13 @@ static struct entry *table_get(bool create)
 
 	if (t || !create)
 		return t;
-	t = calloc(FD_SLOTS, sizeof(*t));
-	if (!t)
+	t = mmap(NULL, FD_SLOTS * sizeof(*t), PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS,
+		 -1, 0);
+	if (t == MAP_FAILED)
 		return NULL;
 	struct entry *expect = NULL;
 	if (!atomic_compare_exchange_strong(&table, &expect, t)) {
-		free(t);
+		munmap(t, FD_SLOTS * sizeof(*t));
 		t = expect;
 	}
 	return t;
@@ -151,6 +184,46 @@ static void entry_write(struct entry *e, const struct verdict *v)
 	atomic_store_explicit(&e->seq, s + 2, memory_order_release); /* pairs with entry_read */
 }
 
+/*
+ * files.settle for a file: how long after its last change (mtime or ctime) the shim distrusts
+ * its identity.  A write moves mtime when it starts and its data may land later; a file system
+ * with coarse timestamps leaves a rewrite in the same tick with the same times; a client that
+ * caches attributes reports old times for a while.  Shards read within this window are handed
+ * to the readers of that load and not kept (loader.h, kvs_read.keep).  Defaults by type:
+ * local file systems with fine timestamps 2 s (a slow write of a large block); FUSE 3 s (the
+ * default 1 s attribute cache); anything else, NFS and other network file systems included,
+ * 61 s (NFS caches attributes up to acregmax, 60 s).  Times with no sub-second part on both
+ * stamps mean a coarse file system (ext2/ext3, FAT): 2 s more.
+ */
+static uint64_t settle_for(unsigned long type, const struct stat *st)
+{
+	uint64_t ms;
+
+	if (settle_ms >= 0)
+		return (uint64_t)settle_ms;
+	switch (type) {
+	case 0xEF53:	 /* ext2/3/4 */
+	case 0x58465342: /* XFS */
+	case 0x9123683E: /* btrfs */
+	case 0x01021994: /* tmpfs */
+	case 0xF2F52010: /* F2FS */
+	case 0x2FC12FC1: /* ZFS */
+	case 0x794C7630: /* overlayfs */
+	case 0xCA451A4E: /* bcachefs */
+		ms = 2000;
+		break;
+	case 0x65735546: /* FUSE */
+		ms = 3000;
+		break;
+	default:
+		ms = 61000;
+		break;
+	}
+	if (st->st_mtim.tv_nsec == 0 && st->st_ctim.tv_nsec == 0)
+		ms += 2000;
+	return ms;
+}
+
 /* Compute the verdict for fd from scratch. */
 static void classify(int fd, const struct stat *st, struct verdict *v)
 {
@@ -173,9 +246,9 @@ static void classify(int fd, const struct stat *st, struct verdict *v)
 	/* ext4, XFS and btrfs (iomap) zero the caller's buffer past the end of the file on a
 	 * short O_DIRECT read; FUSE, NFS and tmpfs leave it alone.  The shim does the same. */
 	struct statfs sf;
-	if (fstatfs(fd, &sf) == 0)
-		v->zero_tail = sf.f_type == 0xEF53 || sf.f_type == 0x58465342 ||
-			       (unsigned long)sf.f_type == 0x9123683EUL;
+	unsigned long type = fstatfs(fd, &sf) == 0 ? (unsigned long)sf.f_type : 0;
+	v->zero_tail = type == 0xEF53 || type == 0x58465342 || type == 0x9123683EUL;
+	v->settle_ns = settle_for(type, st) * 1000000ull;
 #ifdef STATX_DIOALIGN
 	struct statx sx;
 	if (statx(fd, "", AT_EMPTY_PATH, STATX_DIOALIGN, &sx) == 0 &&
@@ -206,8 +279,14 @@ static int describe(int fd, struct kvs_fdinfo *out, bool known_only)
 	if (fl < 0)
 		return -errno;
 	out->direct = fl & O_DIRECT;
-	out->readable = (fl & O_ACCMODE) != O_WRONLY;
+	/* An O_PATH descriptor reads nothing: the kernel answers EBADF, so must we. */
+	out->readable = (fl & O_ACCMODE) != O_WRONLY && !(fl & O_PATH);
 	out->size = (uint64_t)st.st_size;
+	out->dev = (uint64_t)st.st_dev;
+	out->ino = (uint64_t)st.st_ino;
+	uint64_t m = (uint64_t)st.st_mtim.tv_sec * 1000000000ull + (uint64_t)st.st_mtim.tv_nsec;
+	uint64_t ch = (uint64_t)st.st_ctim.tv_sec * 1000000000ull + (uint64_t)st.st_ctim.tv_nsec;
+	out->changed_ns = m > ch ? m : ch;
 	ident_of(&st, &id);
 	if (t && fd >= 0 && fd < FD_SLOTS && entry_read(&t[fd], &id, &got)) {
 		fresh = got;
@@ -223,6 +302,7 @@ static int describe(int fd, struct kvs_fdinfo *out, bool known_only)
 	out->dio_mem_align = fresh.dio_mem;
 	out->dio_off_align = fresh.dio_off;
 	out->dio_zero_tail = fresh.zero_tail;
+	out->settle_ns = fresh.settle_ns;
 	return known_only && !out->kv ? -ENOENT : 0;
 }
 
@@ -234,4 +314,168 @@ int kvs_fdinfo_get(int fd, struct kvs_fdinfo *out)
 int kvs_fdinfo_known(int fd, struct kvs_fdinfo *out)
 {
 	return describe(fd, out, true);
+}
+
+/* ------------------------------------------------------------------ anchors */
+
+static void mark_ours(int fd, bool on)
+{
+	if (fd < 0 || fd >= FD_SLOTS)
+		return;
+	uint64_t bit = 1ull << (fd % 64);
+	if (on)
+		atomic_fetch_or(&ours[fd / 64], bit);
+	else
+		atomic_fetch_and(&ours[fd / 64], ~bit);
+}
+
+static bool is_ours(int fd)
+{
+	return fd >= 0 && fd < FD_SLOTS && (atomic_load(&ours[fd / 64]) >> (fd % 64)) & 1;
+}
+
+static bool same_ident(const struct stat *a, const struct kvs_fdinfo *fi)
+{
+	struct kvs_key k;
+
+	kvs_block_id(a, &k);
+	return k.block_lo == fi->block.block_lo && k.block_hi == fi->block.block_hi;
+}
+
+/* Does any descriptor of the program (not an anchor) name (dev, ino)?  On any doubt, yes. */
+static bool program_holds(uint64_t dev, uint64_t ino)
+{
+	char buf[4096];
+	bool held = false;
+	int dir = open("/proc/self/fd", O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+
+	if (dir < 0)
+		return true;
+	for (;;) {
+		long n = syscall(SYS_getdents64, dir, buf, sizeof(buf));
+
+		if (n < 0)
+			held = true;
+		if (n <= 0)
+			break;
+		for (long off = 0; off < n && !held;) {
+			struct {
+				uint64_t ino;
+				int64_t off;
+				unsigned short reclen;
+				unsigned char type;
+				char name[];
+			} *d = (void *)(buf + off);
+			struct stat st;
+			char *end;
+			long fd = strtol(d->name, &end, 10);
+
+			off += d->reclen;
+			if (*end || end == d->name || fd == dir || is_ours((int)fd))
+				continue;
+			if (fstat((int)fd, &st) == 0 && (uint64_t)st.st_dev == dev &&
+			    (uint64_t)st.st_ino == ino)
+				held = true;
+		}
+		if (held)
+			break;
+	}
+	close(dir);
+	return held;
+}
+
+/* Close anchor fd (made for dev, ino) if nothing of the program needs the file's locks kept;
+ * else park it.  Caller holds anchor_mu. */
+static void retire_locked(int fd, uint64_t dev, uint64_t ino)
+{
+	struct stat st;
+
+	/* Still ours?  A program that closed our number may have reused it. */
+	if (fstat(fd, &st) < 0 || (uint64_t)st.st_dev != dev || (uint64_t)st.st_ino != ino) {
+		mark_ours(fd, false);
+		return;
+	}
+	if (!program_holds(dev, ino)) {
+		mark_ours(fd, false);
+		close(fd);
+		return;
+	}
+	if (nparked < MAX_PARKED)
+		parked[nparked++] = (struct parked){fd, dev, ino};
+	/* else: kept open for the life of the process, which costs a descriptor, never a lock */
+}
+
+/* Retry the parked anchors whose files the program no longer holds.  Caller holds anchor_mu. */
+static void unpark_locked(void)
+{
+	int n = nparked;
+
+	nparked = 0;
+	for (int i = 0; i < n; i++) {
+		struct parked p = parked[i];
+
+		retire_locked(p.fd, p.dev, p.ino);
+	}
+}
+
+int kvs_fdinfo_anchor(int fd, const struct kvs_fdinfo *fi)
+{
+	struct entry *t = table_get(false);
+	struct stat st;
+	int a, d, r;
+
+	if (!t || fd < 0 || fd >= FD_SLOTS)
+		return -EBADF;
+	struct entry *e = &t[fd];
+	a = atomic_load_explicit(&e->anchor, memory_order_acquire) - 1; /* pairs below */
+	if (a >= 0 && is_ours(a) && fstat(a, &st) == 0 && same_ident(&st, fi))
+		return a;
+	if (pthread_mutex_trylock(&anchor_mu))
+		return -EBUSY;
+	a = atomic_load_explicit(&e->anchor, memory_order_relaxed) - 1;
+	if (a >= 0 && !is_ours(a))
+		a = -1; /* a number a fork child dropped, or a retired one: not ours to close */
+	if (a >= 0 && fstat(a, &st) == 0 && same_ident(&st, fi)) {
+		r = a; /* another thread installed it meanwhile */
+		goto out;
+	}
+	d = fcntl(fd, F_DUPFD_CLOEXEC, 0);
+	if (d < 0) {
+		r = -errno;
+		goto out;
+	}
+	mark_ours(d, true);
+	if (fstat(d, &st) < 0 || !same_ident(&st, fi)) {
+		/* fd changed between the two looks: retire d by the rules, never a bare close. */
+		retire_locked(d, (uint64_t)st.st_dev, (uint64_t)st.st_ino);
+		r = -ESTALE;
+		goto out;
+	}
+	if (a >= 0)
+		retire_locked(a, e->anchor_dev, e->anchor_ino);
+	unpark_locked();
+	e->anchor_dev = (uint64_t)st.st_dev;
+	e->anchor_ino = (uint64_t)st.st_ino;
+	atomic_store_explicit(&e->anchor, d + 1, memory_order_release); /* pairs above */
+	r = d;
+out:
+	pthread_mutex_unlock(&anchor_mu);
+	return r;
+}
+
+void kvs_fdinfo_atfork_child(void)
+{
+	/* The child runs one thread; a parent thread may have held anchor_mu. */
+	pthread_mutex_init(&anchor_mu, NULL);
+	/* Close every anchor (the child holds no record locks yet: nothing to lose).  The table's
+	 * entries may still name them; is_ours() is false from now on, so they are never used or
+	 * closed again, and the verdicts stay right: the child has the parent's descriptors. */
+	for (int w = 0; w < FD_SLOTS / 64; w++) {
+		uint64_t bits = atomic_exchange(&ours[w], 0);
+
+		for (int b = 0; bits; b++, bits >>= 1)
+			if (bits & 1)
+				close(w * 64 + b);
+	}
+	nparked = 0;
 }

@@ -1,11 +1,21 @@
 /*
- * fdinfo: is this descriptor a KV file, and which block is it?
+ * fdinfo: is this descriptor a KV file, which block is it, and which descriptor may the shim
+ * read it through?
  *
  * A descriptor is a KV file when fstat says it is a regular file and its path (from
  * /proc/self/fd) lies under one of files.roots.  The verdict, the block id and the file's
  * O_DIRECT alignment are cached per descriptor number together with the identity they were
  * computed for (st_dev, st_ino, st_size, st_mtim, st_ctim); every call re-runs fstat and
  * recomputes on any difference, so dup, close, descriptor reuse and fork need no hooks.
+ *
+ * Anchors.  The loader reads storage on other threads, later than the hook ran: through the
+ * program's descriptor number it could read another file that a dup2 put there meanwhile, and
+ * publish those bytes under this file's key.  So it reads through an anchor: the shim's own
+ * dup of the program's descriptor, whose identity is checked against the key before each use
+ * and again after each storage read.  Closing any descriptor of a file drops the process's
+ * POSIX record locks on it, so an anchor is closed only when no descriptor of the program
+ * names its file any more (checked over /proc/self/fd); until then it is kept.  Anchors are
+ * O_CLOEXEC, and a fork child closes them all (a child holds no record locks yet).
  */
 #ifndef KVS_SHIM_FDINFO_H
 #define KVS_SHIM_FDINFO_H
@@ -18,9 +28,12 @@
 struct kvs_fdinfo {
 	bool kv;
 	bool direct;		/* O_DIRECT is set on the descriptor now */
-	bool readable;		/* opened for reading */
+	bool readable;		/* opened for reading (not O_WRONLY, not O_PATH) */
 	struct kvs_key block;	/* valid when kv */
+	uint64_t dev, ino;	/* st_dev, st_ino */
 	uint64_t size;		/* st_size now */
+	uint64_t changed_ns;	/* the later of st_mtim and st_ctim, ns since the epoch */
+	uint64_t settle_ns;	/* files.settle for this file: how long its times stay suspect */
 	uint32_t dio_mem_align; /* O_DIRECT alignment of buffers */
 	uint32_t dio_off_align; /* O_DIRECT alignment of offsets and lengths */
 	bool dio_zero_tail;	/* a short O_DIRECT read zeroes the rest of the buffers */
@@ -30,11 +43,26 @@ struct kvs_fdinfo {
  * Returns the number of usable roots. */
 int kvs_fdinfo_set_roots(const char *roots);
 
+/* Set files.settle in milliseconds, or -1 for the default of each file system type
+ * (docs/operations.md has the table). */
+void kvs_fdinfo_set_settle(int64_t ms);
+
 /* Describe fd.  Returns 0, or -errno when fstat/fcntl fail (then the caller passes through). */
 int kvs_fdinfo_get(int fd, struct kvs_fdinfo *out);
 
 /* Describe fd only if a recent read found it to be a KV file (one fstat, no path lookup).
  * Returns 0 when fd is a known KV file, -ENOENT otherwise. */
 int kvs_fdinfo_known(int fd, struct kvs_fdinfo *out);
+
+/* The anchor of fd, a KV file that kvs_fdinfo_get just described as fi: a descriptor of the
+ * shim's own whose file has exactly fi's identity.  Creates it on first use.  Returns the
+ * descriptor, or -errno (-EBADF: fd out of the table's range; -ESTALE: the file changed between
+ * the two looks; -EBUSY: another thread is replacing anchors) and the caller passes through.
+ * Never blocks; async-signal-safe (no malloc, no lock waits). */
+int kvs_fdinfo_anchor(int fd, const struct kvs_fdinfo *fi);
+
+/* The fork child: close every anchor the parent's shim held (without touching the program's
+ * descriptors) and forget the table's verdicts. */
+void kvs_fdinfo_atfork_child(void);
 
 #endif

@@ -7,6 +7,7 @@
  */
 #include <errno.h>
 #include <limits.h>
+#include <pthread.h>
 #include <stdio.h>
 #include <sys/uio.h>
 #include <unistd.h>
@@ -14,13 +15,17 @@
 #include "real.h"
 #include "shim.h"
 
-/* Serve count bytes into buf at off (or the position); -1 means "make the real call". */
+/* Serve count bytes into buf at off (or the position); -1 means "make the real call".  These
+ * hooks stand for cancellation points: a cancel already pending is acted on here, where the
+ * real call would act on it, before the shim takes anything (it then runs with cancellation
+ * disabled). */
 static ssize_t serve1(int fd, void *buf, size_t count, off_t off, bool use_pos)
 {
 	struct iovec v = {buf, count};
 
 	if (!kvs_shim_wants(count))
 		return -1;
+	pthread_testcancel();
 	return kvs_shim_read(fd, &v, 1, off, use_pos);
 }
 
@@ -37,6 +42,7 @@ static ssize_t servev(int fd, const struct iovec *iov, int iovcnt, off_t off, bo
 {
 	if (!iov || iovcnt <= 0 || !kvs_shim_wants(iov_len(iov, iovcnt)))
 		return -1;
+	pthread_testcancel();
 	return kvs_shim_read(fd, iov, iovcnt, off, use_pos);
 }
 

@@ -1,10 +1,17 @@
 /*
  * real: see real.h.  Every pointer starts at a raw-syscall fallback, so a hook called before
  * (or during) resolution still reaches the kernel; dlsym then replaces what it finds.
+ *
+ * No pthread_once: dlsym may itself call a hooked function (it reads files, and once the shim
+ * interposes dlsym it re-enters the shim), and a thread that waited on a once-control its own
+ * stack holds would deadlock.  Instead one thread resolves (state RESOLVING, taken by CAS) while
+ * any other caller, the resolving thread's own re-entries included, goes on with whatever
+ * pointers are set: each is a raw system call or the real function, both right.  The pointers
+ * are stored whole by one thread, so a racing reader sees the old value or the new one.
  */
 #include <dlfcn.h>
 #include <errno.h>
-#include <pthread.h>
+#include <stdatomic.h>
 #include <stdint.h>
 #include <sys/syscall.h>
 #include <unistd.h>
@@ -63,6 +70,9 @@ static ssize_t sys_pwritev2(int fd, const struct iovec *v, int c, off_t o, int f
 	return syscall(SYS_pwritev2, fd, v, c, LO(o), HI(o), f);
 }
 
+/* glibc exports fread under this name too; the fallback while RTLD_NEXT is being resolved. */
+extern size_t _IO_fread(void *ptr, size_t size, size_t n, FILE *f);
+
 struct kvs_real kvs_real = {
     .read = sys_read,
     .pread = sys_pread,
@@ -75,7 +85,7 @@ struct kvs_real kvs_real = {
     .read_chk = sys_read_chk,
     .pread_chk = sys_pread_chk,
     .pread64_chk = sys_pread_chk,
-    .fread = NULL, /* resolved below; stdio has no system call to fall back to */
+    .fread = _IO_fread, /* stdio has no system call: glibc's own alias until resolved */
     .write = sys_write,
     .pwrite = sys_pwrite,
     .pwrite64 = sys_pwrite,
@@ -86,13 +96,14 @@ struct kvs_real kvs_real = {
     .pwritev64v2 = sys_pwritev2,
 };
 
-static pthread_once_t once = PTHREAD_ONCE_INIT;
+enum { UNRESOLVED, RESOLVING, RESOLVED };
+static _Atomic int state = UNRESOLVED;
 
 #define RESOLVE(field, name)                                                                       \
 	do {                                                                                       \
 		void *p = dlsym(RTLD_NEXT, name);                                                  \
 		if (p)                                                                             \
-			*(void **)&kvs_real.field = p;                                             \
+			__atomic_store_n((void **)&kvs_real.field, p, __ATOMIC_RELAXED);           \
 	} while (0)
 
 static void resolve(void)
@@ -121,5 +132,11 @@ static void resolve(void)
 
 void kvs_real_init(void)
 {
-	pthread_once(&once, resolve);
+	int s =
+	    atomic_load_explicit(&state, memory_order_acquire); /* pairs with the release below */
+
+	if (s != UNRESOLVED || !atomic_compare_exchange_strong(&state, &s, RESOLVING))
+		return; /* resolved, or being resolved: the fallbacks serve meanwhile */
+	resolve();
+	atomic_store_explicit(&state, RESOLVED, memory_order_release);
 }

@@ -9,8 +9,22 @@
  *                         the fork child handler (single-threaded then); read by hooks after
  *                         an acquire load of attached, which the attacher sets last (release).
  *   guard                 per thread: nonzero while the shim's own code runs, so any libc call
- *                         it makes that is itself hooked goes straight to the real function.
+ *                         it makes that is itself hooked goes straight to the real function
+ *                         (a signal handler that interrupts a served read and reads again is
+ *                         one of them: it gets the real call, never a lock we hold).
+ *   pos_mu[]              serialise read/readv at the file position per file, as the kernel
+ *                         does per open file description (we cannot tell descriptions apart,
+ *                         so two descriptions of one file also wait for each other).
  * The loader's threads call no hooked function (raw system calls only).
+ *
+ * The served path after attach calls no malloc and holds nothing across a point where the
+ * thread could be cancelled: cancellation is disabled while it runs, and a cancel already
+ * pending is acted on at entry, where the real call would have acted on it.
+ *
+ * Fork.  Every resource has a rule in the child: the region's mapping and descriptor are
+ * dropped (kvs_cache_forget), the loader's threads do not exist and its io_uring is closed
+ * (kvs_loader_forget), the anchors are closed (kvs_fdinfo_atfork_child), the populating
+ * walker's descriptor is closed (cache/populate.c), and the child attaches anew.
  */
 #include <errno.h>
 #include <limits.h>
@@ -18,6 +32,8 @@
 #include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "cache.h"
@@ -42,6 +58,8 @@ static _Atomic int attached = AT_NONE;
 static struct kvs_cache *cache;
 static struct kvs_loader *loader;
 static __thread int guard __attribute__((tls_model("initial-exec")));
+#define POS_LOCKS 64
+static pthread_mutex_t pos_mu[POS_LOCKS];
 
 /* fork() waits for an attach in progress, so the child never inherits a half-made one (a
  * descriptor it would not know to close would keep the parent's liveness lock alive). */
@@ -60,10 +78,15 @@ static void atfork_parent(void)
  * again, as itself, at its first cacheable read. */
 static void atfork_child(void)
 {
+	if (loader)
+		kvs_loader_forget(loader); /* its threads are gone; its memory is abandoned */
 	if (cache)
 		kvs_cache_forget(cache);
+	kvs_fdinfo_atfork_child();
+	for (int i = 0; i < POS_LOCKS; i++)
+		pthread_mutex_init(&pos_mu[i], NULL); /* a parent's thread may have held one */
 	cache = NULL;
-	loader = NULL; /* its threads are gone; its memory is abandoned */
+	loader = NULL;
 	atomic_store(&attached, AT_NONE);
 	pthread_mutex_unlock(&attach_mu);
 }
@@ -90,6 +113,9 @@ static void init(void)
 		goto out;
 	}
 	min_read = cfg.files_min_read ? cfg.files_min_read : 1;
+	kvs_fdinfo_set_settle(cfg.files_settle);
+	for (int i = 0; i < POS_LOCKS; i++)
+		pthread_mutex_init(&pos_mu[i], NULL);
 	if (pthread_atfork(atfork_prepare, atfork_parent, atfork_child))
 		goto out;
 	on = ST_ON;
@@ -161,6 +187,61 @@ static bool direct_ok(const struct kvs_fdinfo *fi, const struct iovec *iov, int 
 	return true;
 }
 
+/* 1 when MADV_POPULATE_WRITE works here (Linux 5.14), 2 when it does not, 0 before the test. */
+static _Atomic int populate_probe;
+
+static bool populate_works(void)
+{
+	int st = atomic_load_explicit(&populate_probe, memory_order_relaxed);
+
+	if (st == 0) {
+		void *p =
+		    mmap(NULL, 4096, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+
+		st = 2;
+		if (p != MAP_FAILED) {
+			st = madvise(p, 4096, MADV_POPULATE_WRITE) == 0 ? 1 : 2;
+			munmap(p, 4096);
+		}
+		atomic_store_explicit(&populate_probe, st, memory_order_relaxed);
+	}
+	return st == 1;
+}
+
+/*
+ * Can every byte of the request's buffers be written?  The kernel answers EFAULT (or a short
+ * count) for a buffer that cannot take the bytes, where memcpy would crash the engine.
+ * MADV_POPULATE_WRITE faults the pages in for writing, as the copy is about to, and fails on an
+ * unmapped, read-only or PROT_NONE page: then the real call gives the kernel's answer.  A
+ * mapping it does not handle (EINVAL: device memory, a kernel before 5.14) also goes to the
+ * real call, except on a kernel without it at all, where the shim serves as it always did.
+ */
+static bool buffers_writable(const struct iovec *iov, int iovcnt)
+{
+	for (int i = 0; i < iovcnt; i++) {
+		uintptr_t a = (uintptr_t)iov[i].iov_base & ~(uintptr_t)4095;
+		uintptr_t e =
+		    ((uintptr_t)iov[i].iov_base + iov[i].iov_len + 4095) & ~(uintptr_t)4095;
+
+		if (iov[i].iov_len == 0 || madvise((void *)a, e - a, MADV_POPULATE_WRITE) == 0)
+			continue;
+		if (errno == EINVAL && !populate_works())
+			continue;
+		return false;
+	}
+	return true;
+}
+
+/* May shards read now from a file last changed at changed_ns be kept (design: files.settle)? */
+static bool settled(const struct kvs_fdinfo *fi)
+{
+	struct timespec ts;
+
+	clock_gettime(CLOCK_REALTIME, &ts);
+	uint64_t now = (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
+	return now >= fi->changed_ns && now - fi->changed_ns >= fi->settle_ns;
+}
+
 /* Zero the request's bytes from pos to its end, as the kernel does for a short O_DIRECT read on
  * some file systems. */
 static void zero_tail(const struct iovec *iov, int iovcnt, uint64_t pos)
@@ -179,7 +260,8 @@ static void zero_tail(const struct iovec *iov, int iovcnt, uint64_t pos)
 
 ssize_t kvs_shim_read(int fd, const struct iovec *iov, int iovcnt, off_t off, bool use_pos)
 {
-	int saved = errno;
+	int saved = errno, cancel_state, anchor;
+	pthread_mutex_t *pos_lock = NULL;
 	struct kvs_fdinfo fi;
 	struct kvs_read rd;
 	ssize_t ret = -1;
@@ -193,22 +275,33 @@ ssize_t kvs_shim_read(int fd, const struct iovec *iov, int iovcnt, off_t off, bo
 		len += iov[i].iov_len;
 	}
 	guard++;
+	pthread_setcancelstate(PTHREAD_CANCEL_DISABLE, &cancel_state);
 	if (kvs_fdinfo_get(fd, &fi) || !fi.kv || !fi.readable ||
 	    (!fi.direct && !cfg.files_buffered))
 		goto out;
+	if (!buffers_writable(iov, iovcnt) || !attach())
+		goto out;
+	anchor = kvs_fdinfo_anchor(fd, &fi);
+	if (anchor < 0)
+		goto out;
 	if (use_pos) {
+		pos_lock = &pos_mu[(fi.ino ^ fi.dev * 31) % POS_LOCKS];
+		pthread_mutex_lock(pos_lock);
 		off = lseek(fd, 0, SEEK_CUR);
 		if (off < 0)
 			goto out;
 	}
-	if (off < 0 || (fi.direct && !direct_ok(&fi, iov, iovcnt, off)) || !attach())
+	if (off < 0 || (fi.direct && !direct_ok(&fi, iov, iovcnt, off)))
 		goto out;
 	/* The kernel moves at most MAX_RW_COUNT bytes in one call, whatever was asked. */
 	if (len > KVS_MAX_RW_COUNT)
 		len = KVS_MAX_RW_COUNT;
-	rd = (struct kvs_read){.fd = fd,
+	rd = (struct kvs_read){.fd = anchor,
 			       .direct = fi.direct,
+			       .keep = settled(&fi),
 			       .block = fi.block,
+			       .dev = fi.dev,
+			       .ino = fi.ino,
 			       .file_size = fi.size,
 			       .off = (uint64_t)off,
 			       .iov = iov,
@@ -216,7 +309,7 @@ ssize_t kvs_shim_read(int fd, const struct iovec *iov, int iovcnt, off_t off, bo
 			       .len = len};
 	int64_t n = kvs_loader_read(loader, &rd);
 	if (n < 0) {
-		kvs_log_once(KVS_CAUSE_READ_FALLBACK, KVS_LOG_INFO,
+		kvs_log_once(KVS_CAUSE_READ_FALLBACK, n == -EUCLEAN ? KVS_LOG_WARN : KVS_LOG_INFO,
 			     "a read went to storage directly (%s)", strerror((int)-n));
 		goto out;
 	}
@@ -226,6 +319,9 @@ ssize_t kvs_shim_read(int fd, const struct iovec *iov, int iovcnt, off_t off, bo
 		zero_tail(iov, iovcnt, (uint64_t)n);
 	ret = n;
 out:
+	if (pos_lock)
+		pthread_mutex_unlock(pos_lock);
+	pthread_setcancelstate(cancel_state, NULL);
 	guard--;
 	errno = saved;
 	return ret;
