@@ -1,0 +1,146 @@
+#!/usr/bin/env bash
+# Never harm the host (issue "Never harm the host"): an engine that races dup2 against its own
+# reads, shares a file position between threads, passes bad buffers, cancels readers, reads from
+# a signal handler, forks, holds record locks, and a writer that rewrites files under readers.
+# Each case runs kvshim-hostile under LD_PRELOAD; where the kernel's answer is the reference,
+# the output must equal the run without the shim.
+#   hostile_test.sh LIBKVSHIM KVSHIM KVSHIM-HOSTILE
+set -uo pipefail
+lib=${KVS_E2E_PRELOAD:+$KVS_E2E_PRELOAD:}$1
+kvshim=$2
+h=$3
+fails=0
+work=$(mktemp -d /var/tmp/kvshim-hostile.XXXXXX)
+name="hostile-$$"
+cleanup() {
+	KVSHIM_CONFIG= KVSHIM_CACHE_NAME=$name "$kvshim" reset --force >/dev/null 2>&1
+	rm -rf "$work"
+}
+trap cleanup EXIT
+ok() { echo "ok   - $*"; }
+fail() {
+	echo "FAIL - $*"
+	fails=$((fails + 1))
+}
+
+mkdir -p "$work/kv"
+if ! "$h" mkfile "$work/kv/f0" 0 32 1 2>/dev/null; then
+	echo "hostile: no O_DIRECT on /var/tmp here; skipped"
+	exit 77
+fi
+"$h" mkfile "$work/kv/f1" 1 32 1
+"$h" mkfile "$work/kv/a" 2 8 1
+"$h" mkfile "$work/kv/b" 3 8 1
+
+export KVSHIM_CONFIG=
+export KVSHIM_FILES_ROOTS=$work/kv
+export KVSHIM_CACHE_NAME=$name
+export KVSHIM_CACHE_CAPACITY=64M
+export KVSHIM_CACHE_SHARD_SIZE=1M
+export KVSHIM_FILES_SETTLE=0 # the files were just written; settling has a case of its own
+reset_region() { "$kvshim" reset --force >/dev/null 2>&1; }
+served() { "$kvshim" stat --json | python3 -c 'import json,sys; print(json.load(sys.stdin)["totals"]["requests"])'; }
+
+# same LABEL CMD...: the output under the shim equals the output without it, and it served.
+same() {
+	local label=$1
+	shift
+	local want got
+	want=$("$@" 2>&1)
+	reset_region
+	got=$(LD_PRELOAD=$lib "$@" 2>&1)
+	if [ "$want" != "$got" ]; then
+		fail "$label: under the shim: $got; without: $want"
+	elif [ "$(served)" -eq 0 ]; then
+		fail "$label: the shim served nothing"
+	else
+		ok "$label: $(echo "$got" | tr '\n' ';')"
+	fi
+}
+
+# 1. dup2 racing reads: bytes published under a key are that file's.  Each round loads every
+# shard of both files once while fd 100 flips, then a fresh process reads them all from the
+# cache.
+bad=0
+for round in 1 2 3; do
+	reset_region
+	out=$(LD_PRELOAD=$lib timeout 60 "$h" dup2race "$work/kv/f0" "$work/kv/f1" 1 2>&1) || bad=1
+	for t in 0 1; do
+		v=$(LD_PRELOAD=$lib "$h" verify "$work/kv/f$t" $t 1 2>&1) || {
+			bad=1
+			out="$out; $v"
+		}
+	done
+	[ $bad = 0 ] || break
+done
+[ $bad = 0 ] && ok "dup2 races: $out" || fail "dup2 races: $out"
+
+# 2. read() from four threads on one open file description.
+reset_region
+out=$(LD_PRELOAD=$lib timeout 60 "$h" posrace "$work/kv/f0" 2>&1) && ok "$out" || fail "$out"
+
+# 3. An O_PATH descriptor, and bad buffers: the kernel's answers, no crash.
+same "O_PATH" "$h" opath "$work/kv/f0"
+same "bad buffers" "$h" efault "$work/kv/f0"
+
+# 4. Readers cancelled mid-read (one waiting slot, so they queue on the loader's lock).
+reset_region
+out=$(KVSHIM_CACHE_CAPACITY=8M KVSHIM_LOADER_WAITING_QUEUE_DEPTH=1 LD_PRELOAD=$lib \
+	timeout 120 "$h" cancel "$work/kv/f0" 2>&1)
+[ "$out" = "cancel: after 240 cancels, a read: 4194304" ] && ok "$out" || fail "cancel: $out (status $?)"
+
+# 5. Served reads of 17 shards from a signal handler while the program mallocs.
+reset_region
+out=$(LD_PRELOAD=$lib timeout 60 "$h" signal "$work/kv/f0" 3 2>&1)
+case "$out" in
+signal:*no\ deadlock) ok "$out" ;;
+*) fail "signal handler: ${out:-hung} (status $?)" ;;
+esac
+
+# 6. A fork child holds none of the shim's descriptors (region, io_uring, anchors).
+reset_region
+out=$(KVSHIM_LOADER_PREFETCH=read LD_PRELOAD=$lib timeout 60 "$h" forkfds "$work/kv/f0" 2>&1) &&
+	ok "$out" || fail "$out"
+
+# 7. Record locks survive the shim's descriptors (anchors, read-ahead).
+reset_region
+out=$(KVSHIM_LOADER_PREFETCH=read LD_PRELOAD=$lib timeout 60 "$h" locks "$work/kv/a" "$work/kv/b" 2>&1) &&
+	ok "$out" || fail "$out"
+
+# 8. A writer that never loads the shim rewrites a file under readers.  A read that starts
+# files.settle after a write returned must see that generation or a later one; a new process
+# afterwards reads the last generation.
+reset_region
+settle_ms=300
+"$h" mkfile "$work/kv/w" 5 32 0
+sleep 0.4
+"$h" writer "$work/kv/w" 5 32 10 "$work/writes" &
+for r in 1 2; do
+	KVSHIM_FILES_SETTLE=$settle_ms LD_PRELOAD=$lib "$h" reader "$work/kv/w" 5 "$work/reads$r" &
+done
+wait
+out=$(python3 - "$work/writes" "$work/reads1" "$work/reads2" $settle_ms <<'PY'
+import sys
+writes = [tuple(map(float, l.split())) for l in open(sys.argv[1])]
+settle = int(sys.argv[4]) / 1000
+reads = stale = 0
+for path in sys.argv[2:4]:
+    for line in open(path):
+        t, g = line.split()
+        t, g = float(t), int(g)
+        done = [gen for gen, r in writes if r + settle <= t]
+        reads += 1
+        if done and 0 <= g < max(done):
+            stale += 1
+print(f"{reads} reads, {stale} stale")
+PY
+)
+case "$out" in
+*" 0 stale") ok "rewrites under readers (settle ${settle_ms} ms): $out" ;;
+*) fail "rewrites under readers (settle ${settle_ms} ms): $out" ;;
+esac
+out=$(KVSHIM_FILES_SETTLE=$settle_ms LD_PRELOAD=$lib "$h" verify "$work/kv/w" 5 10 2>&1) &&
+	ok "after the rewrites: $out" || fail "after the rewrites: $out"
+
+echo "$fails failed"
+[ $fails = 0 ]
