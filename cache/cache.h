@@ -79,11 +79,16 @@ enum kvs_open_flags {
 };
 
 /*
- * Map the region that cfg names (/dev/shm/kvshim.<uid>.<cache.name>), creating it when absent
+ * Map the region that cfg names (/dev/shm/kvshim.<euid>.<cache.name>), creating it when absent
  * and KVS_OPEN_CREATE is given, and (unless KVS_OPEN_WATCH) attach this process: take a process
- * table slot and its liveness lock.  *out is set on success only.
- * Errors: -ENOENT (absent, no CREATE), -EPROTO (magic, layout or a dimension differs from cfg:
- * msg says which), -EUSERS (process table full), -ENOMEM, or any errno of open/mmap/fcntl.
+ * table slot and its liveness lock.  *out is set on success only.  The object at the path is
+ * used only if kvs_cache_open_file trusts it.  A region is built only if it fits in the free
+ * space of /dev/shm less cfg->cache_shm_headroom; with cache_capacity 0 (auto) it is built as
+ * large as fits, and an existing region is taken with the slot count it has.
+ * Errors: -ENOENT (absent, no CREATE), -EPERM (an object at the path that is not trusted: msg
+ * says what it is), -ENOSPC (does not fit: msg gives the sizes and the fixes), -EPROTO (magic,
+ * layout or a dimension differs from cfg, or truncated: msg says which), -EUSERS (process table
+ * full), -ENOMEM, or any errno of open/mmap/fcntl.
  * msg (may be NULL) receives a one-line reason on failure.
  */
 int kvs_cache_open(const struct kvs_config *cfg, int flags, struct kvs_cache **out, char *msg,
@@ -98,8 +103,23 @@ void kvs_cache_close(struct kvs_cache *c);
  * that the child does not keep the parent's liveness lock alive. */
 void kvs_cache_forget(struct kvs_cache *c);
 
-/* Path of the region object for cfg: "/dev/shm/kvshim.<uid>.<name>". */
+/* Path of the region object for cfg: "/dev/shm/kvshim.<euid>.<name>". */
 int kvs_cache_path(const struct kvs_config *cfg, char *buf, size_t len);
+
+/*
+ * Open the region file at path (oflags: O_RDONLY or O_RDWR) without following a symbolic link
+ * and without blocking (a FIFO or a device at the path), and keep it only if it can be
+ * trusted: a regular file owned by the effective uid, with one link, and no permission bit
+ * beyond mode (cache.mode).  Returns the descriptor (O_CLOEXEC, blocking), or -ENOENT, -EPERM
+ * (not trusted; a symbolic link) or another -errno, with one line in msg (not for -ENOENT).
+ */
+int kvs_cache_open_file(const char *path, int oflags, uint32_t mode, char *msg, size_t msglen);
+
+/* If the object st describes is not one kvs_cache_open_file trusts under mode, write why
+ * ("owned by uid 1001, not 0", "has 2 links", "is a FIFO, not a regular file", "mode 0666 is
+ * wider than cache.mode 0600") to why and return true. */
+struct stat;
+bool kvs_cache_distrust(const struct stat *st, uint32_t mode, char *why, size_t len);
 
 /*
  * Pin key.  Returns KVS_PIN_HIT, KVS_PIN_OWNER or KVS_PIN_WAIT and fills *pin; the pin must be
@@ -180,7 +200,6 @@ void kvs_cache_set_rank(struct kvs_cache *c, int rank);
 uint64_t kvs_cache_shard_size(const struct kvs_cache *c);
 
 /* The block id of a file: XXH3-128 of st_dev, st_ino, st_size, st_mtim, st_ctim (shard 0). */
-struct stat;
 void kvs_block_id(const struct stat *st, struct kvs_key *out);
 
 /* Figures for `kvshim stat`. */
@@ -188,8 +207,11 @@ struct kvs_region_info {
 	uint64_t capacity_bytes, shard_size, total_bytes;
 	uint32_t slots, slots_ready, slots_loading, slots_failed, slots_pinned, reserved_slots;
 	uint32_t processes_attached, max_processes;
-	uint32_t slots_populated; /* slots whose pages are allocated */
-	int32_t populate_err;	  /* why the background population stopped (errno), or 0 */
+	uint32_t slots_populated;    /* slots whose pages are allocated */
+	int32_t populate_err;	     /* why the background population stopped (errno), or 0 */
+	uint32_t populate_mode;	     /* enum kvs_populate: eager once a process started the walk */
+	const char *populate_reason; /* "headroom", "ENOSPC", ... with populate_err, else "" */
+	uint64_t shm_free_bytes;     /* free bytes of the file system holding the region */
 };
 struct kvs_proc_info {
 	int32_t pid;
@@ -203,7 +225,9 @@ struct kvs_proc_info {
 int kvs_cache_stat(struct kvs_cache *c, struct kvs_region_info *info, struct kvs_counters *totals,
 		   struct kvs_proc_info *procs, int nprocs);
 
-/* Processes holding a liveness lock on the region at path, or -errno. */
+/* Processes holding a liveness lock on the region at path, or -errno.  It opens path
+ * without the checks of kvs_cache_open_file: pass "/proc/self/fd/N" of a descriptor that
+ * kvs_cache_open_file returned. */
 int kvs_cache_live_processes(const char *path);
 
 #endif

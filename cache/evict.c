@@ -63,7 +63,12 @@ static int sweep(struct kvs_cache *c, _Atomic uint64_t *h, uint32_t base, uint32
 			uint32_t w = load_relaxed(&s->state);
 
 			if (st_of(w) == KVS_SLOT_FREE) {
-				if (load_relaxed(&s->pages) == KVS_PAGES_NOROOM ||
+				uint32_t pages = load_relaxed(&s->pages);
+
+				/* A FREE slot without pages is taken only while /dev/shm has room
+				 * above the headroom; else evict (populate.c). */
+				if (pages == KVS_PAGES_NOROOM ||
+				    (pages != KVS_PAGES_OK && !kvs_populate_may_grow(c)) ||
 				    !cas_acq_rel(&s->state, &w, KVS_ST_CLAIMED_BY(c->self)))
 					continue;
 				/* A slot's pages exist before its first use (populate.c). */

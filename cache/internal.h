@@ -14,8 +14,12 @@
 struct kvs_cache {
 	int fd;
 	bool watch;
-	int wait_mode; /* enum kvs_wait_mode */
-	int eviction;  /* enum kvs_eviction */
+	int wait_mode;	   /* enum kvs_wait_mode */
+	int eviction;	   /* enum kvs_eviction */
+	int populate;	   /* enum kvs_populate: this process's cache.populate */
+	uint32_t mode;	   /* cache.mode: no permission bit beyond it is trusted */
+	uint64_t headroom; /* cache.shm_headroom: free bytes of /dev/shm never allocated */
+	_Atomic uint64_t room_retry_ns; /* no lazy page allocation before (kvs_mono_ns) */
 	void *base;
 	size_t map_len;
 	struct kvs_hdr *hdr;
@@ -76,15 +80,28 @@ void kvs_proc_unlock(struct kvs_cache *c);
 int kvs_mutex_init_shared(pthread_mutex_t *mu);
 
 /* populate.c: allocate the pages of a region being built, before writing it (0 or -errno);
- * make sure a claimed slot's pages exist (0, or a positive errno: never use the slot);
- * start a background walk that allocates slots ahead of the allocators (once per region);
- * allocate [off, off + len) of a mapping (0 or a positive errno, never SIGBUS). */
+ * whether a FREE slot without pages may get them now (false for a while after free space was
+ * found at the headroom: the allocator evicts instead, and no system call is made);
+ * make sure a claimed slot's pages exist (0, or a positive errno: do not use the slot now;
+ * ENOSPC, at the headroom or from the file system, leaves it free for a later claim);
+ * start a background walk that allocates slots ahead of the allocators (cache.populate =
+ * eager; once per region), stopping at the headroom;
+ * allocate [off, off + len) of a mapping (0 or a positive errno, never SIGBUS);
+ * whether the file system of fd has len bytes free above headroom (true if it cannot tell);
+ * the word `kvshim stat` prints for why a walk stopped ("" if it did not). */
 int kvs_populate_control(int fd, char *base, uint64_t control_len);
+bool kvs_populate_may_grow(struct kvs_cache *c);
 int kvs_populate_claimed(struct kvs_cache *c, uint32_t slot);
 void kvs_populate_start(struct kvs_cache *c);
 int kvs_populate_range(int fd, char *base, uint64_t off, uint64_t len);
+bool kvs_populate_has_room(int fd, uint64_t len, uint64_t headroom);
+const char *kvs_populate_reason(uint32_t why, int32_t err);
 /* Tests only: behave as a kernel without MADV_POPULATE_WRITE (before 5.14) does. */
 extern bool kvs_populate_test_no_madvise;
+
+/* region.c, tests only: behave as a file system without O_TMPFILE (publish under a random
+ * name instead). */
+extern bool kvs_region_test_no_tmpfile;
 
 /* evict.c: a slot in state CLAIMED by this process, or -ENOSPC / -EUCLEAN. */
 int kvs_evict_claim(struct kvs_cache *c, enum kvs_alloc_class cls, uint32_t *slot);

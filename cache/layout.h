@@ -28,7 +28,7 @@
  * process ever touches a page /dev/shm cannot back (which would be a SIGBUS in an engine). */
 #define KVS_PAGES_UNKNOWN 0u
 #define KVS_PAGES_OK	  1u
-#define KVS_PAGES_NOROOM  2u	      /* allocation failed: the slot is never used */
+#define KVS_PAGES_NOROOM  2u	      /* allocation failed (not ENOSPC): the slot is never used */
 #define KVS_ORPHAN	  0x80000000u /* in slot.bucket: unhashed by invalidation, still pinned */
 
 /* The state word: bits 0-7 the state, bits 8-30 the claiming process for CLAIMED, bit 31 set
@@ -37,6 +37,10 @@
 #define KVS_ST_WAITERS	     0x80000000u
 #define KVS_ST_OWNER_SHIFT   8
 #define KVS_ST_CLAIMED_BY(p) ((uint32_t)KVS_SLOT_CLAIMED | ((uint32_t)(p) << KVS_ST_OWNER_SHIFT))
+
+/* hdr.populate_why: why the background walk stopped (with hdr.populate_err). */
+#define KVS_POPULATE_WHY_ERROR	  0u /* an allocation failed with populate_err */
+#define KVS_POPULATE_WHY_HEADROOM 1u /* free space reached cache.shm_headroom */
 
 enum kvs_proc_state { KVS_PROC_FREE = 0, KVS_PROC_ACTIVE = 1 };
 
@@ -55,7 +59,10 @@ struct kvs_hdr {
 	uint32_t nprocs;
 	uint32_t npins;
 	uint32_t eviction;
-	uint32_t pad0;
+	/* enum kvs_populate: written by the creator, then set to eager (never back) by a process
+	 * that starts the background walk; read for `kvshim stat` only.  It was padding before, so
+	 * a region of an older build reads as lazy. */
+	_Atomic uint32_t populate_mode;
 	uint64_t off_procs, off_stripes, off_buckets, off_slots, off_access, off_data;
 	uint64_t created_ns;
 	/* Line 2: the CLOCK hand over the main share; fetch-added by allocators, never locked. */
@@ -64,11 +71,13 @@ struct kvs_hdr {
 	/* Line 3: the hand over the reserved share. */
 	_Atomic uint64_t rhand;
 	uint8_t pad3[KVS_CACHELINE - 8];
-	/* Line 4: the background population's progress (slots it has walked) and the errno
-	 * that stopped it; written by the populating process only (populate.c). */
+	/* Line 4: the background population's progress (slots it has walked), the errno that
+	 * stopped it and why (KVS_POPULATE_WHY_*); written by the populating process only
+	 * (populate.c).  populate_why was padding before: zero means "an error". */
 	_Atomic uint32_t populated;
 	_Atomic int32_t populate_err;
-	uint8_t pad5[KVS_CACHELINE - 8];
+	_Atomic uint32_t populate_why;
+	uint8_t pad5[KVS_CACHELINE - 12];
 	/* Lines 4-: the process-table mutex (robust) and the folded totals it guards. */
 	pthread_mutex_t proc_lock;
 	uint8_t pad4[KVS_CACHELINE - sizeof(pthread_mutex_t)];

@@ -3,22 +3,35 @@
  *
  * DESIGN.  A tmpfs file is sparse: ftruncate reserves nothing, and the first touch of a page
  * that /dev/shm cannot back raises SIGBUS in whichever process touched it: an engine.  So no
- * slot is used before its pages exist.  Each slot records it in slot.pages:
+ * slot is used before its pages exist, and the cache never takes /dev/shm below
+ * cache.shm_headroom, which is left for the node's other users (NCCL, torch, the engine).
+ * Each slot records its pages in slot.pages:
  *
  *   UNKNOWN -> OK      the allocator that claims a FREE slot (evict.c), or the background
- *                      populator, allocates its pages (MADV_POPULATE_WRITE, which also zeroes
- *                      and maps them, so that later first touches are cheap; fallocate where the
+ *                      walker, first checks that free space stays above the headroom, then
+ *                      allocates the slot's pages (MADV_POPULATE_WRITE, which also zeroes and
+ *                      maps them, so that later first touches are cheap; fallocate where the
  *                      kernel lacks it), then stores OK.  Both may do it at once: harmless.
- *   UNKNOWN -> NOROOM  allocation failed (ENOSPC: /dev/shm is full): the slot is never used,
- *                      so the cache is smaller than configured, never a crash.
+ *   UNKNOWN            stays UNKNOWN when there is no room (at the headroom, or ENOSPC from
+ *                      the file system): the slot is left free for now, the allocator evicts
+ *                      instead, and for KVS_ROOM_RETRY_NS this process makes no further
+ *                      attempt (no system call per slot while /dev/shm is full).  Room made
+ *                      later (a neighbour frees its shared memory) is used again.
+ *   UNKNOWN -> NOROOM  allocation failed for another reason: the slot is never used.
  *
- * The creator allocates the control plane before it writes it, so a region that does not fit
- * fails to build with a message instead.  A background thread of one process (the holder of
- * an OFD lock on byte KVS_POPULATE_BYTE) walks the slots ahead of the allocators so that loads
- * do not pay for page allocation; if that process dies the lock drops and the next process to
- * attach or reap carries on.  The thread owns a descriptor and a mapping of its own, so it
+ * cache.populate = lazy (the default) allocates only in the allocator: pages exist for the
+ * slots that have been used, and a cache that is never filled costs only what it holds.
+ * cache.populate = eager adds the walk: a background thread of one process (the holder of an
+ * OFD lock on byte KVS_POPULATE_BYTE) allocates slots ahead of the allocators so that loads do
+ * not pay for page allocation, and stops at the headroom, recording why in the header
+ * (populate_err, populate_why); if that process dies the lock drops and the next eager process
+ * to attach or reap carries on.  The thread owns a descriptor and a mapping of its own, so it
  * never touches the handle that started it, which may be closed, or forgotten after fork,
  * while it runs.
+ *
+ * The headroom check and the allocation are not atomic across processes: N processes claiming
+ * at once can each pass the check and take the file system at most N slots below the headroom.
+ * The creator's check (region.c) is what keeps a region from being bigger than /dev/shm.
  */
 #include <errno.h>
 #include <fcntl.h>
@@ -26,14 +39,19 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <sys/mman.h>
+#include <sys/statvfs.h>
 #include <unistd.h>
 
+#include "config.h"
 #include "internal.h"
 #include "sys.h"
 
 #ifndef MADV_POPULATE_WRITE
 #define MADV_POPULATE_WRITE 23
 #endif
+
+/* After finding no room, a process leaves slots without pages alone this long. */
+#define KVS_ROOM_RETRY_NS 100000000ull
 
 /* The walker's descriptor, for the fork child to close: O_CLOEXEC acts only at exec, and a
  * child holding a copy would keep the walker's lock after the walker's process is gone. */
@@ -55,6 +73,7 @@ static void register_atfork(void)
 
 struct populator {
 	int fd;
+	uint64_t headroom;
 	char *base;
 	size_t len;
 	struct kvs_slot *slots;
@@ -74,8 +93,17 @@ int kvs_populate_range(int fd, char *base, uint64_t off, uint64_t len)
 	return fallocate(fd, 0, (off_t)off, (off_t)len) == 0 ? 0 : errno;
 }
 
-/* Make sure slot i's pages exist.  Returns 0, or a positive errno (the slot is marked
- * NOROOM). */
+bool kvs_populate_has_room(int fd, uint64_t len, uint64_t headroom)
+{
+	struct statvfs sv;
+
+	if (fstatvfs(fd, &sv) < 0)
+		return true; /* cannot tell: the allocation itself will say */
+	return (uint64_t)sv.f_bavail * sv.f_frsize >= headroom + len;
+}
+
+/* Make sure slot i's pages exist.  Returns 0, or a positive errno: ENOSPC leaves the slot
+ * UNKNOWN (there may be room later), another error marks it NOROOM. */
 static int populate_slot(struct kvs_slot *s, int fd, char *base, uint64_t off, uint64_t len)
 {
 	uint32_t pages = load_acquire(&s->pages); /* pairs with the release stores below */
@@ -86,6 +114,8 @@ static int populate_slot(struct kvs_slot *s, int fd, char *base, uint64_t off, u
 	if (pages == KVS_PAGES_NOROOM)
 		return ENOSPC;
 	err = kvs_populate_range(fd, base, off, len);
+	if (err == ENOSPC)
+		return err; /* pages it did get stay allocated, to be completed by a retry */
 	/* Only from UNKNOWN: a late failure must not mark a slot another process populated and
 	 * may be using.  Pairs with the acquire above. */
 	uint32_t expect = KVS_PAGES_UNKNOWN;
@@ -94,10 +124,46 @@ static int populate_slot(struct kvs_slot *s, int fd, char *base, uint64_t off, u
 	return err;
 }
 
+bool kvs_populate_may_grow(struct kvs_cache *c)
+{
+	return kvs_mono_ns() >= load_relaxed(&c->room_retry_ns);
+}
+
 int kvs_populate_claimed(struct kvs_cache *c, uint32_t i)
 {
-	return populate_slot(&c->slots[i], c->fd, c->base, c->hdr->off_data + i * c->shard_size,
-			     c->shard_size);
+	struct kvs_slot *s = &c->slots[i];
+	int err;
+
+	if (load_acquire(&s->pages) == KVS_PAGES_OK) /* pairs with populate_slot's CAS */
+		return 0;
+	if (!kvs_populate_has_room(c->fd, c->shard_size, c->headroom))
+		err = ENOSPC;
+	else
+		err = populate_slot(s, c->fd, c->base, c->hdr->off_data + i * c->shard_size,
+				    c->shard_size);
+	if (err == ENOSPC)
+		store_relaxed(&c->room_retry_ns, kvs_mono_ns() + KVS_ROOM_RETRY_NS);
+	return err;
+}
+
+const char *kvs_populate_reason(uint32_t why, int32_t err)
+{
+	if (!err)
+		return "";
+	if (why == KVS_POPULATE_WHY_HEADROOM)
+		return "headroom";
+	switch (err) {
+	case ENOSPC:
+		return "ENOSPC";
+	case ENOMEM:
+		return "ENOMEM";
+	case EIO:
+		return "EIO";
+	case EINVAL:
+		return "EINVAL";
+	default:
+		return "error";
+	}
 }
 
 int kvs_populate_control(int fd, char *base, uint64_t len)
@@ -113,10 +179,21 @@ static void *populate_main(void *arg)
 	    .l_type = F_UNLCK, .l_whence = SEEK_SET, .l_start = KVS_POPULATE_BYTE, .l_len = 1};
 
 	for (uint32_t i = load_relaxed(&h->populated); i < p->nslots; i++) {
-		int err = populate_slot(&p->slots[i], p->fd, p->base,
-					p->off_data + i * p->shard_size, p->shard_size);
+		uint32_t why = KVS_POPULATE_WHY_ERROR;
+		int err = 0;
+
+		if (load_relaxed(&p->slots[i].pages) != KVS_PAGES_OK &&
+		    !kvs_populate_has_room(p->fd, p->shard_size, p->headroom)) {
+			err = ENOSPC;
+			why = KVS_POPULATE_WHY_HEADROOM;
+		} else {
+			err = populate_slot(&p->slots[i], p->fd, p->base,
+					    p->off_data + i * p->shard_size, p->shard_size);
+		}
 		if (err) {
-			store_relaxed(&h->populate_err, err);
+			/* The reason before the errno: a reader that sees the errno sees why. */
+			store_relaxed(&h->populate_why, why);
+			store_release(&h->populate_err, err); /* pairs with kvs_cache_stat */
 			break;
 		}
 		store_relaxed(&h->populated, i + 1);
@@ -136,8 +213,11 @@ void kvs_populate_start(struct kvs_cache *c)
 	struct populator *p;
 	int fd;
 
-	if (c->watch || load_relaxed(&c->hdr->populated) >= c->nslots ||
-	    load_relaxed(&c->hdr->populate_err))
+	if (c->watch || c->populate != KVS_POPULATE_EAGER)
+		return;
+	/* Eager from now on, for `kvshim stat`; lazy processes never set it back. */
+	store_relaxed(&c->hdr->populate_mode, KVS_POPULATE_EAGER);
+	if (load_relaxed(&c->hdr->populated) >= c->nslots || load_relaxed(&c->hdr->populate_err))
 		return;
 	/* A descriptor of our own: a new open file description of the same inode (not of the
 	 * name, which a reset may have given to another region), so the lock is the thread's and
@@ -153,6 +233,7 @@ void kvs_populate_start(struct kvs_cache *c)
 	if (!p)
 		goto err_close;
 	p->fd = fd;
+	p->headroom = c->headroom;
 	p->len = c->map_len;
 	p->off_data = c->hdr->off_data;
 	p->shard_size = c->shard_size;

@@ -3,13 +3,35 @@
  *
  * DESIGN: the shared-memory protocol (this essay covers all of cache/)
  *
- * The region is a file in /dev/shm, mapped MAP_SHARED by every process that uses it.  It is
- * built under a temporary name and link()ed into place, so no process ever maps a half-built
- * region and two racing creators agree on one winner (link fails with EEXIST for the loser,
- * which attaches to the winner's).  Attachers check magic, layout version and every dimension
- * against their own configuration.  Every index read from shared memory is checked against
- * its bound before use; a chain walk stops after nslots steps.  Corruption yields -EUCLEAN,
- * never an access out of bounds.
+ * The region is a file in /dev/shm, mapped MAP_SHARED by every process that uses it.
+ *
+ * Trust.  /dev/shm is a world-writable sticky directory: any local user can put anything at
+ * our path (a hard link to a region they can write, a FIFO, a symbolic link).  A region is
+ * shared memory that the engine copies from and locks live in, so a process uses the object
+ * at its path only if it is a regular file, owned by this process's effective uid, with one
+ * link, and with no permission bit beyond cache.mode: then nobody but us (and the group
+ * cache.mode names) can have written it, and no other name reaches it.  Every open of the path
+ * (attach, `kvshim stat`, `kvshim reset`) goes through kvs_cache_open_file: O_NOFOLLOW, so a
+ * symbolic link is not followed, and O_NONBLOCK, so a FIFO or a device cannot block the open;
+ * then fstat of what was opened (not of the name, which may change meanwhile) decides.
+ * Anything else is refused with -EPERM and one line saying what the object is, and the engine
+ * reads from storage.  The name itself is predictable by design; an object another user put
+ * there is removed by root (`kvshim reset`), or avoided with another cache.name.
+ *
+ * Publication.  The creator builds the region in an unnamed file (O_TMPFILE in /dev/shm),
+ * mode 0600 then fchmod to cache.mode, sized, its control plane allocated and written, and
+ * only then gives it the name with linkat(/proc/self/fd/N): no process ever maps a half-built
+ * region, no name exists that another user could guess and take first, and two racing
+ * creators agree on one winner (linkat fails with EEXIST for the loser, which attaches to the
+ * winner's).  Where the file system has no O_TMPFILE the file gets a name with 128 random
+ * bits (getrandom), created O_EXCL | O_NOFOLLOW, renamed into place without replacing
+ * (RENAME_NOREPLACE), and unlinked on every failure.  Before it builds anything, the creator
+ * checks that the region fits in the file system's free space less cache.shm_headroom (or,
+ * with cache.capacity = auto, shrinks it to fit).  Attachers check magic, layout version and
+ * every dimension against their own configuration (with capacity = auto, against the region's
+ * own slot count).  Every index read from shared memory is checked against its bound before
+ * use; a chain walk stops after nslots steps.  Corruption yields -EUCLEAN, never an access out
+ * of bounds.
  *
  * Slots.  A slot caches one (block, shard).  Its 32-bit state word (alone on its cache line)
  * is FREE, CLAIMED (by process p, encoded in the word), LOADING, READY or FAILED, plus a
@@ -76,13 +98,20 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
+#include <sys/random.h>
 #include <sys/stat.h>
+#include <sys/statvfs.h>
 #include <sys/syscall.h>
 #include <time.h>
 #include <unistd.h>
 
 #include "config.h"
 #include "internal.h"
+
+/* capacity = auto refuses a region of fewer slots than this. */
+#define KVS_AUTO_MIN_SLOTS 8u
+
+bool kvs_region_test_no_tmpfile;
 
 struct dims {
 	uint64_t shard_size, capacity, total;
@@ -139,16 +168,25 @@ static int dims_from(struct dims *d, uint64_t shard_size, uint64_t nslots, uint6
 	return 0;
 }
 
-/* The region the configuration asks for. */
-static int dims_of(const struct kvs_config *cfg, struct dims *d)
+/* The region of n slots that the configuration asks for. */
+static int dims_for(const struct kvs_config *cfg, uint64_t n, struct dims *d)
 {
-	uint64_t shard = cfg->cache_shard_size;
-	uint64_t n = shard ? cfg->cache_capacity / shard : 0;
 	uint64_t reserved = n * cfg->cache_reserved / 100;
 
 	if (n && reserved >= n)
 		reserved = n - 1;
-	return dims_from(d, shard, n, reserved, cfg->cache_max_processes);
+	return dims_from(d, cfg->cache_shard_size, n, reserved, cfg->cache_max_processes);
+}
+
+/* The region the configuration asks for; with capacity = auto, one of the smallest size that
+ * auto accepts (the real size is set by fit() or read from the region). */
+static int dims_of(const struct kvs_config *cfg, struct dims *d)
+{
+	uint64_t shard = cfg->cache_shard_size;
+
+	if (!cfg->cache_capacity)
+		return dims_for(cfg, KVS_AUTO_MIN_SLOTS, d);
+	return dims_for(cfg, shard ? cfg->cache_capacity / shard : 0, d);
 }
 
 /* The region a file's header describes (a watcher takes the region as it is). */
@@ -164,9 +202,91 @@ static int dims_of_file(int fd, struct dims *d)
 
 int kvs_cache_path(const struct kvs_config *cfg, char *buf, size_t len)
 {
-	int n = snprintf(buf, len, "/dev/shm/kvshim.%u.%s", (unsigned)getuid(), cfg->cache_name);
+	/* The effective uid: the one that owns what this process creates, and that trust is
+	 * checked against. */
+	int n = snprintf(buf, len, "/dev/shm/kvshim.%u.%s", (unsigned)geteuid(), cfg->cache_name);
 
 	return n < 0 || (size_t)n >= len ? -ENAMETOOLONG : 0;
+}
+
+static const char *kind_of(mode_t m)
+{
+	switch (m & S_IFMT) {
+	case S_IFREG:
+		return "a regular file";
+	case S_IFDIR:
+		return "a directory";
+	case S_IFIFO:
+		return "a FIFO";
+	case S_IFCHR:
+		return "a character device";
+	case S_IFBLK:
+		return "a block device";
+	case S_IFSOCK:
+		return "a socket";
+	case S_IFLNK:
+		return "a symbolic link";
+	default:
+		return "of an unknown type";
+	}
+}
+
+bool kvs_cache_distrust(const struct stat *st, uint32_t mode, char *why, size_t len)
+{
+	uid_t me = geteuid();
+
+	if (!S_ISREG(st->st_mode))
+		snprintf(why, len, "is %s, not a regular file", kind_of(st->st_mode));
+	else if (st->st_uid != me)
+		snprintf(why, len, "owned by uid %u, not %u", (unsigned)st->st_uid, (unsigned)me);
+	else if (st->st_nlink != 1)
+		snprintf(why, len, "has %lu links", (unsigned long)st->st_nlink);
+	else if ((st->st_mode & 07777) & ~(mode_t)mode)
+		snprintf(why, len, "mode %04o is wider than cache.mode %04o",
+			 (unsigned)(st->st_mode & 07777), (unsigned)mode);
+	else
+		return false;
+	return true;
+}
+
+int kvs_cache_open_file(const char *path, int oflags, uint32_t mode, char *msg, size_t msglen)
+{
+	char why[96];
+	struct stat st;
+	int fd, r;
+
+	/* O_NONBLOCK: a FIFO or a device at the path must not block the open. */
+	fd = open(path, oflags | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC);
+	if (fd < 0) {
+		r = -errno;
+		if (r == -ELOOP) {
+			snprintf(msg, msglen, "refusing %s: is a symbolic link", path);
+			return -EPERM;
+		}
+		if (r != -ENOENT)
+			snprintf(msg, msglen, "cannot open %s: %s", path, strerror(-r));
+		return r;
+	}
+	if (fstat(fd, &st) < 0) {
+		r = -errno;
+		snprintf(msg, msglen, "cannot stat %s: %s", path, strerror(-r));
+		goto err_close;
+	}
+	if (kvs_cache_distrust(&st, mode, why, sizeof(why))) {
+		snprintf(msg, msglen, "refusing %s: %s (`kvshim reset` removes it)", path, why);
+		r = -EPERM;
+		goto err_close;
+	}
+	/* A regular file: blocking mode is irrelevant to it, but leave nothing unusual set. */
+	if (fcntl(fd, F_SETFL, fcntl(fd, F_GETFL) & ~O_NONBLOCK) < 0) {
+		r = -errno;
+		goto err_close;
+	}
+	return fd;
+
+err_close:
+	close(fd);
+	return r;
 }
 
 static uint64_t now_ns(void)
@@ -215,6 +335,7 @@ static int build(struct kvs_cache *c, const struct dims *d, const struct kvs_con
 	h->nprocs = d->nprocs;
 	h->npins = KVS_PINS_PER_PROC;
 	h->eviction = (uint32_t)cfg->cache_eviction;
+	h->populate_mode = (uint32_t)cfg->cache_populate;
 	h->off_procs = d->off_procs;
 	h->off_stripes = d->off_stripes;
 	h->off_buckets = d->off_buckets;
@@ -295,79 +416,211 @@ static int check(struct kvs_cache *c, const struct dims *d, size_t file_size, ch
 	return 0;
 }
 
-/* Create the region under a temporary name and link it into place.  Returns the descriptor of
- * the published region, -EEXIST when another process published first, or -errno. */
-static int create(struct kvs_cache *c, const struct dims *d, const struct kvs_config *cfg,
-		  char *msg, size_t msglen)
+/* Format v bytes as a short figure ("1.5 GiB") into buf. */
+static const char *human(uint64_t v, char *buf, size_t len)
 {
-	char tmp[sizeof(c->path) + 48];
-	static _Atomic unsigned seq;
-	int fd, r;
+	static const char *const unit[] = {"B", "KiB", "MiB", "GiB", "TiB"};
+	double x = (double)v;
+	int u = 0;
 
-	snprintf(tmp, sizeof(tmp), "%s.tmp.%d.%u", c->path, (int)getpid(), add_relaxed(&seq, 1));
-	fd = open(tmp, O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC | O_NOFOLLOW, 0600);
-	if (fd < 0) {
+	while (x >= 1024.0 && u < 4) {
+		x /= 1024.0;
+		u++;
+	}
+	snprintf(buf, len, u ? "%.1f %s" : "%.0f %s", x, unit[u]);
+	return buf;
+}
+
+/*
+ * Check that a region of d's size fits in the free space of the file system of dirfd less
+ * cache.shm_headroom, or (cache.capacity = auto) set d to the most slots that fit.  Returns 0,
+ * or -ENOSPC with one line in msg.
+ */
+static int fit(int dirfd, struct dims *d, const struct kvs_config *cfg, const char *path, char *msg,
+	       size_t msglen)
+{
+	uint64_t shard = cfg->cache_shard_size, free_b, room, n;
+	char a[32], b[32], h[32];
+	struct statvfs sv;
+	int r;
+
+	if (fstatvfs(dirfd, &sv) < 0) {
 		r = -errno;
-		snprintf(msg, msglen, "cannot create %s: %s", tmp, strerror(-r));
+		snprintf(msg, msglen, "cannot measure the free space for %s: %s", path,
+			 strerror(-r));
 		return r;
+	}
+	free_b = (uint64_t)sv.f_bavail * sv.f_frsize;
+	room = free_b > cfg->cache_shm_headroom ? free_b - cfg->cache_shm_headroom : 0;
+	human(free_b, b, sizeof(b));
+	human(cfg->cache_shm_headroom, h, sizeof(h));
+	if (cfg->cache_capacity) {
+		if (d->total <= room)
+			return 0;
+		snprintf(msg, msglen,
+			 "cannot build %s: %s: cache.capacity %s needs %s, /dev/shm has %s free "
+			 "and cache.shm_headroom keeps %s; set a smaller cache.capacity, "
+			 "cache.capacity = auto, or a larger /dev/shm (docker --shm-size)",
+			 path, strerror(ENOSPC), human(d->capacity, a, sizeof(a)),
+			 human(d->total, (char[32]){0}, 32), b, h);
+		return -ENOSPC;
+	}
+	/* The control plane grows with the slots: step down until the whole region fits. */
+	n = room / shard;
+	if (n >= (1u << 30))
+		n = (1u << 30) - 1;
+	while (n >= KVS_AUTO_MIN_SLOTS) {
+		if (dims_for(cfg, n, d) == 0 && d->total <= room)
+			return 0;
+		uint64_t over = d->total > room ? (d->total - room + shard - 1) / shard : 1;
+		n = n > over ? n - over : 0;
+	}
+	snprintf(msg, msglen,
+		 "cannot build %s: %s: cache.capacity = auto, but /dev/shm has %s free and "
+		 "cache.shm_headroom keeps %s, not room for %u slots of %s; free /dev/shm, lower "
+		 "cache.shm_headroom, or use a larger /dev/shm (docker --shm-size)",
+		 path, strerror(ENOSPC), b, h, KVS_AUTO_MIN_SLOTS, human(shard, a, sizeof(a)));
+	return -ENOSPC;
+}
+
+/* Create an unnamed file in dirfd's directory, or where the file system cannot, a file with
+ * an unguessable name (written to name); -errno on failure. */
+static int open_unnamed(int dirfd, const char *path, char *name, size_t namelen)
+{
+	unsigned char rnd[16];
+	int fd, n;
+
+	name[0] = '\0';
+	if (!kvs_region_test_no_tmpfile) {
+		fd = openat(dirfd, ".", O_TMPFILE | O_RDWR | O_CLOEXEC, 0600);
+		if (fd >= 0 || (errno != EOPNOTSUPP && errno != EISDIR && errno != EINVAL))
+			return fd >= 0 ? fd : -errno;
+	}
+	if (getrandom(rnd, sizeof(rnd), 0) != (ssize_t)sizeof(rnd))
+		return -EAGAIN;
+	n = snprintf(name, namelen, "%s.build.%d.", path, (int)getpid());
+	for (size_t i = 0; i < sizeof(rnd) && n > 0 && (size_t)n + 2 < namelen; i++)
+		n += snprintf(name + n, namelen - (size_t)n, "%02x", rnd[i]);
+	fd = open(name, O_RDWR | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0600);
+	if (fd < 0) {
+		fd = -errno;
+		name[0] = '\0';
+	}
+	return fd;
+}
+
+/* Give the built file fd (named name, or unnamed if name is "") the region's path, never
+ * replacing what is there.  0, -EEXIST when another creator won, or -errno. */
+static int publish(int fd, const char *name, const char *path)
+{
+	char self[32];
+
+	if (!*name) {
+		snprintf(self, sizeof(self), "/proc/self/fd/%d", fd);
+		return linkat(AT_FDCWD, self, AT_FDCWD, path, AT_SYMLINK_FOLLOW) ? -errno : 0;
+	}
+	if (renameat2(AT_FDCWD, name, AT_FDCWD, path, RENAME_NOREPLACE) == 0)
+		return 0;
+	if (errno != EINVAL && errno != ENOSYS)
+		return -errno;
+	/* No RENAME_NOREPLACE either: link, then unlink (two links meanwhile: an attacher in
+	 * that window refuses it and reads storage once). */
+	if (link(name, path) < 0)
+		return -errno;
+	unlink(name);
+	return 0;
+}
+
+/* Build the region (sized by fit(), which may change d) and publish it.  Returns the
+ * descriptor of the published region, -EEXIST when another process published first, or
+ * -errno. */
+static int create(struct kvs_cache *c, struct dims *d, const struct kvs_config *cfg, char *msg,
+		  size_t msglen)
+{
+	char dir[sizeof(c->path)], name[sizeof(c->path) + 64];
+	const char *slash = strrchr(c->path, '/');
+	int dirfd, fd, r;
+
+	name[0] = '\0';
+	snprintf(dir, sizeof(dir), "%.*s", slash ? (int)(slash - c->path) + 1 : 1,
+		 slash ? c->path : ".");
+	dirfd = open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+	if (dirfd < 0) {
+		r = -errno;
+		snprintf(msg, msglen, "cannot open %s: %s", dir, strerror(-r));
+		return r;
+	}
+	r = fit(dirfd, d, cfg, c->path, msg, msglen);
+	if (r)
+		goto out_dir;
+	fd = open_unnamed(dirfd, c->path, name, sizeof(name));
+	if (fd < 0) {
+		r = fd;
+		snprintf(msg, msglen, "cannot create a region in %s: %s", dir, strerror(-r));
+		goto out_dir;
 	}
 	if (fchmod(fd, (mode_t)cfg->cache_mode) < 0 || ftruncate(fd, (off_t)d->total) < 0) {
 		r = -errno;
-		snprintf(msg, msglen, "cannot size %s to %" PRIu64 " bytes: %s", tmp, d->total,
+		snprintf(msg, msglen, "cannot size %s to %" PRIu64 " bytes: %s", c->path, d->total,
 			 strerror(-r));
-		goto err_unlink;
+		goto err_close;
 	}
 	c->base = mmap(NULL, d->total, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
 	if (c->base == MAP_FAILED) {
 		r = -errno;
 		c->base = NULL;
-		snprintf(msg, msglen, "cannot map %s: %s", tmp, strerror(-r));
-		goto err_unlink;
+		snprintf(msg, msglen, "cannot map %s: %s", c->path, strerror(-r));
+		goto err_close;
 	}
 	c->map_len = d->total;
 	bind(c, d);
 	/* Allocate before writing: a /dev/shm too small must be an error here, not a SIGBUS. */
 	r = kvs_populate_control(fd, c->base, d->off_data);
 	if (r) {
-		snprintf(msg, msglen, "cannot allocate %s in /dev/shm: %s", tmp, strerror(-r));
+		snprintf(msg, msglen, "cannot allocate %s in /dev/shm: %s", c->path, strerror(-r));
 		goto err_unmap;
 	}
 	r = build(c, d, cfg);
 	if (r) {
-		snprintf(msg, msglen, "cannot initialise %s: %s", tmp, strerror(-r));
+		snprintf(msg, msglen, "cannot initialise %s: %s", c->path, strerror(-r));
 		goto err_unmap;
 	}
-	if (link(tmp, c->path) < 0) {
-		r = -errno;
+	r = publish(fd, name, c->path);
+	if (r) {
 		if (r != -EEXIST)
 			snprintf(msg, msglen, "cannot publish %s: %s", c->path, strerror(-r));
 		goto err_unmap;
 	}
-	unlink(tmp);
+	close(dirfd);
 	return fd;
 
 err_unmap:
 	munmap(c->base, c->map_len);
 	c->base = NULL;
-err_unlink:
-	unlink(tmp);
+err_close:
+	if (*name)
+		unlink(name);
 	close(fd);
+out_dir:
+	close(dirfd);
 	return r;
 }
 
-/* Map an existing region and check it against d.  Returns 0 or -errno. */
-static int attach(struct kvs_cache *c, const struct dims *d, char *msg, size_t msglen)
+/* Map an existing region and check it against d (with capacity = auto, against the region's
+ * own slot count, written back to d).  Returns 0 or -errno. */
+static int attach(struct kvs_cache *c, struct dims *d, const struct kvs_config *cfg, bool autosize,
+		  char *msg, size_t msglen)
 {
+	struct kvs_hdr built;
 	struct dims mine;
 	struct stat st;
 	size_t len;
 	int r;
 
-	c->fd = open(c->path, O_RDWR | O_CLOEXEC | O_NOFOLLOW);
+	c->fd = kvs_cache_open_file(c->path, O_RDWR, c->mode, msg, msglen);
 	if (c->fd < 0) {
-		r = -errno;
-		if (r != -ENOENT)
-			snprintf(msg, msglen, "cannot open %s: %s", c->path, strerror(-r));
+		r = c->fd;
+		c->fd = -1;
 		return r;
 	}
 	if (fstat(c->fd, &st) < 0) {
@@ -375,7 +628,11 @@ static int attach(struct kvs_cache *c, const struct dims *d, char *msg, size_t m
 		goto err_close;
 	}
 	if (c->watch && dims_of_file(c->fd, &mine) == 0)
-		d = &mine; /* a watcher reads the region as it was built */
+		*d = mine; /* a watcher reads the region as it was built */
+	else if (autosize &&
+		 syscall(SYS_pread64, c->fd, &built, sizeof(built), 0) == (long)sizeof(built) &&
+		 built.magic == KVS_MAGIC && dims_for(cfg, built.nslots, &mine) == 0)
+		*d = mine; /* free space has changed since it was built: take its slot count */
 	if ((uint64_t)st.st_size != d->total) {
 		c->base = NULL;
 		c->hdr = NULL;
@@ -448,13 +705,16 @@ int kvs_cache_open(const struct kvs_config *cfg, int flags, struct kvs_cache **o
 	c->watch = flags & KVS_OPEN_WATCH;
 	c->wait_mode = cfg->loader_wait;
 	c->eviction = cfg->cache_eviction;
+	c->populate = cfg->cache_populate;
+	c->mode = (uint32_t)cfg->cache_mode;
+	c->headroom = cfg->cache_shm_headroom;
 	pthread_mutex_init(&c->reclaim_mu, NULL);
 	r = kvs_cache_path(cfg, c->path, sizeof(c->path));
 	if (r)
 		goto err_free;
 
 	for (int tries = 0; tries < 8; tries++) {
-		r = attach(c, &d, msg, msglen);
+		r = attach(c, &d, cfg, !cfg->cache_capacity, msg, msglen);
 		if (r != -ENOENT || !(flags & KVS_OPEN_CREATE))
 			break;
 		r = create(c, &d, cfg, msg, msglen);
@@ -538,7 +798,16 @@ int kvs_cache_stat(struct kvs_cache *c, struct kvs_region_info *info, struct kvs
 	info->slots = c->nslots;
 	info->reserved_slots = c->nslots - c->nmain;
 	info->max_processes = c->nprocs;
-	info->populate_err = load_relaxed(&c->hdr->populate_err);
+	/* Pairs with the walker's release store: the reason is stored before the errno. */
+	info->populate_err = load_acquire(&c->hdr->populate_err);
+	info->populate_reason =
+	    kvs_populate_reason(load_relaxed(&c->hdr->populate_why), info->populate_err);
+	info->populate_mode = load_relaxed(&c->hdr->populate_mode) == KVS_POPULATE_EAGER
+				  ? KVS_POPULATE_EAGER
+				  : KVS_POPULATE_LAZY;
+	struct statvfs sv;
+	if (fstatvfs(c->fd, &sv) == 0)
+		info->shm_free_bytes = (uint64_t)sv.f_bavail * sv.f_frsize;
 	for (uint32_t i = 0; i < c->nslots; i++) {
 		uint32_t st = st_of(load_relaxed(&c->slots[i].state));
 

@@ -5,7 +5,8 @@
  * Everything about a key (its type, field, default, bounds and help) comes from keys.def; this
  * file turns that table into a descriptor array and drives the defaults, the INI handler, the
  * environment overrides and the listing from it, so no key is named here except for the few
- * rules a table cannot express (shard alignment, queue rounding, capacity >= shard).
+ * rules a table cannot express (shard alignment, queue rounding, capacity >= shard unless
+ * auto).
  *
  * Loading writes into the caller's struct as it goes and, on the first error, overwrites it
  * with the defaults and shim_enable = false: the caller never sees a half-applied file.
@@ -52,6 +53,7 @@
 enum key_type {
 	KT_BOOL,
 	KT_SIZE,
+	KT_SIZE_AUTO,
 	KT_UINT,
 	KT_AUTO,
 	KT_PCT,
@@ -63,6 +65,7 @@ enum key_type {
 	KT_ENUM_WAIT,
 	KT_ENUM_PREFETCH,
 	KT_ENUM_IO,
+	KT_ENUM_POPULATE,
 };
 
 struct key_desc {
@@ -123,6 +126,11 @@ static const struct word io_words[] = {
     {"io_uring", KVS_IO_URING},
     {"threads", KVS_IO_THREADS},
     {"uring", KVS_IO_URING}, /* liburing's own short name */
+    {NULL, 0},
+};
+static const struct word populate_words[] = {
+    {"lazy", KVS_POPULATE_LAZY},
+    {"eager", KVS_POPULATE_EAGER},
     {NULL, 0},
 };
 static const struct word no_words[] = {{NULL, 0}}; /* for the types that are not enums */
@@ -332,6 +340,8 @@ static const struct word *words_of(enum key_type t)
 		return prefetch_words;
 	case KT_ENUM_IO:
 		return io_words;
+	case KT_ENUM_POPULATE:
+		return populate_words;
 	default:
 		return no_words;
 	}
@@ -368,7 +378,7 @@ static void format_size(uint64_t v, char *buf, size_t len)
 /* Print a numeric bound of key k the way its values are written. */
 static void format_bound(const struct key_desc *k, uint64_t v, char *buf, size_t len)
 {
-	if (k->type == KT_SIZE)
+	if (k->type == KT_SIZE || k->type == KT_SIZE_AUTO)
 		format_size(v, buf, len);
 	else if (k->type == KT_MODE)
 		snprintf(buf, len, "%04llo", (unsigned long long)v);
@@ -399,6 +409,9 @@ static void expected(enum key_type t, char *buf, size_t len)
 		return;
 	case KT_SIZE:
 		snprintf(buf, len, "a byte count with optional K, M, G or T suffix");
+		return;
+	case KT_SIZE_AUTO:
+		snprintf(buf, len, "auto or a byte count with optional K, M, G or T suffix");
 		return;
 	case KT_UINT:
 		snprintf(buf, len, "a decimal integer");
@@ -438,6 +451,11 @@ static int parse_value(const struct key_desc *k, const char *s, union value *v, 
 		break;
 	case KT_SIZE:
 		ret = parse_size(s, &v->u);
+		break;
+	case KT_SIZE_AUTO:
+		*is_auto = str_ieq(s, "auto");
+		ret = *is_auto ? 0 : parse_size(s, &v->u);
+		ranged = !*is_auto;
 		break;
 	case KT_UINT:
 		ret = parse_uint(s, &v->u);
@@ -552,6 +570,9 @@ static int set_key(struct kvs_config *cfg, int id, const char *s, char *why, siz
 	case KT_PCT:
 	case KT_MODE:
 		*(uint64_t *)field = v.u;
+		break;
+	case KT_SIZE_AUTO:
+		*(uint64_t *)field = is_auto ? 0 : v.u; /* min > 0: no clash with auto */
 		break;
 	case KT_AUTO:
 		*(int64_t *)field = is_auto ? -1 : (int64_t)v.u; /* max < 2^63: no wrap */
@@ -871,7 +892,8 @@ static int check_all(struct load_ctx *c)
 	char why[KVS_CONFIG_MSG_MAX], a[32], b[32];
 	int cap = KVS_KEY_cache_capacity, shard = KVS_KEY_cache_shard_size;
 
-	if (cfg->cache_capacity < cfg->cache_shard_size) {
+	/* capacity = auto (0) is sized when the region is built, in whole shards. */
+	if (cfg->cache_capacity && cfg->cache_capacity < cfg->cache_shard_size) {
 		format_size(cfg->cache_capacity, a, sizeof(a));
 		format_size(cfg->cache_shard_size, b, sizeof(b));
 		/* Blame the key set last: the later source, else the later line. */
@@ -969,6 +991,12 @@ static int print_value(const struct kvs_config *cfg, int id, FILE *out)
 		return fputs(*(const bool *)field ? "true" : "false", out);
 	case KT_SIZE:
 		format_size(*(const uint64_t *)field, buf, sizeof(buf));
+		return fputs(buf, out);
+	case KT_SIZE_AUTO:
+		u = *(const uint64_t *)field;
+		if (!u)
+			return fputs("auto", out);
+		format_size(u, buf, sizeof(buf));
 		return fputs(buf, out);
 	case KT_UINT:
 		return fprintf(out, "%llu", (unsigned long long)*(const uint64_t *)field);

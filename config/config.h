@@ -26,6 +26,7 @@ enum kvs_eviction { KVS_EVICT_CLOCK, KVS_EVICT_FIFO };
 enum kvs_wait_mode { KVS_WAIT_FUTEX, KVS_WAIT_SPIN };
 enum kvs_prefetch { KVS_PREFETCH_OFF, KVS_PREFETCH_ALLOC, KVS_PREFETCH_READ };
 enum kvs_io_mode { KVS_IO_AUTO, KVS_IO_URING, KVS_IO_THREADS };
+enum kvs_populate { KVS_POPULATE_LAZY, KVS_POPULATE_EAGER };
 
 /* Where a key's effective value came from. */
 enum kvs_source { KVS_SRC_DEFAULT, KVS_SRC_FILE, KVS_SRC_ENV };
@@ -38,6 +39,7 @@ typedef char kvs_config_str[KVS_CONFIG_STR_MAX];
 
 #define KVS_CTYPE_BOOL		bool
 #define KVS_CTYPE_SIZE		uint64_t
+#define KVS_CTYPE_SIZE_AUTO	uint64_t /* 0 = auto */
 #define KVS_CTYPE_UINT		uint64_t
 #define KVS_CTYPE_AUTO		int64_t
 #define KVS_CTYPE_PCT		uint64_t
@@ -49,6 +51,7 @@ typedef char kvs_config_str[KVS_CONFIG_STR_MAX];
 #define KVS_CTYPE_ENUM_WAIT	int
 #define KVS_CTYPE_ENUM_PREFETCH int
 #define KVS_CTYPE_ENUM_IO	int
+#define KVS_CTYPE_ENUM_POPULATE int
 
 enum kvs_key_id {
 #define KVS_KEY(sec, key, type, field, def, min, max, help) KVS_KEY_##field,

@@ -10,7 +10,9 @@
 # `stat` on an absent region; `stat --json` is one valid object with every key of design.md §7
 # and totals carried over from exited processes; `stat --prom` is well-formed exposition text;
 # `stat --watch` repeats and ends with status 0 on SIGINT; `reset` refuses while a process is
-# attached and works with --force; `run` finds the library, prepends it to LD_PRELOAD, sets
+# attached and works with --force; an untrusted object at the region's path (a FIFO, a mode
+# wider than cache.mode) is refused by stat in one line and removed by reset without hanging;
+# stat shows the populate mode and populated slots in every format; `run` finds the library, prepends it to LD_PRELOAD, sets
 # KVSHIM_CONFIG absolute and passes the exit status through.
 # Exits 0 on success, 1 on failure, 77 (CTest skip) when python3 is missing.
 
@@ -331,6 +333,50 @@ k reset
 expect_rc 0 "reset with no process attached"
 [ ! -e "$REGION" ] || fail "reset left $REGION"
 pass "reset refuses while attached, --force and an idle region work"
+
+# Something the shim would not use at the region's path: stat refuses it at once with one
+# line, and reset neither hangs (a FIFO) nor leaves it, nor leftovers of dead creators.
+mkfifo "$REGION" || fail "mkfifo $REGION"
+k stat --json
+expect_rc 1 "stat on a FIFO"
+expect_one_err "kvshim: refusing $REGION: is a FIFO, not a regular file" "stat on a FIFO"
+: >"$REGION.tmp.999999999.0"
+: >"$REGION.build.999999999.00112233445566778899aabbccddeeff"
+k reset
+expect_rc 0 "reset of a FIFO"
+[ ! -e "$REGION" ] || fail "reset left the FIFO at $REGION"
+grep -q "removed $REGION (it is a FIFO, not a regular file" "$OUT" || fail "reset of a FIFO: $(cat "$OUT")"
+[ ! -e "$REGION.tmp.999999999.0" ] || fail "reset left an old-style leftover"
+[ ! -e "$REGION.build.999999999.00112233445566778899aabbccddeeff" ] || fail "reset left a leftover"
+$T "$MKREGION" || fail "mkregion after the FIFO"
+chmod 0644 "$REGION"
+k stat
+expect_rc 1 "stat on a region of a wider mode"
+expect_one_err "kvshim: refusing $REGION: mode 0644 is wider than cache.mode 0600" "wider mode"
+k reset
+expect_rc 0 "reset of a region of a wider mode"
+[ ! -e "$REGION" ] || fail "reset left $REGION of a wider mode"
+pass "an untrusted object: stat refuses it in one line, reset removes it without hanging"
+
+# Population in every format: the mode, the slots populated, why a walk stopped.
+$T "$MKREGION" || fail "mkregion for population"
+k stat --json
+expect_rc 0 "stat --json for population"
+python3 -c '
+import json, sys
+r = json.load(sys.stdin)["region"]
+assert r["populate"] == "lazy" and r["populate_reason"] == "" and r["populate_errno"] == 0, r
+assert type(r["slots_populated"]) is int and type(r["shm_free_bytes"]) is int, r' <"$OUT" ||
+	fail "stat --json population keys: $(cat "$OUT")"
+k stat --prom
+grep -qE '^kvshim_region_slots_populated\{region="[^"]*"\} [0-9]+$' "$OUT" || fail "prom: slots_populated"
+grep -qE '^kvshim_region_populate_info\{region="[^"]*",mode="lazy",reason=""\} 1$' "$OUT" ||
+	fail "prom: populate_info: $(grep populate "$OUT")"
+k stat
+grep -qE '^populated +[0-9]+ of 64 slots, lazy; /dev/shm has ' "$OUT" || fail "text: $(grep populated "$OUT")"
+k reset
+expect_rc 0 "reset after population"
+pass "stat shows population in text, --json and --prom"
 
 # --- run ---------------------------------------------------------------------------------
 

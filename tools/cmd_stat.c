@@ -95,6 +95,12 @@ static void json_counters(FILE *f, const struct kvs_counters *c)
 		fprintf(f, "%s\"%s\":%" PRIu64, k ? "," : "", ctr_name[k], c->v[k]);
 }
 
+/* The cache.populate word of mode. */
+static const char *populate_word(uint32_t mode)
+{
+	return mode == KVS_POPULATE_EAGER ? "eager" : "lazy";
+}
+
 /* Print s as one JSON object on one line. */
 static void print_json(FILE *f, const struct snapshot *s)
 {
@@ -110,10 +116,12 @@ static void print_json(FILE *f, const struct snapshot *s)
 		",\"slots_ready\":%" PRIu32 ",\"slots_loading\":%" PRIu32
 		",\"slots_failed\":%" PRIu32 ",\"slots_pinned\":%" PRIu32
 		",\"processes_attached\":%" PRIu32 ",\"max_processes\":%" PRIu32
-		",\"slots_populated\":%" PRIu32 ",\"populate_errno\":%" PRId32 "}",
+		",\"slots_populated\":%" PRIu32 ",\"populate_errno\":%" PRId32
+		",\"populate\":\"%s\",\"populate_reason\":\"%s\",\"shm_free_bytes\":%" PRIu64 "}",
 		i->capacity_bytes, i->shard_size, i->total_bytes, i->slots, i->reserved_slots,
 		i->slots_ready, i->slots_loading, i->slots_failed, i->slots_pinned,
-		i->processes_attached, i->max_processes, i->slots_populated, i->populate_err);
+		i->processes_attached, i->max_processes, i->slots_populated, i->populate_err,
+		populate_word(i->populate_mode), i->populate_reason, i->shm_free_bytes);
 	fputs(",\"totals\":{", f);
 	json_counters(f, &s->totals);
 	fputs("},\"processes\":[", f);
@@ -169,6 +177,18 @@ static void print_prom(FILE *f, const struct snapshot *s)
 	prom_gauge(f, s, "processes_attached", "live processes attached to the region",
 		   i->processes_attached);
 	prom_gauge(f, s, "max_processes", "slots in the process table", i->max_processes);
+	prom_gauge(f, s, "slots_populated", "slots whose pages are allocated", i->slots_populated);
+	prom_gauge(f, s, "populate_errno", "errno that stopped the eager walk, or 0",
+		   (uint64_t)(uint32_t)i->populate_err);
+	prom_gauge(f, s, "shm_free_bytes", "free bytes of the file system holding the region",
+		   i->shm_free_bytes);
+	fputs("# HELP kvshim_region_populate_info cache.populate of the region and why its walk "
+	      "stopped (reason empty while it has not)\n"
+	      "# TYPE kvshim_region_populate_info gauge\nkvshim_region_populate_info{region=",
+	      f);
+	prom_label(f, s->name);
+	fprintf(f, ",mode=\"%s\",reason=\"%s\"} 1\n", populate_word(i->populate_mode),
+		i->populate_reason);
 
 	for (int k = 0; k < KVS_NCOUNTERS; k++) {
 		fprintf(f, "# HELP kvshim_%s_total %s (all processes, exited ones included)\n",
@@ -248,10 +268,12 @@ static void print_text(FILE *f, const struct snapshot *s)
 		"slots      %" PRIu32 " ready, %" PRIu32 " loading, %" PRIu32 " failed, %" PRIu32
 		" pinned\n",
 		i->slots_ready, i->slots_loading, i->slots_failed, i->slots_pinned);
-	if (i->slots_populated < i->slots)
-		fprintf(f, "populated  %" PRIu32 " of %" PRIu32 " slots%s%s\n", i->slots_populated,
-			i->slots, i->populate_err ? ": stopped, " : " (in progress)",
-			i->populate_err ? strerror(i->populate_err) : "");
+	fprintf(f, "populated  %" PRIu32 " of %" PRIu32 " slots, %s", i->slots_populated, i->slots,
+		populate_word(i->populate_mode));
+	if (i->populate_err)
+		fprintf(f, "; walk stopped: %s (%s)", i->populate_reason,
+			strerror(i->populate_err));
+	fprintf(f, "; /dev/shm has %s free\n", human(i->shm_free_bytes, a, sizeof(a)));
 	fprintf(f, "processes  %" PRIu32 " attached (table of %" PRIu32 ")\n\n",
 		i->processes_attached, i->max_processes);
 

@@ -1,0 +1,652 @@
+/*
+ * check_region: which regions a process may use, how one is published, and what it may take
+ * of /dev/shm (cache/region.c, cache/populate.c, tools/cmd_reset.c).
+ *
+ * core: an object at the region's path is used only if it is a regular file of our effective
+ * uid with one link and no permission beyond cache.mode; every other object is refused with
+ * -EPERM at once (a FIFO does not block), and `kvshim reset` removes it without hanging.  The
+ * foreign-region case runs a second local user (useradd; skipped when not root).  Publication
+ * uses no guessable name.
+ * limits: in a private /dev/shm of a few MiB (a mount namespace; skipped where that cannot be
+ * made), a region that does not fit under cache.shm_headroom is refused with one line,
+ * capacity = auto shrinks to fit, lazy population allocates pages only for the slots used and
+ * never below the headroom, and the eager walk stops at the headroom.
+ */
+#include <check.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <grp.h>
+#include <pwd.h>
+#include <sched.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mount.h>
+#include <sys/stat.h>
+#include <sys/statvfs.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "cache.h"
+#include "config.h"
+#include "internal.h"
+
+#ifndef KVSHIM_CLI
+#error "KVSHIM_CLI must name the kvshim program"
+#endif
+
+static int case_seq;
+
+static void test_config(struct kvs_config *cfg, uint64_t slots, uint64_t shard)
+{
+	kvs_config_defaults(cfg);
+	snprintf(cfg->cache_name, sizeof(cfg->cache_name), "check_region.%d.%d", (int)getpid(),
+		 case_seq++);
+	cfg->cache_shard_size = shard;
+	cfg->cache_capacity = slots * shard;
+	cfg->cache_reserved = 0;
+	cfg->cache_max_processes = 16;
+	cfg->cache_shm_headroom = 0; /* the limits cases set their own */
+}
+
+static void path_of(const struct kvs_config *cfg, char *path, size_t len)
+{
+	ck_assert_int_eq(kvs_cache_path(cfg, path, len), 0);
+}
+
+static struct kvs_key key_of(uint64_t block, uint64_t shard)
+{
+	struct kvs_key k = {block * 0x9e3779b97f4a7c15ull + 1, block, shard};
+
+	return k;
+}
+
+static double mono_s(void)
+{
+	struct timespec ts;
+
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return (double)ts.tv_sec + (double)ts.tv_nsec / 1e9;
+}
+
+/* Open cfg's region (creating it); expect r, and msg containing want (if not NULL). */
+static void expect_open(const struct kvs_config *cfg, int flags, int r, const char *want)
+{
+	struct kvs_cache *c = NULL;
+	char msg[512];
+	double t0 = mono_s();
+	int got = kvs_cache_open(cfg, flags, &c, msg, sizeof(msg));
+
+	ck_assert_msg(mono_s() - t0 < 1.0, "open took %.1f s", mono_s() - t0);
+	ck_assert_msg(got == r, "open: %d, expected %d (%s)", got, r, msg);
+	if (!r) {
+		kvs_cache_close(c);
+		return;
+	}
+	ck_assert_ptr_null(c);
+	ck_assert_msg(!strchr(msg, '\n'), "msg is not one line: %s", msg);
+	if (want)
+		ck_assert_msg(strstr(msg, want), "msg lacks \"%s\": %s", want, msg);
+}
+
+/* Run `kvshim reset` for region name as uid (or as ourselves if uid < 0) with a 10 s alarm;
+ * its stdout and stderr go to out.  Returns the wait status. */
+static int run_reset(const char *name, int uid, int gid, const char *out)
+{
+	pid_t pid = fork();
+	int st;
+
+	ck_assert(pid >= 0);
+	if (pid == 0) {
+		int fd = open(out, O_WRONLY | O_CREAT | O_TRUNC, 0644);
+
+		if (fd < 0 || dup2(fd, 1) < 0 || dup2(fd, 2) < 0)
+			_exit(125);
+		if (uid >= 0 && (setgroups(0, NULL) || setgid((gid_t)gid) || setuid((uid_t)uid)))
+			_exit(125);
+		setenv("KVSHIM_CONFIG", "", 1);
+		setenv("KVSHIM_CACHE_NAME", name, 1);
+		alarm(10); /* a reset that hangs dies of SIGALRM */
+		execl(KVSHIM_CLI, "kvshim", "reset", (char *)NULL);
+		_exit(126);
+	}
+	ck_assert(waitpid(pid, &st, 0) == pid);
+	return st;
+}
+
+static void expect_reset(const char *name, int uid, int gid, int status, const char *want)
+{
+	char out[] = "/tmp/check_region.reset.XXXXXX", text[1024] = "";
+	int fd = mkstemp(out);
+
+	ck_assert(fd >= 0);
+	fchmod(fd, 0666);
+	close(fd);
+	int st = run_reset(name, uid, gid, out);
+	fd = open(out, O_RDONLY);
+	ssize_t n = fd >= 0 ? read(fd, text, sizeof(text) - 1) : -1;
+	text[n > 0 ? n : 0] = '\0';
+	if (fd >= 0)
+		close(fd);
+	unlink(out);
+	ck_assert_msg(!WIFSIGNALED(st), "kvshim reset died of signal %d (hung?): %s", WTERMSIG(st),
+		      text);
+	ck_assert_msg(WIFEXITED(st) && WEXITSTATUS(st) == status,
+		      "kvshim reset: status %#x, expected exit %d: %s", st, status, text);
+	if (want)
+		ck_assert_msg(strstr(text, want), "kvshim reset lacks \"%s\": %s", want, text);
+}
+
+/* ------------------------------------------------------------------ core: trust */
+
+static char user[32];
+
+static void userdel(void)
+{
+	char cmd[96];
+
+	if (!user[0])
+		return;
+	snprintf(cmd, sizeof(cmd), "userdel %s 2>/dev/null", user);
+	if (system(cmd) != 0)
+		fprintf(stderr, "check_region: %s failed\n", cmd);
+	user[0] = '\0';
+}
+
+/* Another local user builds a valid region with mode 0666 and hard-links it at our path:
+ * refused, nothing mapped, and reset (as root) removes it; a FIFO there does not hang reset;
+ * and a user's reset says why it cannot remove root's FIFO at its path. */
+START_TEST(test_foreign_region_refused)
+{
+	struct kvs_config cfg;
+	char mine[256], theirs[512], cmd[160], maps[640];
+	struct passwd *pw;
+	pid_t pid;
+	int st;
+
+	if (geteuid() != 0) {
+		fprintf(stderr, "check_region: not root, cannot add a user; "
+				"test_foreign_region_refused skipped\n");
+		return;
+	}
+	/* Named after the runner (our parent under CK_FORK), which removes it if we fail. */
+	snprintf(user, sizeof(user), "kvst%d", (int)getppid() % 100000);
+	snprintf(cmd, sizeof(cmd), "useradd -M -r -s /bin/false %s 2>/dev/null", user);
+	if (system(cmd) != 0 || !(pw = getpwnam(user))) {
+		user[0] = '\0';
+		fprintf(stderr, "check_region: useradd failed; test_foreign_region_refused "
+				"skipped\n");
+		return;
+	}
+	uid_t uid = pw->pw_uid;
+	gid_t gid = pw->pw_gid;
+
+	test_config(&cfg, 16, 4096);
+	path_of(&cfg, mine, sizeof(mine));
+	snprintf(theirs, sizeof(theirs), "/dev/shm/kvshim.%u.%.200s", (unsigned)uid,
+		 cfg.cache_name);
+
+	/* The attacker: a region of our dimensions, writable by all, linked at our path. */
+	pid = fork();
+	ck_assert(pid >= 0);
+	if (pid == 0) {
+		struct kvs_config evil = cfg;
+		struct kvs_cache *c = NULL;
+
+		evil.cache_mode = 0666;
+		if (setgroups(0, NULL) || setgid(gid) || setuid(uid))
+			_exit(2);
+		if (kvs_cache_open(&evil, KVS_OPEN_CREATE, &c, NULL, 0))
+			_exit(3);
+		kvs_cache_close(c);
+		_exit(link(theirs, mine) ? 4 : 0);
+	}
+	ck_assert(waitpid(pid, &st, 0) == pid);
+	ck_assert_msg(WIFEXITED(st) && WEXITSTATUS(st) == 0, "attacker status %#x", st);
+
+	snprintf(cmd, sizeof(cmd), "owned by uid %u, not 0", (unsigned)uid);
+	expect_open(&cfg, KVS_OPEN_CREATE, -EPERM, cmd);
+	expect_open(&cfg, KVS_OPEN_WATCH, -EPERM, cmd); /* kvshim stat */
+	snprintf(maps, sizeof(maps), "grep -q '%s' /proc/%d/maps", mine, (int)getpid());
+	ck_assert_msg(system(maps) != 0, "%s is mapped", mine);
+
+	expect_reset(cfg.cache_name, -1, -1, 0, "owned by uid");
+	ck_assert_int_eq(access(mine, F_OK), -1);
+
+	/* A FIFO at our path: reset neither blocks nor fails. */
+	ck_assert_int_eq(mkfifo(mine, 0600), 0);
+	expect_reset(cfg.cache_name, -1, -1, 0, "FIFO");
+	ck_assert_int_eq(access(mine, F_OK), -1);
+
+	/* Root's FIFO at the user's path: the user's reset explains, and does not hang. */
+	unlink(theirs);
+	ck_assert_int_eq(mkfifo(theirs, 0666), 0);
+	expect_reset(cfg.cache_name, (int)uid, (int)gid, 1, "only uid 0 or root");
+	ck_assert_int_eq(access(theirs, F_OK), 0);
+	unlink(theirs);
+	userdel();
+}
+END_TEST
+
+/* A FIFO at the path: open returns at once (no blocking open) and refuses it. */
+START_TEST(test_fifo_refused)
+{
+	struct kvs_config cfg;
+	char path[256];
+
+	test_config(&cfg, 16, 4096);
+	path_of(&cfg, path, sizeof(path));
+	ck_assert_int_eq(mkfifo(path, 0600), 0);
+	alarm(5);
+	expect_open(&cfg, KVS_OPEN_CREATE, -EPERM, "is a FIFO, not a regular file");
+	expect_open(&cfg, KVS_OPEN_WATCH, -EPERM, "FIFO");
+	alarm(0);
+	unlink(path);
+}
+END_TEST
+
+/* Our own region with a second name (someone linked it): refused. */
+START_TEST(test_two_links_refused)
+{
+	struct kvs_config cfg;
+	char path[256], other[300];
+
+	test_config(&cfg, 16, 4096);
+	path_of(&cfg, path, sizeof(path));
+	expect_open(&cfg, KVS_OPEN_CREATE, 0, NULL);
+	snprintf(other, sizeof(other), "%s.second", path);
+	ck_assert_int_eq(link(path, other), 0);
+	expect_open(&cfg, KVS_OPEN_CREATE, -EPERM, "has 2 links");
+	unlink(other);
+	expect_open(&cfg, 0, 0, NULL);
+	unlink(path);
+}
+END_TEST
+
+/* A permission bit beyond cache.mode: refused; a narrower mode is fine. */
+START_TEST(test_mode_wider_refused)
+{
+	struct kvs_config cfg;
+	char path[256];
+
+	test_config(&cfg, 16, 4096);
+	path_of(&cfg, path, sizeof(path));
+	expect_open(&cfg, KVS_OPEN_CREATE, 0, NULL);
+	ck_assert_int_eq(chmod(path, 0666), 0);
+	expect_open(&cfg, 0, -EPERM, "mode 0666 is wider than cache.mode 0600");
+	ck_assert_int_eq(chmod(path, 0600), 0);
+	cfg.cache_mode = 0660;
+	expect_open(&cfg, 0, 0, NULL);
+	unlink(path);
+}
+END_TEST
+
+/* A symbolic link is not followed; a truncated file of ours is refused as before. */
+START_TEST(test_link_and_truncated_refused)
+{
+	struct kvs_config cfg;
+	char path[256];
+
+	test_config(&cfg, 16, 4096);
+	path_of(&cfg, path, sizeof(path));
+	ck_assert_int_eq(symlink("/etc/passwd", path), 0);
+	expect_open(&cfg, KVS_OPEN_CREATE, -EPERM, "symbolic link");
+	unlink(path);
+
+	int fd = open(path, O_RDWR | O_CREAT | O_EXCL, 0600);
+	ck_assert(fd >= 0);
+	ck_assert_int_eq(ftruncate(fd, 100), 0);
+	close(fd);
+	expect_open(&cfg, KVS_OPEN_CREATE, -EPROTO, "is 100 bytes");
+	unlink(path);
+}
+END_TEST
+
+/* Names another user could guess (the old "<path>.tmp.<pid>.<n>") do not stop creation, with
+ * O_TMPFILE and without it (a random name, removed); the region has one link and cache.mode. */
+START_TEST(test_guessable_names_taken)
+{
+	struct kvs_config cfg;
+	char path[256], tmp[320], cmd[800];
+	struct stat st;
+
+	for (int pass = 0; pass < 2; pass++) {
+		kvs_region_test_no_tmpfile = pass == 1;
+		test_config(&cfg, 16, 4096);
+		cfg.cache_mode = 0640;
+		path_of(&cfg, path, sizeof(path));
+		for (int n = 0; n < 64; n++) {
+			snprintf(tmp, sizeof(tmp), "%s.tmp.%d.%d", path, (int)getpid(), n);
+			int fd = open(tmp, O_RDWR | O_CREAT | O_EXCL, 0600);
+			ck_assert(fd >= 0);
+			close(fd);
+		}
+		expect_open(&cfg, KVS_OPEN_CREATE, 0, NULL);
+		ck_assert_int_eq(lstat(path, &st), 0);
+		ck_assert_uint_eq(st.st_nlink, 1);
+		ck_assert_uint_eq(st.st_mode & 07777, 0640);
+		snprintf(cmd, sizeof(cmd), "ls /dev/shm | grep -q '%.200s.build'", cfg.cache_name);
+		ck_assert_msg(system(cmd) != 0, "a build name was left behind");
+		snprintf(cmd, sizeof(cmd), "rm -f %s %s.tmp.*", path, path);
+		ck_assert_int_eq(system(cmd), 0);
+	}
+	kvs_region_test_no_tmpfile = false;
+}
+END_TEST
+
+/* ------------------------------------------------------------------ limits: node memory */
+
+/* Run fn in a child process that sees a tmpfs of `size` as /dev/shm (a private mount
+ * namespace).  fn returns 0 or a code for the failure it printed. */
+static void with_small_shm(const char *size, int (*fn)(void))
+{
+	pid_t pid = fork();
+	int st;
+
+	ck_assert(pid >= 0);
+	if (pid == 0) {
+		if (unshare(CLONE_NEWNS) || mount("none", "/", NULL, MS_REC | MS_PRIVATE, NULL) ||
+		    mount("tmpfs", "/dev/shm", "tmpfs", 0, size))
+			_exit(77);
+		_exit(fn());
+	}
+	ck_assert(waitpid(pid, &st, 0) == pid);
+	if (WIFEXITED(st) && WEXITSTATUS(st) == 77) {
+		fprintf(stderr,
+			"check_region: no private /dev/shm here (unshare, mount); skipped\n");
+		return;
+	}
+	ck_assert_msg(WIFEXITED(st) && WEXITSTATUS(st) == 0, "child status %#x", st);
+}
+
+#define FAIL_IF(cond, code, ...)                                                                   \
+	do {                                                                                       \
+		if (cond) {                                                                        \
+			fprintf(stderr, "check_region: " __VA_ARGS__);                             \
+			fputc('\n', stderr);                                                       \
+			return code;                                                               \
+		}                                                                                  \
+	} while (0)
+
+static uint64_t shm_free(void)
+{
+	struct statvfs sv;
+
+	return statvfs("/dev/shm", &sv) ? 0 : (uint64_t)sv.f_bavail * sv.f_frsize;
+}
+
+/* Take /dev/shm down to `left` free bytes with a file of its own; the descriptor or -1. */
+static int fill_to(uint64_t left)
+{
+	int fd = open("/dev/shm/filler", O_RDWR | O_CREAT | O_TRUNC, 0600);
+	uint64_t now = shm_free();
+
+	if (fd < 0 || now < left || fallocate(fd, 0, 0, (off_t)(now - left)))
+		return -1;
+	return fd;
+}
+
+static uint64_t blocks_of(const char *path)
+{
+	struct stat st;
+
+	return stat(path, &st) ? 0 : (uint64_t)st.st_blocks * 512;
+}
+
+/* 8 MiB of /dev/shm, headroom 4 MiB: a 6 MiB region is refused with one line naming the
+ * fixes, nothing is left behind; without the headroom it fits. */
+static int too_big(void)
+{
+	struct kvs_config cfg;
+	struct kvs_cache *c = NULL;
+	char msg[512];
+
+	test_config(&cfg, 96, 64 << 10);
+	cfg.cache_shm_headroom = 4 << 20;
+	int r = kvs_cache_open(&cfg, KVS_OPEN_CREATE, &c, msg, sizeof(msg));
+	FAIL_IF(r != -ENOSPC, 2, "open: %d, expected -ENOSPC (%s)", r, msg);
+	FAIL_IF(strchr(msg, '\n') || !strstr(msg, "No space left") ||
+		    !strstr(msg, "cache.shm_headroom") || !strstr(msg, "cache.capacity = auto") ||
+		    !strstr(msg, "--shm-size") || !strstr(msg, "6.0 MiB"),
+		3, "message: %s", msg);
+	FAIL_IF(system("ls /dev/shm | grep -q kvshim") == 0, 4, "something was left behind");
+	cfg.cache_shm_headroom = 0;
+	r = kvs_cache_open(&cfg, KVS_OPEN_CREATE, &c, msg, sizeof(msg));
+	FAIL_IF(r != 0, 5, "open without headroom: %d (%s)", r, msg);
+	kvs_cache_close(c);
+	return 0;
+}
+
+START_TEST(test_too_big_refused)
+{
+	with_small_shm("size=8M", too_big);
+}
+END_TEST
+
+/* capacity = auto takes what fits above the headroom, in whole shards; a later attacher with
+ * auto takes the region as built though free space has shrunk; too little room is refused. */
+static int auto_fits(void)
+{
+	struct kvs_config cfg;
+	struct kvs_cache *c = NULL, *d = NULL;
+	struct kvs_region_info info, again;
+	struct kvs_counters t;
+	char msg[512];
+
+	test_config(&cfg, 1, 64 << 10);
+	cfg.cache_capacity = 0;
+	cfg.cache_shm_headroom = 2 << 20;
+	int r = kvs_cache_open(&cfg, KVS_OPEN_CREATE, &c, msg, sizeof(msg));
+	FAIL_IF(r != 0, 2, "open auto: %d (%s)", r, msg);
+	kvs_cache_stat(c, &info, &t, NULL, 0);
+	FAIL_IF(info.capacity_bytes % (64 << 10) || info.capacity_bytes < (5 << 20) ||
+		    info.total_bytes + (2 << 20) > (8 << 20),
+		3, "auto: capacity %llu, total %llu in 8 MiB with 2 MiB headroom",
+		(unsigned long long)info.capacity_bytes, (unsigned long long)info.total_bytes);
+	int fd = fill_to(1 << 20);
+	FAIL_IF(fd < 0, 4, "cannot fill /dev/shm");
+	r = kvs_cache_open(&cfg, KVS_OPEN_CREATE, &d, msg, sizeof(msg));
+	FAIL_IF(r != 0, 5, "second open auto: %d (%s)", r, msg);
+	kvs_cache_stat(d, &again, &t, NULL, 0);
+	FAIL_IF(again.capacity_bytes != info.capacity_bytes, 6, "the attacher took %llu",
+		(unsigned long long)again.capacity_bytes);
+	kvs_cache_close(d);
+	kvs_cache_close(c);
+
+	char path[256];
+	kvs_cache_path(&cfg, path, sizeof(path));
+	unlink(path);
+	r = kvs_cache_open(&cfg, KVS_OPEN_CREATE, &c, msg, sizeof(msg));
+	FAIL_IF(r != -ENOSPC || strchr(msg, '\n') || !strstr(msg, "auto"), 7,
+		"auto without room: %d (%s)", r, msg);
+	close(fd);
+	return 0;
+}
+
+START_TEST(test_auto_capacity_fits)
+{
+	with_small_shm("size=8M", auto_fits);
+}
+END_TEST
+
+/* lazy: pages exist only for the slots used. */
+static int lazy_pages(void)
+{
+	struct kvs_config cfg;
+	struct kvs_cache *c = NULL;
+	struct kvs_region_info info;
+	struct kvs_counters t;
+	struct kvs_pin p;
+	char path[256], msg[512];
+
+	test_config(&cfg, 32, 1 << 20);
+	cfg.cache_shm_headroom = 4 << 20;
+	kvs_cache_path(&cfg, path, sizeof(path));
+	int r = kvs_cache_open(&cfg, KVS_OPEN_CREATE, &c, msg, sizeof(msg));
+	FAIL_IF(r != 0, 2, "open: %d (%s)", r, msg);
+	usleep(200000); /* time for a walk, if one ran, to allocate most of 32 MiB */
+	FAIL_IF(blocks_of(path) > (1 << 20), 3, "%llu bytes allocated before any use",
+		(unsigned long long)blocks_of(path));
+	for (uint64_t b = 0; b < 3; b++) {
+		struct kvs_key k = key_of(b, 0);
+		FAIL_IF(kvs_cache_pin(c, &k, KVS_ALLOC_LOAD, &p) != KVS_PIN_OWNER, 4, "pin %d",
+			(int)b);
+		memset(kvs_cache_data(c, &p), 7, 1 << 20);
+		kvs_cache_mark_ready(c, &p, 1 << 20);
+		kvs_cache_release(c, &p);
+	}
+	uint64_t used = blocks_of(path);
+	FAIL_IF(used < (3 << 20) || used > (4 << 20), 5, "%llu bytes allocated for 3 slots",
+		(unsigned long long)used);
+	kvs_cache_stat(c, &info, &t, NULL, 0);
+	FAIL_IF(info.slots_populated != 3 || info.populate_mode != KVS_POPULATE_LAZY ||
+		    info.populate_err,
+		6, "populated %u, mode %u, err %d", info.slots_populated, info.populate_mode,
+		info.populate_err);
+	kvs_cache_close(c);
+	return 0;
+}
+
+START_TEST(test_lazy_allocates_used_slots)
+{
+	with_small_shm("size=64M", lazy_pages);
+}
+END_TEST
+
+/* lazy at the headroom: a slot without pages is left free, not given up for good. */
+static int lazy_headroom(void)
+{
+	struct kvs_config cfg;
+	struct kvs_cache *c = NULL;
+	struct kvs_pin p;
+	char msg[512];
+
+	test_config(&cfg, 8, 1 << 20);
+	cfg.cache_shm_headroom = 8 << 20;
+	int r = kvs_cache_open(&cfg, KVS_OPEN_CREATE, &c, msg, sizeof(msg));
+	FAIL_IF(r != 0, 2, "open: %d (%s)", r, msg);
+	int fd = fill_to((8 << 20) + (512 << 10)); /* room, but not a slot's worth above it */
+	FAIL_IF(fd < 0, 3, "cannot fill /dev/shm");
+	struct kvs_key k = key_of(1, 0);
+	r = kvs_cache_pin(c, &k, KVS_ALLOC_LOAD, &p);
+	FAIL_IF(r != -ENOSPC, 4, "pin at the headroom: %d", r);
+	FAIL_IF(shm_free() < (8u << 20), 5, "free space went below the headroom");
+	for (uint32_t i = 0; i < c->nslots; i++)
+		FAIL_IF(c->slots[i].pages != KVS_PAGES_UNKNOWN, 6, "slot %u pages %u", i,
+			c->slots[i].pages);
+	close(fd);
+	unlink("/dev/shm/filler");
+	usleep(150000); /* past the retry pause */
+	r = kvs_cache_pin(c, &k, KVS_ALLOC_LOAD, &p);
+	FAIL_IF(r != KVS_PIN_OWNER, 7, "pin once there is room: %d", r);
+	kvs_cache_mark_ready(c, &p, 4096);
+	kvs_cache_release(c, &p);
+	kvs_cache_close(c);
+	return 0;
+}
+
+START_TEST(test_lazy_stops_at_headroom)
+{
+	with_small_shm("size=32M", lazy_headroom);
+}
+END_TEST
+
+/* eager: the walk stops at the headroom, and says so. */
+static int eager_headroom(void)
+{
+	struct kvs_config cfg;
+	struct kvs_cache *c = NULL, *e = NULL;
+	struct kvs_region_info info;
+	struct kvs_counters t;
+	char msg[512];
+
+	test_config(&cfg, 64, 256 << 10); /* 16 MiB */
+	cfg.cache_shm_headroom = 8 << 20;
+	int r = kvs_cache_open(&cfg, KVS_OPEN_CREATE, &c, msg, sizeof(msg)); /* lazy: no walk */
+	FAIL_IF(r != 0, 2, "open: %d (%s)", r, msg);
+	int fd = fill_to((10 << 20)); /* 2 MiB above the headroom: 8 slots */
+	FAIL_IF(fd < 0, 3, "cannot fill /dev/shm");
+	cfg.cache_populate = KVS_POPULATE_EAGER;
+	r = kvs_cache_open(&cfg, 0, &e, msg, sizeof(msg));
+	FAIL_IF(r != 0, 4, "open eager: %d (%s)", r, msg);
+	for (int i = 0; i < 3000; i++) {
+		kvs_cache_stat(c, &info, &t, NULL, 0);
+		if (info.populate_err || info.slots_populated == info.slots)
+			break;
+		usleep(1000);
+	}
+	FAIL_IF(info.populate_err != ENOSPC || strcmp(info.populate_reason, "headroom"), 5,
+		"walk: err %d, reason \"%s\", %u of %u populated", info.populate_err,
+		info.populate_reason, info.slots_populated, info.slots);
+	FAIL_IF(info.slots_populated == 0 || info.slots_populated >= info.slots, 6,
+		"%u of %u populated", info.slots_populated, info.slots);
+	FAIL_IF(shm_free() < (8u << 20), 7, "free %llu below the headroom",
+		(unsigned long long)shm_free());
+	FAIL_IF(info.populate_mode != KVS_POPULATE_EAGER, 8, "mode %u", info.populate_mode);
+	kvs_cache_close(e);
+	kvs_cache_close(c);
+	close(fd);
+	return 0;
+}
+
+START_TEST(test_eager_stops_at_headroom)
+{
+	with_small_shm("size=32M", eager_headroom);
+}
+END_TEST
+
+/* Remove what a case that failed left behind. */
+static void teardown(void)
+{
+	char cmd[128];
+
+	userdel();
+	snprintf(cmd, sizeof(cmd), "rm -f /dev/shm/kvshim.*.check_region.%d.*", (int)getpid());
+	if (system(cmd) != 0)
+		fprintf(stderr, "check_region: %s failed\n", cmd);
+}
+
+static Suite *region_suite(void)
+{
+	Suite *s = suite_create("region");
+	TCase *core = tcase_create("core");
+	TCase *limits = tcase_create("limits");
+
+	tcase_add_test(core, test_foreign_region_refused);
+	tcase_add_test(core, test_fifo_refused);
+	tcase_add_test(core, test_two_links_refused);
+	tcase_add_test(core, test_mode_wider_refused);
+	tcase_add_test(core, test_link_and_truncated_refused);
+	tcase_add_test(core, test_guessable_names_taken);
+	tcase_add_test(limits, test_too_big_refused);
+	tcase_add_test(limits, test_auto_capacity_fits);
+	tcase_add_test(limits, test_lazy_allocates_used_slots);
+	tcase_add_test(limits, test_lazy_stops_at_headroom);
+	tcase_add_test(limits, test_eager_stops_at_headroom);
+	tcase_add_checked_fixture(core, NULL, teardown);
+	tcase_add_checked_fixture(limits, NULL, teardown);
+	tcase_set_timeout(core, 60);
+	tcase_set_timeout(limits, 60);
+	suite_add_tcase(s, core);
+	suite_add_tcase(s, limits);
+	return s;
+}
+
+int main(void)
+{
+	SRunner *sr = srunner_create(region_suite());
+	int failed;
+
+	srunner_run_all(sr, CK_NORMAL);
+	failed = srunner_ntests_failed(sr);
+	/* A failed case exits before its teardown: remove its user and regions here. */
+	snprintf(user, sizeof(user), "kvst%d", (int)getpid() % 100000);
+	if (getpwnam(user))
+		userdel();
+	if (system("rm -f /dev/shm/kvshim.*.check_region.*") != 0)
+		fprintf(stderr, "check_region: cannot remove the regions left behind\n");
+	srunner_free(sr);
+	return failed ? EXIT_FAILURE : EXIT_SUCCESS;
+}
