@@ -32,6 +32,11 @@ struct kvs_cache {
 	pthread_mutex_t reclaim_mu; /* one reclaim at a time in this process (OFD locks are ours) */
 	_Atomic uint32_t pin_hint;
 	_Atomic uint64_t last_reap_ns; /* kvs_cache_reap_maybe's rate limit */
+	/* lock.c: the longest wait for a stripe or proc_lock (0: KVS_LOCK_TIMEOUT_WATCH_NS), and
+	 * the lock word each stripe, and proc_lock, was last found stuck with (0: none). */
+	uint64_t lock_timeout_ns;
+	_Atomic uint32_t stuck[KVS_MAX_STRIPES];
+	_Atomic uint32_t stuck_proc;
 	char path[256];
 };
 
@@ -68,7 +73,9 @@ static inline uint32_t bucket_stripe(const struct kvs_cache *c, uint32_t bucket)
 	return bucket & (c->nstripes - 1);
 }
 
-/* lock.c */
+/* lock.c: 0 or -EUCLEAN (stuck, see lock.c, or not recoverable); a stripe is repaired on
+ * EOWNERDEAD before it is returned locked. */
+#define KVS_LOCK_TIMEOUT_WATCH_NS 2000000000ull /* a watcher's wait for a lock */
 int kvs_stripe_lock(struct kvs_cache *c, uint32_t stripe);
 void kvs_stripe_unlock(struct kvs_cache *c, uint32_t stripe);
 int kvs_proc_lock(struct kvs_cache *c);
