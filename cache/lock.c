@@ -74,7 +74,8 @@ static uint32_t lock_word(pthread_mutex_t *mu)
 static bool holder_gone(uint32_t tid)
 {
 	int saved = errno;
-	bool gone = tid == 0 || (pid_t)tid == gettid() || (kill((pid_t)tid, 0) < 0 && errno == ESRCH);
+	bool gone =
+	    tid == 0 || (pid_t)tid == gettid() || (kill((pid_t)tid, 0) < 0 && errno == ESRCH);
 
 	errno = saved;
 	return gone;

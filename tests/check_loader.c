@@ -732,7 +732,8 @@ START_TEST(test_backend_submit_failure)
 	kvs_backend_test_fail_submits = 1;
 	kvs_backend_submit(be, &a.bio);
 	ck_assert_uint_eq(kvs_backend_test_fail_submits, 0);
-	ck_assert_int_eq(__atomic_load_n(&a.calls, __ATOMIC_SEQ_CST), 1); /* done on this thread, before returning */
+	/* Done on this thread, before the submit returned. */
+	ck_assert_int_eq(__atomic_load_n(&a.calls, __ATOMIC_SEQ_CST), 1);
 	board_check(&a, fd);
 	/* The buffer is ours again: a later submit through the same ring must not touch it. */
 	memset(buf1, 0xee, SHARD);
