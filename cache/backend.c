@@ -9,6 +9,19 @@
  *   threads:  depth worker threads pop bios from a list under be->mu and read synchronously.
  * Destroy waits until nothing is in flight, then stops the threads (a NOP with no bio for the
  * reaper, a flag and a broadcast for the workers).
+ *
+ * A failed submission.  io_uring_get_sqe hands out an entry of the SQ ring, and it stays
+ * there until the kernel consumes it: if io_uring_submit fails (or consumes only entries
+ * before ours), the read would reach the kernel with the next submit, after we have read it
+ * synchronously and its buffer and bio have been reused.  So under be->mu, while our SQE is
+ * still unconsumed (io_uring_sq_ready() > 0: no SQPOLL, so only io_uring_enter under be->mu
+ * consumes), it is rewritten into a NOP whose user_data is IGNORE, which the reaper skips;
+ * then the read is done on the submitting thread as before.
+ *
+ * The reaper never leaves on an error, only on the stop NOP: a reaper gone would leave every
+ * read in flight undone and the loader's wait_io_done waiting for ever.  If
+ * io_uring_wait_cqe fails other than with EINTR, it polls with io_uring_peek_cqe and a 1 ms
+ * sleep instead, until a wait works again.
  */
 #include <errno.h>
 #include <liburing.h>
@@ -26,6 +39,7 @@ struct kvs_backend {
 	bool uring;
 	unsigned depth;
 	unsigned test_delay_us; /* kvs_backend_test_delay_us when created */
+	bool test_fail_wait;	/* kvs_backend_test_fail_wait when created */
 	pthread_mutex_t mu;
 	pthread_cond_t room; /* in_flight dropped below depth, or became 0 */
 	pthread_cond_t work; /* threads: a bio was queued, or stop */
@@ -38,6 +52,12 @@ struct kvs_backend {
 };
 
 unsigned kvs_backend_test_delay_us;
+unsigned kvs_backend_test_fail_submits;
+bool kvs_backend_test_fail_wait;
+
+/* user_data of a NOP that stands in for a read whose submission failed: nothing to finish.
+ * Distinct from NULL, the stop NOP's. */
+#define IGNORE ((void *)&kvs_backend_test_fail_submits)
 
 int64_t kvs_read_full(int fd, void *buf, uint64_t len, uint64_t off)
 {
@@ -74,18 +94,25 @@ static void *reaper(void *arg)
 
 	for (;;) {
 		struct io_uring_cqe *cqe;
-		int r = io_uring_wait_cqe(&be->ring, &cqe);
+		int r = be->test_fail_wait ? -EIO : io_uring_wait_cqe(&be->ring, &cqe);
 
 		if (r == -EINTR)
 			continue;
-		if (r < 0)
-			break; /* the ring is gone; destroy() joins us */
+		if (r < 0) {
+			/* Unexpected: poll, so the reads in flight still finish. */
+			if (io_uring_peek_cqe(&be->ring, &cqe)) {
+				usleep(1000);
+				continue;
+			}
+		}
 		struct kvs_bio *bio = io_uring_cqe_get_data(cqe);
 		int res = cqe->res;
 
 		io_uring_cqe_seen(&be->ring, cqe);
 		if (!bio)
 			break; /* the stop NOP */
+		if (bio == IGNORE)
+			continue; /* stands in for a read done synchronously */
 		if (be->test_delay_us)
 			usleep(be->test_delay_us);
 		/* The kernel orders the submitter's writes to bio before this completion; taking
@@ -157,6 +184,7 @@ int kvs_backend_create(int mode, unsigned depth, struct kvs_backend **out)
 		return -ENOMEM;
 	be->depth = depth;
 	be->test_delay_us = kvs_backend_test_delay_us;
+	be->test_fail_wait = kvs_backend_test_fail_wait;
 	pthread_mutex_init(&be->mu, NULL);
 	pthread_cond_init(&be->room, NULL);
 	pthread_cond_init(&be->work, NULL);
@@ -212,10 +240,18 @@ void kvs_backend_submit(struct kvs_backend *be, struct kvs_bio *bio)
 		if (sqe) {
 			io_uring_prep_read(sqe, bio->fd, bio->buf, bio->len, bio->off);
 			io_uring_sqe_set_data(sqe, bio);
-			if (io_uring_submit(&be->ring) >= 1) {
+			if (kvs_backend_test_fail_submits)
+				kvs_backend_test_fail_submits--; /* as if io_uring_enter failed */
+			else
+				io_uring_submit(&be->ring);
+			/* Ours is the newest SQE: consumed iff none is left. */
+			if (io_uring_sq_ready(&be->ring) == 0) {
 				pthread_mutex_unlock(&be->mu);
 				return;
 			}
+			/* Not consumed: the kernel must never see this read. */
+			io_uring_prep_nop(sqe);
+			io_uring_sqe_set_data(sqe, IGNORE);
 		}
 		/* No SQE or the submit failed: read on this thread instead. */
 		pthread_mutex_unlock(&be->mu);
@@ -232,6 +268,30 @@ void kvs_backend_submit(struct kvs_backend *be, struct kvs_bio *bio)
 	pthread_mutex_unlock(&be->mu);
 }
 
+/* Queue the NOP that stops the reaper and see the kernel take it, retrying for about a second.
+ * Caller holds be->mu.  Returns whether it was taken. */
+static bool send_stop(struct kvs_backend *be)
+{
+	bool queued = false;
+
+	for (int tries = 0; tries < 1000; tries++) {
+		if (!queued) {
+			struct io_uring_sqe *sqe = io_uring_get_sqe(&be->ring);
+
+			if (sqe) {
+				io_uring_prep_nop(sqe);
+				io_uring_sqe_set_data(sqe, NULL);
+				queued = true;
+			}
+		}
+		io_uring_submit(&be->ring);
+		if (queued && io_uring_sq_ready(&be->ring) == 0)
+			return true;
+		usleep(1000);
+	}
+	return false;
+}
+
 void kvs_backend_destroy(struct kvs_backend *be)
 {
 	if (!be)
@@ -240,14 +300,11 @@ void kvs_backend_destroy(struct kvs_backend *be)
 	while (be->in_flight)
 		pthread_cond_wait(&be->room, &be->mu);
 	be->stop = true;
-	if (be->uring && be->nthreads) {
-		struct io_uring_sqe *sqe = io_uring_get_sqe(&be->ring);
-
-		if (sqe) {
-			io_uring_prep_nop(sqe);
-			io_uring_sqe_set_data(sqe, NULL);
-			io_uring_submit(&be->ring);
-		}
+	if (be->uring && be->nthreads && !send_stop(be)) {
+		/* The reaper leaves only on the stop NOP: without it, joining would hang.  Leave
+		 * the reaper and what it uses alone (a leak, never a hang). */
+		pthread_mutex_unlock(&be->mu);
+		return;
 	}
 	pthread_cond_broadcast(&be->work);
 	pthread_mutex_unlock(&be->mu);

@@ -9,6 +9,7 @@
 #ifndef KVS_BACKEND_H
 #define KVS_BACKEND_H
 
+#include <stdbool.h>
 #include <stdint.h>
 
 struct kvs_backend;
@@ -32,6 +33,11 @@ struct kvs_bio {
 /* Tests only: microseconds every storage read of backends created from now on sleeps first,
  * to play slow storage.  Never set by the shim (a hidden symbol: no environment, no key). */
 extern unsigned kvs_backend_test_delay_us;
+/* Tests only: the next N io_uring submissions fail as if io_uring_enter had (the SQE filled,
+ * not consumed); and, for backends created while set, every io_uring_wait_cqe of the reaper
+ * fails with -EIO.  Hidden symbols, like kvs_backend_test_delay_us. */
+extern unsigned kvs_backend_test_fail_submits;
+extern bool kvs_backend_test_fail_wait;
 
 /* Start a backend.  mode is enum kvs_io_mode; depth bounds the reads in flight.
  * Returns 0 or -errno (-ENOSYS/-EPERM when io_uring was asked for and is unavailable). */
@@ -43,7 +49,9 @@ void kvs_backend_submit(struct kvs_backend *be, struct kvs_bio *bio);
 /* Block until fewer than depth reads are in flight (a submit would not block). */
 void kvs_backend_wait_room(struct kvs_backend *be);
 
-/* Finish the reads in flight, stop the threads, free. NULL is accepted. */
+/* Finish the reads in flight, stop the threads, free. NULL is accepted.  If the kernel will not
+ * take the reaper's stop NOP within about a second, the backend is left as it is and never
+ * freed: a leak, never a hang. */
 void kvs_backend_destroy(struct kvs_backend *be);
 
 /* The fork child: close the io_uring (descriptor and mappings) inherited from the parent, whose

@@ -10,7 +10,10 @@
  *
  * All functions return 0 (or a documented non-negative value) on success and -errno on failure;
  * none sets errno, prints, or exits.  Project-specific codes:
- *   -EUCLEAN  the region's shared state is corrupt (an index out of bounds, a chain cycle);
+ *   -EUCLEAN  the region's shared state is corrupt (an index out of bounds, a chain cycle),
+ *             or a lock on it is stuck: its holder does not exist, or it did not move within
+ *             the lock timeout (loader.wait_timeout_ms; 2 s for a KVS_OPEN_WATCH mapping).
+ *             The caller reads storage itself.
  *   -ENOSPC   every slot that the caller may take is pinned;
  *   -ENOBUFS  this process already holds KVS_PINS_PER_PROC pins.
  */
@@ -88,7 +91,7 @@ enum kvs_open_flags {
  * Errors: -ENOENT (absent, no CREATE), -EPERM (an object at the path that is not trusted: msg
  * says what it is), -ENOSPC (does not fit: msg gives the sizes and the fixes), -EPROTO (magic,
  * layout or a dimension differs from cfg, or truncated: msg says which), -EUSERS (process table
- * full), -ENOMEM, or any errno of open/mmap/fcntl.
+ * full), -EUCLEAN (the process table's lock is stuck), -ENOMEM, or any errno of open/mmap/fcntl.
  * msg (may be NULL) receives a one-line reason on failure.
  */
 int kvs_cache_open(const struct kvs_config *cfg, int flags, struct kvs_cache **out, char *msg,
@@ -129,12 +132,15 @@ bool kvs_cache_distrust(const struct stat *st, uint32_t mode, char *why, size_t 
 int kvs_cache_pin(struct kvs_cache *c, const struct kvs_key *key, enum kvs_alloc_class cls,
 		  struct kvs_pin *pin);
 
-/* Pin key only if it is READY (KVS_PIN_HIT); never allocates or elects.  -EAGAIN otherwise.
- * The calling-thread fast path of the loader. */
+/* Pin key only if it is READY (KVS_PIN_HIT); never allocates or elects.  -EAGAIN otherwise,
+ * or -EUCLEAN.  The calling-thread fast path of the loader. */
 int kvs_cache_pin_ready(struct kvs_cache *c, const struct kvs_key *key, struct kvs_pin *pin);
 
 /* Drop a pin.  The last pin of a FAILED slot sends it back to LOADING (the next pinner owns the
- * retry); the last pin of an invalidated slot frees it. */
+ * retry); the last pin of an invalidated slot frees it.  A release whose stripe lock is stuck
+ * is deferred, not lost: the pin stays recorded (the slot stays pinned) and is returned by a
+ * later release or kvs_cache_reap_maybe of this process once the lock can be had, or by the
+ * reclaim of this process after it is gone.  Never allocates memory. */
 void kvs_cache_release(struct kvs_cache *c, const struct kvs_pin *pin);
 
 /* Owner only: publish length valid bytes as READY and wake waiters. */
@@ -149,13 +155,16 @@ void kvs_cache_mark_ready_unkept(struct kvs_cache *c, const struct kvs_pin *pin,
 void kvs_cache_mark_failed(struct kvs_cache *c, const struct kvs_pin *pin, int err);
 
 /* Sole pinner of a READY slot only: send it back to LOADING so the next pin reloads it
- * (loader.backend_only).  Returns 0, or -EBUSY when other pins exist. */
+ * (loader.backend_only).  Returns 0, -EBUSY when other pins exist, or -EUCLEAN. */
 int kvs_cache_mark_not_ready(struct kvs_cache *c, const struct kvs_pin *pin);
 
 /*
  * Wait until the pinned slot leaves LOADING or timeout_ns passes.  Spins briefly, then sleeps
- * on the state word (futex mode) or yields (spin mode), and reclaims the owner if it died.
- * Returns 0 when READY, -err when FAILED with err, -ETIMEDOUT.
+ * on the state word (futex mode) or yields (spin mode).  When it first sleeps, and every 50 ms
+ * after, it checks the owner: a dead owner is reclaimed, and a load whose owner is no live
+ * attached process (dead, a FREE table entry, an index out of range) is failed with
+ * EOWNERDEAD, which wakes every waiter; the last release then lets the next pin retry.
+ * Returns 0 when READY, -err when FAILED with err, -ETIMEDOUT, or -EUCLEAN.
  */
 int kvs_cache_wait(struct kvs_cache *c, const struct kvs_pin *pin, uint64_t timeout_ns);
 
@@ -164,16 +173,18 @@ void *kvs_cache_data(struct kvs_cache *c, const struct kvs_pin *pin);
 uint32_t kvs_cache_length(struct kvs_cache *c, const struct kvs_pin *pin);
 
 /* Existence query: the state of key's slot (enum kvs_slot_state; ALLOCATED for a LOADING slot
- * nobody owns yet, which the next pin will own) or -ENOENT.  Works on a KVS_OPEN_WATCH
- * mapping. */
+ * nobody owns yet, which the next pin will own), -ENOENT or -EUCLEAN.  Works on a
+ * KVS_OPEN_WATCH mapping. */
 int kvs_cache_lookup(struct kvs_cache *c, const struct kvs_key *key);
 
 /* Allocate an unowned LOADING slot for key unless present (-EEXIST), so that a later pin finds
  * it without evicting.  Class KVS_ALLOC_PREFETCH. */
 int kvs_cache_prealloc(struct kvs_cache *c, const struct kvs_key *key);
 
-/* Remove shards [first, last] of block from the cache; pinned slots are unhashed now and freed
- * by their last release.  Returns the number of slots removed. */
+/* Remove shards [first, last] of block from the cache, any range (longer than the slot count:
+ * every slot is looked at instead of every shard); pinned slots are unhashed now and freed by
+ * their last release.  Returns the number of slots removed, or -EUCLEAN when a stripe could
+ * not be locked or a chain is corrupt: the shards it guards may remain, all others are gone. */
 int kvs_cache_invalidate(struct kvs_cache *c, const struct kvs_key *block, uint64_t first,
 			 uint64_t last);
 
@@ -182,7 +193,8 @@ int kvs_cache_invalidate(struct kvs_cache *c, const struct kvs_key *block, uint6
 int kvs_cache_reap(struct kvs_cache *c);
 
 /* kvs_cache_reap, at most once per 250 ms in this process (the callers are hot paths that
- * notice symptoms of a dead process: a failed slot, no free slot). */
+ * notice symptoms of a dead process: a failed slot, no free slot); also retries this
+ * process's deferred releases (kvs_cache_release). */
 int kvs_cache_reap_maybe(struct kvs_cache *c);
 
 /* Add v to one of this process's counters (no-op for a watcher). */
@@ -212,6 +224,8 @@ struct kvs_region_info {
 	uint32_t populate_mode;	     /* enum kvs_populate: eager once a process started the walk */
 	const char *populate_reason; /* "headroom", "ENOSPC", ... with populate_err, else "" */
 	uint64_t shm_free_bytes;     /* free bytes of the file system holding the region */
+	bool procs_unlocked;	     /* proc_lock was stuck: the process figures were read
+				      * without it (a fold in progress may count twice) */
 };
 struct kvs_proc_info {
 	int32_t pid;
@@ -221,7 +235,9 @@ struct kvs_proc_info {
 };
 
 /* Region figures and totals (folded counters of gone processes plus those attached now).
- * procs (may be NULL) receives up to nprocs entries; returns the number of attached slots. */
+ * procs (may be NULL) receives up to nprocs entries; returns the number of attached slots.
+ * Answers within the lock timeout on any region: if proc_lock is stuck, the process table is
+ * read without it and info->procs_unlocked says so. */
 int kvs_cache_stat(struct kvs_cache *c, struct kvs_region_info *info, struct kvs_counters *totals,
 		   struct kvs_proc_info *procs, int nprocs);
 

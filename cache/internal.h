@@ -36,6 +36,15 @@ struct kvs_cache {
 	pthread_mutex_t reclaim_mu; /* one reclaim at a time in this process (OFD locks are ours) */
 	_Atomic uint32_t pin_hint;
 	_Atomic uint64_t last_reap_ns; /* kvs_cache_reap_maybe's rate limit */
+	/* lock.c: the longest wait for a stripe or proc_lock (0: KVS_LOCK_TIMEOUT_WATCH_NS), and
+	 * the lock word each stripe, and proc_lock, was last found stuck with (0: none). */
+	uint64_t lock_timeout_ns;
+	_Atomic uint32_t stuck[KVS_MAX_STRIPES];
+	_Atomic uint32_t stuck_proc;
+	/* slot.c: entries of this process's pin table whose release could not take its stripe;
+	 * retried at the next release and by kvs_cache_reap_maybe.  Set and cleared by atomic
+	 * or/and, so one thread at a time owns a bit's retry. */
+	_Atomic uint64_t deferred[KVS_PINS_PER_PROC / 64];
 	char path[256];
 };
 
@@ -72,7 +81,9 @@ static inline uint32_t bucket_stripe(const struct kvs_cache *c, uint32_t bucket)
 	return bucket & (c->nstripes - 1);
 }
 
-/* lock.c */
+/* lock.c: 0 or -EUCLEAN (stuck, see lock.c, or not recoverable); a stripe is repaired on
+ * EOWNERDEAD before it is returned locked. */
+#define KVS_LOCK_TIMEOUT_WATCH_NS 2000000000ull /* a watcher's wait for a lock */
 int kvs_stripe_lock(struct kvs_cache *c, uint32_t stripe);
 void kvs_stripe_unlock(struct kvs_cache *c, uint32_t stripe);
 int kvs_proc_lock(struct kvs_cache *c);
@@ -119,10 +130,18 @@ int kvs_proc_reclaim(struct kvs_cache *c, uint32_t p);
 
 /* slot.c: fail a LOADING slot owned by dead process p; caller holds the slot's stripe. */
 void kvs_slot_fail_locked(struct kvs_cache *c, uint32_t slot, int err);
-/* slot.c: return dead process p's pins, failing its loads; caller holds p's liveness byte. */
-void kvs_slot_unpin_all(struct kvs_cache *c, uint32_t p);
-/* slot.c: free a slot left CLAIMED by dead process p. */
-void kvs_slot_free_claim(struct kvs_cache *c, uint32_t slot, uint32_t p);
+/* slot.c: return dead process p's pins, failing its loads; caller holds p's liveness byte.
+ * Returns how many pins are left because their stripe could not be locked (retry later). */
+uint32_t kvs_slot_unpin_all(struct kvs_cache *c, uint32_t p);
+/* slot.c: free a slot left CLAIMED by dead process p.  0, or -EUCLEAN when its stripe could
+ * not be locked (the claim stays; retry later). */
+int kvs_slot_free_claim(struct kvs_cache *c, uint32_t slot, uint32_t p);
+/* slot.c: the pinned slot is LOADING for owner, which is no live attached process: unless it
+ * changed meanwhile, publish FAILED with EOWNERDEAD under its stripe (waking its waiters).
+ * Returns 1 if it did, 0 if the slot had moved on, or -EUCLEAN. */
+int kvs_slot_take_over(struct kvs_cache *c, uint32_t slot, uint32_t owner);
+/* slot.c: retry this process's deferred releases (kvs_cache_release could not lock). */
+void kvs_slot_retry_deferred(struct kvs_cache *c);
 /* slot.c: unlink slot from its chain; caller holds the stripe. */
 int kvs_slot_unlink_locked(struct kvs_cache *c, uint32_t slot, uint32_t bucket);
 

@@ -1,18 +1,49 @@
 /*
- * lock: the region's process-shared robust mutexes and their repair.
+ * lock: the region's process-shared robust mutexes, bounded waits for them, and their repair.
  *
- * A process that dies holding a mutex leaves it EOWNERDEAD for the next locker, who must make
- * the guarded state consistent before pthread_mutex_consistent().  For a stripe that state is
- * the chains of its buckets and the refs of its slots, both derivable: chains from slot
- * metadata (state hashed, bucket in the stripe), refs from the pin tables (an entry changes
- * only under the stripe of the slot it names).  For proc_lock nothing needs rebuilding: each
- * write under it is a single word, and a fold of counters interrupted between the add and the
- * zeroing counts them twice (the only damage, and only to statistics).
+ * DESIGN
+ *
+ * Repair.  A process that dies holding a mutex leaves it EOWNERDEAD for the next locker, who
+ * must make the guarded state consistent before pthread_mutex_consistent().  For a stripe that
+ * state is the chains of its buckets and the refs of its slots, both derivable: chains from
+ * slot metadata (state hashed, bucket in the stripe), refs from the pin tables (an entry
+ * changes only under the stripe of the slot it names).  For proc_lock nothing needs
+ * rebuilding: each write under it is a single word, and a fold of counters interrupted between
+ * the add and the zeroing counts them twice (the only damage, and only to statistics).
+ *
+ * Bounded waits.  The kernel repairs only what it can see: a holder that dies with the mutex
+ * on its robust list.  A lock word that names a thread that does not exist (corruption, a
+ * peer gone wrong) or a holder that is stopped (SIGSTOP, a debugger) would block every locker
+ * for ever.  So no lock here waits without bound: after a trylock fails, the locker sleeps in
+ * pthread_mutex_clocklock(CLOCK_MONOTONIC) slices of SLICE_NS and looks at the lock word
+ * between slices.  glibc's robust mutex keeps the holder's TID in the futex word
+ * (mu->__data.__lock, low 30 bits FUTEX_TID_MASK, plus FUTEX_WAITERS and FUTEX_OWNER_DIED),
+ * written only by glibc and the kernel; we only peek at it.  The locker gives up with
+ * -EUCLEAN when
+ *   - the word (waiters bit aside) has not changed for two slices and its TID names no thread
+ *     (kill(tid, 0) fails with ESRCH), is 0, or is the caller's own (we never hold two of these
+ *     locks, so our own TID there is corruption); or
+ *   - the whole wait passes c->lock_timeout_ns (loader.wait_timeout_ms for an attached
+ *     process, KVS_LOCK_TIMEOUT_WATCH_NS for a watcher), whoever the holder is.
+ * A lock found stuck is remembered in the handle (c->stuck[], process-local, relaxed: a stale
+ * value costs one storage read, never a wrong byte) with the word that held it; until this
+ * process takes that lock again, a locker that finds the same word gives up at once, so a
+ * stuck stripe costs every later read nothing but its storage read.  Callers treat -EUCLEAN as
+ * "read storage yourself".  A TID is a number in the holder's PID namespace: a holder in
+ * another namespace that holds a lock for two slices is taken for dead (the region is per
+ * user and node; namespaces that share /dev/shm but not PIDs are not supported).
  */
 #include <errno.h>
+#include <linux/futex.h>
 #include <pthread.h>
+#include <signal.h>
+#include <time.h>
+#include <unistd.h>
 
 #include "internal.h"
+#include "sys.h"
+
+#define SLICE_NS 20000000ull /* look at the lock word this often while waiting */
 
 int kvs_mutex_init_shared(pthread_mutex_t *mu)
 {
@@ -29,6 +60,64 @@ int kvs_mutex_init_shared(pthread_mutex_t *mu)
 		r = pthread_mutex_init(mu, &a);
 	pthread_mutexattr_destroy(&a);
 	return -r;
+}
+
+/* The futex word of a glibc mutex, without its waiters bit (set and cleared by waiters). */
+static uint32_t lock_word(pthread_mutex_t *mu)
+{
+	/* A peek at a word glibc and the kernel write atomically; relaxed is enough, since only
+	 * its change over whole slices matters. */
+	return (uint32_t)__atomic_load_n(&mu->__data.__lock, __ATOMIC_RELAXED) & ~FUTEX_WAITERS;
+}
+
+/* Whether no thread can ever unlock a mutex whose word names tid. */
+static bool holder_gone(uint32_t tid)
+{
+	int saved = errno;
+	bool gone =
+	    tid == 0 || (pid_t)tid == gettid() || (kill((pid_t)tid, 0) < 0 && errno == ESRCH);
+
+	errno = saved;
+	return gone;
+}
+
+/* Lock mu, giving up as the essay says.  Returns 0, EOWNERDEAD (locked, repair it),
+ * ENOTRECOVERABLE, or ETIMEDOUT (not locked: stuck).  *stuck is mu's remembered word. */
+static int lock_bounded(struct kvs_cache *c, pthread_mutex_t *mu, _Atomic uint32_t *stuck)
+{
+	uint64_t limit = c->lock_timeout_ns ? c->lock_timeout_ns : KVS_LOCK_TIMEOUT_WATCH_NS;
+	uint32_t known = load_relaxed(stuck), seen;
+	uint64_t start, now;
+	int r, still = 0;
+
+	r = pthread_mutex_trylock(mu);
+	if (r != EBUSY)
+		goto out;
+	seen = lock_word(mu);
+	if (known && seen == known)
+		return ETIMEDOUT; /* still held by the word that held it when we gave up */
+	start = now = kvs_mono_ns();
+	for (;;) {
+		uint64_t end = now + SLICE_NS < start + limit ? now + SLICE_NS : start + limit;
+		struct timespec ts = {.tv_sec = (time_t)(end / 1000000000ull),
+				      .tv_nsec = (long)(end % 1000000000ull)};
+
+		r = pthread_mutex_clocklock(mu, CLOCK_MONOTONIC, &ts);
+		if (r != ETIMEDOUT)
+			break;
+		uint32_t w = lock_word(mu);
+		still = w == seen ? still + 1 : 0;
+		seen = w;
+		now = kvs_mono_ns();
+		if ((still >= 2 && holder_gone(w & FUTEX_TID_MASK)) || now - start >= limit) {
+			store_relaxed(stuck, w);
+			return ETIMEDOUT;
+		}
+	}
+out:
+	if ((r == 0 || r == EOWNERDEAD) && known)
+		store_relaxed(stuck, 0); /* it moved: forget it */
+	return r;
 }
 
 static bool slot_in_stripe(struct kvs_cache *c, uint32_t bucket, uint32_t stripe)
@@ -79,7 +168,7 @@ static void repair_stripe(struct kvs_cache *c, uint32_t s)
 int kvs_stripe_lock(struct kvs_cache *c, uint32_t stripe)
 {
 	pthread_mutex_t *mu = &c->stripes[stripe].mu;
-	int r = pthread_mutex_lock(mu);
+	int r = lock_bounded(c, mu, &c->stuck[stripe]);
 
 	if (r == EOWNERDEAD) {
 		repair_stripe(c, stripe);
@@ -89,7 +178,7 @@ int kvs_stripe_lock(struct kvs_cache *c, uint32_t stripe)
 		}
 		return 0;
 	}
-	return r == ENOTRECOVERABLE ? -EUCLEAN : -r;
+	return r == ENOTRECOVERABLE || r == ETIMEDOUT ? -EUCLEAN : -r;
 }
 
 void kvs_stripe_unlock(struct kvs_cache *c, uint32_t stripe)
@@ -99,7 +188,7 @@ void kvs_stripe_unlock(struct kvs_cache *c, uint32_t stripe)
 
 int kvs_proc_lock(struct kvs_cache *c)
 {
-	int r = pthread_mutex_lock(&c->hdr->proc_lock);
+	int r = lock_bounded(c, &c->hdr->proc_lock, &c->stuck_proc);
 
 	if (r == EOWNERDEAD) {
 		if (pthread_mutex_consistent(&c->hdr->proc_lock)) {
@@ -108,7 +197,7 @@ int kvs_proc_lock(struct kvs_cache *c)
 		}
 		return 0;
 	}
-	return r == ENOTRECOVERABLE ? -EUCLEAN : -r;
+	return r == ENOTRECOVERABLE || r == ETIMEDOUT ? -EUCLEAN : -r;
 }
 
 void kvs_proc_unlock(struct kvs_cache *c)

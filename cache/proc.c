@@ -4,6 +4,12 @@
  * Liveness is an OFD write lock on byte i of the region file for process-table slot i.  OFD
  * locks belong to the open file description, so the same process can always take a byte it
  * holds already: reclaim is therefore also serialised inside the process by reclaim_mu.
+ *
+ * Stuck locks.  Every lock taken here gives up after the lock timeout (lock.c).  A reclaim
+ * or detach that could not return every pin or free every claim (a stripe stuck) leaves the
+ * entry ACTIVE with its byte unlocked, so the next reap finds it dead again and finishes the
+ * job; retiring it early would let the next attacher wipe pins that still count in refs.
+ * Attach with a stuck proc_lock fails with -EUCLEAN (the process reads storage itself).
  */
 #include <errno.h>
 #include <fcntl.h>
@@ -82,12 +88,14 @@ static void retire_locked(struct kvs_cache *c, struct kvs_proc *p)
 
 void kvs_proc_detach(struct kvs_cache *c)
 {
-	/* Pins still held (a caller bug) are returned as if we had died. */
-	kvs_slot_unpin_all(c, (uint32_t)c->self);
-	if (kvs_proc_lock(c) == 0) {
+	/* Pins still held (a caller bug, or releases deferred behind a stuck stripe) are
+	 * returned as if we had died; any left are returned by whoever reclaims us. */
+	if (kvs_slot_unpin_all(c, (uint32_t)c->self) == 0 && kvs_proc_lock(c) == 0) {
 		retire_locked(c, c->me);
 		kvs_proc_unlock(c);
 	}
+	for (uint32_t w = 0; w < KVS_PINS_PER_PROC / 64; w++)
+		store_relaxed(&c->deferred[w], 0);
 	ofd(c, F_OFD_SETLK, F_UNLCK, (uint32_t)c->self, NULL);
 	c->self = -1;
 	c->me = NULL;
@@ -108,10 +116,12 @@ int kvs_proc_reclaim(struct kvs_cache *c, uint32_t p)
 		goto out; /* alive, or being reclaimed */
 	if (load_acquire(&pr->state) != KVS_PROC_ACTIVE)
 		goto out_unlock;
-	kvs_slot_unpin_all(c, p);
+	uint32_t left = kvs_slot_unpin_all(c, p);
 	for (uint32_t i = 0; i < c->nslots; i++)
 		if (load_relaxed(&c->slots[i].state) == KVS_ST_CLAIMED_BY(p))
-			kvs_slot_free_claim(c, i, p);
+			left += kvs_slot_free_claim(c, i, p) != 0;
+	if (left)
+		goto out_unlock; /* a stripe is stuck: the next reap finishes */
 	if (kvs_proc_lock(c) == 0) {
 		retire_locked(c, pr);
 		kvs_proc_unlock(c);
@@ -146,6 +156,7 @@ int kvs_cache_reap_maybe(struct kvs_cache *c)
 	if (now - last < KVS_REAP_PERIOD_NS || !cas_acq_rel(&c->last_reap_ns, &last, now))
 		return 0;
 	kvs_populate_start(c); /* if the populating process died, carry on */
+	kvs_slot_retry_deferred(c);
 	return kvs_cache_reap(c);
 }
 

@@ -708,6 +708,8 @@ int kvs_cache_open(const struct kvs_config *cfg, int flags, struct kvs_cache **o
 	c->populate = cfg->cache_populate;
 	c->mode = (uint32_t)cfg->cache_mode;
 	c->headroom = cfg->cache_shm_headroom;
+	c->lock_timeout_ns = c->watch ? KVS_LOCK_TIMEOUT_WATCH_NS
+				      : cfg->loader_wait_timeout_ms * 1000000ull; /* lock.c */
 	pthread_mutex_init(&c->reclaim_mu, NULL);
 	r = kvs_cache_path(cfg, c->path, sizeof(c->path));
 	if (r)
@@ -788,7 +790,8 @@ int kvs_cache_self(const struct kvs_cache *c)
 int kvs_cache_stat(struct kvs_cache *c, struct kvs_region_info *info, struct kvs_counters *totals,
 		   struct kvs_proc_info *procs, int nprocs)
 {
-	int n = 0, r;
+	int n = 0;
+	bool locked;
 
 	memset(info, 0, sizeof(*info));
 	memset(totals, 0, sizeof(*totals));
@@ -817,9 +820,9 @@ int kvs_cache_stat(struct kvs_cache *c, struct kvs_region_info *info, struct kvs
 		info->slots_pinned += load_relaxed(&c->slots[i].refs) != 0;
 		info->slots_populated += load_relaxed(&c->slots[i].pages) == KVS_PAGES_OK;
 	}
-	r = kvs_proc_lock(c);
-	if (r)
-		return r;
+	/* A stuck proc_lock must not hang `kvshim stat`: read the table without it, and say so. */
+	locked = kvs_proc_lock(c) == 0;
+	info->procs_unlocked = !locked;
 	for (int k = 0; k < KVS_NCOUNTERS; k++)
 		totals->v[k] = load_relaxed(&c->hdr->totals[k]);
 	for (uint32_t i = 0; i < c->nprocs; i++) {
@@ -841,6 +844,7 @@ int kvs_cache_stat(struct kvs_cache *c, struct kvs_region_info *info, struct kvs
 		}
 		n++;
 	}
-	kvs_proc_unlock(c);
+	if (locked)
+		kvs_proc_unlock(c);
 	return n;
 }

@@ -1,9 +1,22 @@
 /*
  * slot: pin, release, publish, look up, preallocate and invalidate (protocol: region.c).
+ *
+ * Deferred releases.  A release must lock the slot's stripe to drop refs and the pin-table
+ * entry together.  When that lock is stuck (lock.c gives up with -EUCLEAN) the release is not
+ * dropped: the entry stays set, so the pin still counts (the slot stays pinned, and a reclaim
+ * of this process would return it), and its index goes into c->deferred, a process-local
+ * bitmap over the pin table (no allocation: releases run on engine threads and must not call
+ * malloc).  Every later release and kvs_cache_reap_maybe retry the set bits.  A thread takes a
+ * bit with an atomic and before it retries, and sets it again on failure, so one thread at a
+ * time retries an entry; the entry itself is written only under the stripe, as always.
  */
 #include <errno.h>
 
 #include "internal.h"
+
+/* Atomic or/and on the deferred bitmap (process-local, so relaxed). */
+#define or_relaxed(p, v)  atomic_fetch_or_explicit((p), (v), memory_order_relaxed)
+#define and_relaxed(p, v) atomic_fetch_and_explicit((p), (v), memory_order_relaxed)
 
 /* Find key in bucket b; caller holds its stripe.  Returns the slot, KVS_NIL, or -EUCLEAN as
  * a negative int when the chain leaves bounds or loops. */
@@ -201,7 +214,9 @@ int kvs_cache_prealloc(struct kvs_cache *c, const struct kvs_key *key)
 	return lookup_or_insert(c, key, KVS_ALLOC_PREFETCH, NULL);
 }
 
-/* The stripe that guards slot i (hashed or orphan), locked; re-read until stable. */
+/* The stripe that guards slot i (hashed or orphan), locked; re-read until stable.  Returns 0,
+ * -EBADSLT when the slot names no stripe (unhashed, or corrupt: no lock guards it), or
+ * -EUCLEAN (the lock is stuck, or the bucket never settles). */
 static int lock_slot_stripe(struct kvs_cache *c, uint32_t i, uint32_t *stripe)
 {
 	for (int tries = 0; tries < 1000; tries++) {
@@ -209,7 +224,7 @@ static int lock_slot_stripe(struct kvs_cache *c, uint32_t i, uint32_t *stripe)
 		int r;
 
 		if (b == KVS_NIL || (b & ~KVS_ORPHAN) >= c->nbuckets)
-			return -EUCLEAN;
+			return -EBADSLT;
 		*stripe = bucket_stripe(c, b & ~KVS_ORPHAN);
 		r = kvs_stripe_lock(c, *stripe);
 		if (r)
@@ -252,17 +267,59 @@ static void unpin_locked(struct kvs_cache *c, struct kvs_proc *pr, uint32_t e, u
 	}
 }
 
-void kvs_cache_release(struct kvs_cache *c, const struct kvs_pin *pin)
+/* Drop this process's pin in entry e if it still records slot v - 1.  Returns 0, or -EUCLEAN
+ * when the stripe could not be locked (the entry is left as it was). */
+static int unpin_own(struct kvs_cache *c, uint32_t e, uint32_t v)
 {
 	uint32_t stripe;
+	int r = lock_slot_stripe(c, v - 1, &stripe);
 
-	if (pin->slot >= c->nslots || pin->entry >= KVS_PINS_PER_PROC)
-		return;
-	if (lock_slot_stripe(c, pin->slot, &stripe))
-		return;
-	if (load_relaxed(&c->me->pin[pin->entry]) == pin->slot + 1)
-		unpin_locked(c, c->me, pin->entry, pin->slot);
+	if (r == -EBADSLT) {
+		/* No stripe guards the slot, so no count includes this entry: just forget it. */
+		uint32_t want = v;
+		cas_acq_rel(&c->me->pin[e], &want, 0);
+		return 0;
+	}
+	if (r)
+		return r;
+	if (load_relaxed(&c->me->pin[e]) == v)
+		unpin_locked(c, c->me, e, v - 1);
 	kvs_stripe_unlock(c, stripe);
+	return 0;
+}
+
+void kvs_slot_retry_deferred(struct kvs_cache *c)
+{
+	if (!c->me)
+		return;
+	for (uint32_t w = 0; w < KVS_PINS_PER_PROC / 64; w++) {
+		uint64_t bits = load_relaxed(&c->deferred[w]);
+
+		while (bits) {
+			uint64_t m = bits & -bits;
+			uint32_t e = w * 64 + (uint32_t)__builtin_ctzll(bits), v;
+
+			bits &= bits - 1;
+			if (!(and_relaxed(&c->deferred[w], ~m) & m))
+				continue; /* another thread took it */
+			v = load_relaxed(&c->me->pin[e]);
+			if (v && v <= c->nslots && unpin_own(c, e, v))
+				or_relaxed(&c->deferred[w], m); /* still stuck: later */
+		}
+	}
+}
+
+void kvs_cache_release(struct kvs_cache *c, const struct kvs_pin *pin)
+{
+	uint32_t e = pin->entry;
+
+	if (!c->me || pin->slot >= c->nslots || e >= KVS_PINS_PER_PROC)
+		return;
+	kvs_slot_retry_deferred(c);
+	if (load_relaxed(&c->me->pin[e]) != pin->slot + 1)
+		return;
+	if (unpin_own(c, e, pin->slot + 1))
+		or_relaxed(&c->deferred[e / 64], 1ull << (e % 64));
 }
 
 /* Publish a final state with a release exchange; wake sleepers only if they said so. */
@@ -328,7 +385,7 @@ int kvs_cache_mark_not_ready(struct kvs_cache *c, const struct kvs_pin *pin)
 	int r = lock_slot_stripe(c, pin->slot, &stripe);
 
 	if (r)
-		return r;
+		return -EUCLEAN;
 	if (load_relaxed(&s->refs) == 1 && st_of(load_relaxed(&s->state)) == KVS_SLOT_READY) {
 		store_relaxed(&s->owner, (uint32_t)c->self);
 		store_release(&s->state, KVS_SLOT_LOADING);
@@ -372,47 +429,119 @@ int kvs_cache_lookup(struct kvs_cache *c, const struct kvs_key *key)
 	return r;
 }
 
-int kvs_cache_invalidate(struct kvs_cache *c, const struct kvs_key *block, uint64_t first,
-			 uint64_t last)
+/* Take slot i, just unlinked from bucket b, out of use: free it if unpinned, else leave it an
+ * orphan that its last release frees.  Caller holds the stripe. */
+static void drop_unlinked_locked(struct kvs_cache *c, uint32_t i, uint32_t b)
 {
-	int removed = 0;
+	struct kvs_slot *s = &c->slots[i];
 
-	for (uint64_t sh = first; sh <= last && sh - first < c->nslots; sh++) {
+	if (load_relaxed(&s->refs) == 0)
+		free_locked(c, s);
+	else
+		store_relaxed(&s->bucket, b | KVS_ORPHAN);
+}
+
+/* Invalidate shard by shard: a short range.  Returns the number removed or -EUCLEAN. */
+static int invalidate_keys(struct kvs_cache *c, const struct kvs_key *block, uint64_t first,
+			   uint64_t last)
+{
+	int removed = 0, err = 0;
+
+	for (uint64_t sh = first;; sh++) {
 		struct kvs_key k = {block->block_lo, block->block_hi, sh};
 		uint32_t b = key_bucket(c, &k), stripe = bucket_stripe(c, b);
 		int64_t i;
 
-		if (kvs_stripe_lock(c, stripe))
-			break;
-		i = find_locked(c, b, &k);
-		if (i >= 0 && i != KVS_NIL && kvs_slot_unlink_locked(c, (uint32_t)i, b) == 0) {
-			struct kvs_slot *s = &c->slots[i];
-
-			if (load_relaxed(&s->refs) == 0) {
-				free_locked(c, s);
-			} else {
-				store_relaxed(&s->bucket, b | KVS_ORPHAN);
+		if (kvs_stripe_lock(c, stripe)) {
+			err = -EUCLEAN; /* the others can still go */
+		} else {
+			i = find_locked(c, b, &k);
+			if (i < 0)
+				err = -EUCLEAN;
+			else if (i != KVS_NIL && kvs_slot_unlink_locked(c, (uint32_t)i, b) == 0) {
+				drop_unlinked_locked(c, (uint32_t)i, b);
+				removed++;
 			}
-			removed++;
+			kvs_stripe_unlock(c, stripe);
+		}
+		if (sh == last)
+			break;
+	}
+	return err ? err : removed;
+}
+
+/* Invalidate by walking every chain, one stripe at a time: a range longer than the cache has
+ * slots.  Returns the number removed or -EUCLEAN. */
+static int invalidate_scan(struct kvs_cache *c, const struct kvs_key *block, uint64_t first,
+			   uint64_t last)
+{
+	int removed = 0, err = 0;
+
+	for (uint32_t stripe = 0; stripe < c->nstripes; stripe++) {
+		if (kvs_stripe_lock(c, stripe)) {
+			err = -EUCLEAN;
+			continue;
+		}
+		for (uint32_t b = stripe; b < c->nbuckets; b += c->nstripes) {
+			_Atomic uint32_t *link = &c->buckets[b];
+
+			for (uint32_t steps = 0;; steps++) {
+				uint32_t i = load_relaxed(link);
+
+				if (i == KVS_NIL)
+					break;
+				if (i >= c->nslots || steps > c->nslots) {
+					err = -EUCLEAN;
+					break;
+				}
+				struct kvs_slot *s = &c->slots[i];
+				if (s->key[0] != block->block_lo || s->key[1] != block->block_hi ||
+				    s->key[2] < first || s->key[2] > last) {
+					link = &s->next;
+					continue;
+				}
+				/* Unlink in place; link then names the next slot. */
+				store_relaxed(link, load_relaxed(&s->next));
+				store_relaxed(&s->next, KVS_NIL);
+				drop_unlinked_locked(c, i, b);
+				removed++;
+			}
 		}
 		kvs_stripe_unlock(c, stripe);
 	}
-	return removed;
+	return err ? err : removed;
+}
+
+int kvs_cache_invalidate(struct kvs_cache *c, const struct kvs_key *block, uint64_t first,
+			 uint64_t last)
+{
+	if (last < first)
+		return 0;
+	/* More shards than slots: fewer locks to visit every chain than every shard. */
+	if (last - first >= c->nslots)
+		return invalidate_scan(c, block, first, last);
+	return invalidate_keys(c, block, first, last);
 }
 
 /* Return every pin that dead process p recorded, failing the loads it owned.  Caller holds
  * p's liveness byte (so no other reclaimer runs). */
-void kvs_slot_unpin_all(struct kvs_cache *c, uint32_t p)
+uint32_t kvs_slot_unpin_all(struct kvs_cache *c, uint32_t p)
 {
 	struct kvs_proc *pr = proc_at(c, p);
+	uint32_t left = 0;
 
 	for (uint32_t e = 0; e < KVS_PINS_PER_PROC; e++) {
 		uint32_t v = load_relaxed(&pr->pin[e]), stripe;
 
 		if (v == 0)
 			continue;
-		if (v > c->nslots || lock_slot_stripe(c, v - 1, &stripe)) {
-			store_relaxed(&pr->pin[e], 0);
+		int r = v > c->nslots ? -EBADSLT : lock_slot_stripe(c, v - 1, &stripe);
+		if (r == -EBADSLT) {
+			store_relaxed(&pr->pin[e], 0); /* no stripe counts it */
+			continue;
+		}
+		if (r) {
+			left++; /* stuck: the entry stays for the next reclaim */
 			continue;
 		}
 		struct kvs_slot *s = &c->slots[v - 1];
@@ -426,21 +555,22 @@ void kvs_slot_unpin_all(struct kvs_cache *c, uint32_t p)
 		}
 		kvs_stripe_unlock(c, stripe);
 	}
+	return left;
 }
 
-void kvs_slot_free_claim(struct kvs_cache *c, uint32_t i, uint32_t p)
+int kvs_slot_free_claim(struct kvs_cache *c, uint32_t i, uint32_t p)
 {
 	struct kvs_slot *s = &c->slots[i];
 	uint32_t w = KVS_ST_CLAIMED_BY(p), b = load_relaxed(&s->bucket), stripe = KVS_NIL;
 
 	if (load_relaxed(&s->state) != w)
-		return;
+		return 0;
 	/* p died inside a stripe with the bucket still set: clear it under that stripe (whose
 	 * lock may repair it first), so a FREE slot never carries a bucket. */
 	if (b != KVS_NIL && (b & ~KVS_ORPHAN) < c->nbuckets) {
 		stripe = bucket_stripe(c, b & ~KVS_ORPHAN);
 		if (kvs_stripe_lock(c, stripe))
-			return;
+			return -EUCLEAN;
 	}
 	if (load_relaxed(&s->state) == w) {
 		store_relaxed(&s->bucket, KVS_NIL);
@@ -449,6 +579,27 @@ void kvs_slot_free_claim(struct kvs_cache *c, uint32_t i, uint32_t p)
 	}
 	if (stripe != KVS_NIL)
 		kvs_stripe_unlock(c, stripe);
+	return 0;
+}
+
+int kvs_slot_take_over(struct kvs_cache *c, uint32_t slot, uint32_t owner)
+{
+	struct kvs_slot *s = &c->slots[slot];
+	uint32_t stripe;
+	int r = lock_slot_stripe(c, slot, &stripe);
+
+	if (r)
+		return -EUCLEAN;
+	/* We hold a pin, so a load that failed stays FAILED and no new election can happen: a
+	 * slot still LOADING for the same owner is the load judged ownerless. */
+	if (st_of(load_relaxed(&s->state)) == KVS_SLOT_LOADING && load_relaxed(&s->refs) != 0 &&
+	    load_relaxed(&s->owner) == owner) {
+		kvs_slot_fail_locked(c, slot, EOWNERDEAD);
+		kvs_cache_count(c, KVS_CTR_failures, 1);
+		r = 1;
+	}
+	kvs_stripe_unlock(c, stripe);
+	return r;
 }
 
 int kvs_cache_test_lock_key(struct kvs_cache *c, const struct kvs_key *key)

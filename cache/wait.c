@@ -6,9 +6,19 @@
  * waiters bit by CAS and sleeps in FUTEX_WAIT for at most one slice.  The owner wakes only
  * when the exchange returned the bit set, so an uncontended publish costs no syscall.  The
  * kernel compares the word before sleeping, so a publish between our CAS and our sleep makes
- * FUTEX_WAIT return EAGAIN at once: no lost wake-up.  After each slice the waiter checks the
- * owner's liveness lock and reclaims a dead owner, which fails the load and wakes everyone.
- * loader.wait=spin replaces the sleep with sched_yield (for comparison).
+ * FUTEX_WAIT return EAGAIN at once: no lost wake-up.  loader.wait=spin replaces the sleep
+ * with sched_yield (for comparison).
+ *
+ * Owners.  Before its first sleep, and after every slice, the waiter checks the slot's owner
+ * (read without a lock: it was set under the stripe before our pin, and does not change while
+ * the slot is LOADING and pinned).  An owner that is this process, or an ACTIVE table entry
+ * whose liveness lock is held, is live: keep waiting.  A dead ACTIVE owner is reclaimed, which
+ * fails the loads it recorded and wakes everyone.  Whatever is left (the owner index out of
+ * range or KVS_NIL, a FREE or unknown table entry, a dead owner whose pin table does not name
+ * this slot) is taken over: under the slot's stripe, still LOADING with pins and the same
+ * owner, it is published FAILED with EOWNERDEAD, which wakes every waiter; the last release
+ * sends it back to LOADING and the next pin owns the retry.  So a load nobody is doing costs
+ * a waiter one check, not the whole timeout.
  */
 #include <errno.h>
 #include <limits.h>
@@ -26,13 +36,21 @@ void kvs_wake_all(_Atomic uint32_t *word)
 	kvs_futex_wake(word, INT_MAX, true);
 }
 
-/* The owner of a LOADING slot died without publishing: reclaim it (fails the load). */
-static void check_owner(struct kvs_cache *c, struct kvs_slot *s)
+/* Keep waiting for a live owner; reclaim a dead one; take over a load nobody owns. */
+static void check_owner(struct kvs_cache *c, const struct kvs_pin *pin)
 {
-	uint32_t owner = load_relaxed(&s->owner);
+	uint32_t owner = load_relaxed(&c->slots[pin->slot].owner);
 
-	if (owner < c->nprocs && (int)owner != c->self && !kvs_proc_alive(c, owner))
+	if ((int)owner == c->self)
+		return;
+	if (owner < c->nprocs &&
+	    /* Pairs with the release store of ACTIVE in kvs_proc_attach(). */
+	    load_acquire(&proc_at(c, owner)->state) == KVS_PROC_ACTIVE) {
+		if (kvs_proc_alive(c, owner))
+			return;
 		kvs_proc_reclaim(c, owner);
+	}
+	kvs_slot_take_over(c, pin->slot, owner);
 }
 
 int kvs_cache_wait(struct kvs_cache *c, const struct kvs_pin *pin, uint64_t timeout_ns)
@@ -64,12 +82,12 @@ int kvs_cache_wait(struct kvs_cache *c, const struct kvs_pin *pin, uint64_t time
 		uint64_t now = kvs_mono_ns();
 		if (!start) {
 			start = now;
-			next_check = now + SLICE_NS;
+			next_check = now; /* check the owner before the first sleep */
 		}
 		if (now - start >= timeout_ns)
 			return -ETIMEDOUT;
 		if (now >= next_check) {
-			check_owner(c, s);
+			check_owner(c, pin);
 			next_check = now + SLICE_NS;
 		}
 		if (c->wait_mode == KVS_WAIT_SPIN) {

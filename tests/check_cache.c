@@ -12,6 +12,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <pthread.h>
 #include <sched.h>
 #include <sys/mman.h>
 #include <sys/mount.h>
@@ -35,6 +36,10 @@ static void test_config(struct kvs_config *cfg, uint64_t slots, uint64_t shard)
 	cfg->cache_capacity = slots * shard;
 	cfg->cache_reserved = 0;
 	cfg->cache_max_processes = 16;
+	/* These cases were written for the background walk and an unbounded /dev/shm; the lazy
+	 * default and the headroom have their own cases in check_region. */
+	cfg->cache_populate = KVS_POPULATE_EAGER;
+	cfg->cache_shm_headroom = 0;
 }
 
 static void remove_region(const struct kvs_config *cfg)
@@ -1058,6 +1063,235 @@ START_TEST(test_fork_child_drops_walker)
 }
 END_TEST
 
+/* ------------------------------------------------------------------ bounded waits */
+
+/* A thread id no thread can have: above the largest pid_max the kernel allows (2^22). */
+#define NO_TID 0x3ffffff0
+
+static pthread_mutex_t *stripe_mutex(struct kvs_cache *c, const struct kvs_key *k)
+{
+	return &c->stripes[bucket_stripe(c, key_bucket(c, k))].mu;
+}
+
+/* A lock word naming a thread that does not exist: every locker gives up fast, stat answers. */
+START_TEST(test_lock_word_of_no_thread)
+{
+	struct kvs_config cfg;
+	struct kvs_region_info info;
+	struct kvs_counters tot;
+	struct kvs_key k = key_of(21, 0);
+	struct kvs_pin p;
+
+	test_config(&cfg, 16, 4096); /* loader.wait_timeout_ms stays 30 s */
+	struct kvs_cache *c = open_ok(&cfg);
+	pthread_mutex_t *mu = stripe_mutex(c, &k);
+	mu->__data.__lock = NO_TID;
+	uint64_t t0 = mono_ms();
+	ck_assert_int_eq(kvs_cache_pin(c, &k, KVS_ALLOC_LOAD, &p), -EUCLEAN);
+	ck_assert_uint_lt(mono_ms() - t0, 300);
+	/* Remembered: the next lockers do not wait again. */
+	t0 = mono_ms();
+	ck_assert_int_eq(kvs_cache_lookup(c, &k), -EUCLEAN);
+	ck_assert_int_eq(kvs_cache_pin_ready(c, &k, &p), -EUCLEAN);
+	ck_assert_uint_lt(mono_ms() - t0, 20);
+	/* The same in proc_lock: stat answers from what it can read, and says so. */
+	c->hdr->proc_lock.__data.__lock = NO_TID;
+	struct kvs_cache *w = NULL;
+	ck_assert_int_eq(kvs_cache_open(&cfg, KVS_OPEN_WATCH, &w, NULL, 0), 0);
+	t0 = mono_ms();
+	ck_assert_int_eq(kvs_cache_stat(w, &info, &tot, NULL, 0), 1);
+	ck_assert(info.procs_unlocked);
+	ck_assert_int_eq(kvs_cache_stat(c, &info, &tot, NULL, 0), 1);
+	ck_assert(info.procs_unlocked);
+	ck_assert_uint_lt(mono_ms() - t0, 3000);
+	/* Attaching needs proc_lock: refused, not hung. */
+	struct kvs_cache *d = NULL;
+	ck_assert_int_eq(kvs_cache_open(&cfg, 0, &d, NULL, 0), -EUCLEAN);
+	/* Once the words are sane again, everything works. */
+	mu->__data.__lock = 0;
+	c->hdr->proc_lock.__data.__lock = 0;
+	ck_assert_int_eq(kvs_cache_stat(w, &info, &tot, NULL, 0), 1);
+	ck_assert(!info.procs_unlocked);
+	ck_assert_int_eq(kvs_cache_pin(c, &k, KVS_ALLOC_LOAD, &p), KVS_PIN_OWNER);
+	load_pattern(c, &p, &k);
+	kvs_cache_release(c, &p);
+	ck_assert_uint_eq(pinned_slots(c), 0);
+	kvs_cache_close(w);
+	kvs_cache_close(c);
+	remove_region(&cfg);
+}
+END_TEST
+
+/* A release that cannot take its stripe is kept and retried: by the next release, of any slot,
+ * or by the periodic reap. */
+START_TEST(test_deferred_release_retried)
+{
+	struct kvs_config cfg;
+	struct kvs_key k = key_of(23, 0), k2;
+	struct kvs_pin p, q;
+
+	test_config(&cfg, 16, 4096);
+	struct kvs_cache *c = open_ok(&cfg);
+	pthread_mutex_t *mu = stripe_mutex(c, &k);
+	for (uint64_t sh = 1;; sh++) {
+		k2 = key_of(23, sh);
+		if (stripe_mutex(c, &k2) != mu)
+			break;
+	}
+	for (int round = 0; round < 2; round++) {
+		int r = kvs_cache_pin(c, &k, KVS_ALLOC_LOAD, &p);
+
+		ck_assert_int_eq(r, round ? KVS_PIN_HIT : KVS_PIN_OWNER);
+		if (!round)
+			load_pattern(c, &p, &k);
+		mu->__data.__lock = NO_TID;
+		kvs_cache_release(c, &p);
+		ck_assert_uint_eq(c->me->pin[p.entry], p.slot + 1); /* still counted */
+		ck_assert_uint_eq(c->slots[p.slot].refs, 1);
+		mu->__data.__lock = 0;
+		if (round == 0) {
+			ck_assert_int_ge(kvs_cache_pin(c, &k2, KVS_ALLOC_LOAD, &q), 0);
+			kvs_cache_release(c, &q);
+		} else {
+			c->last_reap_ns = 0; /* due now */
+			kvs_cache_reap_maybe(c);
+		}
+		ck_assert_uint_eq(c->me->pin[p.entry], 0);
+		ck_assert_uint_eq(pinned_slots(c), 0);
+	}
+	kvs_cache_close(c);
+	remove_region(&cfg);
+}
+END_TEST
+
+/* A process stopped inside a stripe: another process's pin gives up after
+ * loader.wait_timeout_ms, and once the holder is gone nothing is stuck and no pin leaks. */
+START_TEST(test_stopped_lock_holder)
+{
+	struct kvs_config cfg;
+	struct kvs_key k = key_of(22, 0);
+	struct kvs_pin p, q;
+	int st;
+
+	test_config(&cfg, 16, 4096);
+	cfg.loader_wait_timeout_ms = 500;
+	struct kvs_cache *c = open_ok(&cfg);
+	ck_assert_int_eq(kvs_cache_pin(c, &k, KVS_ALLOC_LOAD, &p), KVS_PIN_OWNER);
+	load_pattern(c, &p, &k);
+	pid_t pid = fork();
+	ck_assert(pid >= 0);
+	if (pid == 0) {
+		struct kvs_cache *cc = NULL;
+
+		kvs_cache_forget(c);
+		if (kvs_cache_open(&cfg, 0, &cc, NULL, 0) || kvs_cache_test_lock_key(cc, &k))
+			_exit(2);
+		raise(SIGSTOP);
+		_exit(0); /* still inside the stripe: the next locker repairs it */
+	}
+	ck_assert_int_eq(waitpid(pid, &st, WUNTRACED), pid);
+	ck_assert(WIFSTOPPED(st));
+	uint64_t t0 = mono_ms();
+	ck_assert_int_eq(kvs_cache_pin(c, &k, KVS_ALLOC_LOAD, &q), -EUCLEAN);
+	uint64_t took = mono_ms() - t0;
+	ck_assert_uint_ge(took, 400);
+	ck_assert_uint_lt(took, 1500);
+	/* Our own release cannot take the stripe either: deferred, the pin still counts, and
+	 * the stuck stripe costs it no second wait. */
+	t0 = mono_ms();
+	kvs_cache_release(c, &p);
+	ck_assert_uint_lt(mono_ms() - t0, 100);
+	ck_assert_uint_eq(c->me->pin[p.entry], p.slot + 1);
+	ck_assert_uint_eq(pinned_slots(c), 1);
+	kill(pid, SIGCONT);
+	ck_assert_int_eq(waitpid(pid, &st, 0), pid);
+	ck_assert(WIFEXITED(st) && WEXITSTATUS(st) == 0);
+	ck_assert_int_eq(kvs_cache_pin(c, &k, KVS_ALLOC_LOAD, &q), KVS_PIN_HIT);
+	ck_assert(pattern_ok(c, &q, &k));
+	kvs_cache_release(c, &q); /* returns the deferred pin too */
+	ck_assert_uint_eq(c->me->pin[p.entry], 0);
+	ck_assert_uint_eq(pinned_slots(c), 0);
+	kvs_cache_reap(c);
+	ck_assert_uint_eq(pinned_slots(c), 0);
+	kvs_cache_close(c);
+	remove_region(&cfg);
+}
+END_TEST
+
+/* A LOADING slot with pins and no live owner (garbage index, KVS_NIL, a FREE table entry) is
+ * failed by its first waiter at once, and the next pin owns the retry. */
+START_TEST(test_ownerless_load_taken_over)
+{
+	struct kvs_config cfg;
+	struct kvs_key k = key_of(24, 0);
+	struct kvs_pin p, q;
+
+	test_config(&cfg, 16, 4096);
+	struct kvs_cache *c = open_ok(&cfg);
+	struct kvs_cache *d = open_ok(&cfg);
+	const uint32_t owners[] = {0xdeadbeef, KVS_NIL, (uint32_t)cfg.cache_max_processes - 1};
+
+	ck_assert_uint_eq(proc_at(c, owners[2])->state, KVS_PROC_FREE);
+	for (int n = 0; n < 3; n++) {
+		ck_assert_int_eq(kvs_cache_pin(c, &k, KVS_ALLOC_LOAD, &p), KVS_PIN_OWNER);
+		ck_assert_int_eq(kvs_cache_pin(d, &k, KVS_ALLOC_LOAD, &q), KVS_PIN_WAIT);
+		c->slots[p.slot].owner = owners[n];
+		uint64_t t0 = mono_ms();
+		ck_assert_int_eq(kvs_cache_wait(d, &q, 10000000000ull), -EOWNERDEAD);
+		ck_assert_uint_lt(mono_ms() - t0, 1000);
+		kvs_cache_release(d, &q);
+		kvs_cache_release(c, &p);
+	}
+	ck_assert_int_eq(kvs_cache_pin(d, &k, KVS_ALLOC_LOAD, &q), KVS_PIN_OWNER);
+	load_pattern(d, &q, &k);
+	kvs_cache_release(d, &q);
+	ck_assert_uint_eq(pinned_slots(c), 0);
+	kvs_cache_close(d);
+	kvs_cache_close(c);
+	remove_region(&cfg);
+}
+END_TEST
+
+/* Invalidating more shards than the cache has slots still removes every one of them. */
+START_TEST(test_invalidate_longer_than_cache)
+{
+	struct kvs_config cfg;
+	struct kvs_key other = key_of(26, 0), k25 = key_of(25, 25), blk = key_of(25, 0);
+	struct kvs_pin p, held;
+
+	test_config(&cfg, 16, 4096);
+	struct kvs_cache *c = open_ok(&cfg);
+	for (uint64_t sh = 20; sh < 35; sh++) {
+		struct kvs_key k = key_of(25, sh);
+
+		ck_assert_int_eq(kvs_cache_pin(c, &k, KVS_ALLOC_LOAD, &p), KVS_PIN_OWNER);
+		load_pattern(c, &p, &k);
+		kvs_cache_release(c, &p);
+	}
+	ck_assert_int_eq(kvs_cache_pin(c, &other, KVS_ALLOC_LOAD, &p), KVS_PIN_OWNER);
+	load_pattern(c, &p, &other);
+	kvs_cache_release(c, &p);
+	ck_assert_int_eq(kvs_cache_pin(c, &k25, KVS_ALLOC_LOAD, &held), KVS_PIN_HIT);
+	ck_assert_int_eq(kvs_cache_invalidate(c, &blk, 0, 40), 15);
+	for (uint64_t sh = 0; sh <= 40; sh++) {
+		struct kvs_key k = key_of(25, sh);
+
+		ck_assert_int_eq(kvs_cache_lookup(c, &k), -ENOENT);
+	}
+	ck_assert_int_eq(kvs_cache_lookup(c, &other), KVS_SLOT_READY);
+	ck_assert(pattern_ok(c, &held, &k25)); /* unhashed, its bytes intact until released */
+	kvs_cache_release(c, &held);
+	ck_assert_uint_eq(st_of(c->slots[held.slot].state), KVS_SLOT_FREE);
+	/* The far end of the shard space: no wrap-around. */
+	ck_assert_int_eq(kvs_cache_invalidate(c, &blk, UINT64_MAX - 2, UINT64_MAX), 0);
+	ck_assert_int_eq(kvs_cache_invalidate(c, &other, 0, UINT64_MAX), 1);
+	ck_assert_int_eq(kvs_cache_lookup(c, &other), -ENOENT);
+	ck_assert_uint_eq(pinned_slots(c), 0);
+	kvs_cache_close(c);
+	remove_region(&cfg);
+}
+END_TEST
+
 static Suite *cache_suite(void)
 {
 	Suite *s = suite_create("cache");
@@ -1090,6 +1324,11 @@ static Suite *cache_suite(void)
 	tcase_add_test(crash, test_lock_holder_killed);
 	tcase_add_test(crash, test_dead_process_reaped_on_attach);
 	tcase_add_test(crash, test_dead_waiter_does_not_keep_failure);
+	tcase_add_test(core, test_invalidate_longer_than_cache);
+	tcase_add_test(core, test_deferred_release_retried);
+	tcase_add_test(limits, test_lock_word_of_no_thread);
+	tcase_add_test(crash, test_stopped_lock_holder);
+	tcase_add_test(crash, test_ownerless_load_taken_over);
 	tcase_add_checked_fixture(core, NULL, teardown);
 	tcase_add_checked_fixture(limits, NULL, teardown);
 	tcase_add_checked_fixture(conc, NULL, teardown);

@@ -685,6 +685,124 @@ START_TEST(test_owner_read_outlasts_timeout)
 }
 END_TEST
 
+/* ------------------------------------------------------------------ backend */
+
+struct done_board {
+	struct kvs_bio bio;
+	int calls; /* __atomic: set on a backend thread */
+};
+
+static void count_done(struct kvs_bio *bio)
+{
+	__atomic_fetch_add(&((struct done_board *)bio->arg)->calls, 1, __ATOMIC_SEQ_CST);
+}
+
+static void board_init(struct done_board *d, int fd, void *buf, uint64_t off)
+{
+	memset(d, 0, sizeof(*d));
+	d->bio = (struct kvs_bio){
+	    .fd = fd, .buf = buf, .off = off, .len = SHARD, .done = count_done, .arg = d};
+}
+
+/* Wait up to 5 s for d's read to finish; then its bytes must be the file's. */
+static void board_check(struct done_board *d, int fd)
+{
+	static unsigned char want[SHARD];
+	uint64_t t0 = mono_ms();
+
+	while (!__atomic_load_n(&d->calls, __ATOMIC_SEQ_CST) && mono_ms() - t0 < 5000)
+		usleep(1000);
+	ck_assert_int_eq(__atomic_load_n(&d->calls, __ATOMIC_SEQ_CST), 1);
+	ck_assert_int_eq(d->bio.result, SHARD);
+	ck_assert_int_eq(pread(fd, want, SHARD, (off_t)d->bio.off), SHARD);
+	ck_assert(memcmp(d->bio.buf, want, SHARD) == 0);
+}
+
+/* A submission that fails after its SQE was filled: the read is done synchronously, and the
+ * SQE must never reach the kernel, whose next submit would read into a buffer reused since. */
+START_TEST(test_backend_submit_failure)
+{
+	char path[512];
+	struct kvs_backend *be;
+	struct done_board a, b;
+	void *buf1, *buf2;
+
+	make_file("s", 4 * SHARD, path, sizeof(path));
+	int fd = open(path, O_RDONLY);
+	ck_assert_int_ge(fd, 0);
+	if (kvs_backend_create(KVS_IO_URING, 4, &be)) {
+		fprintf(stderr, "check_loader: io_uring unavailable: submit failure not tested\n");
+		close(fd);
+		return;
+	}
+	ck_assert_int_eq(posix_memalign(&buf1, 4096, SHARD), 0);
+	ck_assert_int_eq(posix_memalign(&buf2, 4096, SHARD), 0);
+	board_init(&a, fd, buf1, 0);
+	kvs_backend_test_fail_submits = 1;
+	kvs_backend_submit(be, &a.bio);
+	ck_assert_uint_eq(kvs_backend_test_fail_submits, 0);
+	/* Done on this thread, before the submit returned. */
+	ck_assert_int_eq(__atomic_load_n(&a.calls, __ATOMIC_SEQ_CST), 1);
+	board_check(&a, fd);
+	/* The buffer is ours again: a later submit through the same ring must not touch it. */
+	memset(buf1, 0xee, SHARD);
+	board_init(&b, fd, buf2, SHARD);
+	kvs_backend_submit(be, &b.bio);
+	board_check(&b, fd);
+	usleep(100000); /* room for a stale read to land */
+	ck_assert_int_eq(__atomic_load_n(&a.calls, __ATOMIC_SEQ_CST), 1);
+	for (size_t i = 0; i < SHARD; i++)
+		ck_assert_uint_eq(((unsigned char *)buf1)[i], 0xee);
+	kvs_backend_destroy(be);
+	free(buf1);
+	free(buf2);
+	close(fd);
+}
+END_TEST
+
+/* The reaper's wait fails: it polls instead of leaving, so every read still completes, and so
+ * does a loader read that waits for its own backend reads. */
+START_TEST(test_backend_wait_error)
+{
+	char path[512];
+	struct kvs_backend *be;
+	struct done_board d[4];
+	void *buf[4];
+	struct env e;
+
+	make_file("w", 4 * SHARD, path, sizeof(path));
+	int fd = open(path, O_RDONLY);
+	ck_assert_int_ge(fd, 0);
+	kvs_backend_test_fail_wait = true;
+	int r = kvs_backend_create(KVS_IO_URING, 8, &be);
+	kvs_backend_test_fail_wait = false;
+	if (r) {
+		fprintf(stderr, "check_loader: io_uring unavailable: wait error not tested\n");
+		close(fd);
+		return;
+	}
+	for (int i = 0; i < 4; i++) {
+		ck_assert_int_eq(posix_memalign(&buf[i], 4096, SHARD), 0);
+		board_init(&d[i], fd, buf[i], (uint64_t)i * SHARD);
+		kvs_backend_submit(be, &d[i].bio);
+	}
+	for (int i = 0; i < 4; i++)
+		board_check(&d[i], fd);
+	kvs_backend_destroy(be); /* the stop NOP still stops it */
+	for (int i = 0; i < 4; i++)
+		free(buf[i]);
+
+	config(&e.cfg, KVS_IO_URING);
+	kvs_backend_test_fail_wait = true;
+	env_open(&e);
+	kvs_backend_test_fail_wait = false;
+	check_range(&e, fd, 0, 4 * SHARD);
+	check_range(&e, fd, SHARD / 2, 2 * SHARD);
+	env_done(&e);
+	close(fd);
+}
+END_TEST
+
 static Suite *loader_suite(void)
 {
 	Suite *s = suite_create("loader");
@@ -710,6 +828,8 @@ static Suite *loader_suite(void)
 	tcase_add_test(crash, test_owner_stalls);
 	tcase_add_test(crash, test_owner_dies);
 	tcase_add_test(crash, test_owner_read_outlasts_timeout);
+	tcase_add_test(limits, test_backend_submit_failure);
+	tcase_add_test(crash, test_backend_wait_error);
 	for (int i = 0; i < 4; i++) {
 		tcase_add_checked_fixture(all[i], setup, teardown);
 		tcase_set_timeout(all[i], 60);
