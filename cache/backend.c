@@ -188,7 +188,12 @@ int kvs_backend_create(int mode, unsigned depth, struct kvs_backend **out)
 	pthread_mutex_init(&be->mu, NULL);
 	pthread_cond_init(&be->room, NULL);
 	pthread_cond_init(&be->work, NULL);
-	if (mode != KVS_IO_THREADS) {
+	/* auto means threads.  The kernel does not wait, when a process is SIGKILLed, for the
+	 * io_uring reads it has in flight (only "tracked" requests are waited for at exit): an
+	 * O_DIRECT read can land in a slot after the dead owner was reclaimed and the slot reused
+	 * for another key, which the soak showed as another shard's bytes.  A thread in pread
+	 * holds the process, and so its liveness lock, until its read is done. */
+	if (mode == KVS_IO_URING) {
 		r = io_uring_queue_init(depth < 4096 ? depth : 4096, &be->ring, 0);
 		if (r == 0) {
 			be->uring = true;

@@ -26,12 +26,19 @@
  *                                            when each write returned
  *   kvshim-hostile reader FILE SECONDS LOG   read FILE in a loop, logging start time and the
  *                                            generation of each 1 MiB chunk
+ *
+ * For scripts/soak.sh (STATE is a shared file of per-file generations and times):
+ *   kvshim-hostile soakwriter DIR NFILES MIB SECONDS STATE
+ *   kvshim-hostile soakreader DIR NFILES SECONDS STATE SETTLE_MS   4 threads, random 1 MiB
+ *                                            reads; prints cumulative "reads bad stale torn"
+ *                                            every second
  */
 #include <errno.h>
 #include <fcntl.h>
 #include <pthread.h>
 #include <signal.h>
 #include <stdatomic.h>
+#include <stdbool.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -574,6 +581,162 @@ static int cmd_reader(const char *path, double seconds, const char *log)
 	return 0;
 }
 
+/* ------------------------------------------------------------------ soak */
+
+struct soak_file {
+	_Atomic uint64_t gen;	      /* last generation whose write returned */
+	_Atomic uint64_t returned_ns; /* when it returned */
+	_Atomic uint64_t writing;     /* a write is in flight */
+};
+
+static struct soak_file *soak_map(const char *state, unsigned nfiles, bool create)
+{
+	int fd = open(state, O_RDWR | (create ? O_CREAT | O_TRUNC : 0), 0644);
+
+	if (fd < 0 || (create && ftruncate(fd, (off_t)(nfiles * sizeof(struct soak_file))))) {
+		perror(state);
+		exit(2);
+	}
+	void *p = mmap(NULL, nfiles * sizeof(struct soak_file), PROT_READ | PROT_WRITE, MAP_SHARED,
+		       fd, 0);
+	close(fd);
+	if (p == MAP_FAILED) {
+		perror("mmap");
+		exit(2);
+	}
+	return p;
+}
+
+static uint64_t now_ns(void)
+{
+	return (uint64_t)(now_s() * 1e9);
+}
+
+static int cmd_soakwriter(const char *dir, unsigned nfiles, unsigned mib, double seconds,
+			  const char *state)
+{
+	struct soak_file *sf = soak_map(state, nfiles, true);
+	char *buf = aligned((size_t)mib * MIB), path[4096];
+	double end = now_s() + seconds;
+	unsigned seed = (unsigned)getpid();
+
+	for (unsigned i = 0; i < nfiles; i++) {
+		snprintf(path, sizeof(path), "%s/s%u", dir, i);
+		if (write_stamped(path, i, mib, 0))
+			return 2;
+	}
+	while (now_s() < end) {
+		unsigned i = (unsigned)rand_r(&seed) % nfiles;
+		uint64_t g = atomic_load(&sf[i].gen) + 1;
+		int fd;
+
+		snprintf(path, sizeof(path), "%s/s%u", dir, i);
+		fd = open(path, O_WRONLY | O_DIRECT);
+		stamp_fill(buf, (size_t)mib * MIB, i, 0, g);
+		atomic_store(&sf[i].writing, 1);
+		if (fd < 0 || pwrite(fd, buf, (size_t)mib * MIB, 0) != (ssize_t)mib * MIB) {
+			perror("soakwriter");
+			return 2;
+		}
+		/* The time first: a reader that sees the new generation sees its time too. */
+		atomic_store(&sf[i].returned_ns, now_ns());
+		atomic_store(&sf[i].gen, g);
+		atomic_store(&sf[i].writing, 0);
+		close(fd);
+		usleep(200000);
+	}
+	return 0;
+}
+
+struct soak_args {
+	const char *dir;
+	unsigned nfiles;
+	double end;
+	struct soak_file *sf;
+	uint64_t settle_ns;
+};
+
+static _Atomic long soak_reads, soak_bad, soak_stale, soak_torn;
+
+static void *soak_thread(void *arg)
+{
+	struct soak_args *a = arg;
+	char *buf = aligned(MIB), path[4096];
+	int fds[256];
+	unsigned seed = (unsigned)(uintptr_t)&path ^ (unsigned)getpid();
+
+	for (unsigned i = 0; i < a->nfiles; i++) {
+		snprintf(path, sizeof(path), "%s/s%u", a->dir, i);
+		fds[i] = open(path, O_RDONLY | O_DIRECT);
+	}
+	while (now_s() < a->end) {
+		unsigned i = (unsigned)rand_r(&seed) % a->nfiles;
+		struct stat st;
+
+		if (fstat(fds[i], &st) || st.st_size < MIB)
+			continue;
+		off_t off = (off_t)((unsigned)rand_r(&seed) % (unsigned)(st.st_size / MIB)) * MIB;
+		uint64_t t0 = now_ns(), g0 = atomic_load(&a->sf[i].gen);
+		uint64_t r0 = atomic_load(&a->sf[i].returned_ns),
+			 w0 = atomic_load(&a->sf[i].writing);
+		ssize_t n = pread(fds[i], buf, MIB, off);
+		uint64_t w1 = atomic_load(&a->sf[i].writing), g1 = atomic_load(&a->sf[i].gen);
+		struct stamp sp;
+
+		atomic_fetch_add(&soak_reads, 1);
+		memcpy(&sp, buf, sizeof(sp));
+		if (n != MIB || sp.tag != i || sp.off != (uint64_t)off) {
+			fprintf(stderr,
+				"bad: file %u off %lld: n %zd errno %d, tag %llu off %llu\n", i,
+				(long long)off, n, errno, (unsigned long long)sp.tag,
+				(unsigned long long)sp.off);
+			atomic_fetch_add(&soak_bad, 1);
+			continue;
+		}
+		int64_t g = stamp_check(buf, MIB, i, (uint64_t)off);
+		if (g < 0) {
+			/* Mixed generations: only a read that overlapped a write may see that. */
+			if (w0 || w1 || g0 != g1) {
+				atomic_fetch_add(&soak_torn, 1);
+			} else {
+				fprintf(stderr,
+					"bad: file %u off %lld: mixed generations, none written "
+					"(gen %llu)\n",
+					i, (long long)off, (unsigned long long)g0);
+				atomic_fetch_add(&soak_bad, 1);
+			}
+			continue;
+		}
+		/* A read that started settle after a write returned must see that generation. */
+		if (r0 && t0 >= r0 + a->settle_ns && (uint64_t)g < g0)
+			atomic_fetch_add(&soak_stale, 1);
+	}
+	return NULL;
+}
+
+static int cmd_soakreader(const char *dir, unsigned nfiles, double seconds, const char *state,
+			  unsigned settle_ms)
+{
+	struct soak_args a = {dir, nfiles, now_s() + seconds, soak_map(state, nfiles, false),
+			      (uint64_t)settle_ms * 1000000ull};
+	pthread_t th[4];
+
+	if (nfiles > 256)
+		return 2;
+	for (int i = 0; i < 4; i++)
+		pthread_create(&th[i], NULL, soak_thread, &a);
+	while (now_s() < a.end) {
+		usleep(1000000);
+		printf("%ld %ld %ld %ld\n", (long)soak_reads, (long)soak_bad, (long)soak_stale,
+		       (long)soak_torn);
+	}
+	for (int i = 0; i < 4; i++)
+		pthread_join(th[i], NULL);
+	printf("%ld %ld %ld %ld\n", (long)soak_reads, (long)soak_bad, (long)soak_stale,
+	       (long)soak_torn);
+	return 0;
+}
+
 int main(int argc, char **argv)
 {
 	const char *c = argc > 1 ? argv[1] : "";
@@ -605,6 +768,12 @@ int main(int argc, char **argv)
 				  (unsigned)atoi(argv[5]), argv[6]);
 	if (!strcmp(c, "reader") && argc == 5)
 		return cmd_reader(argv[2], atof(argv[3]), argv[4]);
+	if (!strcmp(c, "soakwriter") && argc == 7)
+		return cmd_soakwriter(argv[2], (unsigned)atoi(argv[3]), (unsigned)atoi(argv[4]),
+				      atof(argv[5]), argv[6]);
+	if (!strcmp(c, "soakreader") && argc == 7)
+		return cmd_soakreader(argv[2], (unsigned)atoi(argv[3]), atof(argv[4]), argv[5],
+				      (unsigned)atoi(argv[6]));
 	fprintf(stderr, "usage: see the comment at the top of tests/hostile.c\n");
 	return 2;
 }
