@@ -90,7 +90,9 @@ static int sweep(struct kvs_cache *c, _Atomic uint64_t *h, uint32_t base, uint32
 				*slot = i;
 				return 0;
 			}
-			if (r != -EAGAIN)
+			/* A victim behind a stuck stripe (-EUCLEAN) is skipped like a busy one: the
+			 * other slots may still serve. */
+			if (r != -EAGAIN && r != -EUCLEAN)
 				return r;
 		}
 	}

@@ -188,7 +188,7 @@ void kvs_cache_set_rank(struct kvs_cache *c, int rank)
 
 int kvs_cache_live_processes(const char *path)
 {
-	int fd = open(path, O_RDONLY | O_CLOEXEC);
+	int fd = open(path, O_RDONLY | O_CLOEXEC | O_NONBLOCK); /* a FIFO must not block us */
 	int n = 0;
 
 	if (fd < 0)
