@@ -197,6 +197,10 @@ int kvs_cache_reap(struct kvs_cache *c);
  * process's deferred releases (kvs_cache_release). */
 int kvs_cache_reap_maybe(struct kvs_cache *c);
 
+/* True once after this process met a stuck lock or corrupt shared state (some call returned
+ * -EUCLEAN and the caller read storage itself); clears it.  For the shim's one warning. */
+bool kvs_cache_take_euclean(struct kvs_cache *c);
+
 /* Add v to one of this process's counters (no-op for a watcher). */
 void kvs_cache_count(struct kvs_cache *c, enum kvs_counter_id id, uint64_t v);
 

@@ -36,6 +36,7 @@ struct kvs_cache {
 	pthread_mutex_t reclaim_mu; /* one reclaim at a time in this process (OFD locks are ours) */
 	_Atomic uint32_t pin_hint;
 	_Atomic uint64_t last_reap_ns; /* kvs_cache_reap_maybe's rate limit */
+	_Atomic uint32_t euclean_seen; /* set by euclean(), taken by kvs_cache_take_euclean */
 	/* lock.c: the longest wait for a stripe or proc_lock (0: KVS_LOCK_TIMEOUT_WATCH_NS), and
 	 * the lock word each stripe, and proc_lock, was last found stuck with (0: none). */
 	uint64_t lock_timeout_ns;
@@ -47,6 +48,14 @@ struct kvs_cache {
 	_Atomic uint64_t deferred[KVS_PINS_PER_PROC / 64];
 	char path[256];
 };
+
+/* Return -EUCLEAN, remembering that this process met a stuck lock or corrupt shared state, so
+ * that the shim can say so once (kvs_cache_take_euclean). */
+static inline int euclean(struct kvs_cache *c)
+{
+	store_relaxed(&c->euclean_seen, 1);
+	return -EUCLEAN;
+}
 
 static inline struct kvs_proc *proc_at(struct kvs_cache *c, uint32_t i)
 {

@@ -174,11 +174,11 @@ int kvs_stripe_lock(struct kvs_cache *c, uint32_t stripe)
 		repair_stripe(c, stripe);
 		if (pthread_mutex_consistent(mu)) {
 			pthread_mutex_unlock(mu);
-			return -EUCLEAN;
+			return euclean(c);
 		}
 		return 0;
 	}
-	return r == ENOTRECOVERABLE || r == ETIMEDOUT ? -EUCLEAN : -r;
+	return r == ENOTRECOVERABLE || r == ETIMEDOUT ? euclean(c) : -r;
 }
 
 void kvs_stripe_unlock(struct kvs_cache *c, uint32_t stripe)
@@ -193,11 +193,11 @@ int kvs_proc_lock(struct kvs_cache *c)
 	if (r == EOWNERDEAD) {
 		if (pthread_mutex_consistent(&c->hdr->proc_lock)) {
 			pthread_mutex_unlock(&c->hdr->proc_lock);
-			return -EUCLEAN;
+			return euclean(c);
 		}
 		return 0;
 	}
-	return r == ENOTRECOVERABLE || r == ETIMEDOUT ? -EUCLEAN : -r;
+	return r == ENOTRECOVERABLE || r == ETIMEDOUT ? euclean(c) : -r;
 }
 
 void kvs_proc_unlock(struct kvs_cache *c)

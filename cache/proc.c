@@ -204,3 +204,8 @@ int kvs_cache_live_processes(const char *path)
 	close(fd);
 	return n;
 }
+
+bool kvs_cache_take_euclean(struct kvs_cache *c)
+{
+	return c && atomic_exchange_explicit(&c->euclean_seen, 0, memory_order_relaxed);
+}

@@ -26,7 +26,7 @@ static int64_t find_locked(struct kvs_cache *c, uint32_t b, const struct kvs_key
 
 	for (uint32_t steps = 0; i != KVS_NIL; steps++) {
 		if (i >= c->nslots || steps > c->nslots)
-			return -EUCLEAN;
+			return euclean(c);
 		if (key_eq(&c->slots[i], key))
 			return i;
 		i = load_relaxed(&c->slots[i].next);

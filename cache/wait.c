@@ -74,7 +74,7 @@ int kvs_cache_wait(struct kvs_cache *c, const struct kvs_pin *pin, uint64_t time
 			return err > 0 ? -err : -EIO;
 		}
 		if (st != KVS_SLOT_LOADING)
-			return -EUCLEAN; /* a pinned slot is always hashed */
+			return euclean(c); /* a pinned slot is always hashed */
 		if (spins < SPIN_LOOPS) {
 			cpu_relax();
 			continue;

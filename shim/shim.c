@@ -301,6 +301,12 @@ ssize_t kvs_shim_read(int fd, const struct iovec *iov, int iovcnt, off_t off, bo
 			       .iovcnt = iovcnt,
 			       .len = len};
 	int64_t n = kvs_loader_read(loader, &rd);
+	if (kvs_cache_take_euclean(cache))
+		kvs_log_once(
+		    KVS_CAUSE_EUCLEAN, KVS_LOG_WARN,
+		    "the region's shared state is stuck or corrupt (%s): reads that meet it "
+		    "go to storage; see `kvshim stat`, and `kvshim reset` once no engine runs",
+		    strerror(EUCLEAN));
 	if (n < 0) {
 		kvs_log_once(KVS_CAUSE_READ_FALLBACK, n == -EUCLEAN ? KVS_LOG_WARN : KVS_LOG_INFO,
 			     "a read went to storage directly (%s)", strerror((int)-n));
