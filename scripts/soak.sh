@@ -33,7 +33,7 @@ cleanup() {
 trap cleanup EXIT
 mkdir -p "$work/kv" "$work/log"
 nfiles=16
-"$h" soakwriter "$work/kv" $nfiles 8 $((secs + 5)) "$work/state" &
+"$h" soakwriter "$work/kv" $nfiles 8 $((secs + 5)) "$work/state" >"$work/writer" &
 writer=$!
 sleep 1
 start=$(date +%s)
@@ -85,5 +85,6 @@ read -r reads bad stale torn < <(for f in "$work"/log/r*; do tail -n 1 "$f"; don
 echo "soak: ${secs} s, 8 processes x 4 threads, 16 files x 8 MiB over a 32 MiB cache, settle ${settle} ms"
 echo "soak: reads $reads, wrong bytes $bad, stale $stale, torn by a concurrent write $torn"
 echo "soak: SIGKILLs $kills, SIGSTOPs $stops, hangs $hangs, pins left $pinned"
+echo "soak: writer: $(cat "$work/writer")"
 "$kvshim" stat | sed 's/^/soak: stat: /' | head -20
 [ "$bad" = 0 ] && [ "$stale" = 0 ] && [ "$hangs" = 0 ] && [ "$pinned" = 0 ]

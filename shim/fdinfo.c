@@ -418,6 +418,21 @@ static void unpark_locked(void)
 	}
 }
 
+/* Does anchor a serve fi?  a (a descriptor of ours, or -1); the anchor when it names fi's file
+ * with fi's identity; -ESTALE when it names fi's file but the file changed since fi was taken
+ * (a write landed between the two looks: pass through); -ENOENT when a new anchor is needed (none,
+ * not ours any more, or another file: the program's number now names something else).  A
+ * rewritten file keeps its anchor: an anchor is a descriptor of an inode, whatever its times. */
+static int anchor_fits(int a, const struct kvs_fdinfo *fi)
+{
+	struct stat st;
+
+	if (a < 0 || !is_ours(a) || fstat(a, &st) < 0 || (uint64_t)st.st_dev != fi->dev ||
+	    (uint64_t)st.st_ino != fi->ino)
+		return -ENOENT;
+	return same_ident(&st, fi) ? a : -ESTALE;
+}
+
 int kvs_fdinfo_anchor(int fd, const struct kvs_fdinfo *fi)
 {
 	struct entry *t = table_get(false);
@@ -428,25 +443,26 @@ int kvs_fdinfo_anchor(int fd, const struct kvs_fdinfo *fi)
 		return -EBADF;
 	struct entry *e = &t[fd];
 	a = atomic_load_explicit(&e->anchor, memory_order_acquire) - 1; /* pairs below */
-	if (a >= 0 && is_ours(a) && fstat(a, &st) == 0 && same_ident(&st, fi))
-		return a;
+	r = anchor_fits(a, fi);
+	if (r != -ENOENT)
+		return r;
 	if (pthread_mutex_trylock(&anchor_mu))
 		return -EBUSY;
 	a = atomic_load_explicit(&e->anchor, memory_order_relaxed) - 1;
+	r = anchor_fits(a, fi); /* another thread may have installed one meanwhile */
+	if (r != -ENOENT)
+		goto out;
 	if (a >= 0 && !is_ours(a))
 		a = -1; /* a number a fork child dropped, or a retired one: not ours to close */
-	if (a >= 0 && fstat(a, &st) == 0 && same_ident(&st, fi)) {
-		r = a; /* another thread installed it meanwhile */
-		goto out;
-	}
 	d = fcntl(fd, F_DUPFD_CLOEXEC, 0);
 	if (d < 0) {
 		r = -errno;
 		goto out;
 	}
 	mark_ours(d, true);
-	if (fstat(d, &st) < 0 || !same_ident(&st, fi)) {
-		/* fd changed between the two looks: retire d by the rules, never a bare close. */
+	if (fstat(d, &st) < 0 || (uint64_t)st.st_dev != fi->dev || (uint64_t)st.st_ino != fi->ino) {
+		/* fd names another file than a moment ago: retire d by the rules, never a bare
+		 * close (it may be the program's only other descriptor of that file's locks). */
 		retire_locked(d, (uint64_t)st.st_dev, (uint64_t)st.st_ino);
 		r = -ESTALE;
 		goto out;
@@ -457,7 +473,7 @@ int kvs_fdinfo_anchor(int fd, const struct kvs_fdinfo *fi)
 	e->anchor_dev = (uint64_t)st.st_dev;
 	e->anchor_ino = (uint64_t)st.st_ino;
 	atomic_store_explicit(&e->anchor, d + 1, memory_order_release); /* pairs above */
-	r = d;
+	r = same_ident(&st, fi) ? d : -ESTALE; /* a write landed between the looks: next time */
 out:
 	pthread_mutex_unlock(&anchor_mu);
 	return r;

@@ -22,6 +22,9 @@
  *   kvshim-hostile forkfds FILE              after served reads, a fork child holds no
  *                                            descriptor of the shim's (region, ring, anchors)
  *   kvshim-hostile locks A B                 a record lock on A survives the shim's anchors
+ *   kvshim-hostile fdleak FILE               read, rewrite a block (another descriptor), read
+ *                                            again, 300 times: the shim holds no more
+ *                                            descriptors at the end than after the first read
  *   kvshim-hostile writer FILE TAG MIB GENS LOG   rewrite FILE GENS times (O_DIRECT), logging
  *                                            when each write returned
  *   kvshim-hostile reader FILE SECONDS LOG   read FILE in a loop, logging start time and the
@@ -525,6 +528,43 @@ static int cmd_locks(const char *a, const char *b)
 	return 0;
 }
 
+/* ------------------------------------------------------------------ fdleak */
+
+static int count_fds(void)
+{
+	int n = 0;
+
+	for (int i = 0; i < 65536; i++)
+		n += fcntl(i, F_GETFD) >= 0;
+	return n;
+}
+
+static int cmd_fdleak(const char *path)
+{
+	int fd = open(path, O_RDONLY | O_DIRECT), wfd = open(path, O_WRONLY | O_DIRECT);
+	char *buf = aligned(MIB);
+	int after_first = -1;
+	struct stamp sp;
+
+	for (int i = 0; i < 300; i++) {
+		if (pread(fd, buf, MIB, 0) != MIB)
+			return 2;
+		if (i == 0)
+			after_first = count_fds();
+		memcpy(&sp, buf, sizeof(sp));
+		if (pwrite(wfd, buf, BLOCK, 0) != BLOCK) /* same bytes, new mtime: a rewrite */
+			return 2;
+	}
+	int end = count_fds();
+	if (end > after_first + 2) {
+		printf("FAIL fdleak: %d descriptors after the first read, %d after 300 rewrites\n",
+		       after_first, end);
+		return 1;
+	}
+	printf("fdleak: descriptors steady over 300 rewrites\n");
+	return 0;
+}
+
 /* ------------------------------------------------------------------ writer, reader */
 
 /* Each generation is one O_DIRECT pwrite of the whole file: the kernel moves mtime when the
@@ -625,6 +665,9 @@ static int cmd_soakwriter(const char *dir, unsigned nfiles, unsigned mib, double
 		if (write_stamped(path, i, mib, 0))
 			return 2;
 	}
+	double longest = 0;
+	long writes = 0;
+
 	while (now_s() < end) {
 		unsigned i = (unsigned)rand_r(&seed) % nfiles;
 		uint64_t g = atomic_load(&sf[i].gen) + 1;
@@ -634,10 +677,14 @@ static int cmd_soakwriter(const char *dir, unsigned nfiles, unsigned mib, double
 		fd = open(path, O_WRONLY | O_DIRECT);
 		stamp_fill(buf, (size_t)mib * MIB, i, 0, g);
 		atomic_store(&sf[i].writing, 1);
+		double t0 = now_s();
 		if (fd < 0 || pwrite(fd, buf, (size_t)mib * MIB, 0) != (ssize_t)mib * MIB) {
 			perror("soakwriter");
 			return 2;
 		}
+		if (now_s() - t0 > longest)
+			longest = now_s() - t0;
+		writes++;
 		/* The time first: a reader that sees the new generation sees its time too. */
 		atomic_store(&sf[i].returned_ns, now_ns());
 		atomic_store(&sf[i].gen, g);
@@ -645,6 +692,7 @@ static int cmd_soakwriter(const char *dir, unsigned nfiles, unsigned mib, double
 		close(fd);
 		usleep(200000);
 	}
+	printf("writes %ld, longest %.3f s\n", writes, longest);
 	return 0;
 }
 
@@ -763,6 +811,8 @@ int main(int argc, char **argv)
 		return cmd_forkfds(argv[2]);
 	if (!strcmp(c, "locks") && argc == 4)
 		return cmd_locks(argv[2], argv[3]);
+	if (!strcmp(c, "fdleak") && argc == 3)
+		return cmd_fdleak(argv[2]);
 	if (!strcmp(c, "writer") && argc == 7)
 		return cmd_writer(argv[2], strtoull(argv[3], NULL, 0), (unsigned)atoi(argv[4]),
 				  (unsigned)atoi(argv[5]), argv[6]);

@@ -107,6 +107,10 @@ reset_region
 out=$(KVSHIM_LOADER_PREFETCH=read LD_PRELOAD=$lib timeout 60 "$h" locks "$work/kv/a" "$work/kv/b" 2>&1) &&
 	ok "$out" || fail "$out"
 
+# 7b. Rewriting a file under an open descriptor does not make the shim hold more descriptors.
+reset_region
+out=$(LD_PRELOAD=$lib timeout 60 "$h" fdleak "$work/kv/b" 2>&1) && ok "$out" || fail "$out"
+
 # 8. A writer that never loads the shim rewrites a file under readers.  A read that starts
 # files.settle after a write returned must see that generation or a later one; a new process
 # afterwards reads the last generation.
