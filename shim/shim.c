@@ -110,6 +110,9 @@ static void init(void)
 			kvs_log_once(KVS_CAUSE_CONFIG, KVS_LOG_WARN,
 				     "files.roots: no usable directory in \"%s\"; the shim is off",
 				     cfg.files_roots);
+		else
+			kvs_log_once(KVS_CAUSE_CONFIG, KVS_LOG_INFO,
+				     "files.roots is empty: the shim serves nothing");
 		goto out;
 	}
 	min_read = cfg.files_min_read ? cfg.files_min_read : 1;

@@ -1,7 +1,8 @@
 /*
  * kvshim: the operator's command (design.md §7).
  *
- *   kvshim run [--config FILE] -- CMD [ARGS...]   run CMD with the shim preloaded
+ *   kvshim check [--config FILE]                  check the configuration and the node
+ *   kvshim run [--config FILE] [--strict] -- CMD [ARGS...]   run CMD with the shim preloaded
  *   kvshim stat [--json | --prom] [--watch SEC]   print the shared cache's figures
  *   kvshim config [--explain]                     print the effective configuration
  *   kvshim reset [--force]                        remove the shared cache region
@@ -23,8 +24,10 @@ static const char usage[] =
     "usage: kvshim COMMAND [OPTIONS]\n"
     "\n"
     "Commands:\n"
-    "  run [--config FILE] -- CMD [ARGS...]\n"
-    "                      run CMD with libkvshim.so prepended to LD_PRELOAD\n"
+    "  check [--config FILE]\n"
+    "                      check the configuration and the node before a launch\n"
+    "  run [--config FILE] [--strict] -- CMD [ARGS...]\n"
+    "                      run CMD with libkvshim.so prepended to LD_PRELOAD, after the checks\n"
     "  stat [--json | --prom] [--watch SEC]\n"
     "                      print the shared cache's figures (text, JSON or Prometheus)\n"
     "  config [--explain]  print the effective configuration and where each value came from\n"
@@ -40,10 +43,8 @@ static const struct {
 	const char *name;
 	int (*fn)(int argc, char **argv);
 } commands[] = {
-    {"run", cmd_run},
-    {"stat", cmd_stat},
-    {"config", cmd_config},
-    {"reset", cmd_reset},
+    {"run", cmd_run},	  {"stat", cmd_stat},	{"config", cmd_config},
+    {"reset", cmd_reset}, {"check", cmd_check},
 };
 
 void tool_err(const char *fmt, ...)
