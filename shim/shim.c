@@ -169,7 +169,8 @@ static bool attach(void)
 		cache = NULL;
 		goto out;
 	}
-	kvs_log_once(KVS_CAUSE_ATTACHED, KVS_LOG_INFO, "attached as process %d, backend %s",
+	kvs_log_once(KVS_CAUSE_ATTACHED, KVS_LOG_INFO,
+		     "attached as process %d, backend %s, kvshim " KVS_VERSION,
 		     kvs_cache_self(cache), kvs_loader_backend(loader));
 	a = AT_OK;
 out:

@@ -147,6 +147,19 @@ for c in run stat config reset check; do
 done
 pass "usage and exit statuses"
 
+# --version: the project's version from CMakeLists.txt, and git describe when it was known.
+PROJECT_VERSION=$(sed -n 's/^project(kvshim VERSION \([0-9.]*\).*/\1/p' "$HERE/../CMakeLists.txt")
+[ -n "$PROJECT_VERSION" ] || fail "cannot read the project version"
+for v in --version -V; do
+	k $v
+	expect_rc 0 "kvshim $v"
+	grep -qE "^kvshim ${PROJECT_VERSION//./\\.}(\+[0-9A-Za-z.-]+)?$" "$OUT" ||
+		fail "kvshim $v: '$(cat "$OUT")', expected kvshim $PROJECT_VERSION[+describe]"
+done
+VERSION=$(sed 's/^kvshim //' "$OUT")
+grep -q '^  -V, --version' <("$KVSHIM" --help) || fail "--help does not list --version"
+pass "--version: kvshim $VERSION"
+
 # --- config ------------------------------------------------------------------------------
 
 nkeys=$(grep -c '^KVS_KEY(' "$KEYS_DEF")
@@ -207,7 +220,7 @@ $T "$MKREGION" || fail "mkregion (second)"
 # $3 = expected number of process entries, $4 = expected alive flag of entry 0 (or "").
 cat >"$WORK/check_json.py" <<'EOF'
 import json, re, sys
-counters_def, name, requests, attached, nprocs, alive = sys.argv[1:7]
+counters_def, name, version, requests, attached, nprocs, alive = sys.argv[1:8]
 text = sys.stdin.read()
 obj = json.loads(text)  # exactly one value: a second object would raise "Extra data"
 assert isinstance(obj, dict), "not an object"
@@ -220,6 +233,8 @@ for key in ("name", "capacity_bytes", "shard_size", "slots", "slots_ready", "slo
     if key != "name":
         assert type(region[key]) is int, key + " is not an integer"
 assert region["name"] == name, region["name"]
+assert obj["version"] == version, obj.get("version")
+assert region["procs_unlocked"] is False, region.get("procs_unlocked")
 assert region["capacity_bytes"] == 4 << 20, region["capacity_bytes"]
 assert region["shard_size"] == 64 << 10, region["shard_size"]
 assert region["slots"] == 64, region["slots"]
@@ -241,7 +256,7 @@ if procs:
     assert procs[0]["rank"] == 5 and procs[0]["requests"] == 3, procs[0]
 EOF
 check_json() {
-	python3 "$WORK/check_json.py" "$COUNTERS_DEF" "$NAME" "$@" <"$OUT" ||
+	python3 "$WORK/check_json.py" "$COUNTERS_DEF" "$NAME" "$VERSION" "$@" <"$OUT" ||
 		fail "stat --json: $(cat "$OUT")"
 }
 
@@ -263,6 +278,7 @@ pass "stat --json: a live process with its pid, rank and counters"
 k stat
 expect_rc 0 "stat"
 grep -q "pid $HOLDER" "$OUT" || fail "stat text lacks the holder's column"
+grep -q "^region .*, read by kvshim $VERSION$" "$OUT" || fail "stat text lacks the version: $(head -1 "$OUT")"
 grep -qE '^requests +9 +3$' "$OUT" || fail "stat text: requests row: $(grep requests "$OUT")"
 pass "stat: text table"
 
@@ -270,29 +286,54 @@ k stat --prom
 expect_rc 0 "stat --prom"
 cat >"$WORK/check_prom.py" <<'EOF'
 import re, sys
-holder = sys.argv[1]
-typed, samples = {}, {}
-for line in sys.stdin.read().splitlines():
+version, name = sys.argv[1:3]
+typed, helped, samples = {}, set(), {}
+text = sys.stdin.read()
+assert "pid" not in text, "a pid label makes new series at every restart"
+for line in text.splitlines():
     m = re.match(r'^# (HELP|TYPE) ([a-zA-Z_:][a-zA-Z0-9_:]*) (.+)$', line)
     if m:
         if m.group(1) == "TYPE":
             assert m.group(3) in ("counter", "gauge"), line
             assert m.group(2) not in typed, "TYPE twice: " + line
             typed[m.group(2)] = m.group(3)
+        else:
+            assert m.group(2) not in helped, "HELP twice: " + line
+            helped.add(m.group(2))
         continue
-    m = re.match(r'^([a-zA-Z_:][a-zA-Z0-9_:]*)\{((?:[a-zA-Z_][a-zA-Z0-9_]*="(?:[^"\\]|\\.)*",?)*)\} (-?[0-9]+)$', line)
+    m = re.match(r'^([a-zA-Z_:][a-zA-Z0-9_:]*)\{((?:[a-zA-Z_][a-zA-Z0-9_]*="(?:[^"\\]|\\.)*",?)*)\} (-?[0-9]+(?:\.[0-9]+)?)$', line)
     assert m, "bad sample line: " + line
     assert m.group(1) in typed, "sample before its TYPE: " + line
-    samples.setdefault(m.group(1), []).append((m.group(2), int(m.group(3))))
+    samples.setdefault(m.group(1), []).append((m.group(2), float(m.group(3))))
+for fam, kind in typed.items():
+    assert fam in helped, "no HELP for " + fam
+    assert (kind == "counter") == fam.endswith("_total"), fam + " " + kind
+    assert "_ns" not in fam, "a unit that is not a base unit: " + fam
+    if fam != "kvshim_build_info":
+        assert all(('region="%s"' % name) in l for l, v in samples[fam]), "no region label: " + fam
+assert samples["kvshim_build_info"] == [('version="%s"' % version, 1)], samples["kvshim_build_info"]
+assert samples["kvshim_up"][0][1] == 1
 assert typed["kvshim_requests_total"] == "counter"
+assert typed["kvshim_wait_seconds_total"] == "counter"
+assert typed["kvshim_backend_bytes_total"] == "counter"
 assert samples["kvshim_requests_total"][0][1] == 9, samples["kvshim_requests_total"]
 assert samples["kvshim_region_slots"][0][1] == 64
 assert samples["kvshim_region_processes_attached"][0][1] == 1
+assert samples["kvshim_region_procs_unlocked"][0][1] == 0
 per = samples["kvshim_process_requests_total"]
-assert len(per) == 1 and 'pid="%s"' % holder in per[0][0] and per[0][1] == 3, per
+assert len(per) == 1 and per[0] == ('region="%s",rank="5"' % name, 3), per
 EOF
-python3 "$WORK/check_prom.py" "$HOLDER" <"$OUT" || fail "stat --prom: $(cat "$OUT")"
-pass "stat --prom: well-formed, kvshim_requests_total, per-process series"
+python3 "$WORK/check_prom.py" "$VERSION" "$NAME" <"$OUT" || fail "stat --prom: $(cat "$OUT")"
+# Debian's promtool, when CI installed it (scripts/deps.sh); its lint is the reference.
+if command -v promtool >/dev/null; then
+	promtool check metrics <"$OUT" >"$WORK/promtool" 2>&1 ||
+		fail "promtool check metrics: $(cat "$WORK/promtool")"
+	pass "stat --prom: promtool check metrics is clean"
+else
+	echo "SKIP: promtool is missing (apt-get install prometheus, or scripts/deps.sh): the" \
+		"exposition text was checked by this script only"
+fi
+pass "stat --prom: base units, HELP and TYPE once, up, build_info, series by rank"
 
 # --watch: repeats, and SIGINT ends it with status 0 (bash runs background jobs with SIGINT
 # ignored; kvshim installs its handler regardless).
@@ -527,6 +568,16 @@ if [ -n "$SHIMLIB" ]; then
 	[ "$(grep -c '^kvshim: files.roots is empty: the shim serves nothing$' "$ERR")" -eq 1 ] ||
 		fail "the shim does not say once that no roots serve nothing: $(cat "$ERR")"
 	pass "the shim logs an empty files.roots once at info"
+
+	# The first info line of an attached process names the version.
+	KVSHIM_FILES_ROOTS=$WORK/store KVSHIM_SHIM_LOG=info KVSHIM_LOADER_IO=threads \
+		LD_PRELOAD="${KVS_E2E_PRELOAD:+$KVS_E2E_PRELOAD:}$SHIMLIB" \
+		$T dd if="$WORK/store/blk1" of=/dev/null bs=64K iflag=direct status=none 2>"$ERR" ||
+		fail "dd under the shim: $(cat "$ERR")"
+	grep -qx "kvshim: attached as process [0-9]*, backend threads, kvshim $VERSION" "$ERR" ||
+		fail "the attach line does not name the version: $(cat "$ERR")"
+	$T "$KVSHIM" reset --force >/dev/null 2>&1
+	pass "the shim's attach line names kvshim $VERSION"
 fi
 
 # --- run ---------------------------------------------------------------------------------

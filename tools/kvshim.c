@@ -34,6 +34,7 @@ static const char usage[] =
     "  reset [--force]     remove the shared cache region (refused while processes are attached)\n"
     "\n"
     "  -h, --help          print this help; `kvshim COMMAND --help` describes one command\n"
+    "  -V, --version       print the version of kvshim\n"
     "\n"
     "The configuration is the INI file named by KVSHIM_CONFIG (else /etc/kvshim/kvshim.ini if\n"
     "present, else the defaults), with any key overridden as KVSHIM_<SECTION>_<KEY>.\n"
@@ -114,6 +115,10 @@ int main(int argc, char **argv)
 	}
 	if (!strcmp(cmd, "-h") || !strcmp(cmd, "--help") || !strcmp(cmd, "help")) {
 		fputs(usage, stdout);
+		return finish(KVS_EXIT_OK);
+	}
+	if (!strcmp(cmd, "-V") || !strcmp(cmd, "--version") || !strcmp(cmd, "version")) {
+		puts("kvshim " KVS_VERSION);
 		return finish(KVS_EXIT_OK);
 	}
 	for (size_t i = 0; i < sizeof(commands) / sizeof(commands[0]); i++) {
