@@ -4,7 +4,7 @@
  *   kvshim check [--config FILE]                  check the configuration and the node
  *   kvshim run [--config FILE] [--strict] -- CMD [ARGS...]   run CMD with the shim preloaded
  *   kvshim stat [--json | --prom] [--watch SEC]   print the shared cache's figures
- *   kvshim config [--explain]                     print the effective configuration
+ *   kvshim config [--explain | --sample]          print the effective configuration
  *   kvshim reset [--force]                        remove the shared cache region
  *
  * This file picks the subcommand and holds the helpers the subcommands share; each subcommand
@@ -30,7 +30,9 @@ static const char usage[] =
     "                      run CMD with libkvshim.so prepended to LD_PRELOAD, after the checks\n"
     "  stat [--json | --prom] [--watch SEC]\n"
     "                      print the shared cache's figures (text, JSON or Prometheus)\n"
-    "  config [--explain]  print the effective configuration and where each value came from\n"
+    "  config [--explain | --sample]\n"
+    "                      print the effective configuration and where each value came from,\n"
+    "                      or a sample kvshim.ini with every key and its default\n"
     "  reset [--force]     remove the shared cache region (refused while processes are attached)\n"
     "\n"
     "  -h, --help          print this help; `kvshim COMMAND --help` describes one command\n"
