@@ -267,7 +267,7 @@ static void check_region(struct check *ck, const struct kvs_config *cfg)
 		r = kvs_cache_fits(cfg, msg, sizeof(msg));
 		if (r)
 			problem(ck,
-				"see \"Sizing /dev/shm\" in docs/operations.md (docker --shm-size, "
+				"see Sizing in docs/operations.md (docker --shm-size, "
 				"a Kubernetes emptyDir with medium: Memory)",
 				"%s", msg[0] ? msg : strerror(-r));
 		else
