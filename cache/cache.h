@@ -97,6 +97,23 @@ enum kvs_open_flags {
 int kvs_cache_open(const struct kvs_config *cfg, int flags, struct kvs_cache **out, char *msg,
 		   size_t msglen);
 
+/*
+ * Whether a new region for cfg would be built: the check kvs_cache_open applies before it
+ * creates one (the region's total size against the free space of /dev/shm less
+ * cache.shm_headroom; with capacity = auto, room for the smallest region).  Returns 0, or
+ * -ENOSPC (msg gives the sizes and the fixes) or another -errno with one line in msg.
+ */
+int kvs_cache_fits(const struct kvs_config *cfg, char *msg, size_t msglen);
+
+/*
+ * Check a region opened with KVS_OPEN_WATCH (which takes it as built) against cfg as an
+ * attacher would: every dimension, and the eviction policy.  Returns 0, or -EPROTO with the
+ * attacher's mismatch message in msg ("region ... has shard_size 65536, the configuration
+ * wants 131072 (run `kvshim reset` to rebuild it)").
+ */
+int kvs_cache_check_config(struct kvs_cache *c, const struct kvs_config *cfg, char *msg,
+			   size_t msglen);
+
 /* Detach (fold this process's counters into the totals, free its process slot), unmap and free.
  * The caller must hold no pins.  NULL is accepted. */
 void kvs_cache_close(struct kvs_cache *c);

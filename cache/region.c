@@ -777,6 +777,61 @@ void kvs_cache_forget(struct kvs_cache *c)
 	 * do not touch it; the handle's memory is abandoned with it. */
 }
 
+int kvs_cache_fits(const struct kvs_config *cfg, char *msg, size_t msglen)
+{
+	char path[sizeof(((struct kvs_cache *)0)->path)], dir[sizeof(path)];
+	const char *slash;
+	struct dims d;
+	int dirfd, r;
+
+	msg[0] = '\0';
+	r = kvs_cache_path(cfg, path, sizeof(path));
+	if (r)
+		return r;
+	if (dims_of(cfg, &d)) {
+		snprintf(msg, msglen, "the cache dimensions are out of range");
+		return -EINVAL;
+	}
+	slash = strrchr(path, '/');
+	snprintf(dir, sizeof(dir), "%.*s", (int)(slash - path) + 1, path);
+	dirfd = open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+	if (dirfd < 0) {
+		r = -errno;
+		snprintf(msg, msglen, "cannot open %s: %s", dir, strerror(-r));
+		return r;
+	}
+	r = fit(dirfd, &d, cfg, path, msg, msglen); /* the rule create() applies */
+	close(dirfd);
+	return r;
+}
+
+int kvs_cache_check_config(struct kvs_cache *c, const struct kvs_config *cfg, char *msg,
+			   size_t msglen)
+{
+	int eviction = c->eviction;
+	bool watch = c->watch;
+	struct stat st;
+	struct dims d;
+	int r;
+
+	msg[0] = '\0';
+	/* As attach() does: capacity = auto takes the region's own slot count. */
+	r = cfg->cache_capacity ? dims_of(cfg, &d) : dims_for(cfg, c->hdr->nslots, &d);
+	if (r) {
+		snprintf(msg, msglen, "the cache dimensions are out of range");
+		return -EINVAL;
+	}
+	if (fstat(c->fd, &st) < 0)
+		return -errno;
+	/* check() as an attacher of this configuration would run it. */
+	c->watch = false;
+	c->eviction = cfg->cache_eviction;
+	r = check(c, &d, (size_t)st.st_size, msg, msglen);
+	c->watch = watch;
+	c->eviction = eviction;
+	return r;
+}
+
 uint64_t kvs_cache_shard_size(const struct kvs_cache *c)
 {
 	return c->shard_size;

@@ -112,6 +112,9 @@ static void init(void)
 			kvs_log_once(KVS_CAUSE_CONFIG, KVS_LOG_WARN,
 				     "files.roots: no usable directory in \"%s\"; the shim is off",
 				     cfg.files_roots);
+		else
+			kvs_log_once(KVS_CAUSE_CONFIG, KVS_LOG_INFO,
+				     "files.roots is empty: the shim serves nothing");
 		goto out;
 	}
 	min_read = cfg.files_min_read ? cfg.files_min_read : 1;
@@ -168,7 +171,8 @@ static bool attach(void)
 		cache = NULL;
 		goto out;
 	}
-	kvs_log_once(KVS_CAUSE_ATTACHED, KVS_LOG_INFO, "attached as process %d, backend %s",
+	kvs_log_once(KVS_CAUSE_ATTACHED, KVS_LOG_INFO,
+		     "attached as process %d, backend %s, kvshim " KVS_VERSION,
 		     kvs_cache_self(cache), kvs_loader_backend(loader));
 	a = AT_OK;
 out:

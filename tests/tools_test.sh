@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # tools_test.sh - end-to-end test of the kvshim command (tools/kvshim.c, tools/cmd_*.c).
 #
-#   bash tools_test.sh /path/to/kvshim /path/to/mkregion
+#   bash tools_test.sh /path/to/kvshim /path/to/mkregion [/path/to/libkvshim.so]
 #
 # Runs the real program against a region of its own (a unique cache.name, removed at exit)
 # made by tests/mkregion.c, with KVSHIM_CONFIG= (no file) and every other KVSHIM_* variable
@@ -12,8 +12,15 @@
 # `stat --watch` repeats and ends with status 0 on SIGINT; `reset` refuses while a process is
 # attached and works with --force; an untrusted object at the region's path (a FIFO, a mode
 # wider than cache.mode) is refused by stat in one line and removed by reset without hanging;
-# stat shows the populate mode and populated slots in every format; `run` finds the library, prepends it to LD_PRELOAD, sets
-# KVSHIM_CONFIG absolute and passes the exit status through.
+# stat shows the populate mode and populated slots in every format; `check` passes a good
+# configuration and names each problem with its fix: empty, relative, missing, non-directory
+# and non-O_DIRECT roots, misspelt KVSHIM_* names (any part) and keys in the wrong section with
+# the nearest known name, a region too large for /dev/shm less the headroom, an existing
+# region of other dimensions or not trusted, a missing library; `run` prints the problems once
+# and starts the command with KVSHIM_ENABLE=0 (not preloaded when the configuration does not
+# load), or with --strict refuses; the shim logs an empty files.roots once at info; `run`
+# finds the library, prepends it to LD_PRELOAD, sets KVSHIM_CONFIG absolute and passes the
+# exit status through.
 # Exits 0 on success, 1 on failure, 77 (CTest skip) when python3 is missing.
 
 # The single-quoted sh -c scripts below expand in the child, which is the point.
@@ -24,6 +31,7 @@ set -o pipefail
 
 KVSHIM=${1:?usage: tools_test.sh /path/to/kvshim /path/to/mkregion}
 MKREGION=${2:?usage: tools_test.sh /path/to/kvshim /path/to/mkregion}
+SHIMLIB=${3:-} # libkvshim.so, for the shim's own log lines (skipped without it)
 HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 KEYS_DEF=$HERE/../config/keys.def
 COUNTERS_DEF=$HERE/../cache/counters.def
@@ -113,7 +121,7 @@ stop_holder() {
 k --help
 expect_rc 0 "kvshim --help"
 grep -q '^usage: kvshim' "$OUT" || fail "--help prints no usage on stdout"
-for c in run stat config reset; do
+for c in run stat config reset check; do
 	grep -q "^  $c" "$OUT" || fail "--help does not list $c"
 done
 [ ! -s "$ERR" ] || fail "--help wrote to stderr"
@@ -132,12 +140,25 @@ k stat --watch 0
 expect_rc 2 "stat --watch 0"
 k stat --watch
 expect_rc 2 "stat --watch without SEC"
-for c in run stat config reset; do
+for c in run stat config reset check; do
 	k "$c" --help
 	expect_rc 0 "$c --help"
 	grep -q "^usage: kvshim $c" "$OUT" || fail "$c --help prints no usage"
 done
 pass "usage and exit statuses"
+
+# --version: the project's version from CMakeLists.txt, and git describe when it was known.
+PROJECT_VERSION=$(sed -n 's/^project(kvshim VERSION \([0-9.]*\).*/\1/p' "$HERE/../CMakeLists.txt")
+[ -n "$PROJECT_VERSION" ] || fail "cannot read the project version"
+for v in --version -V; do
+	k $v
+	expect_rc 0 "kvshim $v"
+	grep -qE "^kvshim ${PROJECT_VERSION//./\\.}(\+[0-9A-Za-z.-]+)?$" "$OUT" ||
+		fail "kvshim $v: '$(cat "$OUT")', expected kvshim $PROJECT_VERSION[+describe]"
+done
+VERSION=$(sed 's/^kvshim //' "$OUT")
+grep -q '^  -V, --version' <("$KVSHIM" --help) || fail "--help does not list --version"
+pass "--version: kvshim $VERSION"
 
 # --- config ------------------------------------------------------------------------------
 
@@ -199,7 +220,7 @@ $T "$MKREGION" || fail "mkregion (second)"
 # $3 = expected number of process entries, $4 = expected alive flag of entry 0 (or "").
 cat >"$WORK/check_json.py" <<'EOF'
 import json, re, sys
-counters_def, name, requests, attached, nprocs, alive = sys.argv[1:7]
+counters_def, name, version, requests, attached, nprocs, alive = sys.argv[1:8]
 text = sys.stdin.read()
 obj = json.loads(text)  # exactly one value: a second object would raise "Extra data"
 assert isinstance(obj, dict), "not an object"
@@ -212,6 +233,8 @@ for key in ("name", "capacity_bytes", "shard_size", "slots", "slots_ready", "slo
     if key != "name":
         assert type(region[key]) is int, key + " is not an integer"
 assert region["name"] == name, region["name"]
+assert obj["version"] == version, obj.get("version")
+assert region["procs_unlocked"] is False, region.get("procs_unlocked")
 assert region["capacity_bytes"] == 4 << 20, region["capacity_bytes"]
 assert region["shard_size"] == 64 << 10, region["shard_size"]
 assert region["slots"] == 64, region["slots"]
@@ -233,7 +256,7 @@ if procs:
     assert procs[0]["rank"] == 5 and procs[0]["requests"] == 3, procs[0]
 EOF
 check_json() {
-	python3 "$WORK/check_json.py" "$COUNTERS_DEF" "$NAME" "$@" <"$OUT" ||
+	python3 "$WORK/check_json.py" "$COUNTERS_DEF" "$NAME" "$VERSION" "$@" <"$OUT" ||
 		fail "stat --json: $(cat "$OUT")"
 }
 
@@ -255,6 +278,7 @@ pass "stat --json: a live process with its pid, rank and counters"
 k stat
 expect_rc 0 "stat"
 grep -q "pid $HOLDER" "$OUT" || fail "stat text lacks the holder's column"
+grep -q "^region .*, read by kvshim $VERSION$" "$OUT" || fail "stat text lacks the version: $(head -1 "$OUT")"
 grep -qE '^requests +9 +3$' "$OUT" || fail "stat text: requests row: $(grep requests "$OUT")"
 pass "stat: text table"
 
@@ -262,29 +286,54 @@ k stat --prom
 expect_rc 0 "stat --prom"
 cat >"$WORK/check_prom.py" <<'EOF'
 import re, sys
-holder = sys.argv[1]
-typed, samples = {}, {}
-for line in sys.stdin.read().splitlines():
+version, name = sys.argv[1:3]
+typed, helped, samples = {}, set(), {}
+text = sys.stdin.read()
+assert "pid" not in text, "a pid label makes new series at every restart"
+for line in text.splitlines():
     m = re.match(r'^# (HELP|TYPE) ([a-zA-Z_:][a-zA-Z0-9_:]*) (.+)$', line)
     if m:
         if m.group(1) == "TYPE":
             assert m.group(3) in ("counter", "gauge"), line
             assert m.group(2) not in typed, "TYPE twice: " + line
             typed[m.group(2)] = m.group(3)
+        else:
+            assert m.group(2) not in helped, "HELP twice: " + line
+            helped.add(m.group(2))
         continue
-    m = re.match(r'^([a-zA-Z_:][a-zA-Z0-9_:]*)\{((?:[a-zA-Z_][a-zA-Z0-9_]*="(?:[^"\\]|\\.)*",?)*)\} (-?[0-9]+)$', line)
+    m = re.match(r'^([a-zA-Z_:][a-zA-Z0-9_:]*)\{((?:[a-zA-Z_][a-zA-Z0-9_]*="(?:[^"\\]|\\.)*",?)*)\} (-?[0-9]+(?:\.[0-9]+)?)$', line)
     assert m, "bad sample line: " + line
     assert m.group(1) in typed, "sample before its TYPE: " + line
-    samples.setdefault(m.group(1), []).append((m.group(2), int(m.group(3))))
+    samples.setdefault(m.group(1), []).append((m.group(2), float(m.group(3))))
+for fam, kind in typed.items():
+    assert fam in helped, "no HELP for " + fam
+    assert (kind == "counter") == fam.endswith("_total"), fam + " " + kind
+    assert "_ns" not in fam, "a unit that is not a base unit: " + fam
+    if fam != "kvshim_build_info":
+        assert all(('region="%s"' % name) in l for l, v in samples[fam]), "no region label: " + fam
+assert samples["kvshim_build_info"] == [('version="%s"' % version, 1)], samples["kvshim_build_info"]
+assert samples["kvshim_up"][0][1] == 1
 assert typed["kvshim_requests_total"] == "counter"
+assert typed["kvshim_wait_seconds_total"] == "counter"
+assert typed["kvshim_backend_bytes_total"] == "counter"
 assert samples["kvshim_requests_total"][0][1] == 9, samples["kvshim_requests_total"]
 assert samples["kvshim_region_slots"][0][1] == 64
 assert samples["kvshim_region_processes_attached"][0][1] == 1
+assert samples["kvshim_region_procs_unlocked"][0][1] == 0
 per = samples["kvshim_process_requests_total"]
-assert len(per) == 1 and 'pid="%s"' % holder in per[0][0] and per[0][1] == 3, per
+assert len(per) == 1 and per[0] == ('region="%s",rank="5"' % name, 3), per
 EOF
-python3 "$WORK/check_prom.py" "$HOLDER" <"$OUT" || fail "stat --prom: $(cat "$OUT")"
-pass "stat --prom: well-formed, kvshim_requests_total, per-process series"
+python3 "$WORK/check_prom.py" "$VERSION" "$NAME" <"$OUT" || fail "stat --prom: $(cat "$OUT")"
+# Debian's promtool, when CI installed it (scripts/deps.sh); its lint is the reference.
+if command -v promtool >/dev/null; then
+	promtool check metrics <"$OUT" >"$WORK/promtool" 2>&1 ||
+		fail "promtool check metrics: $(cat "$WORK/promtool")"
+	pass "stat --prom: promtool check metrics is clean"
+else
+	echo "SKIP: promtool is missing (apt-get install prometheus, or scripts/deps.sh): the" \
+		"exposition text was checked by this script only"
+fi
+pass "stat --prom: base units, HELP and TYPE once, up, build_info, series by rank"
 
 # --watch: repeats, and SIGINT ends it with status 0 (bash runs background jobs with SIGINT
 # ignored; kvshim installs its handler regardless).
@@ -378,12 +427,164 @@ k reset
 expect_rc 0 "reset after population"
 pass "stat shows population in text, --json and --prom"
 
-# --- run ---------------------------------------------------------------------------------
+# --- check -------------------------------------------------------------------------------
 
-# A harmless library to preload: the C library itself, if ldd names it.
+# A library for check and run to find: the C library itself, if ldd names it (harmless to
+# preload).
 LIB=$(ldd "$KVSHIM" 2>/dev/null | awk '$1 ~ /^libc\.so/ { print $3 }')
 [ -n "$LIB" ] && [ -r "$LIB" ] || LIB=$MKREGION
 LIB=$(realpath "$LIB")
+export KVSHIM_LIBRARY=$LIB
+mkdir -p "$WORK/store"
+: >"$WORK/store/blk0"
+
+# expect_problem PATTERN FIX_PATTERN WHAT: check failed, naming the problem and its fix.
+expect_problem() {
+	expect_rc 1 "$3"
+	grep -q "^kvshim: problem: .*$1" "$ERR" || fail "$3: no problem '$1' in: $(cat "$ERR")"
+	grep -A1 "^kvshim: problem: .*$1" "$ERR" | grep -q "^kvshim:   fix: .*$2" ||
+		fail "$3: no fix '$2' in: $(cat "$ERR")"
+	grep -qE '^[0-9]+ problems? found$' "$OUT" || fail "$3: no summary: $(cat "$OUT")"
+}
+
+KVSHIM_FILES_ROOTS=$WORK/store k check
+expect_rc 0 "check of a good configuration"
+[ ! -s "$ERR" ] || fail "check of a good configuration wrote to stderr: $(cat "$ERR")"
+grep -qx "ok   files.roots: $WORK/store" "$OUT" || fail "check: roots line: $(cat "$OUT")"
+grep -qx "ok   region: $REGION is absent; /dev/shm has room to build it" "$OUT" ||
+	fail "check: region line: $(cat "$OUT")"
+grep -qx "ok   library: $LIB" "$OUT" || fail "check: library line: $(cat "$OUT")"
+grep -qx "no problems found" "$OUT" || fail "check: summary: $(cat "$OUT")"
+pass "check: a good configuration passes, every check named"
+
+k check
+expect_problem "files.roots is empty: the shim serves nothing" "set files.roots" "check without roots"
+KVSHIM_FILES_ROOTS=store k check
+expect_problem "files.roots: store is not an absolute path" "absolute path" "check: relative root"
+KVSHIM_FILES_ROOTS=$WORK/store:$WORK/nope k check
+expect_problem "files.roots: $WORK/nope: No such file or directory" "create it" "check: missing root"
+[ "$(grep -c '^kvshim: problem' "$ERR")" -eq 1 ] || fail "check: the good root was blamed too"
+KVSHIM_FILES_ROOTS=$WORK/store/blk0 k check
+expect_problem "is not a directory" "directory" "check: a file as root"
+if [ -d /proc/sys/vm ]; then
+	KVSHIM_FILES_ROOTS=/proc/sys/vm k check
+	expect_problem "the file system of /proc/sys/vm does not accept O_DIRECT" "files.buffered" \
+		"check: a root without O_DIRECT"
+	KVSHIM_FILES_ROOTS=/proc/sys/vm KVSHIM_FILES_BUFFERED=true k check
+	expect_rc 0 "check: a root without O_DIRECT, files.buffered"
+fi
+pass "check: roots empty, relative, missing, not a directory, without O_DIRECT"
+
+# Misspelt environment names, whatever part is wrong, with the nearest known name.
+for pair in KVSHIM_FILE_ROOTS:KVSHIM_FILES_ROOTS KVSIHM_CACHE_NAME:KVSHIM_CACHE_NAME \
+	kvshim_files_roots:KVSHIM_FILES_ROOTS KVSHIM_ENABLED:KVSHIM_ENABLE \
+	KVSHIM_FILES_ROOT:KVSHIM_FILES_ROOTS; do
+	bad=${pair%%:*}
+	env "$bad=$WORK/store" KVSHIM_FILES_ROOTS="$WORK/store" $T "$KVSHIM" check >"$OUT" 2>"$ERR"
+	RC=$?
+	expect_problem "environment: $bad" "did you mean ${pair#*:}?" "check: $bad"
+done
+# A key in the wrong section, in the environment and in the file.
+KVSHIM_LOADER_SHARD_SIZE=1M KVSHIM_FILES_ROOTS=$WORK/store k check
+expect_problem "KVSHIM_LOADER_SHARD_SIZE: unknown key" "did you mean KVSHIM_CACHE_SHARD_SIZE?" \
+	"check: a key in the wrong section (env)"
+printf '[files]\nroots = %s\nshard_size = 1M\n' "$WORK/store" >"$WORK/wrong.ini"
+k check --config "$WORK/wrong.ini"
+expect_problem "$WORK/wrong.ini:3: files.shard_size: unknown key" \
+	"did you mean cache.shard_size? (put shard_size under \\[cache\\])" "check: a key in the wrong section (file)"
+printf '[file]\nroots = %s\n' "$WORK/store" >"$WORK/wrong.ini"
+k check --config "$WORK/wrong.ini"
+expect_problem "unknown section \\[file\\]" "did you mean files.roots?" "check: a misspelt section"
+KVSHIM_CACHE_CAPACITY=lots KVSHIM_FILES_ROOTS=$WORK/store k check
+expect_problem "config: environment: KVSHIM_CACHE_CAPACITY: bad value" "kvshim config --explain" \
+	"check: a bad value"
+KVSHIM_FILES_ROOTS=$WORK/store KVSHIM_UNRELATED_THING=1 HOME_DIR=x k check
+expect_problem "environment: KVSHIM_UNRELATED_THING is not a kvshim variable" "unset it" \
+	"check: an unknown KVSHIM_ name"
+grep -q HOME_DIR "$ERR" && fail "check blamed a variable that is not ours"
+pass "check: misspelt environment names and keys, with the nearest known name"
+
+# Room in /dev/shm, by the rule the region's creator applies (free space less the headroom).
+KVSHIM_FILES_ROOTS=$WORK/store KVSHIM_CACHE_CAPACITY=15T k check
+expect_problem "cannot build $REGION: No space left on device: cache.capacity 15.0 TiB" \
+	"docs/operations.md" "check: a region too large for /dev/shm"
+KVSHIM_FILES_ROOTS=$WORK/store KVSHIM_CACHE_SHM_HEADROOM=15T k check
+expect_problem "cannot build $REGION: .*cache.shm_headroom keeps 15.0 TiB" "docker --shm-size" \
+	"check: the headroom counts"
+[ ! -e "$REGION" ] || fail "check built a region"
+# An existing region against the configuration: the attacher's mismatch message.
+$T "$MKREGION" || fail "mkregion for check"
+KVSHIM_FILES_ROOTS=$WORK/store k check
+expect_rc 0 "check with a matching region"
+grep -qx "ok   region: $REGION matches the configuration" "$OUT" || fail "check: $(cat "$OUT")"
+KVSHIM_FILES_ROOTS=$WORK/store KVSHIM_CACHE_SHARD_SIZE=128K k check
+expect_problem "region $REGION has shard_size 65536, the configuration wants 131072" \
+	"kvshim reset" "check: a region of other dimensions"
+KVSHIM_FILES_ROOTS=$WORK/store KVSHIM_CACHE_EVICTION=fifo k check
+expect_problem "region $REGION has eviction" "kvshim reset" "check: a region of another eviction"
+chmod 0644 "$REGION"
+KVSHIM_FILES_ROOTS=$WORK/store k check
+expect_problem "refusing $REGION: mode 0644 is wider than cache.mode 0600" "kvshim reset" \
+	"check: an untrusted region"
+k reset
+pass "check: room in /dev/shm (headroom included), an existing region's geometry and trust"
+
+KVSHIM_FILES_ROOTS=$WORK/store KVSHIM_LIBRARY=$WORK/missing.so k check
+expect_problem "KVSHIM_LIBRARY=$WORK/missing.so: No such file or directory" "KVSHIM_LIBRARY" \
+	"check: a missing library"
+pass "check: the library"
+
+# run runs the same checks once: problems, then the command with the shim off, or --strict.
+k run -- sh -c 'echo "$LD_PRELOAD/$KVSHIM_ENABLE"'
+expect_rc 0 "run with a problem"
+[ "$(cat "$OUT")" = "$LIB/0" ] || fail "run with a problem: child saw '$(cat "$OUT")'"
+grep -q "^kvshim: problem: files.roots is empty" "$ERR" || fail "run: problem: $(cat "$ERR")"
+grep -q "^kvshim: run: 1 problem; starting sh with the shim off (KVSHIM_ENABLE=0)$" "$ERR" ||
+	fail "run: $(cat "$ERR")"
+[ "$(grep -c '^kvshim: problem' "$ERR")" -eq 1 ] || fail "run printed the problem more than once"
+rm -f "$WORK/started"
+k run --strict -- touch "$WORK/started"
+expect_rc 1 "run --strict with a problem"
+[ ! -e "$WORK/started" ] || fail "run --strict started the command"
+grep -q "^kvshim: run: 1 problem; not starting touch (--strict)$" "$ERR" || fail "--strict: $(cat "$ERR")"
+KVSHIM_FILES_ROOTS=$WORK/store k run --strict -- sh -c 'echo "$LD_PRELOAD/${KVSHIM_ENABLE-unset}"'
+expect_rc 0 "run --strict without a problem"
+[ "$(cat "$OUT")" = "$LIB/unset" ] || fail "run --strict without a problem: '$(cat "$OUT")'"
+[ ! -s "$ERR" ] || fail "run without a problem wrote to stderr: $(cat "$ERR")"
+# A configuration that does not load: printed once here; the shim is not even preloaded, so
+# that the ranks do not each print it again.
+KVSHIM_CACHE_CAPACITY=lots k run -- sh -c 'echo "[$LD_PRELOAD]"'
+expect_rc 0 "run with a bad configuration"
+[ "$(cat "$OUT")" = "[]" ] || fail "run with a bad configuration preloaded '$(cat "$OUT")'"
+grep -q "starting sh with the shim off (not preloaded)" "$ERR" || fail "run: $(cat "$ERR")"
+pass "run: problems once, then the shim off; --strict refuses; a bad configuration not preloaded"
+
+# The shim itself says, once and at info, that a configuration with no roots serves nothing.
+if [ -n "$SHIMLIB" ]; then
+	head -c 200000 /dev/zero >"$WORK/store/blk1"
+	KVSHIM_SHIM_LOG=info LD_PRELOAD="${KVS_E2E_PRELOAD:+$KVS_E2E_PRELOAD:}$SHIMLIB" \
+		$T dd if="$WORK/store/blk1" of=/dev/null bs=64K status=none 2>"$ERR" ||
+		fail "dd under the shim: $(cat "$ERR")"
+	[ "$(grep -c '^kvshim: files.roots is empty: the shim serves nothing$' "$ERR")" -eq 1 ] ||
+		fail "the shim does not say once that no roots serve nothing: $(cat "$ERR")"
+	pass "the shim logs an empty files.roots once at info"
+
+	# The first info line of an attached process names the version.
+	KVSHIM_FILES_ROOTS=$WORK/store KVSHIM_SHIM_LOG=info KVSHIM_LOADER_IO=threads \
+		LD_PRELOAD="${KVS_E2E_PRELOAD:+$KVS_E2E_PRELOAD:}$SHIMLIB" \
+		$T dd if="$WORK/store/blk1" of=/dev/null bs=64K iflag=direct status=none 2>"$ERR" ||
+		fail "dd under the shim: $(cat "$ERR")"
+	grep -qx "kvshim: attached as process [0-9]*, backend threads, kvshim $VERSION" "$ERR" ||
+		fail "the attach line does not name the version: $(cat "$ERR")"
+	$T "$KVSHIM" reset --force >/dev/null 2>&1
+	pass "the shim's attach line names kvshim $VERSION"
+fi
+
+# --- run ---------------------------------------------------------------------------------
+
+# A configuration without problems, so that run starts the command with the shim on.
+unset KVSHIM_LIBRARY
+export KVSHIM_FILES_ROOTS=$WORK/store
 
 KVSHIM_LIBRARY=$LIB k run -- sh -c 'echo "$LD_PRELOAD"'
 expect_rc 0 "run with KVSHIM_LIBRARY"

@@ -9,6 +9,8 @@
 #ifndef KVS_TOOLS_CMD_COMMON_H
 #define KVS_TOOLS_CMD_COMMON_H
 
+#include <stdbool.h>
+#include <stddef.h>
 #include <stdio.h>
 
 struct kvs_config;
@@ -22,6 +24,19 @@ int cmd_config(int argc, char **argv);
 int cmd_stat(int argc, char **argv);
 int cmd_reset(int argc, char **argv);
 int cmd_run(int argc, char **argv);
+int cmd_check(int argc, char **argv);
+
+/*
+ * The checks of `kvshim check` (cmd_check.c): the KVSHIM_* environment, the configuration,
+ * files.roots, the region in /dev/shm and (with check_library) the shim library.  Prints
+ * each problem with a fix on stderr; unless quiet, each passed check on stdout.  Sets
+ * *config_ok when the configuration loads.  Returns the number of problems.
+ */
+int tool_check(bool quiet, bool check_library, bool *config_ok);
+
+/* Find libkvshim.so as `kvshim run` does ($KVSHIM_LIBRARY; beside this program; ../lib;
+ * ../shim) and canonicalise it into lib (PATH_MAX); 0, or -errno with one line in why. */
+int tool_find_library(char *lib, char *why, size_t whylen);
 
 /* Print "kvshim: " and the formatted message and a newline on stderr. */
 void tool_err(const char *fmt, ...) __attribute__((format(printf, 1, 2)));

@@ -1,5 +1,10 @@
 /*
- * kvshim run [--config FILE] -- CMD [ARGS...]: exec CMD with the shim preloaded.
+ * kvshim run [--config FILE] [--strict] -- CMD [ARGS...]: exec CMD with the shim preloaded.
+ *
+ * First the checks of `kvshim check` run once (tool_check, quiet: problems only).  On a problem
+ * --strict refuses to start CMD (status 1); by default CMD starts with KVSHIM_ENABLE=0, and when
+ * the configuration itself does not load, without the library in LD_PRELOAD at all: the shim
+ * reads its configuration before KVSHIM_ENABLE, and every rank would print the same error.
  *
  * The library is the first of: $KVSHIM_LIBRARY; libkvshim.so beside this program; ../lib and
  * ../shim relative to it (an installed tree and the build tree).  It is put first in
@@ -18,13 +23,18 @@
 #include <unistd.h>
 
 #include "cmd_common.h"
+#include "config.h"
 
 #define SHIM_NAME "libkvshim.so"
 
 static const char usage[] =
-    "usage: kvshim run [--config FILE] -- CMD [ARGS...]\n"
+    "usage: kvshim run [--config FILE] [--strict] -- CMD [ARGS...]\n"
     "  -c, --config FILE  use the INI file FILE (sets KVSHIM_CONFIG)\n"
+    "  -s, --strict       refuse to start CMD when `kvshim check` finds a problem\n"
     "  -h, --help         print this help\n"
+    "Before CMD starts, the checks of `kvshim check` run once; their problems are printed,\n"
+    "and CMD starts with the shim off (KVSHIM_ENABLE=0; not preloaded at all when the\n"
+    "configuration does not load, so that no process repeats its error).\n"
     "The shim library is $KVSHIM_LIBRARY, else " SHIM_NAME " in this program's folder,\n"
     "in ../lib or in ../shim relative to it.\n";
 
@@ -38,8 +48,7 @@ static int usable(const char *path, char *out)
 	return 0;
 }
 
-/* Find the shim library into lib (PATH_MAX), printing why on failure; 0 or -errno. */
-static int find_library(char *lib)
+int tool_find_library(char *lib, char *why, size_t whylen)
 {
 	static const char *const rel[] = {"", "/../lib", "/../shim"};
 	const char *env = getenv("KVSHIM_LIBRARY");
@@ -51,13 +60,14 @@ static int find_library(char *lib)
 	if (env && *env) {
 		r = usable(env, lib);
 		if (r)
-			tool_err("KVSHIM_LIBRARY=%s: %s", env, strerror(-r));
+			snprintf(why, whylen, "KVSHIM_LIBRARY=%s: %s", env, strerror(-r));
 		return r;
 	}
 	n = readlink("/proc/self/exe", self, sizeof(self) - 1);
 	if (n < 0) {
 		r = -errno;
-		tool_err("cannot find " SHIM_NAME " (/proc/self/exe: %s); set KVSHIM_LIBRARY",
+		snprintf(why, whylen,
+			 "cannot find " SHIM_NAME " (/proc/self/exe: %s); set KVSHIM_LIBRARY",
 			 strerror(-r));
 		return r;
 	}
@@ -70,7 +80,8 @@ static int find_library(char *lib)
 		if (usable(cand, lib) == 0)
 			return 0;
 	}
-	tool_err("cannot find " SHIM_NAME " in %s, %s/../lib or %s/../shim; set KVSHIM_LIBRARY",
+	snprintf(why, whylen,
+		 "cannot find " SHIM_NAME " in %s, %s/../lib or %s/../shim; set KVSHIM_LIBRARY",
 		 self, self, self);
 	return -ENOENT;
 }
@@ -119,19 +130,24 @@ int cmd_run(int argc, char **argv)
 {
 	static const struct option opts[] = {
 	    {"config", required_argument, NULL, 'c'},
+	    {"strict", no_argument, NULL, 's'},
 	    {"help", no_argument, NULL, 'h'},
 	    {NULL, 0, NULL, 0},
 	};
-	char lib[PATH_MAX], conf[PATH_MAX];
+	char lib[PATH_MAX], conf[PATH_MAX], why[KVS_CONFIG_MSG_MAX];
+	bool strict = false, config_ok = true;
 	const char *config = NULL;
-	int opt, r;
+	int opt, r, problems;
 
 	opterr = 0;
 	/* "+": stop at the first non-option, so that CMD's own options are left to CMD. */
-	while ((opt = getopt_long(argc, argv, "+:c:h", opts, NULL)) != -1) {
+	while ((opt = getopt_long(argc, argv, "+:c:sh", opts, NULL)) != -1) {
 		switch (opt) {
 		case 'c':
 			config = optarg;
+			break;
+		case 's':
+			strict = true;
 			break;
 		case 'h':
 			fputs(usage, stdout);
@@ -156,7 +172,27 @@ int cmd_run(int argc, char **argv)
 			return KVS_EXIT_FAIL;
 		}
 	}
-	if (find_library(lib) || prepend_preload(lib))
+	if (tool_find_library(lib, why, sizeof(why))) {
+		tool_err("%s", why);
+		return KVS_EXIT_FAIL;
+	}
+	/* Once, here, rather than once per rank inside the engine. */
+	problems = tool_check(true, false, &config_ok);
+	if (problems && strict) {
+		tool_err("run: %d problem%s; not starting %s (--strict)", problems,
+			 problems == 1 ? "" : "s", argv[optind]);
+		return KVS_EXIT_FAIL;
+	}
+	if (problems) {
+		tool_err("run: %d problem%s; starting %s with the shim off%s", problems,
+			 problems == 1 ? "" : "s", argv[optind],
+			 config_ok ? " (KVSHIM_ENABLE=0)" : " (not preloaded)");
+		if (setenv("KVSHIM_ENABLE", "0", 1) < 0) {
+			tool_err("cannot set KVSHIM_ENABLE: %s", strerror(errno));
+			return KVS_EXIT_FAIL;
+		}
+	}
+	if (config_ok && prepend_preload(lib))
 		return KVS_EXIT_FAIL;
 	fflush(stdout);
 	execvp(argv[optind], argv + optind);

@@ -8,11 +8,12 @@
  * exited plus those of the processes in the table now.
  *
  * Formats: a text table (counters down, total and one column per process across); one JSON
- * object on one line; Prometheus text exposition (kvshim_<counter>_total and
- * kvshim_region_* gauges, labelled with the region name, and kvshim_process_<counter>_total
- * series labelled with pid and rank).  With --watch a snapshot is printed every SEC seconds
- * until SIGINT or SIGTERM, which end the command with status 0; while watching, a region that
- * is absent is reported on stderr and looked for again at the next tick.
+ * object on one line (with the version of kvshim at top level); Prometheus text exposition
+ * (kvshim_build_info, kvshim_up, kvshim_region_* gauges and kvshim_<counter>_total in base
+ * units, labelled with the region name, and kvshim_process_<counter>_total series of live
+ * processes labelled with their rank, never a pid).  With --watch a snapshot is printed every SEC
+ * seconds until SIGINT or SIGTERM, which end the command with status 0; while watching, a region
+ * that is absent is reported on stderr and looked for again at the next tick.
  */
 #include <errno.h>
 #include <getopt.h>
@@ -106,7 +107,9 @@ static void print_json(FILE *f, const struct snapshot *s)
 {
 	const struct kvs_region_info *i = &s->info;
 
-	fputs("{\"region\":{\"name\":", f);
+	fputs("{\"version\":", f);
+	json_string(f, KVS_VERSION);
+	fputs(",\"region\":{\"name\":", f);
 	json_string(f, s->name);
 	fputs(",\"path\":", f);
 	json_string(f, s->path);
@@ -117,11 +120,13 @@ static void print_json(FILE *f, const struct snapshot *s)
 		",\"slots_failed\":%" PRIu32 ",\"slots_pinned\":%" PRIu32
 		",\"processes_attached\":%" PRIu32 ",\"max_processes\":%" PRIu32
 		",\"slots_populated\":%" PRIu32 ",\"populate_errno\":%" PRId32
-		",\"populate\":\"%s\",\"populate_reason\":\"%s\",\"shm_free_bytes\":%" PRIu64 "}",
+		",\"populate\":\"%s\",\"populate_reason\":\"%s\",\"shm_free_bytes\":%" PRIu64
+		",\"procs_unlocked\":%s}",
 		i->capacity_bytes, i->shard_size, i->total_bytes, i->slots, i->reserved_slots,
 		i->slots_ready, i->slots_loading, i->slots_failed, i->slots_pinned,
 		i->processes_attached, i->max_processes, i->slots_populated, i->populate_err,
-		populate_word(i->populate_mode), i->populate_reason, i->shm_free_bytes);
+		populate_word(i->populate_mode), i->populate_reason, i->shm_free_bytes,
+		i->procs_unlocked ? "true" : "false");
 	fputs(",\"totals\":{", f);
 	json_counters(f, &s->totals);
 	fputs("},\"processes\":[", f);
@@ -161,11 +166,63 @@ static void prom_gauge(FILE *f, const struct snapshot *s, const char *name, cons
 	fprintf(f, "} %" PRIu64 "\n", v);
 }
 
-/* Print s in the Prometheus text exposition format (version 0.0.4). */
+/* A counter's family in Prometheus: kvshim_<name>_total in base units, so a counter in
+ * nanoseconds (name ending in _ns) becomes kvshim_<name less _ns>_seconds_total. */
+static void prom_family(char *buf, size_t len, int k, const char *prefix)
+{
+	size_t n = strlen(ctr_name[k]);
+
+	if (n > 3 && !strcmp(ctr_name[k] + n - 3, "_ns"))
+		snprintf(buf, len, "kvshim_%s%.*s_seconds_total", prefix, (int)(n - 3),
+			 ctr_name[k]);
+	else
+		snprintf(buf, len, "kvshim_%s%s_total", prefix, ctr_name[k]);
+}
+
+/* Print counter k's value v in the family's unit. */
+static void prom_value(FILE *f, int k, uint64_t v)
+{
+	size_t n = strlen(ctr_name[k]);
+
+	if (n > 3 && !strcmp(ctr_name[k] + n - 3, "_ns"))
+		fprintf(f, " %" PRIu64 ".%09" PRIu64 "\n", v / 1000000000u, v % 1000000000u);
+	else
+		fprintf(f, " %" PRIu64 "\n", v);
+}
+
+/* Print counter k's help text in the family's unit ("nanoseconds ..." -> "seconds ..."). */
+static void prom_help(FILE *f, const char *family, int k, const char *what)
+{
+	const char *h = ctr_help[k];
+
+	if (!strncmp(h, "nanoseconds", 11))
+		fprintf(f, "# HELP %s seconds%s %s\n", family, h + 11, what);
+	else
+		fprintf(f, "# HELP %s %s %s\n", family, h, what);
+}
+
+/*
+ * Print s in the Prometheus text exposition format (version 0.0.4), as promtool accepts it:
+ * base units, HELP and TYPE once per family, every series labelled with the region.  Series of
+ * one process are labelled with its rank, never its pid (a pid makes new series at every
+ * restart): only live processes with a rank are shown, and live processes that share a rank
+ * are summed; every process, gone ones included, is in the region's totals.
+ */
 static void print_prom(FILE *f, const struct snapshot *s)
 {
 	const struct kvs_region_info *i = &s->info;
+	char family[96];
+	int nranked = 0;
 
+	fputs("# HELP kvshim_build_info the version of kvshim that read these figures\n"
+	      "# TYPE kvshim_build_info gauge\nkvshim_build_info{version=",
+	      f);
+	prom_label(f, KVS_VERSION);
+	fputs("} 1\n# HELP kvshim_up 1 when the region was read\n# TYPE kvshim_up gauge\n"
+	      "kvshim_up{region=",
+	      f);
+	prom_label(f, s->name);
+	fputs("} 1\n", f);
 	prom_gauge(f, s, "capacity_bytes", "bytes of data slots", i->capacity_bytes);
 	prom_gauge(f, s, "shard_size_bytes", "bytes per slot", i->shard_size);
 	prom_gauge(f, s, "slots", "data slots", i->slots);
@@ -182,6 +239,9 @@ static void print_prom(FILE *f, const struct snapshot *s)
 		   (uint64_t)(uint32_t)i->populate_err);
 	prom_gauge(f, s, "shm_free_bytes", "free bytes of the file system holding the region",
 		   i->shm_free_bytes);
+	prom_gauge(f, s, "procs_unlocked",
+		   "1 when proc_lock was stuck and the process figures were read without it",
+		   i->procs_unlocked);
 	fputs("# HELP kvshim_region_populate_info cache.populate of the region and why its walk "
 	      "stopped (reason empty while it has not)\n"
 	      "# TYPE kvshim_region_populate_info gauge\nkvshim_region_populate_info{region=",
@@ -191,34 +251,42 @@ static void print_prom(FILE *f, const struct snapshot *s)
 		i->populate_reason);
 
 	for (int k = 0; k < KVS_NCOUNTERS; k++) {
-		fprintf(f, "# HELP kvshim_%s_total %s (all processes, exited ones included)\n",
-			ctr_name[k], ctr_help[k]);
-		fprintf(f, "# TYPE kvshim_%s_total counter\n", ctr_name[k]);
-		fprintf(f, "kvshim_%s_total{region=", ctr_name[k]);
+		prom_family(family, sizeof(family), k, "");
+		prom_help(f, family, k, "(all processes, exited ones included)");
+		fprintf(f, "# TYPE %s counter\n%s{region=", family, family);
 		prom_label(f, s->name);
-		fprintf(f, "} %" PRIu64 "\n", s->totals.v[k]);
+		fputc('}', f);
+		prom_value(f, k, s->totals.v[k]);
 	}
-	if (!s->nprocs)
-		return;
 
-	fputs("# HELP kvshim_process_alive 1 while the process holds its liveness lock\n"
-	      "# TYPE kvshim_process_alive gauge\n",
-	      f);
-	for (int p = 0; p < s->nprocs; p++) {
-		fputs("kvshim_process_alive{region=", f);
-		prom_label(f, s->name);
-		fprintf(f, ",pid=\"%" PRId32 "\",rank=\"%" PRId32 "\"} %d\n", s->procs[p].pid,
-			s->procs[p].rank, s->procs[p].alive);
-	}
+	for (int p = 0; p < s->nprocs; p++)
+		nranked += s->procs[p].alive && s->procs[p].rank >= 0;
+	if (!nranked)
+		return;
 	for (int k = 0; k < KVS_NCOUNTERS; k++) {
-		fprintf(f, "# HELP kvshim_process_%s_total %s (one process)\n", ctr_name[k],
-			ctr_help[k]);
-		fprintf(f, "# TYPE kvshim_process_%s_total counter\n", ctr_name[k]);
+		prom_family(family, sizeof(family), k, "process_");
+		prom_help(f, family, k, "(live processes of one rank)");
+		fprintf(f, "# TYPE %s counter\n", family);
 		for (int p = 0; p < s->nprocs; p++) {
-			fprintf(f, "kvshim_process_%s_total{region=", ctr_name[k]);
+			const struct kvs_proc_info *pp = &s->procs[p];
+			uint64_t v = 0;
+			bool first = true;
+
+			if (!pp->alive || pp->rank < 0)
+				continue;
+			/* One series per rank: the first live process of that rank sums them. */
+			for (int q = 0; q < s->nprocs && first; q++)
+				first =
+				    !(q < p && s->procs[q].alive && s->procs[q].rank == pp->rank);
+			if (!first)
+				continue;
+			for (int q = p; q < s->nprocs; q++)
+				if (s->procs[q].alive && s->procs[q].rank == pp->rank)
+					v += s->procs[q].ctr.v[k];
+			fprintf(f, "%s{region=", family);
 			prom_label(f, s->name);
-			fprintf(f, ",pid=\"%" PRId32 "\",rank=\"%" PRId32 "\"} %" PRIu64 "\n",
-				s->procs[p].pid, s->procs[p].rank, s->procs[p].ctr.v[k]);
+			fprintf(f, ",rank=\"%" PRId32 "\"}", pp->rank);
+			prom_value(f, k, v);
 		}
 	}
 }
@@ -260,7 +328,7 @@ static void print_text(FILE *f, const struct snapshot *s)
 	char a[32], b[32], head[32];
 	int w = 8, namew = 9;
 
-	fprintf(f, "region     %s (%s)\n", s->name, s->path);
+	fprintf(f, "region     %s (%s), read by kvshim %s\n", s->name, s->path, KVS_VERSION);
 	fprintf(f, "capacity   %s in %" PRIu32 " slots of %s (%" PRIu32 " reserved)\n",
 		human(i->capacity_bytes, a, sizeof(a)), i->slots,
 		human(i->shard_size, b, sizeof(b)), i->reserved_slots);
@@ -274,8 +342,11 @@ static void print_text(FILE *f, const struct snapshot *s)
 		fprintf(f, "; walk stopped: %s (%s)", i->populate_reason,
 			strerror(i->populate_err));
 	fprintf(f, "; /dev/shm has %s free\n", human(i->shm_free_bytes, a, sizeof(a)));
-	fprintf(f, "processes  %" PRIu32 " attached (table of %" PRIu32 ")\n\n",
-		i->processes_attached, i->max_processes);
+	fprintf(f, "processes  %" PRIu32 " attached (table of %" PRIu32 ")%s\n\n",
+		i->processes_attached, i->max_processes,
+		i->procs_unlocked ? "; read without proc_lock, which is stuck: a process being "
+				    "folded in may count twice"
+				  : "");
 
 	for (int k = 0; k < KVS_NCOUNTERS; k++) {
 		int n = (int)strlen(ctr_name[k]);

@@ -1,9 +1,10 @@
 /*
  * kvshim: the operator's command (design.md §7).
  *
- *   kvshim run [--config FILE] -- CMD [ARGS...]   run CMD with the shim preloaded
+ *   kvshim check [--config FILE]                  check the configuration and the node
+ *   kvshim run [--config FILE] [--strict] -- CMD [ARGS...]   run CMD with the shim preloaded
  *   kvshim stat [--json | --prom] [--watch SEC]   print the shared cache's figures
- *   kvshim config [--explain]                     print the effective configuration
+ *   kvshim config [--explain | --sample]          print the effective configuration
  *   kvshim reset [--force]                        remove the shared cache region
  *
  * This file picks the subcommand and holds the helpers the subcommands share; each subcommand
@@ -23,14 +24,19 @@ static const char usage[] =
     "usage: kvshim COMMAND [OPTIONS]\n"
     "\n"
     "Commands:\n"
-    "  run [--config FILE] -- CMD [ARGS...]\n"
-    "                      run CMD with libkvshim.so prepended to LD_PRELOAD\n"
+    "  check [--config FILE]\n"
+    "                      check the configuration and the node before a launch\n"
+    "  run [--config FILE] [--strict] -- CMD [ARGS...]\n"
+    "                      run CMD with libkvshim.so prepended to LD_PRELOAD, after the checks\n"
     "  stat [--json | --prom] [--watch SEC]\n"
     "                      print the shared cache's figures (text, JSON or Prometheus)\n"
-    "  config [--explain]  print the effective configuration and where each value came from\n"
+    "  config [--explain | --sample]\n"
+    "                      print the effective configuration and where each value came from,\n"
+    "                      or a sample kvshim.ini with every key and its default\n"
     "  reset [--force]     remove the shared cache region (refused while processes are attached)\n"
     "\n"
     "  -h, --help          print this help; `kvshim COMMAND --help` describes one command\n"
+    "  -V, --version       print the version of kvshim\n"
     "\n"
     "The configuration is the INI file named by KVSHIM_CONFIG (else /etc/kvshim/kvshim.ini if\n"
     "present, else the defaults), with any key overridden as KVSHIM_<SECTION>_<KEY>.\n"
@@ -40,10 +46,8 @@ static const struct {
 	const char *name;
 	int (*fn)(int argc, char **argv);
 } commands[] = {
-    {"run", cmd_run},
-    {"stat", cmd_stat},
-    {"config", cmd_config},
-    {"reset", cmd_reset},
+    {"run", cmd_run},	  {"stat", cmd_stat},	{"config", cmd_config},
+    {"reset", cmd_reset}, {"check", cmd_check},
 };
 
 void tool_err(const char *fmt, ...)
@@ -113,6 +117,10 @@ int main(int argc, char **argv)
 	}
 	if (!strcmp(cmd, "-h") || !strcmp(cmd, "--help") || !strcmp(cmd, "help")) {
 		fputs(usage, stdout);
+		return finish(KVS_EXIT_OK);
+	}
+	if (!strcmp(cmd, "-V") || !strcmp(cmd, "--version") || !strcmp(cmd, "version")) {
+		puts("kvshim " KVS_VERSION);
 		return finish(KVS_EXIT_OK);
 	}
 	for (size_t i = 0; i < sizeof(commands) / sizeof(commands[0]); i++) {

@@ -1,0 +1,359 @@
+/*
+ * kvshim check [--config FILE]: validate the configuration and the node before a launch.
+ *
+ * The checks, in order, each printing its problems with a suggested fix:
+ *   environment    KVSHIM_* names kvshim does not read (a misspelt section, key or prefix),
+ *                  with the nearest known name: the loader ignores most of them silently;
+ *   configuration  kvs_config_load and its one-line message, with a near-miss hint;
+ *   roots          files.roots not empty; each root absolute, an existing, readable
+ *                  directory, on a file system that accepts O_DIRECT (an open of a file in
+ *                  it, else of a temporary file it makes and removes);
+ *   region         an existing region against the configuration (kvs_cache_check_config: the
+ *                  attacher's mismatch message), or room in /dev/shm for a new one
+ *                  (kvs_cache_fits: the rule the creator applies);
+ *   library        libkvshim.so, found as `kvshim run` finds it.
+ * Problems go to stderr ("kvshim: problem: ..." then "kvshim:   fix: ..."); what passed goes
+ * to stdout, one "ok" line per check, then a summary.  The launcher runs the same checks
+ * quietly (problems only).
+ */
+#include <dirent.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <getopt.h>
+#include <limits.h>
+#include <stdarg.h>
+#include <stdbool.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/random.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "cache.h"
+#include "cmd_common.h"
+#include "config.h"
+
+static const char usage[] =
+    "usage: kvshim check [--config FILE]\n"
+    "  -c, --config FILE  check the INI file FILE (as KVSHIM_CONFIG would name it)\n"
+    "  -h, --help         print this help\n"
+    "Checks the KVSHIM_* environment, the configuration, files.roots (absolute, readable,\n"
+    "O_DIRECT), the region in /dev/shm (room for it, or its geometry) and the shim library.\n"
+    "Prints each problem with a fix on stderr; exit status 1 when there is any.\n";
+
+struct check {
+	bool quiet;   /* the launcher: problems only */
+	int problems; /* printed so far */
+	char cfgmsg[KVS_CONFIG_MSG_MAX];
+};
+
+/* One problem and its fix, on stderr. */
+__attribute__((format(printf, 3, 4))) static void problem(struct check *ck, const char *fix,
+							  const char *fmt, ...)
+{
+	va_list ap;
+
+	ck->problems++;
+	fputs("kvshim: problem: ", stderr);
+	va_start(ap, fmt);
+	vfprintf(stderr, fmt, ap);
+	va_end(ap);
+	fprintf(stderr, "\nkvshim:   fix: %s\n", fix);
+}
+
+/* A check that passed, or a remark, on stdout (not for the launcher). */
+__attribute__((format(printf, 2, 3))) static void ok(struct check *ck, const char *fmt, ...)
+{
+	va_list ap;
+
+	if (ck->quiet)
+		return;
+	va_start(ap, fmt);
+	vprintf(fmt, ap);
+	va_end(ap);
+	putchar('\n');
+}
+
+/* KVSHIM_* names (and near spellings) that kvshim does not read.  The one that the loader's
+ * message already names is left to the configuration check. */
+static void check_env(struct check *ck)
+{
+	char name[256], near[128], fix[256], said[300];
+	int before = ck->problems;
+
+	for (char **e = environ; *e; e++) {
+		const char *eq = strchr(*e, '=');
+		size_t len = eq ? (size_t)(eq - *e) : strlen(*e);
+
+		if (!kvs_config_env_suspect(*e, len))
+			continue;
+		snprintf(name, sizeof(name), "%.*s", (int)len, *e);
+		snprintf(said, sizeof(said), "environment: %s:", name);
+		if (strstr(ck->cfgmsg, said))
+			continue;
+		if (kvs_config_near(name, near, sizeof(near)) >= 0)
+			snprintf(fix, sizeof(fix),
+				 "did you mean %s? (`kvshim config --explain` "
+				 "lists the keys)",
+				 near);
+		else
+			snprintf(fix, sizeof(fix),
+				 "unset it; `kvshim config --explain` lists the "
+				 "keys (KVSHIM_<SECTION>_<KEY>)");
+		problem(ck, fix, "environment: %s is not a kvshim variable; it is ignored", name);
+	}
+	if (ck->problems == before)
+		ok(ck, "ok   environment: every KVSHIM_* variable is known");
+}
+
+/* Whether the file system of directory dir accepts O_DIRECT: 1 yes, 0 no, -errno when it
+ * cannot be told (no regular file to open and none can be made). */
+static int takes_odirect(const char *dir)
+{
+	char path[PATH_MAX + 64];
+	unsigned rnd = 0;
+	struct dirent *de;
+	int fd, r = -ENOENT;
+	DIR *d;
+
+	/* A file already there: the engine's own files are the best witness. */
+	d = opendir(dir);
+	if (!d)
+		return -errno;
+	while ((de = readdir(d))) {
+		struct stat st;
+
+		if (fstatat(dirfd(d), de->d_name, &st, AT_SYMLINK_NOFOLLOW) || !S_ISREG(st.st_mode))
+			continue;
+		fd = openat(dirfd(d), de->d_name, O_RDONLY | O_DIRECT | O_CLOEXEC | O_NOFOLLOW);
+		if (fd >= 0) {
+			close(fd);
+			r = 1;
+			break;
+		}
+		if (errno == EINVAL) {
+			r = 0;
+			break;
+		}
+	}
+	closedir(d);
+	if (r >= 0)
+		return r;
+
+	/* None readable: make one, and take it away again. */
+	if (getrandom(&rnd, sizeof(rnd), 0) < 0)
+		rnd = (unsigned)getpid();
+	snprintf(path, sizeof(path), "%s/.kvshim-check.%d.%08x", dir, (int)getpid(), rnd);
+	fd = open(path, O_RDWR | O_CREAT | O_EXCL | O_DIRECT | O_CLOEXEC | O_NOFOLLOW, 0600);
+	if (fd >= 0) {
+		close(fd);
+		unlink(path);
+		return 1;
+	}
+	if (errno != EINVAL)
+		return -errno;
+	fd = open(path, O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC | O_NOFOLLOW, 0600);
+	if (fd < 0)
+		return -errno;
+	close(fd);
+	unlink(path);
+	return 0;
+}
+
+/* files.roots: not empty; each absolute, an existing readable directory, O_DIRECT. */
+static void check_roots(struct check *ck, const struct kvs_config *cfg)
+{
+	const char *p = cfg->files_roots;
+	char root[PATH_MAX];
+	int nroots = 0;
+
+	if (!*p) {
+		problem(ck,
+			"set files.roots (KVSHIM_FILES_ROOTS) to the directories that hold the KV "
+			"files, colon-separated",
+			"files.roots is empty: the shim serves nothing");
+		return;
+	}
+	for (;;) {
+		const char *end = strchr(p, ':');
+		size_t n = end ? (size_t)(end - p) : strlen(p);
+		int before = ck->problems, r;
+		struct stat st;
+
+		if (n >= sizeof(root)) {
+			problem(ck, "shorten the path",
+				"files.roots: a root of %zu bytes is too long", n);
+			goto next;
+		}
+		memcpy(root, p, n);
+		root[n] = '\0';
+		if (!n)
+			goto next;
+		nroots++;
+		if (root[0] != '/') {
+			problem(ck,
+				"give the absolute path (a relative one depends on each engine's "
+				"working directory)",
+				"files.roots: %s is not an absolute path", root);
+			goto next;
+		}
+		if (stat(root, &st) < 0) {
+			problem(ck, "create it, or correct files.roots", "files.roots: %s: %s",
+				root, strerror(errno));
+			goto next;
+		}
+		if (!S_ISDIR(st.st_mode)) {
+			problem(ck, "name the directory that holds the KV files",
+				"files.roots: %s is not a directory", root);
+			goto next;
+		}
+		if (access(root, R_OK | X_OK) < 0) {
+			problem(ck, "give the engine's user read and search permission on it",
+				"files.roots: %s is not readable: %s", root, strerror(errno));
+			goto next;
+		}
+		r = takes_odirect(root);
+		if (r == 0 && !cfg->files_buffered)
+			problem(
+			    ck,
+			    "keep the KV files on a file system with O_DIRECT (ext4, xfs; tmpfs "
+			    "from Linux 6.6), or set files.buffered = true to serve buffered reads",
+			    "files.roots: the file system of %s does not accept O_DIRECT: the shim "
+			    "serves only O_DIRECT reads (files.buffered = false)",
+			    root);
+		else if (r < 0)
+			ok(ck, "note files.roots: %s: cannot tell whether it accepts O_DIRECT (%s)",
+			   root, strerror(-r));
+		if (ck->problems == before)
+			ok(ck, "ok   files.roots: %s", root);
+	next:
+		if (!end)
+			break;
+		p = end + 1;
+	}
+	if (!nroots)
+		problem(ck, "set files.roots to the directories that hold the KV files",
+			"files.roots \"%s\" names no directory: the shim serves nothing",
+			cfg->files_roots);
+}
+
+/* The region: an existing one against the configuration, else room for a new one. */
+static void check_region(struct check *ck, const struct kvs_config *cfg)
+{
+	char path[PATH_MAX], msg[KVS_CONFIG_MSG_MAX];
+	struct kvs_cache *c = NULL;
+	int r;
+
+	if (kvs_cache_path(cfg, path, sizeof(path))) {
+		problem(ck, "use a shorter cache.name", "cache.name: the region path is too long");
+		return;
+	}
+	r = kvs_cache_open(cfg, KVS_OPEN_WATCH, &c, msg, sizeof(msg));
+	if (r == 0) {
+		r = kvs_cache_check_config(c, cfg, msg, sizeof(msg));
+		kvs_cache_close(c);
+		if (r)
+			problem(ck,
+				"stop the engines and run `kvshim reset` (the region is rebuilt at "
+				"the next launch), or set the values it was built with",
+				"%s; an engine would run without the cache",
+				msg[0] ? msg : strerror(-r));
+		else
+			ok(ck, "ok   region: %s matches the configuration", path);
+		return;
+	}
+	if (r == -ENOENT) {
+		r = kvs_cache_fits(cfg, msg, sizeof(msg));
+		if (r)
+			problem(ck,
+				"see Sizing in docs/operations.md (docker --shm-size, "
+				"a Kubernetes emptyDir with medium: Memory)",
+				"%s", msg[0] ? msg : strerror(-r));
+		else
+			ok(ck, "ok   region: %s is absent; /dev/shm has room to build it", path);
+		return;
+	}
+	problem(ck, "run `kvshim reset` to remove it (with no engine running)", "%s",
+		msg[0] ? msg : strerror(-r));
+}
+
+int tool_check(bool quiet, bool check_library, bool *config_ok)
+{
+	struct check ck = {.quiet = quiet};
+	struct kvs_config *cfg;
+	char lib[PATH_MAX], why[KVS_CONFIG_MSG_MAX], hint[KVS_CONFIG_MSG_MAX];
+	int r;
+
+	*config_ok = false;
+	cfg = calloc(1, sizeof(*cfg)); /* about 100 KiB of strings: not on the stack */
+	if (!cfg) {
+		problem(&ck, "free some memory", "out of memory");
+		return ck.problems;
+	}
+	r = kvs_config_load(cfg, NULL, NULL, ck.cfgmsg, sizeof(ck.cfgmsg));
+	check_env(&ck);
+	if (r) {
+		kvs_config_hint(ck.cfgmsg, hint, sizeof(hint));
+		problem(&ck, hint, "%s", ck.cfgmsg);
+		ok(&ck, "skip files.roots and the region: the configuration does not load");
+	} else {
+		*config_ok = true;
+		ok(&ck, "ok   configuration: %s", cfg->path[0] ? cfg->path : "built-in defaults");
+		if (!cfg->shim_enable)
+			ok(&ck, "note the shim is off (%s)",
+			   cfg->kvshim_enable_env_off ? "KVSHIM_ENABLE=0" : "shim.enable = false");
+		check_roots(&ck, cfg);
+		check_region(&ck, cfg);
+	}
+	if (check_library) {
+		if (tool_find_library(lib, why, sizeof(why)))
+			problem(&ck,
+				"set KVSHIM_LIBRARY to the path of libkvshim.so, or install kvshim "
+				"(its lib folder beside bin)",
+				"%s", why);
+		else
+			ok(&ck, "ok   library: %s", lib);
+	}
+	free(cfg);
+	return ck.problems;
+}
+
+int cmd_check(int argc, char **argv)
+{
+	static const struct option opts[] = {
+	    {"config", required_argument, NULL, 'c'},
+	    {"help", no_argument, NULL, 'h'},
+	    {NULL, 0, NULL, 0},
+	};
+	bool config_ok;
+	int opt, n;
+
+	opterr = 0;
+	while ((opt = getopt_long(argc, argv, "+:c:h", opts, NULL)) != -1) {
+		switch (opt) {
+		case 'c':
+			if (setenv("KVSHIM_CONFIG", optarg, 1) < 0) {
+				tool_err("cannot set KVSHIM_CONFIG: %s", strerror(errno));
+				return KVS_EXIT_FAIL;
+			}
+			break;
+		case 'h':
+			fputs(usage, stdout);
+			return KVS_EXIT_OK;
+		default:
+			return tool_bad_option("check", opt, argv, usage);
+		}
+	}
+	if (optind < argc) {
+		tool_err("check: unexpected argument %s", argv[optind]);
+		fputs(usage, stderr);
+		return KVS_EXIT_USAGE;
+	}
+	n = tool_check(false, true, &config_ok);
+	if (n)
+		printf("%d problem%s found\n", n, n == 1 ? "" : "s");
+	else
+		printf("no problems found\n");
+	return n ? KVS_EXIT_FAIL : KVS_EXIT_OK;
+}
