@@ -552,7 +552,11 @@ static int cmd_fdleak(const char *path)
 		if (i == 0)
 			after_first = count_fds();
 		memcpy(&sp, buf, sizeof(sp));
-		if (pwrite(wfd, buf, BLOCK, 0) != BLOCK) /* same bytes, new mtime: a rewrite */
+		if (pwrite(wfd, buf, BLOCK, 0) != BLOCK) /* same bytes: a rewrite */
+			return 2;
+		/* A new mtime each time, whatever the file system's timestamp granularity. */
+		struct timespec ts[2] = {{0, UTIME_OMIT}, {1700000000 + i, 0}};
+		if (futimens(wfd, ts))
 			return 2;
 	}
 	int end = count_fds();
