@@ -99,15 +99,42 @@ struct kvs_real kvs_real = {
 enum { UNRESOLVED, RESOLVING, RESOLVED };
 static _Atomic int state = UNRESOLVED;
 
+/*
+ * The lookups use glibc's own dlsym, found with dlvsym: RTLD_NEXT is relative to the caller,
+ * and a dlsym interposed ahead of the shim (a profiler's, say) that forwards the call makes
+ * itself the caller, so "the next read" would be the shim's own hook: a loop, not a read.
+ * Anything that still resolves into the shim itself is refused, and the raw system call stays.
+ */
+static void *(*real_dlsym)(void *, const char *);
+static Dl_info self;
+
+static void *next_symbol(const char *name)
+{
+	Dl_info in;
+	void *p = real_dlsym(RTLD_NEXT, name);
+
+	if (!p || (dladdr(p, &in) && in.dli_fbase == self.dli_fbase))
+		return NULL;
+	return p;
+}
+
 #define RESOLVE(field, name)                                                                       \
 	do {                                                                                       \
-		void *p = dlsym(RTLD_NEXT, name);                                                  \
+		void *p = next_symbol(name);                                                       \
 		if (p)                                                                             \
 			__atomic_store_n((void **)&kvs_real.field, p, __ATOMIC_RELAXED);           \
 	} while (0)
 
 static void resolve(void)
 {
+	real_dlsym = (void *(*)(void *, const char *))dlvsym(RTLD_NEXT, "dlsym", "GLIBC_2.34");
+	if (!real_dlsym)
+		real_dlsym =
+		    (void *(*)(void *, const char *))dlvsym(RTLD_NEXT, "dlsym", "GLIBC_2.2.5");
+	if (!real_dlsym)
+		real_dlsym = dlsym;
+	if (!dladdr((void *)resolve, &self))
+		self.dli_fbase = NULL;
 	RESOLVE(read, "read");
 	RESOLVE(pread, "pread");
 	RESOLVE(pread64, "pread64");

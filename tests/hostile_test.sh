@@ -4,11 +4,12 @@
 # a signal handler, forks, holds record locks, and a writer that rewrites files under readers.
 # Each case runs kvshim-hostile under LD_PRELOAD; where the kernel's answer is the reference,
 # the output must equal the run without the shim.
-#   hostile_test.sh LIBKVSHIM KVSHIM KVSHIM-HOSTILE
+#   hostile_test.sh LIBKVSHIM KVSHIM KVSHIM-HOSTILE [LIBKVSHIM-REENTER]
 set -uo pipefail
 lib=${KVS_E2E_PRELOAD:+$KVS_E2E_PRELOAD:}$1
 kvshim=$2
 h=$3
+reenter=${4:-}
 fails=0
 work=$(mktemp -d /var/tmp/kvshim-hostile.XXXXXX)
 name="hostile-$$"
@@ -204,6 +205,17 @@ if [ "$(id -u)" = 0 ] && command -v mkfs.ext2 >/dev/null &&
 		fail "ext2, 12 rewrites in the same seconds: $stale of 24 reads returned an old generation"
 else
 	echo "skip - ext2 coarse timestamps: needs root, mkfs.ext2 and a loop device"
+fi
+
+# 11. A dlsym that re-enters the shim's hooks while the shim resolves the real functions with
+# it (as every lookup will once the shim interposes dlsym): no deadlock, right bytes.
+if [ -n "$reenter" ]; then
+	reset_region
+	want=$(sha256sum <"$work/kv/f0")
+	got=$(LD_PRELOAD=${KVS_E2E_PRELOAD:+$KVS_E2E_PRELOAD:}$reenter:$1 timeout 20 \
+		dd if="$work/kv/f0" bs=1M iflag=direct status=none | sha256sum)
+	[ "$want" = "$got" ] && [ "$(served)" -gt 0 ] && ok "a re-entering dlsym: no deadlock, same bytes, served" ||
+		fail "a re-entering dlsym: ${got:-hung} (status $?)"
 fi
 
 echo "$fails failed"
