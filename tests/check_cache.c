@@ -1292,6 +1292,222 @@ START_TEST(test_invalidate_longer_than_cache)
 }
 END_TEST
 
+/* What the publisher's slot holds at the instant its state becomes visible (slot.c hook). */
+static struct {
+	uint32_t state, err, length;
+	int calls;
+} published;
+
+static void record_published(const struct kvs_slot *s, uint32_t state)
+{
+	published.state = state;
+	published.err = s->err;
+	published.length = s->length;
+	published.calls++;
+}
+
+/* A waiter reads err (or length) as soon as it sees FAILED (or READY): both are stored before
+ * the state is published, never after.  The hook runs right after the publishing exchange, so
+ * it sees exactly what a waiter woken at that instant would read: the order is checked
+ * deterministically, not by a race. */
+START_TEST(test_publish_order)
+{
+	struct kvs_config cfg;
+	struct kvs_key k = key_of(27, 0);
+	struct kvs_pin p, q;
+
+	test_config(&cfg, 16, 4096);
+	struct kvs_cache *c = open_ok(&cfg);
+	struct kvs_cache *d = open_ok(&cfg);
+	kvs_slot_test_published = record_published;
+	/* mark_failed: the waiter gets the owner's errno, not EIO for a zero. */
+	ck_assert_int_eq(kvs_cache_pin(c, &k, KVS_ALLOC_LOAD, &p), KVS_PIN_OWNER);
+	ck_assert_int_eq(kvs_cache_pin(d, &k, KVS_ALLOC_LOAD, &q), KVS_PIN_WAIT);
+	memset(&published, 0, sizeof(published));
+	kvs_cache_mark_failed(c, &p, EXDEV);
+	ck_assert_int_eq(published.calls, 1);
+	ck_assert_uint_eq(published.state, KVS_SLOT_FAILED);
+	ck_assert_uint_eq(published.err, EXDEV);
+	ck_assert_int_eq(kvs_cache_wait(d, &q, 1000000000ull), -EXDEV);
+	kvs_cache_release(d, &q);
+	kvs_cache_release(c, &p);
+	/* A take-over (kvs_slot_fail_locked) publishes EOWNERDEAD the same way. */
+	ck_assert_int_eq(kvs_cache_pin(c, &k, KVS_ALLOC_LOAD, &p), KVS_PIN_OWNER);
+	ck_assert_int_eq(kvs_cache_pin(d, &k, KVS_ALLOC_LOAD, &q), KVS_PIN_WAIT);
+	c->slots[p.slot].owner = KVS_NIL;
+	memset(&published, 0, sizeof(published));
+	ck_assert_int_eq(kvs_cache_wait(d, &q, 1000000000ull), -EOWNERDEAD);
+	ck_assert_int_eq(published.calls, 1);
+	ck_assert_uint_eq(published.state, KVS_SLOT_FAILED);
+	ck_assert_uint_eq(published.err, EOWNERDEAD);
+	kvs_cache_release(d, &q);
+	kvs_cache_release(c, &p);
+	/* mark_ready: the length is there when READY is. */
+	ck_assert_int_eq(kvs_cache_pin(c, &k, KVS_ALLOC_LOAD, &p), KVS_PIN_OWNER);
+	memset(&published, 0, sizeof(published));
+	kvs_cache_mark_ready(c, &p, 1234);
+	ck_assert_int_eq(published.calls, 1);
+	ck_assert_uint_eq(published.state, KVS_SLOT_READY);
+	ck_assert_uint_eq(published.length, 1234);
+	kvs_cache_release(c, &p);
+	kvs_slot_test_published = NULL;
+	ck_assert_uint_eq(pinned_slots(c), 0);
+	kvs_cache_close(d);
+	kvs_cache_close(c);
+	remove_region(&cfg);
+}
+END_TEST
+
+struct pin_job {
+	struct kvs_cache *c;
+	struct kvs_key k;
+	struct kvs_pin p;
+	int r;
+};
+
+static void *pin_job_run(void *arg)
+{
+	struct pin_job *j = arg;
+
+	j->r = kvs_cache_pin(j->c, &j->k, KVS_ALLOC_LOAD, &j->p);
+	return NULL;
+}
+
+/* A pin that lands between the sweep's unlocked look at a victim (refs 0) and its lock of the
+ * victim's stripe: the victim is pinned now and must not be evicted.  Deterministic: the test
+ * holds the victim's stripe, so the evictor stops exactly there, then pins under that lock. */
+START_TEST(test_pin_between_look_and_lock)
+{
+	struct kvs_config cfg;
+	struct kvs_pin p[4];
+	struct kvs_key k[4];
+
+	test_config(&cfg, 4, 4096);
+	cfg.loader_wait_timeout_ms = 10000;
+	struct kvs_cache *c = open_ok(&cfg);
+	struct kvs_cache *d = open_ok(&cfg);
+	for (int i = 0; i < 4; i++) {
+		k[i] = key_of(28, (uint64_t)i);
+		ck_assert_int_eq(kvs_cache_pin(c, &k[i], KVS_ALLOC_LOAD, &p[i]), KVS_PIN_OWNER);
+		load_pattern(c, &p[i], &k[i]);
+	}
+	/* Only k[0] is unpinned: the one victim. */
+	kvs_cache_release(c, &p[0]);
+	uint32_t v = p[0].slot, stripe = bucket_stripe(c, key_bucket(c, &k[0]));
+	struct pin_job j = {.c = d};
+	for (uint64_t sh = 0;; sh++) { /* a new key guarded by another stripe */
+		j.k = key_of(29, sh);
+		if (bucket_stripe(c, key_bucket(c, &j.k)) != stripe)
+			break;
+	}
+	ck_assert_int_eq(kvs_cache_test_lock_key(c, &k[0]), 0);
+	pthread_t t;
+	ck_assert_int_eq(pthread_create(&t, NULL, pin_job_run, &j), 0);
+	/* The evictor passed its look (refs 0) and sleeps on the stripe: glibc has set the
+	 * waiters bit of the lock word. */
+	uint64_t t0 = mono_ms();
+	while (!(__atomic_load_n(&c->stripes[stripe].mu.__data.__lock, __ATOMIC_RELAXED) &
+		 0x80000000u))
+		ck_assert_msg(mono_ms() - t0 < 5000, "the evictor never waited for the stripe");
+	/* Pin it as pin_found_locked would, under the stripe. */
+	uint32_t e = KVS_PINS_PER_PROC - 1;
+	ck_assert_uint_eq(c->me->pin[e], 0);
+	c->me->pin[e] = v + 1;
+	c->slots[v].refs = 1;
+	kvs_stripe_unlock(c, stripe);
+	pthread_join(t, NULL);
+	ck_assert_int_eq(j.r, -ENOSPC);
+	ck_assert_int_eq(kvs_cache_lookup(c, &k[0]), KVS_SLOT_READY);
+	struct kvs_pin late = {.slot = v, .entry = e};
+	kvs_cache_release(c, &late);
+	for (int i = 1; i < 4; i++)
+		kvs_cache_release(c, &p[i]);
+	/* Unpinned now: it can go. */
+	ck_assert_int_eq(kvs_cache_pin(d, &j.k, KVS_ALLOC_LOAD, &j.p), KVS_PIN_OWNER);
+	kvs_cache_release(d, &j.p);
+	ck_assert_uint_eq(pinned_slots(c), 0);
+	kvs_cache_close(d);
+	kvs_cache_close(c);
+	remove_region(&cfg);
+}
+END_TEST
+
+struct wait_job {
+	struct kvs_cache *c;
+	struct kvs_pin q;
+	int r;
+	uint64_t woke_ns;
+};
+
+static uint64_t mono_ns(void)
+{
+	struct timespec ts;
+
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
+}
+
+static void *wait_job_run(void *arg)
+{
+	struct wait_job *j = arg;
+
+	j->r = kvs_cache_wait(j->c, &j->q, 5000000000ull);
+	j->woke_ns = mono_ns();
+	return NULL;
+}
+
+static int cmp_u64(const void *a, const void *b)
+{
+	uint64_t x = *(const uint64_t *)a, y = *(const uint64_t *)b;
+
+	return x < y ? -1 : x > y;
+}
+
+/* A sleeping waiter is woken by the publish, not by its 50 ms liveness slice: the publish
+ * comes right after the waiter set the waiters bit, so a missed wake costs it about a whole
+ * slice.  Median of 7 tries, so one slow schedule does not decide. */
+START_TEST(test_wake_latency)
+{
+	struct kvs_config cfg;
+	uint64_t lat[7];
+
+	test_config(&cfg, 16, 4096);
+	cfg.loader_wait = KVS_WAIT_FUTEX;
+	struct kvs_cache *c = open_ok(&cfg);
+	struct kvs_cache *d = open_ok(&cfg);
+	for (int n = 0; n < 7; n++) {
+		struct kvs_key k = key_of(30, (uint64_t)n);
+		struct kvs_pin p;
+		struct wait_job j = {.c = d};
+		pthread_t t;
+
+		ck_assert_int_eq(kvs_cache_pin(c, &k, KVS_ALLOC_LOAD, &p), KVS_PIN_OWNER);
+		ck_assert_int_eq(kvs_cache_pin(d, &k, KVS_ALLOC_LOAD, &j.q), KVS_PIN_WAIT);
+		ck_assert_int_eq(pthread_create(&t, NULL, wait_job_run, &j), 0);
+		uint64_t t0 = mono_ms();
+		while (!(__atomic_load_n(&c->slots[p.slot].state, __ATOMIC_ACQUIRE) &
+			 KVS_ST_WAITERS)) {
+			ck_assert_msg(mono_ms() - t0 < 5000,
+				      "the waiter never set the waiters bit");
+			usleep(100);
+		}
+		uint64_t pub = mono_ns();
+		load_pattern(c, &p, &k);
+		pthread_join(t, NULL);
+		ck_assert_int_eq(j.r, 0);
+		lat[n] = j.woke_ns - pub;
+		kvs_cache_release(d, &j.q);
+		kvs_cache_release(c, &p);
+	}
+	qsort(lat, 7, sizeof(lat[0]), cmp_u64);
+	ck_assert_msg(lat[3] < 20000000ull, "median wake latency %lu us (slice: 50 ms)",
+		      (unsigned long)(lat[3] / 1000));
+	kvs_cache_close(d);
+	kvs_cache_close(c);
+	remove_region(&cfg);
+}
+END_TEST
+
 static Suite *cache_suite(void)
 {
 	Suite *s = suite_create("cache");
@@ -1329,6 +1545,9 @@ static Suite *cache_suite(void)
 	tcase_add_test(limits, test_lock_word_of_no_thread);
 	tcase_add_test(crash, test_stopped_lock_holder);
 	tcase_add_test(crash, test_ownerless_load_taken_over);
+	tcase_add_test(core, test_publish_order);
+	tcase_add_test(conc, test_pin_between_look_and_lock);
+	tcase_add_test(conc, test_wake_latency);
 	tcase_add_checked_fixture(core, NULL, teardown);
 	tcase_add_checked_fixture(limits, NULL, teardown);
 	tcase_add_checked_fixture(conc, NULL, teardown);
