@@ -1508,6 +1508,39 @@ START_TEST(test_wake_latency)
 }
 END_TEST
 
+/* Pin-table entries no stripe counts are forgotten, not kept for ever: an entry naming no slot
+ * (garbage past the slot count) when a process detaches, and a pin of a slot found unhashed
+ * (bucket KVS_NIL) when it is released.  Kept, the first would hold the process's table entry
+ * (detach and reclaim retry it for ever), the second would be deferred and retried at every
+ * release. */
+START_TEST(test_uncounted_pins_forgotten)
+{
+	struct kvs_config cfg;
+	struct kvs_key k = key_of(31, 0);
+	struct kvs_pin p;
+
+	test_config(&cfg, 16, 4096);
+	struct kvs_cache *c = open_ok(&cfg);
+	struct kvs_cache *d = open_ok(&cfg);
+	int self = kvs_cache_self(d);
+	d->me->pin[7] = d->nslots + 5;
+	kvs_cache_close(d);
+	ck_assert_uint_eq(proc_at(c, (uint32_t)self)->state, KVS_PROC_FREE);
+	ck_assert_uint_eq(proc_at(c, (uint32_t)self)->pin[7], 0);
+
+	ck_assert_int_eq(kvs_cache_pin(c, &k, KVS_ALLOC_LOAD, &p), KVS_PIN_OWNER);
+	load_pattern(c, &p, &k);
+	uint32_t b = c->slots[p.slot].bucket;
+	c->slots[p.slot].bucket = KVS_NIL;
+	kvs_cache_release(c, &p);
+	ck_assert_uint_eq(c->me->pin[p.entry], 0);
+	ck_assert_uint_eq(c->deferred[p.entry / 64], 0);
+	c->slots[p.slot].bucket = b;
+	kvs_cache_close(c);
+	remove_region(&cfg);
+}
+END_TEST
+
 static Suite *cache_suite(void)
 {
 	Suite *s = suite_create("cache");
@@ -1548,6 +1581,7 @@ static Suite *cache_suite(void)
 	tcase_add_test(core, test_publish_order);
 	tcase_add_test(conc, test_pin_between_look_and_lock);
 	tcase_add_test(conc, test_wake_latency);
+	tcase_add_test(limits, test_uncounted_pins_forgotten);
 	tcase_add_checked_fixture(core, NULL, teardown);
 	tcase_add_checked_fixture(limits, NULL, teardown);
 	tcase_add_checked_fixture(conc, NULL, teardown);
