@@ -1407,8 +1407,10 @@ START_TEST(test_pin_between_look_and_lock)
 	 * waiters bit of the lock word. */
 	uint64_t t0 = mono_ms();
 	while (!(__atomic_load_n(&c->stripes[stripe].mu.__data.__lock, __ATOMIC_RELAXED) &
-		 0x80000000u))
+		 0x80000000u)) {
 		ck_assert_msg(mono_ms() - t0 < 5000, "the evictor never waited for the stripe");
+		usleep(100);
+	}
 	/* Pin it as pin_found_locked would, under the stripe. */
 	uint32_t e = KVS_PINS_PER_PROC - 1;
 	ck_assert_uint_eq(c->me->pin[e], 0);
