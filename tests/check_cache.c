@@ -1543,6 +1543,72 @@ START_TEST(test_uncounted_pins_forgotten)
 }
 END_TEST
 
+/* A slot whose bucket word is corrupt (past the bucket count, or an orphan that no pin holds)
+ * is never taken as a victim: its bucket would index past the chains.  The others still are,
+ * and once they are pinned the allocation says ENOSPC. */
+START_TEST(test_corrupt_bucket_not_evicted)
+{
+	struct kvs_config cfg;
+	struct kvs_pin p[4];
+	const uint32_t bad[] = {0x7ffffff0u, KVS_ORPHAN | 1u};
+
+	for (int n = 0; n < 2; n++) {
+		test_config(&cfg, 4, 4096);
+		struct kvs_cache *c = open_ok(&cfg);
+		for (int i = 0; i < 4; i++) {
+			struct kvs_key k = key_of(32, (uint64_t)i);
+
+			ck_assert_int_eq(kvs_cache_pin(c, &k, KVS_ALLOC_LOAD, &p[i]),
+					 KVS_PIN_OWNER);
+			load_pattern(c, &p[i], &k);
+			kvs_cache_release(c, &p[i]);
+		}
+		uint32_t v = p[0].slot;
+		c->slots[v].bucket = bad[n];
+		for (int i = 0; i < 3; i++) {
+			struct kvs_key k = key_of(33, (uint64_t)i);
+
+			ck_assert_int_eq(kvs_cache_pin(c, &k, KVS_ALLOC_LOAD, &p[i]),
+					 KVS_PIN_OWNER);
+			ck_assert_uint_ne(p[i].slot, v);
+		}
+		struct kvs_key k = key_of(33, 3);
+		ck_assert_int_eq(kvs_cache_pin(c, &k, KVS_ALLOC_LOAD, &p[3]), -ENOSPC);
+		ck_assert_uint_eq(c->slots[v].bucket, bad[n]);
+		for (int i = 0; i < 3; i++)
+			kvs_cache_release(c, &p[i]);
+		kvs_cache_close(c);
+		remove_region(&cfg);
+	}
+}
+END_TEST
+
+/* Pinned slots are no candidates: the sweep passes them without touching their access byte
+ * (their second chance is kept for when they are unpinned) and without taking their stripe. */
+START_TEST(test_pinned_keep_second_chance)
+{
+	struct kvs_config cfg;
+	struct kvs_key a = key_of(34, 0), b = key_of(34, 1), n = key_of(34, 2);
+	struct kvs_pin pa, pb, pn;
+
+	test_config(&cfg, 2, 4096);
+	struct kvs_cache *c = open_ok(&cfg);
+	ck_assert_int_eq(kvs_cache_pin(c, &a, KVS_ALLOC_LOAD, &pa), KVS_PIN_OWNER);
+	load_pattern(c, &pa, &a);
+	ck_assert_int_eq(kvs_cache_pin(c, &b, KVS_ALLOC_LOAD, &pb), KVS_PIN_OWNER);
+	load_pattern(c, &pb, &b);
+	kvs_cache_release(c, &pb);
+	ck_assert_uint_eq(c->access[pa.slot], 1);
+	ck_assert_int_eq(kvs_cache_pin(c, &n, KVS_ALLOC_LOAD, &pn), KVS_PIN_OWNER);
+	ck_assert_uint_eq(pn.slot, pb.slot);
+	ck_assert_uint_eq(c->access[pa.slot], 1);
+	kvs_cache_release(c, &pn);
+	kvs_cache_release(c, &pa);
+	kvs_cache_close(c);
+	remove_region(&cfg);
+}
+END_TEST
+
 static Suite *cache_suite(void)
 {
 	Suite *s = suite_create("cache");
@@ -1584,6 +1650,8 @@ static Suite *cache_suite(void)
 	tcase_add_test(conc, test_pin_between_look_and_lock);
 	tcase_add_test(conc, test_wake_latency);
 	tcase_add_test(limits, test_uncounted_pins_forgotten);
+	tcase_add_test(limits, test_corrupt_bucket_not_evicted);
+	tcase_add_test(core, test_pinned_keep_second_chance);
 	tcase_add_checked_fixture(core, NULL, teardown);
 	tcase_add_checked_fixture(limits, NULL, teardown);
 	tcase_add_checked_fixture(conc, NULL, teardown);
