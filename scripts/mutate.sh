@@ -142,8 +142,16 @@ for f in "${files[@]}"; do
 	tested=0 killed=0 timeouts=0 invalid=0 equiv=0
 	for m in "${all[@]}"; do
 		[ "$max" -gt 0 ] && [ $tested -ge "$max" ] && break
-		line=$( (diff "$scratch/orig/$base.c" "$m" || true) | sed -n '1s/^\([0-9]*\).*/\1/p')
-		text="$(sed -n "${line:-0}p" "$scratch/orig/$base.c" | sed 's/^[[:space:]]*//') ==> $(sed -n "${line:-0}p" "$m" | sed 's/^[[:space:]]*//')"
+		# One hunk: "NcN" (a line changed) or "NaM" (a line inserted after line N).
+		d=$(diff "$scratch/orig/$base.c" "$m" || true)
+		line=$(sed -n '1s/^\([0-9]*\).*/\1/p' <<<"$d")
+		was=$(sed -n 's/^< [[:space:]]*//p' <<<"$d" | head -1)
+		now=$(sed -n 's/^> [[:space:]]*//p' <<<"$d" | head -1)
+		case $(head -1 <<<"$d") in
+		*a*) text="(inserted after it) $now" ;;
+		*) text="$was ==> $now" ;;
+		esac
+		text="$text [$(basename "$m")]"
 		cp "$m" "$src/$f"
 		if ! cmake --build "$build" -j"$jobs" >"$scratch/mbuild.log" 2>&1; then
 			verdict=invalid
