@@ -1613,6 +1613,33 @@ START_TEST(test_pinned_keep_second_chance)
 }
 END_TEST
 
+/* A pinned slot is hashed, so LOADING, READY or FAILED: a waiter that finds any other state
+ * (corruption) says so at once instead of waiting out its timeout. */
+START_TEST(test_wait_on_corrupt_state)
+{
+	struct kvs_config cfg;
+	struct kvs_key k = key_of(35, 0);
+	struct kvs_pin p, q;
+
+	test_config(&cfg, 16, 4096);
+	struct kvs_cache *c = open_ok(&cfg);
+	struct kvs_cache *d = open_ok(&cfg);
+	ck_assert_int_eq(kvs_cache_pin(c, &k, KVS_ALLOC_LOAD, &p), KVS_PIN_OWNER);
+	ck_assert_int_eq(kvs_cache_pin(d, &k, KVS_ALLOC_LOAD, &q), KVS_PIN_WAIT);
+	c->slots[p.slot].state = KVS_SLOT_FREE;
+	uint64_t t0 = mono_ms();
+	ck_assert_int_eq(kvs_cache_wait(d, &q, 2000000000ull), -EUCLEAN);
+	ck_assert_uint_lt(mono_ms() - t0, 1000);
+	c->slots[p.slot].state = KVS_SLOT_LOADING;
+	kvs_cache_mark_failed(c, &p, EIO);
+	kvs_cache_release(d, &q);
+	kvs_cache_release(c, &p);
+	kvs_cache_close(d);
+	kvs_cache_close(c);
+	remove_region(&cfg);
+}
+END_TEST
+
 static Suite *cache_suite(void)
 {
 	Suite *s = suite_create("cache");
@@ -1656,6 +1683,7 @@ static Suite *cache_suite(void)
 	tcase_add_test(limits, test_uncounted_pins_forgotten);
 	tcase_add_test(limits, test_corrupt_bucket_not_evicted);
 	tcase_add_test(core, test_pinned_keep_second_chance);
+	tcase_add_test(limits, test_wait_on_corrupt_state);
 	tcase_add_checked_fixture(core, NULL, teardown);
 	tcase_add_checked_fixture(limits, NULL, teardown);
 	tcase_add_checked_fixture(conc, NULL, teardown);
