@@ -1640,6 +1640,58 @@ START_TEST(test_wait_on_corrupt_state)
 }
 END_TEST
 
+static void *timeout_job_run(void *arg)
+{
+	struct wait_job *j = arg;
+	struct timespec a, b;
+
+	clock_gettime(CLOCK_THREAD_CPUTIME_ID, &a);
+	j->r = kvs_cache_wait(j->c, &j->q, 400000000ull);
+	clock_gettime(CLOCK_THREAD_CPUTIME_ID, &b);
+	j->woke_ns = (uint64_t)(b.tv_sec - a.tv_sec) * 1000000000ull + (uint64_t)b.tv_nsec -
+		     (uint64_t)a.tv_nsec;
+	return NULL;
+}
+
+/* A waiter for a load that takes long sleeps on the futex: over a 400 ms wait it spends a few
+ * milliseconds of CPU (the spin, a check per slice), not the whole wait (a busy loop takes
+ * every cycle it is given, at least a quarter of a core even on a busy two-core machine). */
+START_TEST(test_waiter_sleeps)
+{
+	struct kvs_config cfg;
+	struct kvs_key k = key_of(36, 0);
+	struct kvs_pin p;
+	struct wait_job j;
+	pthread_t t;
+
+	test_config(&cfg, 16, 4096);
+	struct kvs_cache *c = open_ok(&cfg);
+	struct kvs_cache *d = open_ok(&cfg);
+	j.c = d;
+	ck_assert_int_eq(kvs_cache_pin(c, &k, KVS_ALLOC_LOAD, &p), KVS_PIN_OWNER);
+	ck_assert_int_eq(kvs_cache_pin(d, &k, KVS_ALLOC_LOAD, &j.q), KVS_PIN_WAIT);
+	ck_assert_int_eq(pthread_create(&t, NULL, timeout_job_run, &j), 0);
+	pthread_join(t, NULL);
+	ck_assert_int_eq(j.r, -ETIMEDOUT);
+	ck_assert_msg(j.woke_ns < 40000000ull, "the waiter used %lu ms of CPU in a 400 ms wait",
+		      (unsigned long)(j.woke_ns / 1000000));
+	kvs_cache_mark_failed(c, &p, EIO);
+	kvs_cache_release(d, &j.q);
+	kvs_cache_release(c, &p);
+	kvs_cache_close(d);
+	/* Rank counts are never zero, even seen by a watcher of a region nobody attached to. */
+	kvs_cache_close(c);
+	struct kvs_cache *w = NULL;
+	uint32_t rank = 7, nranks = 0;
+	ck_assert_int_eq(kvs_cache_open(&cfg, KVS_OPEN_WATCH, &w, NULL, 0), 0);
+	kvs_cache_ranks(w, &rank, &nranks);
+	ck_assert_uint_eq(rank, 0);
+	ck_assert_uint_eq(nranks, 1);
+	kvs_cache_close(w);
+	remove_region(&cfg);
+}
+END_TEST
+
 static Suite *cache_suite(void)
 {
 	Suite *s = suite_create("cache");
@@ -1684,6 +1736,7 @@ static Suite *cache_suite(void)
 	tcase_add_test(limits, test_corrupt_bucket_not_evicted);
 	tcase_add_test(core, test_pinned_keep_second_chance);
 	tcase_add_test(limits, test_wait_on_corrupt_state);
+	tcase_add_test(conc, test_waiter_sleeps);
 	tcase_add_checked_fixture(core, NULL, teardown);
 	tcase_add_checked_fixture(limits, NULL, teardown);
 	tcase_add_checked_fixture(conc, NULL, teardown);
