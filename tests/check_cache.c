@@ -1692,6 +1692,44 @@ START_TEST(test_waiter_sleeps)
 }
 END_TEST
 
+/* Ranks count the attached processes (each sees its own index among them), and a reap says
+ * how many dead processes it reclaimed. */
+START_TEST(test_ranks_and_reap_count)
+{
+	struct kvs_config cfg;
+	uint32_t rank = 7, nranks = 0;
+
+	test_config(&cfg, 16, 4096);
+	struct kvs_cache *c = open_ok(&cfg);
+	struct kvs_cache *d = open_ok(&cfg);
+	kvs_cache_ranks(c, &rank, &nranks);
+	ck_assert_uint_eq(rank, 0);
+	ck_assert_uint_eq(nranks, 2);
+	kvs_cache_ranks(d, &rank, &nranks);
+	ck_assert_uint_eq(rank, 1);
+	ck_assert_uint_eq(nranks, 2);
+	pid_t pid = fork();
+	ck_assert(pid >= 0);
+	if (pid == 0) {
+		struct kvs_cache *cc = NULL;
+
+		kvs_cache_forget(c);
+		kvs_cache_forget(d);
+		_exit(kvs_cache_open(&cfg, 0, &cc, NULL, 0) ? 2 : 0); /* dies attached */
+	}
+	reap_children(&pid, 1);
+	kvs_cache_ranks(c, &rank, &nranks);
+	ck_assert_uint_eq(nranks, 3);
+	ck_assert_int_eq(kvs_cache_reap(c), 1);
+	ck_assert_int_eq(kvs_cache_reap(c), 0);
+	kvs_cache_ranks(c, &rank, &nranks);
+	ck_assert_uint_eq(nranks, 2);
+	kvs_cache_close(d);
+	kvs_cache_close(c);
+	remove_region(&cfg);
+}
+END_TEST
+
 static Suite *cache_suite(void)
 {
 	Suite *s = suite_create("cache");
@@ -1737,6 +1775,7 @@ static Suite *cache_suite(void)
 	tcase_add_test(core, test_pinned_keep_second_chance);
 	tcase_add_test(limits, test_wait_on_corrupt_state);
 	tcase_add_test(conc, test_waiter_sleeps);
+	tcase_add_test(crash, test_ranks_and_reap_count);
 	tcase_add_checked_fixture(core, NULL, teardown);
 	tcase_add_checked_fixture(limits, NULL, teardown);
 	tcase_add_checked_fixture(conc, NULL, teardown);
