@@ -21,7 +21,8 @@
 #   --out FILE  also write one line per mutant (tab-separated) to FILE
 #   --keep      keep the scratch directory (/tmp/kvs-mutate.*)
 #
-# A mutant that does not compile is not counted (invalid).  A mutant whose object code equals
+# A mutant that does not compile with CI's flags (-Werror) is not counted (invalid): CI
+# would reject it, as it rejects 'unsigned < 0' or a path that falls off a function's end.  A mutant whose object code equals
 # the original's (stripped of debug information) is equivalent by construction (a comment, a
 # redundant cast) and is not run; neither counts towards --max.  CTest stops at the first
 # failing test, so killed mutants cost little; survivors cost a whole run (about a minute).
@@ -114,7 +115,7 @@ objects_of() { # FILE DEST
 }
 
 echo "== baseline build and suite ($(date -u +%FT%TZ), scratch $scratch)"
-cmake -S "$src" -B "$build" -DCMAKE_BUILD_TYPE=RelWithDebInfo >"$scratch/cmake.log" 2>&1 ||
+cmake -S "$src" -B "$build" -DCMAKE_BUILD_TYPE=RelWithDebInfo -DKVS_WERROR=ON >"$scratch/cmake.log" 2>&1 ||
 	{ cat "$scratch/cmake.log"; exit 1; }
 cmake --build "$build" -j"$jobs" >"$scratch/build.log" 2>&1 || { tail -30 "$scratch/build.log"; exit 1; }
 t0=$(date +%s)
