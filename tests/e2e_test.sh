@@ -215,6 +215,26 @@ else
 	fail "a 3-shard write: read, slots ready before, after: $out (want 3145728 3 0)"
 fi
 
+# A write under files.min_read reaches the shim only on a descriptor a read already found to
+# be KV (the verdict cached per descriptor): one 4 KiB pwrite on the descriptor that read the
+# 3 shards drops the first.
+py_small='import os,sys,mmap,subprocess,json
+env={k:v for k,v in os.environ.items() if k!="LD_PRELOAD"}
+def ready():
+    out=subprocess.run([sys.argv[1],"stat","--json"],env=env,capture_output=True).stdout
+    return json.loads(out)["region"]["slots_ready"]
+fd=os.open(sys.argv[2],os.O_RDWR|os.O_DIRECT); b=mmap.mmap(-1,3<<20); n=os.preadv(fd,[b],0)
+before=ready()
+w=mmap.mmap(-1,4096); w[:]=b[:4096]; os.pwrite(fd,w,0)
+print(n, before, ready())'
+reset_region
+out=$(KVSHIM_FILES_SETTLE=0 LD_PRELOAD=$lib python3 -c "$py_small" "$kvshim" "$work/kv/blk0" 2>&1)
+if [ "$out" = "3145728 3 2" ]; then
+	ok "a 4 KiB write on a known KV descriptor drops its shard (read, ready before, after: $out)"
+else
+	fail "a 4 KiB write on a known KV descriptor: read, ready before, after: $out (want 3145728 3 2)"
+fi
+
 # --- fork: a child of an attached process starts clean and attaches as itself.
 reset_region
 py_fork='import os,sys,mmap,hashlib
