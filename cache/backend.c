@@ -53,11 +53,15 @@ struct kvs_backend {
 
 unsigned kvs_backend_test_delay_us;
 unsigned kvs_backend_test_fail_submits;
+unsigned kvs_backend_test_short_reads;
 bool kvs_backend_test_fail_wait;
 
 /* user_data of a NOP that stands in for a read whose submission failed: nothing to finish.
  * Distinct from NULL, the stop NOP's. */
 #define IGNORE ((void *)&kvs_backend_test_fail_submits)
+
+/* kvs_backend_test_short_reads cuts a read to a multiple of this (O_DIRECT alignment). */
+#define KVS_TEST_SHORT 4096u
 
 int64_t kvs_read_full(int fd, void *buf, uint64_t len, uint64_t off)
 {
@@ -243,7 +247,14 @@ void kvs_backend_submit(struct kvs_backend *be, struct kvs_bio *bio)
 		struct io_uring_sqe *sqe = io_uring_get_sqe(&be->ring);
 
 		if (sqe) {
-			io_uring_prep_read(sqe, bio->fd, bio->buf, bio->len, bio->off);
+			uint32_t len = bio->len;
+
+			if (kvs_backend_test_short_reads && len > KVS_TEST_SHORT) {
+				kvs_backend_test_short_reads--; /* as if storage stopped halfway */
+				len = (len / 2 + KVS_TEST_SHORT - 1) / KVS_TEST_SHORT *
+				      KVS_TEST_SHORT;
+			}
+			io_uring_prep_read(sqe, bio->fd, bio->buf, len, bio->off);
 			io_uring_sqe_set_data(sqe, bio);
 			if (kvs_backend_test_fail_submits)
 				kvs_backend_test_fail_submits--; /* as if io_uring_enter failed */

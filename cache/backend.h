@@ -38,6 +38,10 @@ extern unsigned kvs_backend_test_delay_us;
  * fails with -EIO.  Hidden symbols, like kvs_backend_test_delay_us. */
 extern unsigned kvs_backend_test_fail_submits;
 extern bool kvs_backend_test_fail_wait;
+/* Tests only: the next N io_uring reads longer than 4 KiB ask the kernel for about half their
+ * length (4 KiB-aligned), as if storage returned a short read mid-file; the reaper must
+ * finish the rest. */
+extern unsigned kvs_backend_test_short_reads;
 
 /* Start a backend.  mode is enum kvs_io_mode; depth bounds the reads in flight.
  * Returns 0 or -errno (-ENOSYS/-EPERM when io_uring was asked for and is unavailable). */

@@ -154,6 +154,11 @@ void kvs_slot_retry_deferred(struct kvs_cache *c);
 /* slot.c: unlink slot from its chain; caller holds the stripe. */
 int kvs_slot_unlink_locked(struct kvs_cache *c, uint32_t slot, uint32_t bucket);
 
+/* slot.c, tests only: called by the publisher right after the exchange that makes state
+ * (READY or FAILED) visible, before any wake: what the slot holds then is what a waiter that
+ * wakes at that instant reads (length, err), so a field stored after the publish shows. */
+extern void (*kvs_slot_test_published)(const struct kvs_slot *s, uint32_t state);
+
 /* Test hook: take and keep the stripe lock of key (for crash tests). */
 int kvs_cache_test_lock_key(struct kvs_cache *c, const struct kvs_key *key);
 

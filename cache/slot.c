@@ -322,12 +322,16 @@ void kvs_cache_release(struct kvs_cache *c, const struct kvs_pin *pin)
 		or_relaxed(&c->deferred[e / 64], 1ull << (e % 64));
 }
 
+void (*kvs_slot_test_published)(const struct kvs_slot *s, uint32_t state);
+
 /* Publish a final state with a release exchange; wake sleepers only if they said so. */
 static void publish(struct kvs_slot *s, uint32_t state)
 {
 	/* Pairs with the acquire loads in kvs_cache_wait() and pin_found_locked(). */
 	uint32_t old = xchg_acq_rel(&s->state, state);
 
+	if (kvs_slot_test_published)
+		kvs_slot_test_published(s, state); /* sees what a waiter woken now would see */
 	if (old & KVS_ST_WAITERS)
 		kvs_wake_all(&s->state);
 }

@@ -1292,6 +1292,444 @@ START_TEST(test_invalidate_longer_than_cache)
 }
 END_TEST
 
+/* What the publisher's slot holds at the instant its state becomes visible (slot.c hook). */
+static struct {
+	uint32_t state, err, length;
+	int calls;
+} published;
+
+static void record_published(const struct kvs_slot *s, uint32_t state)
+{
+	published.state = state;
+	published.err = s->err;
+	published.length = s->length;
+	published.calls++;
+}
+
+/* A waiter reads err (or length) as soon as it sees FAILED (or READY): both are stored before
+ * the state is published, never after.  The hook runs right after the publishing exchange, so
+ * it sees exactly what a waiter woken at that instant would read: the order is checked
+ * deterministically, not by a race. */
+START_TEST(test_publish_order)
+{
+	struct kvs_config cfg;
+	struct kvs_key k = key_of(27, 0);
+	struct kvs_pin p, q;
+
+	test_config(&cfg, 16, 4096);
+	struct kvs_cache *c = open_ok(&cfg);
+	struct kvs_cache *d = open_ok(&cfg);
+	kvs_slot_test_published = record_published;
+	/* mark_failed: the waiter gets the owner's errno (the smallest, EPERM, too), not EIO for
+	 * a zero. */
+	const int errs[] = {EXDEV, EPERM};
+	for (int n = 0; n < 2; n++) {
+		ck_assert_int_eq(kvs_cache_pin(c, &k, KVS_ALLOC_LOAD, &p), KVS_PIN_OWNER);
+		ck_assert_int_eq(kvs_cache_pin(d, &k, KVS_ALLOC_LOAD, &q), KVS_PIN_WAIT);
+		memset(&published, 0, sizeof(published));
+		kvs_cache_mark_failed(c, &p, errs[n]);
+		ck_assert_int_eq(published.calls, 1);
+		ck_assert_uint_eq(published.state, KVS_SLOT_FAILED);
+		ck_assert_uint_eq(published.err, errs[n]);
+		ck_assert_int_eq(kvs_cache_wait(d, &q, 1000000000ull), -errs[n]);
+		kvs_cache_release(d, &q);
+		kvs_cache_release(c, &p);
+	}
+	/* A take-over (kvs_slot_fail_locked) publishes EOWNERDEAD the same way. */
+	ck_assert_int_eq(kvs_cache_pin(c, &k, KVS_ALLOC_LOAD, &p), KVS_PIN_OWNER);
+	ck_assert_int_eq(kvs_cache_pin(d, &k, KVS_ALLOC_LOAD, &q), KVS_PIN_WAIT);
+	c->slots[p.slot].owner = KVS_NIL;
+	memset(&published, 0, sizeof(published));
+	ck_assert_int_eq(kvs_cache_wait(d, &q, 1000000000ull), -EOWNERDEAD);
+	ck_assert_int_eq(published.calls, 1);
+	ck_assert_uint_eq(published.state, KVS_SLOT_FAILED);
+	ck_assert_uint_eq(published.err, EOWNERDEAD);
+	kvs_cache_release(d, &q);
+	kvs_cache_release(c, &p);
+	/* mark_ready: the length is there when READY is. */
+	ck_assert_int_eq(kvs_cache_pin(c, &k, KVS_ALLOC_LOAD, &p), KVS_PIN_OWNER);
+	memset(&published, 0, sizeof(published));
+	kvs_cache_mark_ready(c, &p, 1234);
+	ck_assert_int_eq(published.calls, 1);
+	ck_assert_uint_eq(published.state, KVS_SLOT_READY);
+	ck_assert_uint_eq(published.length, 1234);
+	kvs_cache_release(c, &p);
+	kvs_slot_test_published = NULL;
+	ck_assert_uint_eq(pinned_slots(c), 0);
+	kvs_cache_close(d);
+	kvs_cache_close(c);
+	remove_region(&cfg);
+}
+END_TEST
+
+struct pin_job {
+	struct kvs_cache *c;
+	struct kvs_key k;
+	struct kvs_pin p;
+	int r;
+};
+
+static void *pin_job_run(void *arg)
+{
+	struct pin_job *j = arg;
+
+	j->r = kvs_cache_pin(j->c, &j->k, KVS_ALLOC_LOAD, &j->p);
+	return NULL;
+}
+
+/* A pin that lands between the sweep's unlocked look at a victim (refs 0) and its lock of the
+ * victim's stripe: the victim is pinned now and must not be evicted.  Deterministic: the test
+ * holds the victim's stripe, so the evictor stops exactly there, then pins under that lock. */
+START_TEST(test_pin_between_look_and_lock)
+{
+	struct kvs_config cfg;
+	struct kvs_pin p[4];
+	struct kvs_key k[4];
+
+	test_config(&cfg, 4, 4096);
+	cfg.loader_wait_timeout_ms = 10000;
+	struct kvs_cache *c = open_ok(&cfg);
+	struct kvs_cache *d = open_ok(&cfg);
+	for (int i = 0; i < 4; i++) {
+		k[i] = key_of(28, (uint64_t)i);
+		ck_assert_int_eq(kvs_cache_pin(c, &k[i], KVS_ALLOC_LOAD, &p[i]), KVS_PIN_OWNER);
+		load_pattern(c, &p[i], &k[i]);
+	}
+	/* Only k[0] is unpinned: the one victim. */
+	kvs_cache_release(c, &p[0]);
+	uint32_t v = p[0].slot, stripe = bucket_stripe(c, key_bucket(c, &k[0]));
+	struct pin_job j = {.c = d};
+	for (uint64_t sh = 0;; sh++) { /* a new key guarded by another stripe */
+		j.k = key_of(29, sh);
+		if (bucket_stripe(c, key_bucket(c, &j.k)) != stripe)
+			break;
+	}
+	ck_assert_int_eq(kvs_cache_test_lock_key(c, &k[0]), 0);
+	pthread_t t;
+	ck_assert_int_eq(pthread_create(&t, NULL, pin_job_run, &j), 0);
+	/* The evictor passed its look (refs 0) and sleeps on the stripe: glibc has set the
+	 * waiters bit of the lock word. */
+	uint64_t t0 = mono_ms();
+	while (!(__atomic_load_n(&c->stripes[stripe].mu.__data.__lock, __ATOMIC_RELAXED) &
+		 0x80000000u)) {
+		ck_assert_msg(mono_ms() - t0 < 5000, "the evictor never waited for the stripe");
+		usleep(100);
+	}
+	/* Pin it as pin_found_locked would, under the stripe. */
+	uint32_t e = KVS_PINS_PER_PROC - 1;
+	ck_assert_uint_eq(c->me->pin[e], 0);
+	c->me->pin[e] = v + 1;
+	c->slots[v].refs = 1;
+	kvs_stripe_unlock(c, stripe);
+	pthread_join(t, NULL);
+	ck_assert_int_eq(j.r, -ENOSPC);
+	ck_assert_int_eq(kvs_cache_lookup(c, &k[0]), KVS_SLOT_READY);
+	struct kvs_pin late = {.slot = v, .entry = e};
+	kvs_cache_release(c, &late);
+	for (int i = 1; i < 4; i++)
+		kvs_cache_release(c, &p[i]);
+	/* Unpinned now: it can go. */
+	ck_assert_int_eq(kvs_cache_pin(d, &j.k, KVS_ALLOC_LOAD, &j.p), KVS_PIN_OWNER);
+	kvs_cache_release(d, &j.p);
+	ck_assert_uint_eq(pinned_slots(c), 0);
+	kvs_cache_close(d);
+	kvs_cache_close(c);
+	remove_region(&cfg);
+}
+END_TEST
+
+struct wait_job {
+	struct kvs_cache *c;
+	struct kvs_pin q;
+	int r;
+	uint64_t woke_ns;
+};
+
+static uint64_t mono_ns(void)
+{
+	struct timespec ts;
+
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
+}
+
+static void *wait_job_run(void *arg)
+{
+	struct wait_job *j = arg;
+
+	j->r = kvs_cache_wait(j->c, &j->q, 5000000000ull);
+	j->woke_ns = mono_ns();
+	return NULL;
+}
+
+static int cmp_u64(const void *a, const void *b)
+{
+	uint64_t x = *(const uint64_t *)a, y = *(const uint64_t *)b;
+
+	return x < y ? -1 : x > y;
+}
+
+/* A sleeping waiter is woken by the publish, not by its 50 ms liveness slice: the publish
+ * comes right after the waiter set the waiters bit, so a missed wake costs it about a whole
+ * slice.  Median of 7 tries, so one slow schedule does not decide. */
+START_TEST(test_wake_latency)
+{
+	struct kvs_config cfg;
+	uint64_t lat[7];
+
+	test_config(&cfg, 16, 4096);
+	cfg.loader_wait = KVS_WAIT_FUTEX;
+	struct kvs_cache *c = open_ok(&cfg);
+	struct kvs_cache *d = open_ok(&cfg);
+	for (int n = 0; n < 7; n++) {
+		struct kvs_key k = key_of(30, (uint64_t)n);
+		struct kvs_pin p;
+		struct wait_job j = {.c = d};
+		pthread_t t;
+
+		ck_assert_int_eq(kvs_cache_pin(c, &k, KVS_ALLOC_LOAD, &p), KVS_PIN_OWNER);
+		ck_assert_int_eq(kvs_cache_pin(d, &k, KVS_ALLOC_LOAD, &j.q), KVS_PIN_WAIT);
+		ck_assert_int_eq(pthread_create(&t, NULL, wait_job_run, &j), 0);
+		uint64_t t0 = mono_ms();
+		while (!(__atomic_load_n(&c->slots[p.slot].state, __ATOMIC_ACQUIRE) &
+			 KVS_ST_WAITERS)) {
+			ck_assert_msg(mono_ms() - t0 < 5000,
+				      "the waiter never set the waiters bit");
+			usleep(100);
+		}
+		uint64_t pub = mono_ns();
+		load_pattern(c, &p, &k);
+		pthread_join(t, NULL);
+		ck_assert_int_eq(j.r, 0);
+		lat[n] = j.woke_ns - pub;
+		kvs_cache_release(d, &j.q);
+		kvs_cache_release(c, &p);
+	}
+	qsort(lat, 7, sizeof(lat[0]), cmp_u64);
+	ck_assert_msg(lat[3] < 20000000ull, "median wake latency %lu us (slice: 50 ms)",
+		      (unsigned long)(lat[3] / 1000));
+	kvs_cache_close(d);
+	kvs_cache_close(c);
+	remove_region(&cfg);
+}
+END_TEST
+
+/* Pin-table entries no stripe counts are forgotten, not kept for ever: an entry naming no slot
+ * (garbage past the slot count) when a process detaches, and a pin of a slot found unhashed
+ * (bucket KVS_NIL) when it is released.  Kept, the first would hold the process's table entry
+ * (detach and reclaim retry it for ever), the second would be deferred and retried at every
+ * release. */
+START_TEST(test_uncounted_pins_forgotten)
+{
+	struct kvs_config cfg;
+	struct kvs_key k = key_of(31, 0);
+	struct kvs_pin p;
+
+	test_config(&cfg, 16, 4096);
+	struct kvs_cache *c = open_ok(&cfg);
+	struct kvs_cache *d = open_ok(&cfg);
+	int self = kvs_cache_self(d);
+	d->me->pin[7] = d->nslots + 5;
+	kvs_cache_close(d);
+	ck_assert_uint_eq(proc_at(c, (uint32_t)self)->state, KVS_PROC_FREE);
+	ck_assert_uint_eq(proc_at(c, (uint32_t)self)->pin[7], 0);
+
+	ck_assert_int_eq(kvs_cache_pin(c, &k, KVS_ALLOC_LOAD, &p), KVS_PIN_OWNER);
+	load_pattern(c, &p, &k);
+	uint32_t b = c->slots[p.slot].bucket;
+	c->slots[p.slot].bucket = KVS_NIL;
+	kvs_cache_release(c, &p);
+	ck_assert_uint_eq(c->me->pin[p.entry], 0);
+	ck_assert_uint_eq(c->deferred[p.entry / 64], 0);
+	c->slots[p.slot].bucket = b;
+	kvs_cache_close(c);
+	remove_region(&cfg);
+}
+END_TEST
+
+/* A slot whose bucket word is corrupt (past the bucket count, or an orphan that no pin holds)
+ * is never taken as a victim: its bucket would index past the chains.  The others still are,
+ * and once they are pinned the allocation says ENOSPC. */
+START_TEST(test_corrupt_bucket_not_evicted)
+{
+	struct kvs_config cfg;
+	struct kvs_pin p[4];
+	const uint32_t bad[] = {0x7ffffff0u, KVS_ORPHAN | 1u};
+
+	for (int n = 0; n < 2; n++) {
+		test_config(&cfg, 4, 4096);
+		struct kvs_cache *c = open_ok(&cfg);
+		for (int i = 0; i < 4; i++) {
+			struct kvs_key k = key_of(32, (uint64_t)i);
+
+			ck_assert_int_eq(kvs_cache_pin(c, &k, KVS_ALLOC_LOAD, &p[i]),
+					 KVS_PIN_OWNER);
+			load_pattern(c, &p[i], &k);
+			kvs_cache_release(c, &p[i]);
+		}
+		uint32_t v = p[0].slot;
+		c->slots[v].bucket = bad[n];
+		for (int i = 0; i < 3; i++) {
+			struct kvs_key k = key_of(33, (uint64_t)i);
+
+			ck_assert_int_eq(kvs_cache_pin(c, &k, KVS_ALLOC_LOAD, &p[i]),
+					 KVS_PIN_OWNER);
+			ck_assert_uint_ne(p[i].slot, v);
+		}
+		struct kvs_key k = key_of(33, 3);
+		ck_assert_int_eq(kvs_cache_pin(c, &k, KVS_ALLOC_LOAD, &p[3]), -ENOSPC);
+		ck_assert_uint_eq(c->slots[v].bucket, bad[n]);
+		for (int i = 0; i < 3; i++)
+			kvs_cache_release(c, &p[i]);
+		kvs_cache_close(c);
+		remove_region(&cfg);
+	}
+}
+END_TEST
+
+/* Pinned slots are no candidates: the sweep passes them without touching their access byte
+ * (their second chance is kept for when they are unpinned) and without taking their stripe. */
+START_TEST(test_pinned_keep_second_chance)
+{
+	struct kvs_config cfg;
+	struct kvs_key a = key_of(34, 0), b = key_of(34, 1), n = key_of(34, 2);
+	struct kvs_pin pa, pb, pn;
+
+	test_config(&cfg, 2, 4096);
+	struct kvs_cache *c = open_ok(&cfg);
+	ck_assert_int_eq(kvs_cache_pin(c, &a, KVS_ALLOC_LOAD, &pa), KVS_PIN_OWNER);
+	load_pattern(c, &pa, &a);
+	ck_assert_int_eq(kvs_cache_pin(c, &b, KVS_ALLOC_LOAD, &pb), KVS_PIN_OWNER);
+	load_pattern(c, &pb, &b);
+	kvs_cache_release(c, &pb);
+	ck_assert_uint_eq(c->access[pa.slot], 1);
+	ck_assert_int_eq(kvs_cache_pin(c, &n, KVS_ALLOC_LOAD, &pn), KVS_PIN_OWNER);
+	ck_assert_uint_eq(pn.slot, pb.slot);
+	ck_assert_uint_eq(c->access[pa.slot], 1);
+	kvs_cache_release(c, &pn);
+	kvs_cache_release(c, &pa);
+	kvs_cache_close(c);
+	remove_region(&cfg);
+}
+END_TEST
+
+/* A pinned slot is hashed, so LOADING, READY or FAILED: a waiter that finds any other state
+ * (corruption) says so at once instead of waiting out its timeout. */
+START_TEST(test_wait_on_corrupt_state)
+{
+	struct kvs_config cfg;
+	struct kvs_key k = key_of(35, 0);
+	struct kvs_pin p, q;
+
+	test_config(&cfg, 16, 4096);
+	struct kvs_cache *c = open_ok(&cfg);
+	struct kvs_cache *d = open_ok(&cfg);
+	ck_assert_int_eq(kvs_cache_pin(c, &k, KVS_ALLOC_LOAD, &p), KVS_PIN_OWNER);
+	ck_assert_int_eq(kvs_cache_pin(d, &k, KVS_ALLOC_LOAD, &q), KVS_PIN_WAIT);
+	c->slots[p.slot].state = KVS_SLOT_FREE;
+	uint64_t t0 = mono_ms();
+	ck_assert_int_eq(kvs_cache_wait(d, &q, 2000000000ull), -EUCLEAN);
+	ck_assert_uint_lt(mono_ms() - t0, 1000);
+	c->slots[p.slot].state = KVS_SLOT_LOADING;
+	kvs_cache_mark_failed(c, &p, EIO);
+	kvs_cache_release(d, &q);
+	kvs_cache_release(c, &p);
+	kvs_cache_close(d);
+	kvs_cache_close(c);
+	remove_region(&cfg);
+}
+END_TEST
+
+static void *timeout_job_run(void *arg)
+{
+	struct wait_job *j = arg;
+	struct timespec a, b;
+
+	clock_gettime(CLOCK_THREAD_CPUTIME_ID, &a);
+	j->r = kvs_cache_wait(j->c, &j->q, 400000000ull);
+	clock_gettime(CLOCK_THREAD_CPUTIME_ID, &b);
+	j->woke_ns = (uint64_t)(b.tv_sec - a.tv_sec) * 1000000000ull + (uint64_t)b.tv_nsec -
+		     (uint64_t)a.tv_nsec;
+	return NULL;
+}
+
+/* A waiter for a load that takes long sleeps on the futex: over a 400 ms wait it spends a few
+ * milliseconds of CPU (the spin, a check per slice), not the whole wait (a busy loop takes
+ * every cycle it is given, at least a quarter of a core even on a busy two-core machine). */
+START_TEST(test_waiter_sleeps)
+{
+	struct kvs_config cfg;
+	struct kvs_key k = key_of(36, 0);
+	struct kvs_pin p;
+	struct wait_job j;
+	pthread_t t;
+
+	test_config(&cfg, 16, 4096);
+	struct kvs_cache *c = open_ok(&cfg);
+	struct kvs_cache *d = open_ok(&cfg);
+	j.c = d;
+	ck_assert_int_eq(kvs_cache_pin(c, &k, KVS_ALLOC_LOAD, &p), KVS_PIN_OWNER);
+	ck_assert_int_eq(kvs_cache_pin(d, &k, KVS_ALLOC_LOAD, &j.q), KVS_PIN_WAIT);
+	ck_assert_int_eq(pthread_create(&t, NULL, timeout_job_run, &j), 0);
+	pthread_join(t, NULL);
+	ck_assert_int_eq(j.r, -ETIMEDOUT);
+	ck_assert_msg(j.woke_ns < 40000000ull, "the waiter used %lu ms of CPU in a 400 ms wait",
+		      (unsigned long)(j.woke_ns / 1000000));
+	kvs_cache_mark_failed(c, &p, EIO);
+	kvs_cache_release(d, &j.q);
+	kvs_cache_release(c, &p);
+	kvs_cache_close(d);
+	/* Rank counts are never zero, even seen by a watcher of a region nobody attached to. */
+	kvs_cache_close(c);
+	struct kvs_cache *w = NULL;
+	uint32_t rank = 7, nranks = 0;
+	ck_assert_int_eq(kvs_cache_open(&cfg, KVS_OPEN_WATCH, &w, NULL, 0), 0);
+	kvs_cache_ranks(w, &rank, &nranks);
+	ck_assert_uint_eq(rank, 0);
+	ck_assert_uint_eq(nranks, 1);
+	kvs_cache_close(w);
+	remove_region(&cfg);
+}
+END_TEST
+
+/* Ranks count the attached processes (each sees its own index among them), and a reap says
+ * how many dead processes it reclaimed. */
+START_TEST(test_ranks_and_reap_count)
+{
+	struct kvs_config cfg;
+	uint32_t rank = 7, nranks = 0;
+
+	test_config(&cfg, 16, 4096);
+	struct kvs_cache *c = open_ok(&cfg);
+	struct kvs_cache *d = open_ok(&cfg);
+	kvs_cache_ranks(c, &rank, &nranks);
+	ck_assert_uint_eq(rank, 0);
+	ck_assert_uint_eq(nranks, 2);
+	kvs_cache_ranks(d, &rank, &nranks);
+	ck_assert_uint_eq(rank, 1);
+	ck_assert_uint_eq(nranks, 2);
+	pid_t pid = fork();
+	ck_assert(pid >= 0);
+	if (pid == 0) {
+		struct kvs_cache *cc = NULL;
+
+		kvs_cache_forget(c);
+		kvs_cache_forget(d);
+		_exit(kvs_cache_open(&cfg, 0, &cc, NULL, 0) ? 2 : 0); /* dies attached */
+	}
+	reap_children(&pid, 1);
+	kvs_cache_ranks(c, &rank, &nranks);
+	ck_assert_uint_eq(nranks, 3);
+	ck_assert_int_eq(kvs_cache_reap(c), 1);
+	ck_assert_int_eq(kvs_cache_reap(c), 0);
+	kvs_cache_ranks(c, &rank, &nranks);
+	ck_assert_uint_eq(nranks, 2);
+	kvs_cache_close(d);
+	kvs_cache_close(c);
+	remove_region(&cfg);
+}
+END_TEST
+
 static Suite *cache_suite(void)
 {
 	Suite *s = suite_create("cache");
@@ -1329,6 +1767,15 @@ static Suite *cache_suite(void)
 	tcase_add_test(limits, test_lock_word_of_no_thread);
 	tcase_add_test(crash, test_stopped_lock_holder);
 	tcase_add_test(crash, test_ownerless_load_taken_over);
+	tcase_add_test(core, test_publish_order);
+	tcase_add_test(conc, test_pin_between_look_and_lock);
+	tcase_add_test(conc, test_wake_latency);
+	tcase_add_test(limits, test_uncounted_pins_forgotten);
+	tcase_add_test(limits, test_corrupt_bucket_not_evicted);
+	tcase_add_test(core, test_pinned_keep_second_chance);
+	tcase_add_test(limits, test_wait_on_corrupt_state);
+	tcase_add_test(conc, test_waiter_sleeps);
+	tcase_add_test(crash, test_ranks_and_reap_count);
 	tcase_add_checked_fixture(core, NULL, teardown);
 	tcase_add_checked_fixture(limits, NULL, teardown);
 	tcase_add_checked_fixture(conc, NULL, teardown);

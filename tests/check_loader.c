@@ -360,6 +360,41 @@ START_TEST(test_prefetch)
 }
 END_TEST
 
+/* A shard that starts exactly at the end of the file is never read ahead.  The dispatch
+ * thread acts on remembered reads in order when idle, so once the read-ahead that a second
+ * read asked for is READY, the first read's has been decided: deterministic, no sleep. */
+START_TEST(test_prefetch_stops_at_eof)
+{
+	struct env e;
+	char path_a[300], path_b[300];
+	struct stat st;
+	struct kvs_key k;
+
+	config(&e.cfg, KVS_IO_AUTO);
+	e.cfg.loader_prefetch = KVS_PREFETCH_READ;
+	env_open(&e);
+	make_file("ea", 2 * SHARD, path_a, sizeof(path_a));
+	make_file("eb", 3 * SHARD, path_b, sizeof(path_b));
+	int fa = open(path_a, O_RDONLY), fb = open(path_b, O_RDONLY);
+	ck_assert(fa >= 0 && fb >= 0);
+	check_range(&e, fa, SHARD, SHARD); /* the last shard of a: nothing after it */
+	check_range(&e, fb, 0, SHARD);	   /* reads b's shard 1 ahead */
+	ck_assert_int_eq(fstat(fb, &st), 0);
+	kvs_block_id(&st, &k);
+	k.shard = 1;
+	ck_assert_int_eq(wait_state(&e, &k, KVS_SLOT_READY), KVS_SLOT_READY);
+	ck_assert_uint_eq(totals(&e).v[KVS_CTR_prefetches], 1);
+	ck_assert_int_eq(fstat(fa, &st), 0);
+	kvs_block_id(&st, &k);
+	k.shard = 2;
+	ck_assert_int_eq(kvs_cache_lookup(e.c, &k), -ENOENT);
+	ck_assert_uint_eq(pinned(&e), 0);
+	close(fa);
+	close(fb);
+	env_done(&e);
+}
+END_TEST
+
 START_TEST(test_backend_only)
 {
 	struct env e;
@@ -803,6 +838,48 @@ START_TEST(test_backend_wait_error)
 }
 END_TEST
 
+/* Storage returns a short read mid-file (not at its end): the reaper reads the rest, so the
+ * owner publishes the whole shard and nobody falls back to reading it again. */
+START_TEST(test_backend_short_read)
+{
+	char path[512];
+	struct kvs_backend *be;
+	struct done_board a;
+	void *buf;
+
+	make_file("h", 4 * SHARD, path, sizeof(path));
+	int fd = open(path, O_RDONLY);
+	ck_assert_int_ge(fd, 0);
+	if (kvs_backend_create(KVS_IO_URING, 4, &be)) {
+		fprintf(stderr, "check_loader: io_uring unavailable: short reads not tested\n");
+		close(fd);
+		return;
+	}
+	ck_assert_int_eq(posix_memalign(&buf, 4096, SHARD), 0);
+	board_init(&a, fd, buf, SHARD);
+	kvs_backend_test_short_reads = 1;
+	kvs_backend_submit(be, &a.bio);
+	board_check(&a, fd);
+	ck_assert_uint_eq(kvs_backend_test_short_reads, 0);
+	kvs_backend_destroy(be);
+	free(buf);
+
+	/* Through the loader: one storage read per shard, no fallback. */
+	struct env e;
+	config(&e.cfg, KVS_IO_URING);
+	env_open(&e);
+	kvs_backend_test_short_reads = 2;
+	check_range(&e, fd, 0, 2 * SHARD);
+	kvs_backend_test_short_reads = 0;
+	struct kvs_counters t = totals(&e);
+	ck_assert_uint_eq(t.v[KVS_CTR_shards_loaded], 2);
+	ck_assert_uint_eq(t.v[KVS_CTR_fallbacks], 0);
+	ck_assert_uint_eq(t.v[KVS_CTR_failures], 0);
+	env_done(&e);
+	close(fd);
+}
+END_TEST
+
 static Suite *loader_suite(void)
 {
 	Suite *s = suite_create("loader");
@@ -830,6 +907,8 @@ static Suite *loader_suite(void)
 	tcase_add_test(crash, test_owner_read_outlasts_timeout);
 	tcase_add_test(limits, test_backend_submit_failure);
 	tcase_add_test(crash, test_backend_wait_error);
+	tcase_add_test(core, test_prefetch_stops_at_eof);
+	tcase_add_test(limits, test_backend_short_read);
 	for (int i = 0; i < 4; i++) {
 		tcase_add_checked_fixture(all[i], setup, teardown);
 		tcase_set_timeout(all[i], 60);

@@ -533,9 +533,13 @@ static int lazy_headroom(void)
 	r = kvs_cache_pin(c, &k, KVS_ALLOC_LOAD, &p);
 	FAIL_IF(r != -ENOSPC, 4, "pin at the headroom: %d", r);
 	FAIL_IF(shm_free() < (8u << 20), 5, "free space went below the headroom");
-	for (uint32_t i = 0; i < c->nslots; i++)
+	/* Nothing given up: no pages, and no claim kept by the allocator that found no room. */
+	for (uint32_t i = 0; i < c->nslots; i++) {
 		FAIL_IF(c->slots[i].pages != KVS_PAGES_UNKNOWN, 6, "slot %u pages %u", i,
 			c->slots[i].pages);
+		FAIL_IF(c->slots[i].state != KVS_SLOT_FREE, 8, "slot %u state %#x", i,
+			c->slots[i].state);
+	}
 	close(fd);
 	unlink("/dev/shm/filler");
 	usleep(150000); /* past the retry pause */

@@ -24,11 +24,13 @@ fail() {
 }
 
 # The store: files of odd sizes so that short last shards and EOF are exercised.
-mkdir -p "$work/kv" "$work/other"
+mkdir -p "$work/kv" "$work/other" "$work/kv2"
 for i in 0 1 2 3; do
 	head -c $((3 * 1024 * 1024 + i * 4096 + i * 777)) /dev/urandom >"$work/kv/blk$i"
 done
 head -c $((2 * 1024 * 1024)) /dev/urandom >"$work/other/outside"
+# A sibling whose name starts with the root's: not under the root.
+head -c $((2 * 1024 * 1024)) /dev/urandom >"$work/kv2/sibling"
 # fio's verify_only checks the headers that fio's own write job leaves in the file.
 if command -v fio >/dev/null; then
 	(cd "$work" && fio --name=kv --filename="$work/kv/big" --size=16M --bs=1M --rw=write \
@@ -103,12 +105,18 @@ files=("$work"/kv/blk*)
 # --- What must be left alone: nothing attaches, no region appears.
 reset_region
 run "outside the roots (O_DIRECT dd)" passed dd if="$work/other/outside" bs=1M iflag=direct status=none
+run "a sibling sharing the root's prefix ($work/kv2)" passed dd if="$work/kv2/sibling" bs=1M iflag=direct status=none
 run "reads under files.min_read" passed dd if="$work/kv/blk0" bs=4K iflag=direct status=none
 if [ -e "/dev/shm/kvshim.$(id -u).$name" ]; then
 	fail "a region was created although no read was cacheable"
 else
 	ok "no region, no attach for processes that never read KV"
 fi
+
+# The first hooked call of a process with no region yet: loading the configuration and
+# creating the region leave errno behind (EINVAL, ENOENT), and the hook must restore it.
+reset_region
+[ -n "$reader" ] && run "every read call, first reader of a fresh region" served "$reader" "${files[2]}"
 
 for buffered in false true; do
 	export KVSHIM_FILES_BUFFERED=$buffered
@@ -186,6 +194,46 @@ head -c 1048576 /dev/urandom | LD_PRELOAD=$lib dd of="$work/kv/blk3" bs=1M conv=
 want=$(dd if="$work/kv/blk3" bs=1M iflag=direct status=none | sha256sum)
 got=$(LD_PRELOAD=$lib dd if="$work/kv/blk3" bs=1M iflag=direct status=none | sha256sum)
 [ "$want" = "$got" ] && ok "rewritten file: new bytes served" || fail "rewritten file served stale bytes"
+
+# --- A write of several shards by an attached process drops every one of them, not only the
+# first.  Shards are kept at once (files.settle = 0); the write keeps the bytes, so only the
+# cache's own count can tell.
+reset_region
+py_write='import os,sys,mmap,subprocess,json
+env={k:v for k,v in os.environ.items() if k!="LD_PRELOAD"}
+def ready():
+    out=subprocess.run([sys.argv[1],"stat","--json"],env=env,capture_output=True).stdout
+    return json.loads(out)["region"]["slots_ready"]
+fd=os.open(sys.argv[2],os.O_RDONLY|os.O_DIRECT); b=mmap.mmap(-1,3<<20); n=os.preadv(fd,[b],0)
+before=ready()
+w=os.open(sys.argv[2],os.O_WRONLY); os.pwrite(w,b[:n],0); os.close(w)
+print(n, before, ready())'
+out=$(KVSHIM_FILES_SETTLE=0 LD_PRELOAD=$lib python3 -c "$py_write" "$kvshim" "$work/kv/blk0" 2>&1)
+if [ "$out" = "3145728 3 0" ]; then
+	ok "a 3-shard write drops all 3 shards (read, slots ready before, after: $out)"
+else
+	fail "a 3-shard write: read, slots ready before, after: $out (want 3145728 3 0)"
+fi
+
+# A write under files.min_read reaches the shim only on a descriptor a read already found to
+# be KV (the verdict cached per descriptor): one 4 KiB pwrite on the descriptor that read the
+# 3 shards drops the first.
+py_small='import os,sys,mmap,subprocess,json
+env={k:v for k,v in os.environ.items() if k!="LD_PRELOAD"}
+def ready():
+    out=subprocess.run([sys.argv[1],"stat","--json"],env=env,capture_output=True).stdout
+    return json.loads(out)["region"]["slots_ready"]
+fd=os.open(sys.argv[2],os.O_RDWR|os.O_DIRECT); b=mmap.mmap(-1,3<<20); n=os.preadv(fd,[b],0)
+before=ready()
+w=mmap.mmap(-1,4096); w[:]=b[:4096]; os.pwrite(fd,w,0)
+print(n, before, ready())'
+reset_region
+out=$(KVSHIM_FILES_SETTLE=0 LD_PRELOAD=$lib python3 -c "$py_small" "$kvshim" "$work/kv/blk0" 2>&1)
+if [ "$out" = "3145728 3 2" ]; then
+	ok "a 4 KiB write on a known KV descriptor drops its shard (read, ready before, after: $out)"
+else
+	fail "a 4 KiB write on a known KV descriptor: read, ready before, after: $out (want 3145728 3 2)"
+fi
 
 # --- fork: a child of an attached process starts clean and attaches as itself.
 reset_region
