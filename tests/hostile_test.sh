@@ -209,10 +209,14 @@ fi
 
 # 11. A dlsym that re-enters the shim's hooks while the shim resolves the real functions with
 # it (as every lookup will once the shim interposes dlsym): no deadlock, right bytes.
-if [ -n "$reenter" ]; then
+if [ -n "$reenter" ] && [ -n "${KVS_E2E_PRELOAD:-}" ]; then
+	# The sanitizer runtime looks its interceptors up through the first dlsym in the process,
+	# ours, before it is initialised itself.
+	echo "skip - a re-entering dlsym: not under a sanitizer runtime"
+elif [ -n "$reenter" ]; then
 	reset_region
 	want=$(sha256sum <"$work/kv/f0")
-	got=$(LD_PRELOAD=${KVS_E2E_PRELOAD:+$KVS_E2E_PRELOAD:}$reenter:$1 timeout 20 \
+	got=$(LD_PRELOAD=$reenter:$1 timeout 20 \
 		dd if="$work/kv/f0" bs=1M iflag=direct status=none | sha256sum)
 	[ "$want" = "$got" ] && [ "$(served)" -gt 0 ] && ok "a re-entering dlsym: no deadlock, same bytes, served" ||
 		fail "a re-entering dlsym: ${got:-hung} (status $?)"
