@@ -175,10 +175,11 @@ static bool attach(void)
 		     "attached as process %d, backend %s, kvshim " KVS_VERSION,
 		     kvs_cache_self(cache), kvs_loader_backend(loader));
 	if (cfg.loader_io == KVS_IO_URING)
-		kvs_log_once(KVS_CAUSE_IO_URING, KVS_LOG_WARN,
-			     "loader.io = io_uring: if this process is SIGKILLed, the kernel does not "
-			     "wait for its reads in flight, and one can land in a slot already given to "
-			     "another shard; use threads (auto) outside benchmarks");
+		kvs_log_once(
+		    KVS_CAUSE_IO_URING, KVS_LOG_WARN,
+		    "loader.io = io_uring: if this process is SIGKILLed, the kernel does not "
+		    "wait for its reads in flight, and one can land in a slot already given to "
+		    "another shard; use threads (auto) outside benchmarks");
 	a = AT_OK;
 out:
 	atomic_store_explicit(&attached, a, memory_order_release); /* publishes cache, loader */
