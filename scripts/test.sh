@@ -11,6 +11,15 @@ build=${1:-$root/build-test}
 
 bash "$root/scripts/deps.sh"
 
+# Regions that test processes left in /dev/shm when a case failed or was killed (named
+# <suite>.<pid>.<time>.<n>): remove those whose process is gone.
+for f in /dev/shm/kvshim."$(id -u)".{check,check_region,loader}.*; do
+	[ -e "$f" ] || continue
+	pid=${f#*.*.*.}
+	pid=${pid%%.*}
+	kill -0 "$pid" 2>/dev/null || rm -f "$f"
+done
+
 run() { # BUILD_DIR CMAKE_ARGS...
 	local dir=$1
 	shift

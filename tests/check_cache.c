@@ -30,8 +30,10 @@ static int case_seq;
 static void test_config(struct kvs_config *cfg, uint64_t slots, uint64_t shard)
 {
 	kvs_config_defaults(cfg);
-	snprintf(cfg->cache_name, sizeof(cfg->cache_name), "check.%d.%d", (int)getpid(),
-		 case_seq++);
+	/* Check forks a child per case, so the pid alone repeats across runs (pid reuse) and the
+	 * sequence restarts in each child: the time makes a name no earlier run left behind. */
+	snprintf(cfg->cache_name, sizeof(cfg->cache_name), "check.%d.%llx.%d", (int)getpid(),
+		 (unsigned long long)time(NULL), case_seq++);
 	cfg->cache_shard_size = shard;
 	cfg->cache_capacity = slots * shard;
 	cfg->cache_reserved = 0;

@@ -49,7 +49,8 @@ static void teardown(void)
 static void config(struct kvs_config *cfg, int io)
 {
 	kvs_config_defaults(cfg);
-	snprintf(cfg->cache_name, sizeof(cfg->cache_name), "loader.%d.%d", (int)getpid(), seq++);
+	snprintf(cfg->cache_name, sizeof(cfg->cache_name), "loader.%d.%llx.%d", (int)getpid(),
+		 (unsigned long long)time(NULL), seq++); /* see check_cache.c */
 	cfg->cache_shard_size = SHARD;
 	cfg->cache_capacity = 256 * SHARD;
 	cfg->cache_reserved = 0;

@@ -42,8 +42,8 @@ static int case_seq;
 static void test_config(struct kvs_config *cfg, uint64_t slots, uint64_t shard)
 {
 	kvs_config_defaults(cfg);
-	snprintf(cfg->cache_name, sizeof(cfg->cache_name), "check_region.%d.%d", (int)getpid(),
-		 case_seq++);
+	snprintf(cfg->cache_name, sizeof(cfg->cache_name), "check_region.%d.%llx.%d", (int)getpid(),
+		 (unsigned long long)time(NULL), case_seq++); /* see check_cache.c */
 	cfg->cache_shard_size = shard;
 	cfg->cache_capacity = slots * shard;
 	cfg->cache_reserved = 0;
