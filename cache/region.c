@@ -68,8 +68,9 @@
  *
  * Waiting (wait.c).  Waiters spin on acquire loads of the state word, then set the waiters bit
  * and FUTEX_WAIT (shared) on the word with a bounded slice.  The owner's exchange to READY or
- * FAILED returns the old word; only if the waiters bit was set does it FUTEX_WAKE.  After each
- * slice the waiter checks that the owner is alive.
+ * FAILED returns the old word; only if the waiters bit was set does it FUTEX_WAKE.  Before its
+ * first sleep and after each slice the waiter checks the owner: a dead one is reclaimed, a load
+ * no live process owns is taken over (wait.c).
  *
  * Processes (proc.c).  Each attached process holds slot i of the process table and an
  * open-file-description (OFD) write lock on byte i of the region file.  The kernel drops the

@@ -4,24 +4,9 @@
 # what it should have (and nothing it should not).
 #   e2e_test.sh LIBKVSHIM KVSHIM
 set -uo pipefail
-# A sanitizer build of the shim needs its runtime loaded first (KVS_E2E_PRELOAD).
-lib=${KVS_E2E_PRELOAD:+$KVS_E2E_PRELOAD:}$1
-kvshim=$2
 reader=${3:-}
-fails=0
-work=$(mktemp -d /var/tmp/kvshim-e2e.XXXXXX)
-name="e2e-$$"
-cleanup() {
-	KVSHIM_CONFIG= KVSHIM_CACHE_NAME=$name "$kvshim" reset --force >/dev/null 2>&1
-	rm -rf "$work"
-}
-trap cleanup EXIT
-
-ok() { echo "ok   - $*"; }
-fail() {
-	echo "FAIL - $*"
-	fails=$((fails + 1))
-}
+PREFIX=e2e
+source "$(dirname "$0")/preload_lib.sh" # lib (sanitizer runtime first), work, name, ok, fail
 
 # The store: files of odd sizes so that short last shards and EOF are exercised.
 mkdir -p "$work/kv" "$work/other" "$work/kv2"

@@ -6,23 +6,10 @@
 # the output must equal the run without the shim.
 #   hostile_test.sh LIBKVSHIM KVSHIM KVSHIM-HOSTILE [LIBKVSHIM-REENTER]
 set -uo pipefail
-lib=${KVS_E2E_PRELOAD:+$KVS_E2E_PRELOAD:}$1
-kvshim=$2
 h=$3
 reenter=${4:-}
-fails=0
-work=$(mktemp -d /var/tmp/kvshim-hostile.XXXXXX)
-name="hostile-$$"
-cleanup() {
-	KVSHIM_CONFIG= KVSHIM_CACHE_NAME=$name "$kvshim" reset --force >/dev/null 2>&1
-	rm -rf "$work"
-}
-trap cleanup EXIT
-ok() { echo "ok   - $*"; }
-fail() {
-	echo "FAIL - $*"
-	fails=$((fails + 1))
-}
+PREFIX=hostile
+source "$(dirname "$0")/preload_lib.sh"
 
 mkdir -p "$work/kv"
 if ! "$h" mkfile "$work/kv/f0" 0 32 1 2>/dev/null; then
