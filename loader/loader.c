@@ -1,0 +1,665 @@
+/*
+ * loader: rotated-order loading of a read's shards into a destination (see loader.h).
+ *
+ * DESIGN
+ *
+ * A task is one read, served in pieces of at most KVS_TASK_OPS shards ("ops").  Its storage is
+ * the caller's (kvs_loader_read: the calling thread's stack; kvs_loader_start: the caller's
+ * request), so the loader allocates nothing on the served path.  Serving a piece has two
+ * halves:
+ *
+ *   submit  (the calling thread)  pins every shard that is READY now (kvs_cache_pin_ready) and
+ *           copies it at once; then takes the rank (loader.local_rank or the dense rank among
+ *           attached processes) and pins the rest in rotated order: local rank r of R starts at
+ *           slice r % R, steps by R, then takes the next slice.  A pin that elects it owner
+ *           submits the storage read at once; the read's completion, on a backend thread,
+ *           checks the file again and publishes READY or FAILED, which wakes the waiters.
+ *   finish  (the calling thread, or the completion thread for kvs_loader_start)  in the same
+ *           order waits for each shard on its state word, copies it to the destination and
+ *           releases the pin, or keeps the pin until the destination's fence when the copy
+ *           is asynchronous.  A shard that failed, timed out or could not be pinned is read
+ *           into a bounce buffer and copied (host destinations), or fails the task (others:
+ *           the caller makes the real call).
+ *
+ * Owners never wait for other processes before publishing (publication happens on the backend
+ * thread), so two ranks each waiting for a shard the other owns cannot deadlock; and a miss
+ * crosses two threads (caller, backend), not four.
+ *
+ * Sharing.  op->io_done: set by the backend completion (release) after its last touch of the
+ * op, loaded by finish (acquire) before the op's memory may be reused.  The asynchronous queue
+ * (aq_head/aq_tail/aq_len, stop) is guarded by mu; a task on it belongs to the completion
+ * thread until done() is called.  The bounce buffers are guarded by bounce_mu.  Everything
+ * else in a task is touched by one thread at a time: the caller until it queues it, then the
+ * completion thread.
+ */
+#include <errno.h>
+#include <fcntl.h>
+#include <limits.h>
+#include <pthread.h>
+#include <stddef.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "atomics.h"
+#include "backend.h"
+#include "config.h"
+#include "loader.h"
+#include "prefetch.h"
+#include "publish.h"
+#include "sys.h"
+
+#define KVS_PAGE_SZ 4096u
+#define BOUNCE	    2 /* shards read by the loader itself at once, per process */
+
+enum op_kind {
+	OP_NONE,   /* not pinned yet */
+	OP_HIT,	   /* pinned READY */
+	OP_OWNER,  /* pinned, we load it */
+	OP_WAIT,   /* pinned, another process loads it */
+	OP_COPIED, /* pinned; copied asynchronously, released at the fence */
+	OP_DONE,   /* served and released */
+	OP_SELF,   /* not pinned: read it ourselves */
+};
+
+struct kvs_loader {
+	struct kvs_cache *c;
+	struct kvs_backend *be;
+	uint64_t shard_size;
+	int64_t cfg_rank, cfg_nranks;
+	bool rotate, backend_only;
+	uint64_t wait_timeout_ns;
+	struct kvs_prefetcher pf;
+
+	/* The asynchronous queue and its thread. */
+	pthread_mutex_t mu;
+	pthread_cond_t cond;
+	struct kvs_task *aq_head, *aq_tail;
+	uint32_t aq_len, aq_max;
+	bool stop, completer_started;
+	pthread_t completer;
+
+	/* Shards read by the loader itself (host destinations only). */
+	pthread_mutex_t bounce_mu;
+	pthread_cond_t bounce_cond;
+	void *bounce[BOUNCE];
+	uint32_t bounce_free; /* bit i: bounce[i] is free */
+};
+
+static uint32_t round_page(uint32_t v)
+{
+	return (v + KVS_PAGE_SZ - 1) & ~(KVS_PAGE_SZ - 1);
+}
+
+static struct kvs_key shard_key(const struct kvs_key *block, uint64_t shard)
+{
+	struct kvs_key k = {block->block_lo, block->block_hi, shard};
+
+	return k;
+}
+
+/* ------------------------------------------------------------------ destinations */
+
+/* Copy len bytes of src to the request's iovecs, starting pos bytes into them. */
+static void copy_iov(const struct kvs_read *rd, uint64_t pos, const char *src, uint64_t len)
+{
+	for (int i = 0; i < rd->iovcnt && len; i++) {
+		uint64_t l = rd->iov[i].iov_len;
+
+		if (pos >= l) {
+			pos -= l;
+			continue;
+		}
+		uint64_t n = l - pos < len ? l - pos : len;
+		memcpy((char *)rd->iov[i].iov_base + pos, src, n);
+		src += n;
+		len -= n;
+		pos = 0;
+	}
+}
+
+/* Copy to rd's destination.  Returns 0 or -errno. */
+static int copy_to(const struct kvs_read *rd, uint64_t pos, const char *src, uint64_t len)
+{
+	if (!rd->dest) {
+		copy_iov(rd, pos, src, len);
+		return 0;
+	}
+	return rd->dest->copy(rd->dest->ctx, pos, src, len);
+}
+
+/* Are copies to rd's destination over when copy_to returns? */
+static bool copies_sync(const struct kvs_read *rd)
+{
+	return !rd->dest || !rd->dest->fence;
+}
+
+/* ------------------------------------------------------------------ backend completions */
+
+/* A storage read of an owned shard is over: publish it (this wakes the waiters), then tell the
+ * finishing thread that the op is ours no longer.  Nothing here touches the op after that. */
+static void owner_read_done(struct kvs_bio *bio)
+{
+	struct kvs_op *op = (struct kvs_op *)((char *)bio - offsetof(struct kvs_op, bio));
+	struct kvs_cache *c = bio->arg;
+
+	kvs_cache_count(c, KVS_CTR_backend_reads, 1);
+	if (bio->result >= (int64_t)op->size) {
+		const struct kvs_read *rd = op->rd;
+
+		kvs_cache_count(c, KVS_CTR_backend_bytes, (uint64_t)op->size);
+		kvs_cache_count(c, KVS_CTR_shards_loaded, 1);
+		kvs_publish_loaded(c, &op->pin,
+				   kvs_check_file(bio->fd, rd->dev, rd->ino, &rd->block), rd->keep,
+				   op->size);
+	} else {
+		kvs_cache_count(c, KVS_CTR_failures, 1);
+		kvs_cache_mark_failed(c, &op->pin, bio->result < 0 ? (int)-bio->result : EIO);
+	}
+	_Atomic uint32_t *done = &op->io_done;
+	store_release(done, 1); /* pairs with wait_io_done(); the op may be reused from here on */
+	/* A wake on memory the task's owner has just reused is harmless: the word is a plain
+	 * futex address, and a spurious wake is allowed. */
+	kvs_futex_wake(done, 1, false);
+}
+
+/* Wait until the backend has finished with an owned op, however long storage takes: giving up
+ * would free the op under the read (the real call would wait just the same). */
+static void wait_io_done(struct kvs_op *op)
+{
+	for (int spins = 0; !load_acquire(&op->io_done); spins++) { /* pairs with owner_read_done */
+		if (spins < 100) {
+			cpu_relax();
+			continue;
+		}
+		kvs_futex_wait(&op->io_done, 0, 0, false);
+	}
+}
+
+static void submit_owned(struct kvs_loader *ld, const struct kvs_read *rd, struct kvs_op *op)
+{
+	struct kvs_bio *bio = &op->bio;
+
+	bio->fd = rd->fd;
+	bio->buf = kvs_cache_data(ld->c, &op->pin);
+	bio->off = op->shard * ld->shard_size;
+	bio->len = rd->direct ? round_page(op->size) : op->size;
+	bio->done = owner_read_done;
+	bio->arg = ld->c;
+	store_relaxed(&op->io_done, 0);
+	kvs_backend_submit(ld->be, bio);
+}
+
+/* ------------------------------------------------------------------ order */
+
+void kvs_loader_order(uint32_t rank, uint32_t nranks, uint32_t nops, uint32_t *order)
+{
+	uint32_t k = 0;
+
+	if (nranks == 0)
+		nranks = 1;
+	rank %= nranks;
+	for (uint32_t j = 0; j < nranks; j++)
+		for (uint32_t i = (rank + j) % nranks; i < nops; i += nranks)
+			order[k++] = i;
+}
+
+/* The visiting order of a piece's ops: rotated by this process's rank, or natural. */
+static void order_ops(struct kvs_loader *ld, struct kvs_task *t)
+{
+	uint32_t rank = 0, nranks = 1;
+
+	if (ld->rotate) {
+		kvs_cache_ranks(ld->c, &rank, &nranks);
+		if (ld->cfg_nranks > 0)
+			nranks = (uint32_t)ld->cfg_nranks;
+		if (ld->cfg_rank >= 0)
+			rank = (uint32_t)ld->cfg_rank;
+		rank %= nranks;
+		kvs_cache_set_rank(ld->c, (int)rank);
+	}
+	kvs_loader_order(rank, nranks, t->nops, t->order);
+}
+
+/* ------------------------------------------------------------------ submit */
+
+/* Lay out the ops of the piece that starts at t->off: at most KVS_TASK_OPS shards. */
+static void plan_piece(struct kvs_loader *ld, struct kvs_task *t)
+{
+	const struct kvs_read *rd = t->rd;
+	uint64_t S = ld->shard_size, off = t->off;
+	uint64_t end = (off / S + KVS_TASK_OPS) * S;
+
+	if (end > t->end)
+		end = t->end;
+	t->piece_end = end;
+	uint64_t first = off / S, last = (end - 1) / S;
+	t->nops = (uint32_t)(last - first + 1);
+	for (uint32_t i = 0; i < t->nops; i++) {
+		struct kvs_op *op = &t->ops[i];
+		uint64_t sh = first + i, start = sh * S;
+		uint64_t from = off > start ? off - start : 0;
+		uint64_t stop = end < start + S ? end - start : S;
+
+		op->rd = rd;
+		op->shard = sh;
+		op->from = (uint32_t)from;
+		op->len = (uint32_t)(stop - from);
+		op->pos = start + from - rd->off;
+		op->size = (uint32_t)(rd->file_size - start < S ? rd->file_size - start : S);
+		op->kind = OP_NONE;
+		t->order[i] = i; /* natural until order_ops() rotates it */
+	}
+}
+
+/* Copy a pinned, READY op to the destination; the pin is released now, or at the fence when
+ * the copy is asynchronous.  Returns false (pin released, nothing copied) when the slot holds
+ * fewer bytes than wanted or the copy failed; *err receives a copy's error. */
+static bool copy_pinned(struct kvs_loader *ld, const struct kvs_read *rd, struct kvs_op *op,
+			int *err)
+{
+	struct kvs_cache *c = ld->c;
+
+	if (kvs_cache_length(c, &op->pin) < op->from + op->len) {
+		kvs_cache_release(c, &op->pin);
+		return false;
+	}
+	int r = copy_to(rd, op->pos, (char *)kvs_cache_data(c, &op->pin) + op->from, op->len);
+	if (r == 0)
+		kvs_cache_count(c, KVS_CTR_copy_bytes, op->len);
+	else
+		*err = r;
+	if (copies_sync(rd)) {
+		kvs_cache_release(c, &op->pin);
+		op->kind = OP_DONE;
+	} else {
+		op->kind = OP_COPIED; /* the fence releases it: the copy may still read the slot */
+	}
+	return r == 0;
+}
+
+/* The first half of a piece, on the calling thread: serve what is READY now, then pin the rest
+ * in rotated order and submit the storage reads this process owns.  Returns true if every op
+ * is served already (no wait, no finish needed beyond the fence). */
+static bool submit_piece(struct kvs_loader *ld, struct kvs_task *t)
+{
+	const struct kvs_read *rd = t->rd;
+	uint32_t left = 0;
+
+	plan_piece(ld, t);
+	for (uint32_t i = 0; i < t->nops && !ld->backend_only; i++) {
+		struct kvs_op *op = &t->ops[i];
+		struct kvs_key key = shard_key(&rd->block, op->shard);
+		int err = 0;
+
+		if (kvs_cache_pin_ready(ld->c, &key, &op->pin) != KVS_PIN_HIT)
+			continue;
+		if (copy_pinned(ld, rd, op, &err))
+			kvs_cache_count(ld->c, KVS_CTR_shards_hit, 1);
+		else if (err && !t->result)
+			t->result = err;
+		/* else a short slot: the op is still OP_NONE, pinned again below as a load */
+	}
+	for (uint32_t i = 0; i < t->nops; i++)
+		left += t->ops[i].kind == OP_NONE;
+	if (left == 0 || t->result)
+		return left == 0;
+
+	order_ops(ld, t);
+	for (uint32_t k = 0; k < t->nops; k++) {
+		struct kvs_op *op = &t->ops[t->order[k]];
+
+		if (op->kind != OP_NONE)
+			continue;
+		struct kvs_key key = shard_key(&rd->block, op->shard);
+		int st = kvs_cache_lookup(ld->c, &key);
+
+		/* Claim a shard only when we can read it now: an owner whose read waits behind its
+		 * own queue would hold up every rank waiting for it, while another rank with room
+		 * could have loaded it.  Shards others already load are pinned without waiting. */
+		if (st != KVS_SLOT_READY && st != KVS_SLOT_LOADING)
+			kvs_backend_wait_room(ld->be);
+		int r = kvs_cache_pin(ld->c, &key, KVS_ALLOC_LOAD, &op->pin);
+
+		op->kind = r == KVS_PIN_HIT	? OP_HIT
+			   : r == KVS_PIN_OWNER ? OP_OWNER
+			   : r == KVS_PIN_WAIT	? OP_WAIT
+						: OP_SELF;
+		if (op->kind == OP_OWNER)
+			submit_owned(ld, rd, op);
+	}
+	kvs_prefetch_note(&ld->pf, rd, t->ops[t->nops - 1].shard);
+	kvs_cache_reap_maybe(ld->c); /* dead ranks' pins come back while we are busy */
+	return false;
+}
+
+/* ------------------------------------------------------------------ finish */
+
+/* Take a bounce buffer (blocks while all are in use). */
+static int bounce_get(struct kvs_loader *ld)
+{
+	int i;
+
+	pthread_mutex_lock(&ld->bounce_mu);
+	while (!ld->bounce_free)
+		pthread_cond_wait(&ld->bounce_cond, &ld->bounce_mu);
+	i = __builtin_ctz(ld->bounce_free);
+	ld->bounce_free &= ~(1u << i);
+	pthread_mutex_unlock(&ld->bounce_mu);
+	return i;
+}
+
+static void bounce_put(struct kvs_loader *ld, int i)
+{
+	pthread_mutex_lock(&ld->bounce_mu);
+	ld->bounce_free |= 1u << i;
+	pthread_cond_signal(&ld->bounce_cond);
+	pthread_mutex_unlock(&ld->bounce_mu);
+}
+
+/* Read op's shard ourselves and copy the wanted part (host destinations only).  Returns 0 or
+ * -errno. */
+static int read_self(struct kvs_loader *ld, const struct kvs_read *rd, struct kvs_op *op)
+{
+	uint32_t want = op->from + op->len;
+	uint32_t len = rd->direct ? round_page(want) : want;
+	int64_t got;
+	int b, r = 0;
+
+	if (!copies_sync(rd))
+		return -EAGAIN; /* a bounce buffer cannot be held until another's fence */
+	kvs_cache_count(ld->c, KVS_CTR_fallbacks, 1);
+	b = bounce_get(ld);
+	got = kvs_read_full(rd->fd, ld->bounce[b], len, op->shard * ld->shard_size);
+	kvs_cache_count(ld->c, KVS_CTR_backend_reads, 1);
+	if (got < (int64_t)want)
+		r = got < 0 ? (int)got : -EIO;
+	else if (kvs_check_file(rd->fd, rd->dev, rd->ino, &rd->block) == KVS_V_WRONG_FILE)
+		r = -ESTALE;
+	if (r == 0) {
+		kvs_cache_count(ld->c, KVS_CTR_backend_bytes, (uint64_t)got);
+		r = copy_to(rd, op->pos, (char *)ld->bounce[b] + op->from, op->len);
+	}
+	bounce_put(ld, b);
+	return r;
+}
+
+/* Wait for a pinned op and copy it (copy_pinned).  Returns false, with the pin released, if
+ * it must be read by us; *err receives a copy's error. */
+static bool finish_pinned(struct kvs_loader *ld, const struct kvs_read *rd, struct kvs_op *op,
+			  int *err)
+{
+	struct kvs_cache *c = ld->c;
+	bool ok = true;
+
+	if (op->kind == OP_OWNER)
+		wait_io_done(op);
+	if (op->kind == OP_HIT) {
+		kvs_cache_count(c, KVS_CTR_shards_hit, 1);
+	} else {
+		uint64_t t0 = kvs_mono_ns();
+		int r = kvs_cache_wait(c, &op->pin, ld->wait_timeout_ns);
+
+		if (op->kind == OP_WAIT) {
+			kvs_cache_count(c, KVS_CTR_wait_ns, kvs_mono_ns() - t0);
+			kvs_cache_count(c, KVS_CTR_shards_waited, 1);
+		}
+		ok = r == 0;
+	}
+	/* backend_only: the cache coordinates, storage serves; an owner's slot holds what it just
+	 * read from storage, so only the others read for themselves. */
+	if (ld->backend_only && op->kind != OP_OWNER)
+		ok = false;
+	if (ok && ld->backend_only) {
+		ok = kvs_cache_length(c, &op->pin) >= op->from + op->len &&
+		     !(*err = copy_to(rd, op->pos, (char *)kvs_cache_data(c, &op->pin) + op->from,
+				      op->len));
+		if (ok)
+			kvs_cache_count(c, KVS_CTR_copy_bytes, op->len);
+		if (!copies_sync(rd)) {
+			int r = rd->dest->fence(rd->dest->ctx); /* before the slot goes back */
+
+			if (r && !*err)
+				*err = r;
+		}
+		kvs_cache_mark_not_ready(c, &op->pin);
+		kvs_cache_release(c, &op->pin);
+		op->kind = OP_DONE;
+		return ok || *err;
+	}
+	if (!ok) {
+		kvs_cache_release(c, &op->pin);
+		return false;
+	}
+	return copy_pinned(ld, rd, op, err) || *err;
+}
+
+/* The second half of a piece: wait, copy, read what could not be served, fence, release.
+ * Every op is settled when it returns, whatever failed.  Returns 0 or -errno. */
+static int finish_piece(struct kvs_loader *ld, struct kvs_task *t)
+{
+	const struct kvs_read *rd = t->rd;
+	int result = (int)t->result;
+
+	for (uint32_t k = 0; k < t->nops; k++) {
+		struct kvs_op *op = &t->ops[t->order[k]];
+		int err = 0;
+
+		if (op->kind == OP_DONE || op->kind == OP_COPIED)
+			continue;
+		if (op->kind != OP_SELF && op->kind != OP_NONE && finish_pinned(ld, rd, op, &err)) {
+			if (err && !result)
+				result = err;
+			continue;
+		}
+		op->kind = OP_DONE;
+		if (!result)
+			result = read_self(ld, rd, op);
+	}
+	if (!copies_sync(rd)) {
+		int r = rd->dest->fence(rd->dest->ctx);
+
+		if (r && !result)
+			result = r;
+		for (uint32_t i = 0; i < t->nops; i++) {
+			if (t->ops[i].kind == OP_COPIED) {
+				kvs_cache_release(ld->c, &t->ops[i].pin); /* after the fence */
+				t->ops[i].kind = OP_DONE;
+			}
+		}
+	}
+	return result;
+}
+
+/* Serve one piece on this thread, submit and finish.  Returns 0 or -errno. */
+static int serve_piece(struct kvs_loader *ld, struct kvs_task *t)
+{
+	t->result = 0;
+	if (submit_piece(ld, t) && copies_sync(t->rd))
+		return (int)t->result;
+	return finish_piece(ld, t);
+}
+
+/* The bytes a read of rd returns: min(len, file_size - off), 0 past the end; -EOVERFLOW for
+ * a length the return type cannot carry. */
+static int64_t read_length(const struct kvs_read *rd)
+{
+	uint64_t len;
+
+	if (rd->off >= rd->file_size || rd->len == 0)
+		return 0;
+	len = rd->file_size - rd->off < rd->len ? rd->file_size - rd->off : rd->len;
+	return len > (uint64_t)INT64_MAX / 2 ? -EOVERFLOW : (int64_t)len;
+}
+
+int64_t kvs_loader_read(struct kvs_loader *ld, const struct kvs_read *rd)
+{
+	struct kvs_task t = {.rd = rd};
+	int64_t len = read_length(rd);
+
+	if (len <= 0)
+		return len;
+	kvs_cache_count(ld->c, KVS_CTR_requests, 1);
+	t.end = rd->off + (uint64_t)len;
+	for (t.off = rd->off; t.off < t.end; t.off = t.piece_end) {
+		int r = serve_piece(ld, &t);
+
+		if (r) {
+			kvs_cache_count(ld->c, KVS_CTR_fallbacks, 1);
+			return r;
+		}
+	}
+	return len;
+}
+
+/* ------------------------------------------------------------------ asynchronous reads */
+
+static void *completer_main(void *arg)
+{
+	struct kvs_loader *ld = arg;
+
+	pthread_mutex_lock(&ld->mu);
+	for (;;) {
+		while (!ld->aq_head && !ld->stop)
+			pthread_cond_wait(&ld->cond, &ld->mu);
+		struct kvs_task *t = ld->aq_head;
+		if (!t)
+			break;
+		ld->aq_head = t->next;
+		if (!ld->aq_head)
+			ld->aq_tail = NULL;
+		ld->aq_len--;
+		pthread_cond_broadcast(&ld->cond); /* room for a starter */
+		pthread_mutex_unlock(&ld->mu);
+
+		/* The first piece was submitted by the caller; the rest are served here. */
+		int64_t r = t->nops ? finish_piece(ld, t) : 0;
+		while (r == 0 && t->nops && t->piece_end < t->end) {
+			t->off = t->piece_end;
+			r = serve_piece(ld, t);
+		}
+		if (r)
+			kvs_cache_count(ld->c, KVS_CTR_fallbacks, 1);
+		else
+			r = (int64_t)(t->end - t->rd->off);
+		t->done(t, r);
+		pthread_mutex_lock(&ld->mu);
+	}
+	pthread_mutex_unlock(&ld->mu);
+	return NULL;
+}
+
+int kvs_loader_start(struct kvs_loader *ld, struct kvs_task *t, const struct kvs_read *rd,
+		     void (*done)(struct kvs_task *t, int64_t result), void *arg)
+{
+	int64_t len = read_length(rd);
+	int r = 0;
+
+	if (len < 0)
+		return (int)len;
+	pthread_mutex_lock(&ld->mu);
+	if (!ld->completer_started && !ld->stop) {
+		r = kvs_thread_start(&ld->completer, completer_main, ld);
+		ld->completer_started = r == 0;
+	}
+	while (!r && ld->aq_len >= ld->aq_max && !ld->stop)
+		pthread_cond_wait(&ld->cond, &ld->mu);
+	if (!r && ld->stop)
+		r = -ESHUTDOWN;
+	if (!r)
+		ld->aq_len++; /* our place in the queue, taken before the pins */
+	pthread_mutex_unlock(&ld->mu);
+	if (r)
+		return r;
+
+	*t = (struct kvs_task){.rd = rd, .done = done, .arg = arg};
+	t->end = rd->off + (uint64_t)len;
+	t->off = rd->off;
+	if (len) {
+		kvs_cache_count(ld->c, KVS_CTR_requests, 1);
+		submit_piece(ld, t);
+	}
+	pthread_mutex_lock(&ld->mu);
+	if (ld->aq_tail)
+		ld->aq_tail->next = t;
+	else
+		ld->aq_head = t;
+	ld->aq_tail = t;
+	pthread_cond_broadcast(&ld->cond);
+	pthread_mutex_unlock(&ld->mu);
+	return 0;
+}
+
+/* ------------------------------------------------------------------ life */
+
+int kvs_loader_create(struct kvs_cache *c, const struct kvs_config *cfg, struct kvs_loader **out)
+{
+	struct kvs_loader *ld = calloc(1, sizeof(*ld));
+	int r;
+
+	if (!ld)
+		return -ENOMEM;
+	ld->c = c;
+	ld->shard_size = kvs_cache_shard_size(c);
+	ld->cfg_rank = cfg->loader_local_rank;
+	ld->cfg_nranks = cfg->loader_local_rank_size;
+	ld->rotate = cfg->loader_rotate;
+	ld->backend_only = cfg->loader_backend_only;
+	ld->wait_timeout_ns = cfg->loader_wait_timeout_ms * 1000000ull;
+	ld->aq_max = (uint32_t)cfg->loader_waiting_queue_depth;
+	pthread_mutex_init(&ld->mu, NULL);
+	pthread_cond_init(&ld->cond, NULL);
+	pthread_mutex_init(&ld->bounce_mu, NULL);
+	pthread_cond_init(&ld->bounce_cond, NULL);
+	r = -ENOMEM;
+	for (int i = 0; i < BOUNCE; i++) {
+		if (posix_memalign(&ld->bounce[i], KVS_PAGE_SZ, ld->shard_size)) {
+			ld->bounce[i] = NULL;
+			goto err;
+		}
+		ld->bounce_free |= 1u << i;
+	}
+	r = kvs_backend_create(cfg->loader_io, (unsigned)cfg->loader_io_depth, &ld->be);
+	if (r)
+		goto err;
+	r = kvs_prefetch_start(&ld->pf, c, ld->be, cfg->loader_prefetch, ld->shard_size);
+	if (r)
+		goto err;
+	*out = ld;
+	return 0;
+err:
+	kvs_loader_destroy(ld);
+	return r;
+}
+
+void kvs_loader_destroy(struct kvs_loader *ld)
+{
+	if (!ld)
+		return;
+	pthread_mutex_lock(&ld->mu);
+	ld->stop = true;
+	pthread_cond_broadcast(&ld->cond);
+	pthread_mutex_unlock(&ld->mu);
+	if (ld->completer_started)
+		pthread_join(ld->completer, NULL);
+	kvs_prefetch_stop(&ld->pf);
+	kvs_backend_destroy(ld->be); /* waits for read-aheads in flight */
+	for (int i = 0; i < BOUNCE; i++)
+		free(ld->bounce[i]);
+	pthread_cond_destroy(&ld->bounce_cond);
+	pthread_mutex_destroy(&ld->bounce_mu);
+	pthread_cond_destroy(&ld->cond);
+	pthread_mutex_destroy(&ld->mu);
+	free(ld);
+}
+
+void kvs_loader_forget(struct kvs_loader *ld)
+{
+	if (ld)
+		kvs_backend_forget(ld->be);
+}
+
+const char *kvs_loader_backend(const struct kvs_loader *ld)
+{
+	return kvs_backend_name(ld->be);
+}

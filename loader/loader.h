@@ -1,0 +1,137 @@
+/*
+ * loader: one per process; turns a read of a KV file into pins of its shards, in rotated
+ * order, storage reads for the shards this process owns, waits for the others, and copies to a
+ * destination.  It sits on top of cache/ and knows nothing of CUDA or of the hooks: a
+ * destination is a pair of functions the caller supplies.
+ *
+ * Threads (design.md §2): the thread that asks does the work.  kvs_loader_read pins, submits
+ * its owned storage reads, waits and copies on the calling thread; storage reads complete on
+ * the backend's threads, which publish READY or FAILED.  kvs_loader_start is the asynchronous
+ * form: the caller pins and submits, a completion thread waits, copies and calls back.  A
+ * prefetch thread preallocates or reads ahead the shard after recent reads.  Idle threads
+ * sleep.
+ */
+#ifndef KVS_LOADER_H
+#define KVS_LOADER_H
+
+#include <stdbool.h>
+#include <stdint.h>
+#include <sys/types.h>
+#include <sys/uio.h>
+
+#include "backend.h"
+#include "cache.h"
+
+struct kvs_config;
+struct kvs_loader;
+
+/*
+ * Where a read's bytes go.  copy() places len bytes from src (inside the shared region) at
+ * byte pos of the request and returns 0 or -errno; it may return before it has read src (an
+ * asynchronous device copy).  fence() returns once no copy issued so far reads its source any
+ * more, even when one failed, and reports 0 or -errno; NULL means every copy is over when
+ * copy() returns.  The loader holds the pin of every slot a copy reads until the fence.
+ */
+struct kvs_dest {
+	int (*copy)(void *ctx, uint64_t pos, const void *src, uint64_t len);
+	int (*fence)(void *ctx);
+	void *ctx;
+};
+
+/* One intercepted read, as the hook sees it. */
+struct kvs_read {
+	int fd;		      /* a descriptor of the file the block id was taken from (the
+			       * shim's anchor), valid until the read is over */
+	bool direct;	      /* the fd has O_DIRECT: storage reads are 4 KiB aligned */
+	bool keep;	      /* the file's times are settled: shards read now may be kept */
+	struct kvs_key block; /* the file's block id; shard ignored */
+	uint64_t dev, ino;    /* the file, for the check after each storage read */
+	uint64_t file_size;   /* st_size when the block id was taken */
+	uint64_t off;	      /* file offset of the read */
+	uint64_t len;	      /* bytes asked for */
+	/* The destination: dest, or when it is NULL the host buffers iov (memcpy). */
+	const struct kvs_dest *dest;
+	const struct iovec *iov;
+	int iovcnt;
+};
+
+/* Shards one task holds at once; a longer read is served as consecutive pieces. */
+#define KVS_TASK_OPS 16
+
+/* One shard of a task.  Private to the loader. */
+struct kvs_op {
+	uint64_t shard;
+	uint64_t pos;  /* where its bytes go, as an offset into the request */
+	uint32_t from; /* first byte wanted, within the shard */
+	uint32_t len;  /* bytes wanted */
+	uint32_t size; /* the shard's bytes in the file (short for the last one) */
+	int kind;
+	struct kvs_pin pin;
+	struct kvs_bio bio;
+	const struct kvs_read *rd;
+	_Atomic uint32_t io_done; /* owner: the backend is finished with bio and the op */
+};
+
+/* A read in progress: storage the caller provides (on its stack, or with the request it
+ * belongs to), so that the loader allocates nothing.  Fields private to the loader. */
+struct kvs_task {
+	const struct kvs_read *rd;
+	uint64_t off, end; /* the piece being served, and the end of the whole read */
+	uint64_t piece_end;
+	uint32_t nops;
+	int64_t result;
+	void (*done)(struct kvs_task *t, int64_t result);
+	void *arg; /* the caller's, untouched */
+	struct kvs_task *next;
+	struct kvs_op ops[KVS_TASK_OPS];
+	uint32_t order[KVS_TASK_OPS];
+};
+
+/* Start a loader over cache c (backend and prefetch threads; the completion thread starts with
+ * the first asynchronous read).  Returns 0 or -errno. */
+int kvs_loader_create(struct kvs_cache *c, const struct kvs_config *cfg, struct kvs_loader **out);
+
+/*
+ * Serve rd on the calling thread.  Returns the bytes placed in the destination, which is what
+ * pread would return (min(len, file_size - off), 0 at or past the end), or a negative errno
+ * meaning that nothing is promised about the destination and the caller must make the real
+ * call.  Safe from any number of threads at once; calls no malloc (a hooked read may come
+ * from a signal handler), and neither do the loader threads it waits for.
+ *
+ * What is kept.  After every storage read of a shard the loader checks its descriptor again:
+ * a different file (dev, ino) fails the load (-ESTALE); the same file with another identity (a
+ * write began meanwhile), or rd->keep false, publishes the bytes to the readers of that load
+ * only (kvs_cache_mark_ready_unkept): the next read loads them again.
+ *
+ * A shard that failed, timed out (loader.wait_timeout_ms) or could not be pinned is read from
+ * storage by this call when the destination is host memory (rd->dest NULL); with any other
+ * destination the call returns its error.
+ */
+int64_t kvs_loader_read(struct kvs_loader *ld, const struct kvs_read *rd);
+
+/*
+ * Serve rd asynchronously into t.  The calling thread pins the first KVS_TASK_OPS shards and
+ * submits its owned storage reads; the completion thread waits, copies, fences, serves the
+ * rest piece by piece, and then calls done(t, result) once, result as kvs_loader_read returns.
+ * rd, its destination and t must stay valid until done is called; t->arg is the caller's.
+ * Returns 0 (done will be called) or -errno (it will not, and nothing is held).
+ */
+int kvs_loader_start(struct kvs_loader *ld, struct kvs_task *t, const struct kvs_read *rd,
+		     void (*done)(struct kvs_task *t, int64_t result), void *arg);
+
+/* Stop the threads and free.  No read may be in progress.  NULL is accepted. */
+void kvs_loader_destroy(struct kvs_loader *ld);
+
+/* The fork child: close what the loader holds of the kernel's (its io_uring) without touching
+ * its threads, which do not exist here, or its locks.  The memory is abandoned. */
+void kvs_loader_forget(struct kvs_loader *ld);
+
+/* The rotated visiting order of nops shards for local rank `rank` of `nranks`: slice rank %
+ * nranks first (shards rank, rank + nranks, ...), then the next slice, wrapping.  nranks 1
+ * gives the natural order.  order receives nops indices. */
+void kvs_loader_order(uint32_t rank, uint32_t nranks, uint32_t nops, uint32_t *order);
+
+/* The backend's name ("io_uring" or "threads"), for logs. */
+const char *kvs_loader_backend(const struct kvs_loader *ld);
+
+#endif
