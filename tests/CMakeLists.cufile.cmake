@@ -1,0 +1,34 @@
+# cuFile: the ABI check of shim/cufile_types.h against NVIDIA's cufile.h.
+# include()d from tests/CMakeLists.txt; paths use CMAKE_CURRENT_LIST_DIR.
+
+# --- the ABI check needs NVIDIA's cufile.h (the nvidia-cufile wheel) and cuda.h.
+if(NOT CUFILE_INCLUDE)
+  execute_process(
+    COMMAND python3 -c "import nvidia, os; print(';'.join(os.path.join(p, d, 'include') for p in nvidia.__path__ for d in ('cu13', 'cufile')))"
+    OUTPUT_VARIABLE kvs_cufile_hint OUTPUT_STRIP_TRAILING_WHITESPACE ERROR_QUIET)
+endif()
+find_path(CUFILE_INCLUDE cufile.h PATHS ${kvs_cufile_hint} NO_DEFAULT_PATH)
+find_path(CUFILE_INCLUDE cufile.h PATHS /usr/local/cuda/include /usr/local/cuda/targets/x86_64-linux/include)
+find_path(KVS_CUDA_H_INCLUDE cuda.h PATHS ${CUDAToolkit_INCLUDE_DIRS} /usr/local/cuda/include)
+if(CUFILE_INCLUDE AND KVS_CUDA_H_INCLUDE)
+  message(STATUS "cufile.h: ${CUFILE_INCLUDE}")
+  add_executable(check_cufile_abi ${CMAKE_CURRENT_LIST_DIR}/check_cufile_abi.c)
+  target_include_directories(check_cufile_abi PRIVATE ${CUFILE_INCLUDE} ${KVS_CUDA_H_INCLUDE}
+    ${CMAKE_SOURCE_DIR}/shim)
+  target_link_libraries(check_cufile_abi PRIVATE ${CMAKE_DL_LIBS})
+  # The real library must export every name the header says callers bind to, where the
+  # wheel carries it (nvidia/cu13/lib beside include).
+  set(kvs_cufile_libs)
+  if(EXISTS ${CUFILE_INCLUDE}/../lib/libcufile.so.0)
+    get_filename_component(kvs_real_cufile ${CUFILE_INCLUDE}/../lib/libcufile.so.0 ABSOLUTE)
+    list(APPEND kvs_cufile_libs ${kvs_real_cufile})
+  endif()
+  add_test(NAME check_cufile_abi COMMAND check_cufile_abi ${kvs_cufile_libs})
+else()
+  message(STATUS "cufile.h or cuda.h not found (python3 -m pip install nvidia-cufile, or "
+    "-DCUFILE_INCLUDE=...): the cuFile ABI check will skip")
+  add_test(NAME check_cufile_abi
+    COMMAND sh -c "echo 'SKIP: nvidia-cufile wheel not installed: python3 -m pip install nvidia-cufile (or configure with -DCUFILE_INCLUDE=<folder of cufile.h>); cuda.h is needed too'; exit 77")
+endif()
+set_tests_properties(check_cufile_abi PROPERTIES SKIP_RETURN_CODE 77 TIMEOUT 60)
+
