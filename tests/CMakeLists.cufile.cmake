@@ -1,5 +1,21 @@
-# cuFile: the ABI check of shim/cufile_types.h against NVIDIA's cufile.h.
+# cuFile: the ABI check of shim/cufile_types.h against NVIDIA's cufile.h and the fake
+# libcufile.so.0.
 # include()d from tests/CMakeLists.txt; paths use CMAKE_CURRENT_LIST_DIR.
+#
+# The fakes (this libcufile.so.0, and fake_cuda.c's libcuda.so.1) share one folder, which a
+# test puts on LD_LIBRARY_PATH in place of the real libraries.
+set(KVS_FAKE_DIR ${CMAKE_BINARY_DIR}/tests/fake)
+
+# --- fake libcufile.so.0: the file name is exactly the real SONAME.
+add_library(fakecufile SHARED ${CMAKE_CURRENT_LIST_DIR}/fake_cufile.c)
+target_include_directories(fakecufile PRIVATE ${CMAKE_SOURCE_DIR}/shim)
+target_link_libraries(fakecufile PRIVATE Threads::Threads ${CMAKE_DL_LIBS})
+target_link_options(fakecufile PRIVATE -Wl,-z,defs)
+set_target_properties(fakecufile PROPERTIES
+  OUTPUT_NAME cufile
+  SOVERSION 0
+  LIBRARY_OUTPUT_DIRECTORY ${KVS_FAKE_DIR})
+# VERSION unset: the file is libcufile.so.0 itself, with the libcufile.so link beside it.
 
 # --- the ABI check needs NVIDIA's cufile.h (the nvidia-cufile wheel) and cuda.h.
 if(NOT CUFILE_INCLUDE)
@@ -16,9 +32,9 @@ if(CUFILE_INCLUDE AND KVS_CUDA_H_INCLUDE)
   target_include_directories(check_cufile_abi PRIVATE ${CUFILE_INCLUDE} ${KVS_CUDA_H_INCLUDE}
     ${CMAKE_SOURCE_DIR}/shim)
   target_link_libraries(check_cufile_abi PRIVATE ${CMAKE_DL_LIBS})
-  # The real library must export every name the header says callers bind to, where the
-  # wheel carries it (nvidia/cu13/lib beside include).
-  set(kvs_cufile_libs)
+  # Both libraries must export every name callers bind to: the real one where the wheel
+  # carries it (nvidia/cu13/lib beside include), and the fake.
+  set(kvs_cufile_libs $<TARGET_FILE:fakecufile>)
   if(EXISTS ${CUFILE_INCLUDE}/../lib/libcufile.so.0)
     get_filename_component(kvs_real_cufile ${CUFILE_INCLUDE}/../lib/libcufile.so.0 ABSOLUTE)
     list(APPEND kvs_cufile_libs ${kvs_real_cufile})
