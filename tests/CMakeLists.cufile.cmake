@@ -1,5 +1,5 @@
-# cuFile: the ABI check of shim/cufile_types.h against NVIDIA's cufile.h and the fake
-# libcufile.so.0.
+# cuFile: the ABI check of shim/cufile_types.h against NVIDIA's cufile.h, the fake
+# libcufile.so.0, the engine-like programs and the `gpu` end-to-end test.
 # include()d from tests/CMakeLists.txt; paths use CMAKE_CURRENT_LIST_DIR.
 #
 # The fakes (this libcufile.so.0, and fake_cuda.c's libcuda.so.1) share one folder, which a
@@ -16,6 +16,15 @@ set_target_properties(fakecufile PROPERTIES
   SOVERSION 0
   LIBRARY_OUTPUT_DIRECTORY ${KVS_FAKE_DIR})
 # VERSION unset: the file is libcufile.so.0 itself, with the libcufile.so link beside it.
+
+# --- engines: one source, reaching libcufile by dlopen (-dl) or as a NEEDED library (-ln).
+add_executable(kvshim-gpu-engine-dl ${CMAKE_CURRENT_LIST_DIR}/gpu_engine.c)
+target_include_directories(kvshim-gpu-engine-dl PRIVATE ${CMAKE_SOURCE_DIR}/shim)
+target_link_libraries(kvshim-gpu-engine-dl PRIVATE ${CMAKE_DL_LIBS})
+add_executable(kvshim-gpu-engine-ln ${CMAKE_CURRENT_LIST_DIR}/gpu_engine.c)
+target_include_directories(kvshim-gpu-engine-ln PRIVATE ${CMAKE_SOURCE_DIR}/shim)
+target_compile_definitions(kvshim-gpu-engine-ln PRIVATE KVS_ENGINE_LINKED)
+target_link_libraries(kvshim-gpu-engine-ln PRIVATE fakecufile ${CMAKE_DL_LIBS})
 
 # --- the ABI check needs NVIDIA's cufile.h (the nvidia-cufile wheel) and cuda.h.
 if(NOT CUFILE_INCLUDE)
@@ -48,3 +57,8 @@ else()
 endif()
 set_tests_properties(check_cufile_abi PROPERTIES SKIP_RETURN_CODE 77 TIMEOUT 60)
 
+# --- gpu: 8 engine processes at once per api and link form, under LD_PRELOAD, on the fakes.
+add_test(NAME gpu COMMAND bash ${CMAKE_CURRENT_LIST_DIR}/gpu_test.sh
+  $<TARGET_FILE:kvshim> $<TARGET_FILE:kvshim-cli> $<TARGET_FILE:kvshim-gpu-engine-dl>
+  $<TARGET_FILE:kvshim-gpu-engine-ln> ${KVS_FAKE_DIR})
+set_tests_properties(gpu PROPERTIES SKIP_RETURN_CODE 77 TIMEOUT 600)
