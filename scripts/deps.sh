@@ -29,3 +29,23 @@ if ! command -v promtool >/dev/null; then
 		prometheus >/dev/null 2>&1 ||
 		echo "deps: prometheus did not install; the tools test skips promtool" >&2
 fi
+
+# NVIDIA's cufile.h and libcufile.so.0 (the nvidia-cufile wheel), for check_cufile_abi, which
+# pins shim/cufile_types.h to them.  Without the wheel that test skips, so a failed install
+# must not stop the build either.
+cufile_h='import nvidia, os, sys
+sys.exit(0 if any(os.path.exists(os.path.join(p, "cu13", "include", "cufile.h")) for p in nvidia.__path__) else 1)'
+if ! python3 -c "$cufile_h" 2>/dev/null; then
+	if ! python3 -m pip --version >/dev/null 2>&1; then
+		echo "deps: pip is missing (apt-get install python3-pip); check_cufile_abi skips" >&2
+	else
+		echo "deps: installing nvidia-cufile (python3 -m pip)" >&2
+		# An externally managed Python (PEP 668) refuses a plain install; CI and root may
+		# override it, a developer's own account is left alone.
+		python3 -m pip install --quiet nvidia-cufile >/dev/null 2>&1 ||
+			{ { [ -n "${CI:-}" ] || [ "$(id -u)" -eq 0 ]; } &&
+				python3 -m pip install --quiet --break-system-packages nvidia-cufile \
+					>/dev/null 2>&1; } ||
+			echo "deps: nvidia-cufile did not install; check_cufile_abi skips" >&2
+	fi
+fi

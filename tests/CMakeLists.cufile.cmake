@@ -1,0 +1,64 @@
+# cuFile: the ABI check of shim/cufile_types.h against NVIDIA's cufile.h, the fake
+# libcufile.so.0, the engine-like programs and the `gpu` end-to-end test.
+# include()d from tests/CMakeLists.txt; paths use CMAKE_CURRENT_LIST_DIR.
+#
+# The fakes (this libcufile.so.0, and fake_cuda.c's libcuda.so.1) share one folder, which a
+# test puts on LD_LIBRARY_PATH in place of the real libraries.
+set(KVS_FAKE_DIR ${CMAKE_BINARY_DIR}/tests/fake)
+
+# --- fake libcufile.so.0: the file name is exactly the real SONAME.
+add_library(fakecufile SHARED ${CMAKE_CURRENT_LIST_DIR}/fake_cufile.c)
+target_include_directories(fakecufile PRIVATE ${CMAKE_SOURCE_DIR}/shim)
+target_link_libraries(fakecufile PRIVATE Threads::Threads ${CMAKE_DL_LIBS})
+target_link_options(fakecufile PRIVATE -Wl,-z,defs)
+set_target_properties(fakecufile PROPERTIES
+  OUTPUT_NAME cufile
+  SOVERSION 0
+  LIBRARY_OUTPUT_DIRECTORY ${KVS_FAKE_DIR})
+# VERSION unset: the file is libcufile.so.0 itself, with the libcufile.so link beside it.
+
+# --- engines: one source, reaching libcufile by dlopen (-dl) or as a NEEDED library (-ln).
+add_executable(kvshim-gpu-engine-dl ${CMAKE_CURRENT_LIST_DIR}/gpu_engine.c)
+target_include_directories(kvshim-gpu-engine-dl PRIVATE ${CMAKE_SOURCE_DIR}/shim)
+target_link_libraries(kvshim-gpu-engine-dl PRIVATE ${CMAKE_DL_LIBS})
+add_executable(kvshim-gpu-engine-ln ${CMAKE_CURRENT_LIST_DIR}/gpu_engine.c)
+target_include_directories(kvshim-gpu-engine-ln PRIVATE ${CMAKE_SOURCE_DIR}/shim)
+target_compile_definitions(kvshim-gpu-engine-ln PRIVATE KVS_ENGINE_LINKED)
+target_link_libraries(kvshim-gpu-engine-ln PRIVATE fakecufile ${CMAKE_DL_LIBS})
+
+# --- the ABI check needs NVIDIA's cufile.h (the nvidia-cufile wheel) and cuda.h.
+if(NOT CUFILE_INCLUDE)
+  execute_process(
+    COMMAND python3 -c "import nvidia, os; print(';'.join(os.path.join(p, d, 'include') for p in nvidia.__path__ for d in ('cu13', 'cufile')))"
+    OUTPUT_VARIABLE kvs_cufile_hint OUTPUT_STRIP_TRAILING_WHITESPACE ERROR_QUIET)
+endif()
+find_path(CUFILE_INCLUDE cufile.h PATHS ${kvs_cufile_hint} NO_DEFAULT_PATH)
+find_path(CUFILE_INCLUDE cufile.h PATHS /usr/local/cuda/include /usr/local/cuda/targets/x86_64-linux/include)
+find_path(KVS_CUDA_H_INCLUDE cuda.h PATHS ${CUDAToolkit_INCLUDE_DIRS} /usr/local/cuda/include)
+if(CUFILE_INCLUDE AND KVS_CUDA_H_INCLUDE)
+  message(STATUS "cufile.h: ${CUFILE_INCLUDE}")
+  add_executable(check_cufile_abi ${CMAKE_CURRENT_LIST_DIR}/check_cufile_abi.c)
+  target_include_directories(check_cufile_abi PRIVATE ${CUFILE_INCLUDE} ${KVS_CUDA_H_INCLUDE}
+    ${CMAKE_SOURCE_DIR}/shim)
+  target_link_libraries(check_cufile_abi PRIVATE ${CMAKE_DL_LIBS})
+  # Both libraries must export every name callers bind to: the real one where the wheel
+  # carries it (nvidia/cu13/lib beside include), and the fake.
+  set(kvs_cufile_libs $<TARGET_FILE:fakecufile>)
+  if(EXISTS ${CUFILE_INCLUDE}/../lib/libcufile.so.0)
+    get_filename_component(kvs_real_cufile ${CUFILE_INCLUDE}/../lib/libcufile.so.0 ABSOLUTE)
+    list(APPEND kvs_cufile_libs ${kvs_real_cufile})
+  endif()
+  add_test(NAME check_cufile_abi COMMAND check_cufile_abi ${kvs_cufile_libs})
+else()
+  message(STATUS "cufile.h or cuda.h not found (python3 -m pip install nvidia-cufile, or "
+    "-DCUFILE_INCLUDE=...): the cuFile ABI check will skip")
+  add_test(NAME check_cufile_abi
+    COMMAND sh -c "echo 'SKIP: nvidia-cufile wheel not installed: python3 -m pip install nvidia-cufile (or configure with -DCUFILE_INCLUDE=<folder of cufile.h>); cuda.h is needed too'; exit 77")
+endif()
+set_tests_properties(check_cufile_abi PROPERTIES SKIP_RETURN_CODE 77 TIMEOUT 60)
+
+# --- gpu: 8 engine processes at once per api and link form, under LD_PRELOAD, on the fakes.
+add_test(NAME gpu COMMAND bash ${CMAKE_CURRENT_LIST_DIR}/gpu_test.sh
+  $<TARGET_FILE:kvshim> $<TARGET_FILE:kvshim-cli> $<TARGET_FILE:kvshim-gpu-engine-dl>
+  $<TARGET_FILE:kvshim-gpu-engine-ln> ${KVS_FAKE_DIR})
+set_tests_properties(gpu PROPERTIES SKIP_RETURN_CODE 77 TIMEOUT 600)

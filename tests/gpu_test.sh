@@ -1,0 +1,133 @@
+#!/usr/bin/env bash
+# GPU end-to-end on the fakes: 8 engine processes at once read the same KV files into (fake)
+# device memory through cuFile, under LD_PRELOAD=libkvshim.so, for each cuFile api (read,
+# batch, async) and each way of reaching libcufile (dlopen + dlsym, or linked).  Every engine
+# must exit 0 with every byte right; then `kvshim stat` must show storage read once
+# (totals.backend_bytes == the unique bytes) and each process served from the cache
+# (totals.h2d_bytes == 8 x them), and the fake libcufile must have read nothing itself.
+#   gpu_test.sh LIBKVSHIM KVSHIM ENGINE_DL ENGINE_LN FAKEDIR
+# FAKEDIR holds the fakes libcufile.so.0 (tests/fake_cufile.c) and libcuda.so.1
+# (tests/fake_cuda.c); without them the test skips.
+# KVS_GPU_TEST_EXPECT_SERVED=0 checks instead that the engines work through the fake alone
+# (every byte read by the fake libcufile), for use while the shim has no cuFile hooks.
+set -uo pipefail
+engine_dl=$3
+engine_ln=$4
+fakedir=$5
+expect_served=${KVS_GPU_TEST_EXPECT_SERVED:-1}
+
+for f in "$fakedir/libcufile.so.0" "$fakedir/libcuda.so.1"; do
+	if [ ! -e "$f" ]; then
+		echo "SKIP: the fakes were not built: $f is missing (targets fakecufile and fakecuda)"
+		exit 77
+	fi
+done
+
+PREFIX=gpu
+source "$(dirname "$0")/preload_lib.sh" # lib (sanitizer runtime first), work, name, ok, fail
+
+mkdir -p "$work/kv"
+for i in 0 1 2 3; do
+	head -c $((8 * 1024 * 1024)) /dev/urandom >"$work/kv/blk$i"
+done
+files=("$work"/kv/blk*)
+unique=$(cat "${files[@]}" | wc -c)
+if ! dd if="${files[0]}" of=/dev/null bs=4096 count=1 iflag=direct status=none 2>/dev/null; then
+	echo "SKIP: O_DIRECT does not work in $work"
+	exit 77
+fi
+
+# Only this configuration: no stray KVSHIM_* overrides from the caller's environment.
+while read -r v; do unset "$v"; done < <(compgen -e | grep '^KVSHIM_')
+cat >"$work/kvshim.ini" <<EOF
+[files]
+roots = $work/kv
+[cache]
+name = $name
+shard_size = 1M
+capacity = 64M
+EOF
+export KVSHIM_CONFIG=$work/kvshim.ini
+
+totals() { # print one counter from stat --json, 0 if there is no region
+	"$kvshim" stat --json 2>/dev/null |
+		python3 -c 'import json,sys
+try: print(json.load(sys.stdin)["totals"][sys.argv[1]])
+except Exception: print(0)' "$1"
+}
+fake_sum() { # sum one counter over the fake libcufile's stats files in folder $1
+	cat "$1"/fakecufile.* 2>/dev/null | awk -v k="$2" '$1 == k { s += $2 } END { print s + 0 }'
+}
+
+# The engine's own check can fail: a corrupted byte (no shim) must make it exit 1.
+LD_LIBRARY_PATH=$fakedir FAKECUFILE_FAIL=corrupt@3 "$engine_dl" --api read "${files[@]}" \
+	>/dev/null 2>"$work/err"
+rc=$?
+if [ $rc -eq 1 ] && grep -q "^engine: mismatch: ${files[0]} offset 2097152$" "$work/err"; then
+	ok "a corrupted block is caught by the engine (exit 1, $(cat "$work/err"))"
+else
+	fail "a corrupted block: exit $rc, stderr: $(head -c 300 "$work/err")"
+fi
+
+for api in read batch async; do
+	for form in dl ln; do
+		label="api $api, $form, 8 processes"
+		engine=$engine_dl
+		[ $form = ln ] && engine=$engine_ln
+		"$kvshim" reset --force >/dev/null 2>&1
+		stats=$work/stats.$api.$form
+		mkdir -p "$stats"
+		pids=()
+		for r in 0 1 2 3 4 5 6 7; do
+			LD_PRELOAD=$lib LD_LIBRARY_PATH=$fakedir FAKECUFILE_STATS=$stats \
+				timeout 120 "$engine" --api $api --block $((1024 * 1024)) "${files[@]}" \
+				>"$work/out.$r" 2>"$work/err.$r" &
+			pids+=($!)
+		done
+		bad=""
+		for r in 0 1 2 3 4 5 6 7; do
+			wait "${pids[$r]}"
+			rc=$?
+			[ $rc -eq 0 ] || bad="$bad rank $r exit $rc: $(head -c 200 "$work/err.$r");"
+		done
+		want="engine: 4 files, $unique bytes, api $api, ok"
+		for r in 0 1 2 3 4 5 6 7; do
+			[ "$(cat "$work/out.$r")" = "$want" ] ||
+				bad="$bad rank $r stdout: $(head -c 200 "$work/out.$r");"
+		done
+		if [ -n "$bad" ]; then
+			fail "$label:$bad"
+			continue
+		fi
+		ok "$label: every engine exit 0, all bytes right"
+		for r in 0 1 2 3 4 5 6 7; do
+			if grep -v '^kvshim: attached' "$work/err.$r" | grep -q .; then
+				echo "note - $label: rank $r stderr: $(head -c 200 "$work/err.$r")"
+			fi
+		done
+
+		backend=$(totals backend_bytes)
+		h2d=$(totals h2d_bytes)
+		nstats=$(ls "$stats" | grep -c '^fakecufile\.[0-9]*$')
+		fake_bytes=$(fake_sum "$stats" read_bytes)
+		if [ "$nstats" -ne 8 ]; then
+			fail "$label: $nstats of 8 fake libcufile stats files"
+		elif [ "$expect_served" = 1 ]; then
+			if [ "$backend" -eq "$unique" ] && [ "$h2d" -eq $((8 * unique)) ] &&
+				[ "$fake_bytes" -eq 0 ]; then
+				ok "$label: served: storage read $backend bytes, $h2d to device, 0 by the fake"
+			else
+				fail "$label: backend_bytes $backend (want $unique), h2d_bytes $h2d (want $((8 * unique))), fake libcufile read $fake_bytes (want 0)"
+			fi
+		else
+			if [ "$fake_bytes" -eq $((8 * unique)) ]; then
+				ok "$label: the fake read all $fake_bytes bytes (KVS_GPU_TEST_EXPECT_SERVED=0; shim: backend_bytes $backend, h2d_bytes $h2d)"
+			else
+				fail "$label: the fake read $fake_bytes bytes, want $((8 * unique)) (KVS_GPU_TEST_EXPECT_SERVED=0)"
+			fi
+		fi
+	done
+done
+
+echo "gpu: $fails failed"
+[ $fails -eq 0 ]
