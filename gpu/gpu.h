@@ -1,0 +1,147 @@
+/*
+ * gpu: the CUDA driver, reached through dlopen() (never linked), for the loader's copies into
+ * device memory: where a pointer lives, host-to-device copies on streams the module owns or on
+ * a caller's stream, and the background registration (pinning) of the cache's data region.
+ *
+ * One struct kvs_gpu per process.  Every function is safe from any number of threads at once,
+ * except kvs_gpu_close and kvs_gpu_forget, which must be the last call.  Nothing here prints:
+ * errors are returned as -errno, and the caller logs.
+ *
+ * Contexts.  Every driver call that needs a context runs with the destination's context
+ * pushed on the calling thread and popped after, so the caller's current context is never
+ * changed.  Device memory that has no context of its own (cuMemMap'd memory) is served
+ * through the device's primary context, retained by the module until kvs_gpu_close.
+ *
+ * Errors (driver CUresult to errno): INVALID_VALUE -EINVAL, OUT_OF_MEMORY -ENOMEM,
+ * NOT_INITIALIZED / DEINITIALIZED / NO_DEVICE / INVALID_DEVICE -ENODEV, NOT_PERMITTED -EPERM,
+ * NOT_SUPPORTED -ENOTSUP, anything else -EIO.
+ */
+#ifndef KVS_GPU_H
+#define KVS_GPU_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+struct kvs_gpu;
+
+struct kvs_gpu_params {
+	const char *library; /* cuda.library; NULL = "libcuda.so.1" */
+	bool register_host;  /* cuda.register_host: kvs_gpu_register_region does something */
+	/* The real dlsym (the shim interposes dlsym); NULL = dlsym. */
+	void *(*dlsym)(void *handle, const char *name);
+};
+
+enum kvs_mem_kind {
+	KVS_MEM_HOST,	/* memory the CPU may write: pageable, pinned or managed */
+	KVS_MEM_DEVICE, /* device memory: copy with kvs_gpu_copy */
+};
+
+struct kvs_gpu_ptr {
+	enum kvs_mem_kind kind;
+	void *ctx;     /* DEVICE: the CUcontext to copy in */
+	int device;    /* DEVICE: its ordinal */
+	uint64_t dptr; /* the pointer classified */
+};
+
+/* A copy session to one device destination (kvs_gpu_copy_begin); fields are private. */
+struct kvs_gpu_copy {
+	struct kvs_gpu *g;
+	void *ctx;
+	void *stream;
+	uint64_t dptr;
+	int err;	 /* first error of the session, 0 if none */
+	uint32_t queued; /* copies enqueued since begin or the last fence */
+};
+
+/*
+ * Load the driver library p->library, resolve its entry points and call cuInit(0).  Returns 0
+ * and *out, -ENOENT when the library cannot be loaded, -ENOSYS when it lacks an entry point,
+ * -ENODEV when the driver refuses (no device, cuInit fails), -ENOMEM.  The library is never
+ * unloaded.
+ */
+int kvs_gpu_open(const struct kvs_gpu_params *p, struct kvs_gpu **out);
+
+/*
+ * Where does [ptr, ptr+len) live?  Fills *out and returns 0 for host memory the CPU may write
+ * (pageable, pinned, managed: kind HOST) and for a range inside one device allocation (kind
+ * DEVICE, with its context and device); -EINVAL for anything else (a device range crossing
+ * the end of its allocation, array memory, a wrapping range); another -errno from the driver.
+ */
+int kvs_gpu_classify(struct kvs_gpu *g, uint64_t ptr, size_t len, struct kvs_gpu_ptr *out);
+
+/*
+ * Start a copy session into dst (kind DEVICE): the copies go, in order, on a non-blocking
+ * stream the module owns for dst's context (created at the first use).  Returns 0, -EINVAL for
+ * a HOST destination, or the error of the stream's creation.
+ */
+int kvs_gpu_copy_begin(struct kvs_gpu *g, const struct kvs_gpu_ptr *dst, struct kvs_gpu_copy *cp);
+
+/*
+ * Enqueue the copy of [src, src+len) to dst->dptr + dst_off (cuMemcpyHtoDAsync).  src must
+ * stay valid and unchanged until kvs_gpu_fence returns.  Returns 0 or -errno; after an error
+ * the session refuses further copies with the same error.
+ */
+int kvs_gpu_copy(struct kvs_gpu_copy *cp, uint64_t dst_off, const void *src, size_t len);
+
+/*
+ * Enqueue n copies at once (cuMemcpyBatchAsync where the driver has it, else one
+ * cuMemcpyHtoDAsync each): copy i goes from srcs[i] to dst->dptr + offs[i], lens[i] bytes.
+ * The copies of one batch must not overlap.  Returns as kvs_gpu_copy.
+ */
+int kvs_gpu_copy_many(struct kvs_gpu_copy *cp, size_t n, const uint64_t *offs,
+		      const void *const *srcs, const size_t *lens);
+
+/*
+ * Wait until every copy enqueued in the session has finished: after it returns, no copy reads
+ * its source any more, even on error.  Returns the session's first error, else the
+ * synchronisation's, else 0.  The session may be used again afterwards.
+ */
+int kvs_gpu_fence(struct kvs_gpu_copy *cp);
+
+/*
+ * Enqueue the copy of [src, src+len) to dst->dptr + dst_off on the caller's stream (for
+ * cuFileReadAsync) instead of the module's.  Nothing waits for it.  Returns 0 or -errno.
+ */
+int kvs_gpu_copy_on_stream(struct kvs_gpu *g, void *stream, const struct kvs_gpu_ptr *dst,
+			   uint64_t dst_off, const void *src, size_t len);
+
+/*
+ * Enqueue fn(arg) on stream (cuLaunchHostFunc): the driver runs it on a thread of its own once
+ * the work before it on the stream has finished; fn must not call CUDA.  dst gives the context
+ * (NULL: the calling thread's current one).  Returns 0 or -errno (fn will not run).
+ */
+int kvs_gpu_host_func(struct kvs_gpu *g, void *stream, const struct kvs_gpu_ptr *dst,
+		      void (*fn)(void *), void *arg);
+
+/*
+ * Register [base, base+len) with the driver (cuMemHostRegister, PORTABLE) chunk by chunk on a
+ * background thread, so that copies from it run at pinned speed; copies never wait for it.
+ * The first call in a process starts it, later calls and params.register_host false do
+ * nothing.  The thread needs a context: the calling thread's current one, else that of the
+ * first device pointer classified, so it never creates one (no context on device 0 for every
+ * rank).  A chunk someone else registered already is skipped; any other failure stops the
+ * registration (kvs_gpu_register_error says which).
+ */
+void kvs_gpu_register_region(struct kvs_gpu *g, void *base, size_t len);
+
+/* Bytes of the region registered so far. */
+uint64_t kvs_gpu_registered_bytes(const struct kvs_gpu *g);
+
+/* The error that stopped the registration (-errno), or 0. */
+int kvs_gpu_register_error(const struct kvs_gpu *g);
+
+/*
+ * In a fork child: abandon g without a single driver call (the child's CUDA state is not
+ * usable, and the parent's threads do not exist here).  g must not be used afterwards.
+ */
+void kvs_gpu_forget(struct kvs_gpu *g);
+
+/*
+ * Stop the registration thread, unregister what it registered, destroy the module's streams
+ * (waiting for their copies), release retained primary contexts and free g.  No other call may
+ * be in progress.  The library stays loaded.  NULL is accepted.
+ */
+void kvs_gpu_close(struct kvs_gpu *g);
+
+#endif

@@ -1,0 +1,91 @@
+/*
+ * gpu/ internals shared by its files: the driver's entry points and struct kvs_gpu.
+ */
+#ifndef KVS_GPU_INTERNAL_H
+#define KVS_GPU_INTERNAL_H
+
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "cuda_types.h"
+#include "gpu.h"
+
+#define KVS_GPU_MAX_CTX	     64
+#define KVS_GPU_MAX_DEVICES  64
+#define KVS_GPU_REG_CHUNK    (64ull << 20)
+#define KVS_GPU_PROC_VERSION 12000 /* the ABI the typedefs below describe */
+
+/* Entry points, each with the signature of the version gpu/ asks for. */
+struct kvs_cu_fns {
+	kvs_cu_result (*init)(unsigned int);
+	kvs_cu_result (*driver_get_version)(int *);
+	kvs_cu_result (*pointer_get_attributes)(unsigned int, kvs_cu_pointer_attribute *, void **,
+						kvs_cu_deviceptr);
+	kvs_cu_result (*ctx_get_current)(kvs_cu_context *);
+	kvs_cu_result (*ctx_push_current)(kvs_cu_context);
+	kvs_cu_result (*ctx_pop_current)(kvs_cu_context *);
+	kvs_cu_result (*primary_ctx_retain)(kvs_cu_context *, kvs_cu_device);
+	kvs_cu_result (*primary_ctx_release)(kvs_cu_device);
+	kvs_cu_result (*stream_create)(kvs_cu_stream *, unsigned int);
+	kvs_cu_result (*stream_destroy)(kvs_cu_stream);
+	kvs_cu_result (*stream_synchronize)(kvs_cu_stream);
+	kvs_cu_result (*memcpy_htod_async)(kvs_cu_deviceptr, const void *, size_t, kvs_cu_stream);
+	kvs_cu_result (*launch_host_func)(kvs_cu_stream, kvs_cu_hostfn, void *);
+	kvs_cu_result (*mem_host_register)(void *, size_t, unsigned int);
+	kvs_cu_result (*mem_host_unregister)(void *);
+	/* Optional: cuMemcpyBatchAsync as of CUDA 13.0 (batch_v2) or 12.8 (with failIdx). */
+	kvs_cu_result (*memcpy_batch_v2)(kvs_cu_deviceptr *, kvs_cu_deviceptr *, size_t *, size_t,
+					 struct kvs_cu_memcpy_attributes *, size_t *, size_t,
+					 kvs_cu_stream);
+	kvs_cu_result (*memcpy_batch_v1)(kvs_cu_deviceptr *, kvs_cu_deviceptr *, size_t *, size_t,
+					 struct kvs_cu_memcpy_attributes *, size_t *, size_t,
+					 size_t *, kvs_cu_stream);
+};
+
+struct kvs_gpu_ctx {
+	kvs_cu_context ctx;
+	kvs_cu_stream stream;
+};
+
+struct kvs_gpu_reg {
+	pthread_t th;
+	bool started; /* under kvs_gpu.lock */
+	bool stop;    /* under kvs_gpu.lock */
+	char *base;   /* set before the thread starts */
+	size_t len;
+	size_t nchunks;
+	uint8_t *done;		/* chunk i registered; the thread's alone until it is joined */
+	_Atomic uint64_t bytes; /* written by the thread, read by anyone */
+	_Atomic int err;
+};
+
+struct kvs_gpu {
+	struct kvs_cu_fns cu;
+	void *lib;
+	int driver_version;
+	bool register_host;
+	_Atomic bool forgotten;
+	pthread_mutex_t lock; /* guards ctxs, nctx, primary, home_ctx, reg.started/stop */
+	pthread_cond_t cond;  /* home_ctx set, or reg.stop */
+	struct kvs_gpu_ctx ctxs[KVS_GPU_MAX_CTX];
+	int nctx;
+	kvs_cu_context primary[KVS_GPU_MAX_DEVICES];
+	kvs_cu_context home_ctx; /* the context the registration thread uses */
+	struct kvs_gpu_reg reg;
+};
+
+/* A CUresult as -errno (see gpu.h). */
+int kvs_gpu_errno(kvs_cu_result r);
+
+/* Record c as the registration's context if there is none yet. */
+void kvs_gpu_set_home(struct kvs_gpu *g, kvs_cu_context c);
+
+/* Stop and join the registration thread, unregister its chunks (close). */
+void kvs_gpu_register_stop(struct kvs_gpu *g);
+
+/* Destroy the module's streams (close). */
+void kvs_gpu_streams_destroy(struct kvs_gpu *g);
+
+#endif

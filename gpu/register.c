@@ -1,0 +1,137 @@
+/*
+ * gpu: background registration of the cache's data region (see gpu.h).
+ *
+ * DESIGN
+ *
+ * One registration per process, on one thread, so that pinning a large region (seconds for
+ * hundreds of GiB) never delays a copy: a copy from a chunk not yet registered only runs at
+ * pageable speed.  The thread waits (g->cond) until the module knows a context to register in
+ * (g->home_ctx: the context current on the thread that asked, else the first device
+ * pointer's), so it never creates a context of its own, then registers KVS_GPU_REG_CHUNK at a
+ * time with that context pushed, checking reg.stop between chunks.
+ *
+ * Fields: reg.started, reg.stop and g->home_ctx are under g->lock.  reg.base, len, nchunks are
+ * written before the thread starts (pthread_create orders them).  reg.done[] is written by the
+ * thread only and read by kvs_gpu_register_stop after the join.  reg.bytes and reg.err are
+ * relaxed atomics: readers want a figure, not an ordering.
+ */
+#include <errno.h>
+#include <stdlib.h>
+
+#include "internal.h"
+
+void kvs_gpu_set_home(struct kvs_gpu *g, kvs_cu_context c)
+{
+	if (!c)
+		return;
+	pthread_mutex_lock(&g->lock);
+	if (!g->home_ctx) {
+		g->home_ctx = c;
+		pthread_cond_broadcast(&g->cond); /* wakes the wait in reg_thread */
+	}
+	pthread_mutex_unlock(&g->lock);
+}
+
+static void *reg_thread(void *arg)
+{
+	struct kvs_gpu *g = arg;
+	struct kvs_gpu_reg *reg = &g->reg;
+
+	pthread_mutex_lock(&g->lock);
+	while (!g->home_ctx && !reg->stop)
+		pthread_cond_wait(&g->cond, &g->lock);
+	kvs_cu_context ctx = g->home_ctx;
+	pthread_mutex_unlock(&g->lock);
+	if (!ctx || g->cu.ctx_push_current(ctx) != KVS_CU_SUCCESS)
+		return NULL;
+
+	for (size_t i = 0; i < reg->nchunks; i++) {
+		pthread_mutex_lock(&g->lock);
+		bool stop = reg->stop;
+		pthread_mutex_unlock(&g->lock);
+		if (stop)
+			break;
+		size_t off = i * KVS_GPU_REG_CHUNK;
+		size_t n = reg->len - off < KVS_GPU_REG_CHUNK ? reg->len - off : KVS_GPU_REG_CHUNK;
+		kvs_cu_result r =
+		    g->cu.mem_host_register(reg->base + off, n, KVS_CU_MEMHOSTREGISTER_PORTABLE);
+		if (r == KVS_CU_SUCCESS) {
+			reg->done[i] = 1;
+			atomic_fetch_add_explicit(&reg->bytes, n, memory_order_relaxed);
+		} else if (r != KVS_CU_ERROR_HOST_MEMORY_ALREADY_REGISTERED) {
+			/* Out of lockable memory, or not permitted: the rest would fail too. */
+			atomic_store_explicit(&reg->err, kvs_gpu_errno(r), memory_order_relaxed);
+			break;
+		}
+	}
+	kvs_cu_context old;
+	g->cu.ctx_pop_current(&old); /* pairs with the push above */
+	return NULL;
+}
+
+void kvs_gpu_register_region(struct kvs_gpu *g, void *base, size_t len)
+{
+	if (!g->register_host || !base || len == 0 ||
+	    atomic_load_explicit(&g->forgotten, memory_order_relaxed))
+		return;
+	pthread_mutex_lock(&g->lock);
+	bool started = g->reg.started;
+	g->reg.started = true;
+	pthread_mutex_unlock(&g->lock);
+	if (started)
+		return;
+
+	kvs_cu_context cur = NULL;
+	if (g->cu.ctx_get_current(&cur) == KVS_CU_SUCCESS)
+		kvs_gpu_set_home(g, cur);
+
+	struct kvs_gpu_reg *reg = &g->reg;
+	reg->base = base;
+	reg->len = len;
+	reg->nchunks = (len + KVS_GPU_REG_CHUNK - 1) / KVS_GPU_REG_CHUNK;
+	reg->done = calloc(reg->nchunks, 1);
+	if (!reg->done) {
+		atomic_store_explicit(&reg->err, -ENOMEM, memory_order_relaxed);
+		return;
+	}
+	int r = pthread_create(&reg->th, NULL, reg_thread, g);
+	if (r != 0) {
+		atomic_store_explicit(&reg->err, -r, memory_order_relaxed);
+		free(reg->done);
+		reg->done = NULL;
+	}
+}
+
+uint64_t kvs_gpu_registered_bytes(const struct kvs_gpu *g)
+{
+	return atomic_load_explicit(&g->reg.bytes, memory_order_relaxed);
+}
+
+int kvs_gpu_register_error(const struct kvs_gpu *g)
+{
+	return atomic_load_explicit(&g->reg.err, memory_order_relaxed);
+}
+
+void kvs_gpu_register_stop(struct kvs_gpu *g)
+{
+	struct kvs_gpu_reg *reg = &g->reg;
+	if (!reg->done) /* never started, or failed to */
+		return;
+	pthread_mutex_lock(&g->lock);
+	reg->stop = true;
+	pthread_cond_broadcast(&g->cond); /* wakes the wait in reg_thread */
+	kvs_cu_context ctx = g->home_ctx;
+	pthread_mutex_unlock(&g->lock);
+	pthread_join(reg->th, NULL);
+
+	if (ctx && g->cu.ctx_push_current(ctx) == KVS_CU_SUCCESS) {
+		for (size_t i = 0; i < reg->nchunks; i++)
+			if (reg->done[i]) /* pairs with the register in reg_thread */
+				g->cu.mem_host_unregister(reg->base + i * KVS_GPU_REG_CHUNK);
+		kvs_cu_context old;
+		g->cu.ctx_pop_current(&old); /* pairs with the push */
+	}
+	atomic_store_explicit(&reg->bytes, 0, memory_order_relaxed);
+	free(reg->done);
+	reg->done = NULL;
+}

@@ -1,0 +1,416 @@
+/*
+ * gpu/ against the fake driver (tests/fake_cuda.c, FAKECUDA_LIB): classification, copies that
+ * land only after the fence, failures, background registration, the fork child.  The test
+ * links the fake too, to make device memory and read it back; kvs_gpu_open's dlopen of the
+ * same file finds that copy.  cuda_types.h is checked against the real cuda.h here.
+ */
+#include <check.h>
+#include <cuda.h>
+#include <errno.h>
+#include <pthread.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "cuda_types.h"
+#include "gpu.h"
+
+void *fakecuda_host_view(CUdeviceptr p, size_t len);
+int fakecuda_counter(const char *name, unsigned long long *out);
+
+/* limits: gpu/'s own declarations match the toolkit's. */
+#define SAME(a, b) _Static_assert((long)(a) == (long)(b), #a)
+SAME(KVS_CU_SUCCESS, CUDA_SUCCESS);
+SAME(KVS_CU_ERROR_INVALID_VALUE, CUDA_ERROR_INVALID_VALUE);
+SAME(KVS_CU_ERROR_OUT_OF_MEMORY, CUDA_ERROR_OUT_OF_MEMORY);
+SAME(KVS_CU_ERROR_NOT_INITIALIZED, CUDA_ERROR_NOT_INITIALIZED);
+SAME(KVS_CU_ERROR_DEINITIALIZED, CUDA_ERROR_DEINITIALIZED);
+SAME(KVS_CU_ERROR_NO_DEVICE, CUDA_ERROR_NO_DEVICE);
+SAME(KVS_CU_ERROR_INVALID_DEVICE, CUDA_ERROR_INVALID_DEVICE);
+SAME(KVS_CU_ERROR_INVALID_CONTEXT, CUDA_ERROR_INVALID_CONTEXT);
+SAME(KVS_CU_ERROR_INVALID_HANDLE, CUDA_ERROR_INVALID_HANDLE);
+SAME(KVS_CU_ERROR_NOT_FOUND, CUDA_ERROR_NOT_FOUND);
+SAME(KVS_CU_ERROR_NOT_READY, CUDA_ERROR_NOT_READY);
+SAME(KVS_CU_ERROR_HOST_MEMORY_ALREADY_REGISTERED, CUDA_ERROR_HOST_MEMORY_ALREADY_REGISTERED);
+SAME(KVS_CU_ERROR_NOT_PERMITTED, CUDA_ERROR_NOT_PERMITTED);
+SAME(KVS_CU_ERROR_NOT_SUPPORTED, CUDA_ERROR_NOT_SUPPORTED);
+SAME(KVS_CU_ERROR_UNKNOWN, CUDA_ERROR_UNKNOWN);
+SAME(KVS_CU_MEMORYTYPE_HOST, CU_MEMORYTYPE_HOST);
+SAME(KVS_CU_MEMORYTYPE_DEVICE, CU_MEMORYTYPE_DEVICE);
+SAME(KVS_CU_MEMORYTYPE_ARRAY, CU_MEMORYTYPE_ARRAY);
+SAME(KVS_CU_MEMORYTYPE_UNIFIED, CU_MEMORYTYPE_UNIFIED);
+SAME(KVS_CU_POINTER_ATTRIBUTE_CONTEXT, CU_POINTER_ATTRIBUTE_CONTEXT);
+SAME(KVS_CU_POINTER_ATTRIBUTE_MEMORY_TYPE, CU_POINTER_ATTRIBUTE_MEMORY_TYPE);
+SAME(KVS_CU_POINTER_ATTRIBUTE_IS_MANAGED, CU_POINTER_ATTRIBUTE_IS_MANAGED);
+SAME(KVS_CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL, CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL);
+SAME(KVS_CU_POINTER_ATTRIBUTE_RANGE_START_ADDR, CU_POINTER_ATTRIBUTE_RANGE_START_ADDR);
+SAME(KVS_CU_POINTER_ATTRIBUTE_RANGE_SIZE, CU_POINTER_ATTRIBUTE_RANGE_SIZE);
+_Static_assert(sizeof(kvs_cu_pointer_attribute) == sizeof(CUpointer_attribute), "attr size");
+_Static_assert(KVS_CU_MEMHOSTREGISTER_PORTABLE == CU_MEMHOSTREGISTER_PORTABLE, "flag");
+_Static_assert(KVS_CU_STREAM_NON_BLOCKING == CU_STREAM_NON_BLOCKING, "flag");
+_Static_assert(KVS_CU_GET_PROC_ADDRESS_DEFAULT == CU_GET_PROC_ADDRESS_DEFAULT, "flag");
+_Static_assert(KVS_CU_MEMCPY_SRC_ACCESS_ORDER_STREAM == CU_MEMCPY_SRC_ACCESS_ORDER_STREAM, "order");
+_Static_assert(sizeof(kvs_cu_deviceptr) == sizeof(CUdeviceptr), "CUdeviceptr");
+_Static_assert(sizeof(kvs_cu_device) == sizeof(CUdevice), "CUdevice");
+_Static_assert(sizeof(struct kvs_cu_memcpy_attributes) == sizeof(CUmemcpyAttributes), "attrs");
+_Static_assert(offsetof(struct kvs_cu_memcpy_attributes, dst_loc_hint) ==
+		   offsetof(CUmemcpyAttributes, dstLocHint),
+	       "attrs");
+_Static_assert(offsetof(struct kvs_cu_memcpy_attributes, flags) ==
+		   offsetof(CUmemcpyAttributes, flags),
+	       "attrs");
+
+static unsigned long long counter(const char *name)
+{
+	unsigned long long v = 0;
+	ck_assert_int_eq(fakecuda_counter(name, &v), 0);
+	return v;
+}
+
+static CUcontext ctx0;
+
+/* The caller's side: a driver with device 0's primary context current, and gpu/ open. */
+static struct kvs_gpu *setup(bool register_host)
+{
+	ck_assert_int_eq(cuInit(0), CUDA_SUCCESS);
+	ck_assert_int_eq(cuDevicePrimaryCtxRetain(&ctx0, 0), CUDA_SUCCESS);
+	ck_assert_int_eq(cuCtxSetCurrent(ctx0), CUDA_SUCCESS);
+	struct kvs_gpu_params p = {.library = FAKECUDA_LIB, .register_host = register_host};
+	struct kvs_gpu *g = NULL;
+	ck_assert_int_eq(kvs_gpu_open(&p, &g), 0);
+	return g;
+}
+
+static CUdeviceptr dev_alloc(size_t len)
+{
+	CUdeviceptr d;
+	ck_assert_int_eq(cuMemAlloc(&d, len), CUDA_SUCCESS);
+	return d;
+}
+
+START_TEST(open_errors)
+{
+	struct kvs_gpu_params p = {.library = "/nonexistent/libcuda.so.1"};
+	struct kvs_gpu *g = NULL;
+	ck_assert_int_eq(kvs_gpu_open(&p, &g), -ENOENT);
+	setenv("FAKECUDA_MISSING", "1", 1);
+	p.library = FAKECUDA_LIB;
+	ck_assert_int_eq(kvs_gpu_open(&p, &g), -ENODEV);
+	unsetenv("FAKECUDA_MISSING");
+	ck_assert_int_eq(kvs_gpu_open(&p, &g), 0);
+	kvs_gpu_close(g);
+}
+END_TEST
+
+START_TEST(classify)
+{
+	struct kvs_gpu *g = setup(false);
+	struct kvs_gpu_ptr ptr;
+	char *heap = malloc(4096);
+	ck_assert_int_eq(kvs_gpu_classify(g, (uintptr_t)heap, 4096, &ptr), 0);
+	ck_assert_int_eq(ptr.kind, KVS_MEM_HOST);
+	void *pinned;
+	ck_assert_int_eq(cuMemAllocHost(&pinned, 4096), CUDA_SUCCESS);
+	ck_assert_int_eq(kvs_gpu_classify(g, (uintptr_t)pinned, 4096, &ptr), 0);
+	ck_assert_int_eq(ptr.kind, KVS_MEM_HOST);
+	CUdeviceptr m;
+	ck_assert_int_eq(cuMemAllocManaged(&m, 4096, CU_MEM_ATTACH_GLOBAL), CUDA_SUCCESS);
+	ck_assert_int_eq(kvs_gpu_classify(g, m, 4096, &ptr), 0);
+	ck_assert_int_eq(ptr.kind, KVS_MEM_HOST);
+
+	CUdeviceptr d = dev_alloc(1 << 20);
+	ck_assert_int_eq(kvs_gpu_classify(g, d + 4096, 8192, &ptr), 0);
+	ck_assert_int_eq(ptr.kind, KVS_MEM_DEVICE);
+	ck_assert_ptr_eq(ptr.ctx, ctx0);
+	ck_assert_int_eq(ptr.device, 0);
+	ck_assert_uint_eq(ptr.dptr, d + 4096);
+	/* Past the end of the allocation, and a wrapping range. */
+	ck_assert_int_eq(kvs_gpu_classify(g, d + 4096, 1 << 20, &ptr), -EINVAL);
+	ck_assert_int_eq(kvs_gpu_classify(g, UINT64_MAX - 10, 100, &ptr), -EINVAL);
+	/* A driver failure is an error, never a guess. */
+	setenv("FAKECUDA_FAIL", "cuPointerGetAttributes", 1);
+	ck_assert_int_eq(kvs_gpu_classify(g, d, 16, &ptr), -EIO);
+	unsetenv("FAKECUDA_FAIL");
+	kvs_gpu_close(g);
+	free(heap);
+}
+END_TEST
+
+START_TEST(copies_land_after_fence)
+{
+	setenv("FAKECUDA_ASYNC_DELAY_US", "20000", 1);
+	struct kvs_gpu *g = setup(false);
+	size_t len = 256 << 10;
+	CUdeviceptr d = dev_alloc(len);
+	unsigned char *src = malloc(len);
+	for (size_t i = 0; i < len; i++)
+		src[i] = (unsigned char)(i * 7 + 1);
+	struct kvs_gpu_ptr dst;
+	ck_assert_int_eq(kvs_gpu_classify(g, d, len, &dst), 0);
+	struct kvs_gpu_copy cp;
+	ck_assert_int_eq(kvs_gpu_copy_begin(g, &dst, &cp), 0);
+	/* The calling thread's context is left as it was. */
+	ck_assert_int_eq(cuCtxSetCurrent(NULL), CUDA_SUCCESS);
+	ck_assert_int_eq(kvs_gpu_copy(&cp, 0, src, len / 2), 0);
+	const uint64_t offs[2] = {len / 2, len / 2 + 1000};
+	const void *srcs[2] = {src + len / 2, src + len / 2 + 1000};
+	const size_t lens[2] = {1000, len / 2 - 1000};
+	ck_assert_int_eq(kvs_gpu_copy_many(&cp, 2, offs, srcs, lens), 0);
+	CUcontext cur = (CUcontext)1;
+	ck_assert_int_eq(cuCtxGetCurrent(&cur), CUDA_SUCCESS);
+	ck_assert_ptr_null(cur);
+	unsigned char *view = fakecuda_host_view(d, len);
+	ck_assert_ptr_nonnull(view);
+	ck_assert_int_eq(view[0], 0); /* not yet: the copies are asynchronous */
+	ck_assert_int_eq(kvs_gpu_fence(&cp), 0);
+	ck_assert_int_eq(memcmp(view, src, len), 0);
+	ck_assert_uint_eq(counter("h2d_bytes"), len);
+	ck_assert_uint_eq(counter("batch_copies"), 2);
+	ck_assert_uint_eq(counter("stream_syncs"), 1);
+	/* A host destination is refused. */
+	struct kvs_gpu_ptr host = {.kind = KVS_MEM_HOST};
+	ck_assert_int_eq(kvs_gpu_copy_begin(g, &host, &cp), -EINVAL);
+	kvs_gpu_close(g);
+	free(src);
+}
+END_TEST
+
+START_TEST(failed_copy_still_fenced)
+{
+	setenv("FAKECUDA_ASYNC_DELAY_US", "50000", 1);
+	struct kvs_gpu *g = setup(false);
+	CUdeviceptr d = dev_alloc(8192);
+	char src[4096];
+	memset(src, 'x', sizeof(src));
+	struct kvs_gpu_ptr dst;
+	struct kvs_gpu_copy cp;
+	ck_assert_int_eq(kvs_gpu_classify(g, d, 8192, &dst), 0);
+	ck_assert_int_eq(kvs_gpu_copy_begin(g, &dst, &cp), 0);
+	setenv("FAKECUDA_FAIL", "cuMemcpyHtoDAsync_v2:2", 1);
+	ck_assert_int_eq(kvs_gpu_copy(&cp, 0, src, sizeof(src)), 0);
+	ck_assert_int_eq(kvs_gpu_copy(&cp, 4096, src, sizeof(src)), -EIO);
+	ck_assert_int_eq(kvs_gpu_copy(&cp, 4096, src, sizeof(src)), -EIO); /* sticky */
+	unsigned char *view = fakecuda_host_view(d, 8192);
+	ck_assert_int_eq(kvs_gpu_fence(&cp), -EIO);
+	/* The fence waited for the copy that was queued: it no longer reads src. */
+	ck_assert_int_eq(view[4095], 'x');
+	ck_assert_int_eq(view[4096], 0);
+	unsetenv("FAKECUDA_FAIL");
+	kvs_gpu_close(g);
+}
+END_TEST
+
+static void host_fn(void *arg)
+{
+	*(int *)arg = 1;
+}
+
+START_TEST(caller_stream)
+{
+	setenv("FAKECUDA_ASYNC_DELAY_US", "20000", 1);
+	struct kvs_gpu *g = setup(false);
+	CUdeviceptr d = dev_alloc(4096);
+	CUstream s;
+	ck_assert_int_eq(cuStreamCreate(&s, CU_STREAM_NON_BLOCKING), CUDA_SUCCESS);
+	struct kvs_gpu_ptr dst;
+	ck_assert_int_eq(kvs_gpu_classify(g, d, 4096, &dst), 0);
+	char src[16] = "on your stream";
+	int ran = 0;
+	ck_assert_int_eq(kvs_gpu_copy_on_stream(g, s, &dst, 100, src, sizeof(src)), 0);
+	ck_assert_int_eq(kvs_gpu_host_func(g, s, &dst, host_fn, &ran), 0);
+	ck_assert_int_eq(ran, 0);
+	ck_assert_int_eq(cuStreamSynchronize(s), CUDA_SUCCESS);
+	ck_assert_int_eq(ran, 1);
+	ck_assert_str_eq(fakecuda_host_view(d + 100, 16), "on your stream");
+	kvs_gpu_close(g);
+}
+END_TEST
+
+static bool wait_registered(struct kvs_gpu *g, uint64_t want)
+{
+	for (int i = 0; i < 500; i++) {
+		if (kvs_gpu_registered_bytes(g) == want)
+			return true;
+		usleep(10000);
+	}
+	return false;
+}
+
+START_TEST(register_background)
+{
+	struct kvs_gpu *g = setup(true);
+	size_t len = (3 * 64 + 5) << 20; /* not a whole number of chunks */
+	void *region = mmap(NULL, len, PROT_READ | PROT_WRITE,
+			    MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+	ck_assert_ptr_ne(region, MAP_FAILED);
+	kvs_gpu_register_region(g, region, len);
+	kvs_gpu_register_region(g, region, len); /* once per process */
+	ck_assert(wait_registered(g, len));
+	ck_assert_int_eq(kvs_gpu_register_error(g), 0);
+	ck_assert_uint_eq(counter("registered_bytes"), len);
+	ck_assert_uint_eq(counter("host_register_calls"), 4);
+	kvs_gpu_close(g);
+	ck_assert_uint_eq(counter("registered_bytes"), 0);
+}
+END_TEST
+
+/* The registration thread waits for a context rather than make one. */
+START_TEST(register_waits_for_context)
+{
+	struct kvs_gpu *g = setup(true);
+	size_t len = 64 << 20;
+	void *region = mmap(NULL, len, PROT_READ | PROT_WRITE,
+			    MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+	CUdeviceptr d = dev_alloc(4096);
+	ck_assert_int_eq(cuCtxSetCurrent(NULL), CUDA_SUCCESS);
+	kvs_gpu_register_region(g, region, len);
+	usleep(100000);
+	ck_assert_uint_eq(kvs_gpu_registered_bytes(g), 0);
+	struct kvs_gpu_ptr ptr;
+	ck_assert_int_eq(kvs_gpu_classify(g, d, 16, &ptr), 0); /* now it knows one */
+	ck_assert(wait_registered(g, len));
+	kvs_gpu_close(g);
+}
+END_TEST
+
+START_TEST(register_failure_stops)
+{
+	setenv("FAKECUDA_FAIL", "cuMemHostRegister_v2:2=2", 1);
+	struct kvs_gpu *g = setup(true);
+	size_t len = 4 * (64 << 20);
+	void *region = mmap(NULL, len, PROT_READ | PROT_WRITE,
+			    MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+	kvs_gpu_register_region(g, region, len);
+	for (int i = 0; i < 500 && kvs_gpu_register_error(g) == 0; i++)
+		usleep(10000);
+	ck_assert_int_eq(kvs_gpu_register_error(g), -ENOMEM);
+	ck_assert_uint_eq(kvs_gpu_registered_bytes(g), 64 << 20);
+	ck_assert_uint_eq(counter("host_register_calls"),
+			  1); /* an injected failure is not counted */
+	unsetenv("FAKECUDA_FAIL");
+	kvs_gpu_close(g);
+	ck_assert_uint_eq(counter("registered_bytes"), 0);
+}
+END_TEST
+
+/* The fork child forgets without a single driver call, even mid-registration. */
+START_TEST(forget_after_fork)
+{
+	setenv("FAKECUDA_ASYNC_DELAY_US", "20000", 1);
+	struct kvs_gpu *g = setup(true);
+	size_t len = 64 << 20;
+	void *region = mmap(NULL, len, PROT_READ | PROT_WRITE,
+			    MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+	kvs_gpu_register_region(g, region, len);
+	CUdeviceptr d = dev_alloc(4096);
+	struct kvs_gpu_ptr dst;
+	struct kvs_gpu_copy cp;
+	ck_assert_int_eq(kvs_gpu_classify(g, d, 4096, &dst), 0);
+	ck_assert_int_eq(kvs_gpu_copy_begin(g, &dst, &cp), 0);
+	pid_t pid = fork();
+	ck_assert_int_ge(pid, 0);
+	if (pid == 0) {
+		kvs_gpu_forget(g);
+		struct kvs_gpu_ptr p2;
+		int bad = kvs_gpu_classify(g, d, 16, &p2) != -ENODEV;
+		kvs_gpu_close(g);
+		unsigned long long n = 99;
+		fakecuda_counter("forked_calls", &n);
+		_exit(bad ? 2 : (n == 0 ? 0 : 1));
+	}
+	int st;
+	ck_assert_int_eq(waitpid(pid, &st, 0), pid);
+	ck_assert(WIFEXITED(st));
+	ck_assert_int_eq(WEXITSTATUS(st), 0);
+	/* The parent goes on. */
+	char src[8] = "parent";
+	ck_assert_int_eq(kvs_gpu_copy(&cp, 0, src, sizeof(src)), 0);
+	ck_assert_int_eq(kvs_gpu_fence(&cp), 0);
+	ck_assert_str_eq(fakecuda_host_view(d, 8), "parent");
+	kvs_gpu_close(g);
+}
+END_TEST
+
+/* concurrency: threads share the context's stream; each fence covers its own copies. */
+struct worker {
+	struct kvs_gpu *g;
+	struct kvs_gpu_ptr dst;
+	unsigned char fill;
+	int rc;
+};
+
+static void *copy_worker(void *arg)
+{
+	struct worker *w = arg;
+	unsigned char buf[4096];
+	memset(buf, w->fill, sizeof(buf));
+	struct kvs_gpu_copy cp;
+	w->rc = kvs_gpu_copy_begin(w->g, &w->dst, &cp);
+	for (int i = 0; i < 4 && w->rc == 0; i++)
+		w->rc = kvs_gpu_copy(&cp, (uint64_t)i * sizeof(buf), buf, sizeof(buf));
+	int f = kvs_gpu_fence(&cp);
+	if (w->rc == 0)
+		w->rc = f;
+	/* buf goes out of scope here: the fence must have finished every read of it. */
+	return NULL;
+}
+
+START_TEST(threads_share_stream)
+{
+	setenv("FAKECUDA_ASYNC_DELAY_US", "1000", 1);
+	struct kvs_gpu *g = setup(false);
+	enum { N = 4 };
+	CUdeviceptr d = dev_alloc(N * 4 * 4096);
+	pthread_t th[N];
+	struct worker w[N];
+	for (int i = 0; i < N; i++) {
+		w[i] = (struct worker){.g = g, .fill = (unsigned char)('A' + i)};
+		ck_assert_int_eq(
+		    kvs_gpu_classify(g, d + (uint64_t)i * 4 * 4096, 4 * 4096, &w[i].dst), 0);
+		pthread_create(&th[i], NULL, copy_worker, &w[i]);
+	}
+	for (int i = 0; i < N; i++) {
+		pthread_join(th[i], NULL);
+		ck_assert_int_eq(w[i].rc, 0);
+	}
+	unsigned char *view = fakecuda_host_view(d, N * 4 * 4096);
+	for (int i = 0; i < N; i++)
+		for (int k = 0; k < 4 * 4096; k += 4095)
+			ck_assert_int_eq(view[i * 4 * 4096 + k], 'A' + i);
+	kvs_gpu_close(g);
+}
+END_TEST
+
+static Suite *gpu_suite(void)
+{
+	Suite *s = suite_create("gpu");
+	TCase *core = tcase_create("core");
+	tcase_add_test(core, open_errors);
+	tcase_add_test(core, classify);
+	tcase_add_test(core, copies_land_after_fence);
+	tcase_add_test(core, failed_copy_still_fenced);
+	tcase_add_test(core, caller_stream);
+	tcase_add_test(core, register_background);
+	tcase_add_test(core, register_waits_for_context);
+	tcase_add_test(core, register_failure_stops);
+	suite_add_tcase(s, core);
+	TCase *conc = tcase_create("concurrency");
+	tcase_add_test(conc, threads_share_stream);
+	suite_add_tcase(s, conc);
+	TCase *crash = tcase_create("crash");
+	tcase_add_test(crash, forget_after_fork);
+	suite_add_tcase(s, crash);
+	return s;
+}
+
+int main(void)
+{
+	SRunner *sr = srunner_create(gpu_suite());
+	srunner_run_all(sr, CK_NORMAL);
+	int failed = srunner_ntests_failed(sr);
+	srunner_free(sr);
+	return failed ? EXIT_FAILURE : EXIT_SUCCESS;
+}
