@@ -188,6 +188,8 @@ int kvs_cache_wait(struct kvs_cache *c, const struct kvs_pin *pin, uint64_t time
 /* The pinned slot's data (shard_size bytes) and its valid length once READY. */
 void *kvs_cache_data(struct kvs_cache *c, const struct kvs_pin *pin);
 uint32_t kvs_cache_length(struct kvs_cache *c, const struct kvs_pin *pin);
+/* The data slots, all of them: what a process copying to a device registers with the driver. */
+void kvs_cache_data_region(const struct kvs_cache *c, void **base, size_t *len);
 
 /* Existence query: the state of key's slot (enum kvs_slot_state; ALLOCATED for a LOADING slot
  * nobody owns yet, which the next pin will own), -ENOENT or -EUCLEAN.  Works on a

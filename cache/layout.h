@@ -16,7 +16,7 @@
 #include "cache.h"
 
 #define KVS_MAGIC	   0x3130594b4d485356ULL /* "VSHMKY01" little-endian */
-#define KVS_LAYOUT_VERSION 2u
+#define KVS_LAYOUT_VERSION 3u
 #define KVS_CACHELINE	   64u
 #define KVS_PAGE	   4096u
 #define KVS_NIL		   UINT32_MAX

@@ -405,6 +405,12 @@ void *kvs_cache_data(struct kvs_cache *c, const struct kvs_pin *pin)
 	return c->data + (size_t)pin->slot * c->shard_size;
 }
 
+void kvs_cache_data_region(const struct kvs_cache *c, void **base, size_t *len)
+{
+	*base = c->data;
+	*len = (size_t)c->nslots * c->shard_size;
+}
+
 uint32_t kvs_cache_length(struct kvs_cache *c, const struct kvs_pin *pin)
 {
 	uint32_t len = load_relaxed(&c->slots[pin->slot].length);

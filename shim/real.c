@@ -16,6 +16,7 @@
 #include <sys/syscall.h>
 #include <unistd.h>
 
+#include "dlsym.h"
 #include "real.h"
 
 #define LO(off) ((unsigned long)(off))
@@ -100,10 +101,11 @@ enum { UNRESOLVED, RESOLVING, RESOLVED };
 static _Atomic int state = UNRESOLVED;
 
 /*
- * The lookups use glibc's own dlsym, found with dlvsym: RTLD_NEXT is relative to the caller,
- * and a dlsym interposed ahead of the shim (a profiler's, say) that forwards the call makes
- * itself the caller, so "the next read" would be the shim's own hook: a loop, not a read.
- * Anything that still resolves into the shim itself is refused, and the raw system call stays.
+ * The lookups use glibc's own dlsym, found in libc's symbol table (dlsym.c), not the dlsym the
+ * shim exports or one interposed ahead of the shim (a profiler's, say): RTLD_NEXT is relative
+ * to the caller, and a forwarding dlsym makes itself the caller, so "the next read" would be
+ * the shim's own hook: a loop, not a read.  Anything that still resolves into the shim itself
+ * is refused, and the raw system call stays.
  */
 static void *(*real_dlsym)(void *, const char *);
 static Dl_info self;
@@ -127,12 +129,7 @@ static void *next_symbol(const char *name)
 
 static void resolve(void)
 {
-	real_dlsym = (void *(*)(void *, const char *))dlvsym(RTLD_NEXT, "dlsym", "GLIBC_2.34");
-	if (!real_dlsym)
-		real_dlsym =
-		    (void *(*)(void *, const char *))dlvsym(RTLD_NEXT, "dlsym", "GLIBC_2.2.5");
-	if (!real_dlsym)
-		real_dlsym = dlsym;
+	real_dlsym = kvs_dlsym_real;
 	if (!dladdr((void *)resolve, &self))
 		self.dli_fbase = NULL;
 	RESOLVE(read, "read");

@@ -40,6 +40,7 @@
 
 #include "cache.h"
 #include "config.h"
+#include "device.h"
 #include "fdinfo.h"
 #include "loader.h"
 #include "log.h"
@@ -85,6 +86,7 @@ static void atfork_child(void)
 	if (cache)
 		kvs_cache_forget(cache);
 	kvs_fdinfo_atfork_child();
+	kvs_device_atfork_child();
 	for (int i = 0; i < POS_LOCKS; i++)
 		pthread_mutex_init(&pos_mu[i], NULL); /* a parent's thread may have held one */
 	cache = NULL;
@@ -261,6 +263,35 @@ static void zero_tail(const struct iovec *iov, int iovcnt, uint64_t pos)
 	}
 }
 
+/* The kvs_read of a served read of fi's file through anchor, destination left to the caller. */
+static struct kvs_read make_read(const struct kvs_fdinfo *fi, int anchor, uint64_t off,
+				 uint64_t len)
+{
+	return (struct kvs_read){.fd = anchor,
+				 .direct = fi->direct,
+				 .keep = settled(fi),
+				 .block = fi->block,
+				 .dev = fi->dev,
+				 .ino = fi->ino,
+				 .file_size = fi->size,
+				 .off = off,
+				 .len = len};
+}
+
+/* After a loader call: report a stuck region, and a read that fell back, once each. */
+static void after_read(int64_t n)
+{
+	if (kvs_cache_take_euclean(cache))
+		kvs_log_once(
+		    KVS_CAUSE_EUCLEAN, KVS_LOG_WARN,
+		    "the region's shared state is stuck or corrupt (%s): reads that meet it "
+		    "go to storage; see `kvshim stat`, and `kvshim reset` once no engine runs",
+		    strerror(EUCLEAN));
+	if (n < 0)
+		kvs_log_once(KVS_CAUSE_READ_FALLBACK, n == -EUCLEAN ? KVS_LOG_WARN : KVS_LOG_INFO,
+			     "a read went to storage directly (%s)", strerror((int)-n));
+}
+
 ssize_t kvs_shim_read(int fd, const struct iovec *iov, int iovcnt, off_t off, bool use_pos)
 {
 	int saved = errno, cancel_state, anchor;
@@ -299,29 +330,13 @@ ssize_t kvs_shim_read(int fd, const struct iovec *iov, int iovcnt, off_t off, bo
 	/* The kernel moves at most MAX_RW_COUNT bytes in one call, whatever was asked. */
 	if (len > KVS_MAX_RW_COUNT)
 		len = KVS_MAX_RW_COUNT;
-	rd = (struct kvs_read){.fd = anchor,
-			       .direct = fi.direct,
-			       .keep = settled(&fi),
-			       .block = fi.block,
-			       .dev = fi.dev,
-			       .ino = fi.ino,
-			       .file_size = fi.size,
-			       .off = (uint64_t)off,
-			       .iov = iov,
-			       .iovcnt = iovcnt,
-			       .len = len};
+	rd = make_read(&fi, anchor, (uint64_t)off, len);
+	rd.iov = iov;
+	rd.iovcnt = iovcnt;
 	int64_t n = kvs_loader_read(loader, &rd);
-	if (kvs_cache_take_euclean(cache))
-		kvs_log_once(
-		    KVS_CAUSE_EUCLEAN, KVS_LOG_WARN,
-		    "the region's shared state is stuck or corrupt (%s): reads that meet it "
-		    "go to storage; see `kvshim stat`, and `kvshim reset` once no engine runs",
-		    strerror(EUCLEAN));
-	if (n < 0) {
-		kvs_log_once(KVS_CAUSE_READ_FALLBACK, n == -EUCLEAN ? KVS_LOG_WARN : KVS_LOG_INFO,
-			     "a read went to storage directly (%s)", strerror((int)-n));
+	after_read(n);
+	if (n < 0)
 		goto out;
-	}
 	if (use_pos && lseek(fd, off + n, SEEK_SET) < 0)
 		goto out; /* cannot happen on a regular file; the real read will redo it */
 	if (fi.direct && fi.dio_zero_tail && n > 0 && (uint64_t)n < len)
@@ -334,6 +349,94 @@ out:
 	guard--;
 	errno = saved;
 	return ret;
+}
+
+/*
+ * A cuFile read's common part: fd a KV file (O_DIRECT or not: cuFile reads are served either
+ * way), the destination classified and ready, the region attached, the anchor taken.  Fills
+ * *rd and a->tg.  Returns 0, or -1 to pass through.  Caller holds guard.
+ */
+static int prepare_to(struct kvs_shim_async *a, int fd, uint64_t ptr, size_t size, off_t off)
+{
+	struct kvs_fdinfo fi;
+	int anchor;
+
+	if (off < 0 || size == 0 || size > KVS_MAX_RW_COUNT || ptr + size < ptr)
+		return -1;
+	if (kvs_fdinfo_get(fd, &fi) || !fi.kv || !fi.readable)
+		return -1;
+	if (kvs_device_target(&cfg, ptr, size, &a->tg))
+		return -1;
+	if (a->tg.host && !buffers_writable(&a->tg.iov, 1))
+		return -1;
+	if (!attach())
+		return -1;
+	anchor = kvs_fdinfo_anchor(fd, &fi);
+	if (anchor < 0 || kvs_device_begin(&a->tg, cache, &cfg))
+		return -1;
+	a->rd = make_read(&fi, anchor, (uint64_t)off, size);
+	if (a->tg.host) {
+		a->rd.iov = &a->tg.iov;
+		a->rd.iovcnt = 1;
+	} else {
+		a->rd.dest = &a->tg.dest;
+	}
+	return 0;
+}
+
+ssize_t kvs_shim_read_to(int fd, uint64_t ptr, size_t size, off_t off)
+{
+	int saved = errno, cancel_state;
+	struct kvs_shim_async a;
+	ssize_t ret = -1;
+
+	guard++;
+	pthread_setcancelstate(PTHREAD_CANCEL_DISABLE, &cancel_state);
+	if (prepare_to(&a, fd, ptr, size, off))
+		goto out;
+	int64_t n = kvs_loader_read(loader, &a.rd);
+	after_read(n);
+	if (n >= 0) {
+		kvs_cache_count(cache, KVS_CTR_cufile_requests, 1);
+		ret = n;
+	}
+out:
+	pthread_setcancelstate(cancel_state, NULL);
+	guard--;
+	errno = saved;
+	return ret;
+}
+
+static void async_done(struct kvs_task *t, int64_t result)
+{
+	struct kvs_shim_async *a = t->arg;
+
+	after_read(result);
+	if (result >= 0)
+		kvs_cache_count(cache, KVS_CTR_cufile_requests, 1);
+	a->done(a, result);
+}
+
+int kvs_shim_read_to_start(struct kvs_shim_async *a, int fd, uint64_t ptr, size_t size, off_t off,
+			   void (*done)(struct kvs_shim_async *a, int64_t result))
+{
+	int saved = errno, cancel_state, ret = -1;
+
+	guard++;
+	pthread_setcancelstate(PTHREAD_CANCEL_DISABLE, &cancel_state);
+	a->done = done;
+	if (prepare_to(a, fd, ptr, size, off) == 0 &&
+	    kvs_loader_start(loader, &a->task, &a->rd, async_done, a) == 0)
+		ret = 0;
+	pthread_setcancelstate(cancel_state, NULL);
+	guard--;
+	errno = saved;
+	return ret;
+}
+
+const struct kvs_config *kvs_shim_config(void)
+{
+	return &cfg;
 }
 
 void kvs_shim_invalidate(int fd, off_t off, size_t len, bool use_pos, off_t pos_delta)

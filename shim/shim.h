@@ -17,6 +17,9 @@
 #include <sys/types.h>
 #include <sys/uio.h>
 
+#include "device.h"
+#include "loader.h"
+
 #define KVS_EXPORT __attribute__((visibility("default")))
 
 /*
@@ -32,6 +35,32 @@ ssize_t kvs_shim_read(int fd, const struct iovec *iov, int iovcnt, off_t off, bo
  * Hooks call it before the write (the old identity's shards) and after it (shards another
  * process may have loaded while the write was landing).  Never fails; never changes errno. */
 void kvs_shim_invalidate(int fd, off_t off, size_t len, bool use_pos, off_t pos_delta);
+
+/* A cuFile read served asynchronously (a batch entry): storage for the whole read, owned by
+ * the caller until done() is called. */
+struct kvs_shim_async {
+	struct kvs_task task;
+	struct kvs_read rd;
+	struct kvs_device_target tg;
+	void (*done)(struct kvs_shim_async *a, int64_t result);
+	void *arg; /* the caller's */
+};
+
+/*
+ * Serve a cuFile read of fd: size bytes at file offset off into the memory at ptr, device or
+ * host.  Returns the bytes read (short only at the end of the file), or -1: make the real
+ * call (nothing promised about the destination; errno unchanged).
+ */
+ssize_t kvs_shim_read_to(int fd, uint64_t ptr, size_t size, off_t off);
+
+/* The same, asynchronously: returns 0 and calls done(a, bytes or -errno) once, from the
+ * loader's completion thread (a negative result: make the real call); or returns -1 at once
+ * (make the real call; done will not be called). */
+int kvs_shim_read_to_start(struct kvs_shim_async *a, int fd, uint64_t ptr, size_t size, off_t off,
+			   void (*done)(struct kvs_shim_async *a, int64_t result));
+
+/* The configuration the shim runs with (loaded by the first kvs_shim_wants). */
+const struct kvs_config *kvs_shim_config(void);
 
 /* True when a read of len bytes could be served (the shim is on and len >= files.min_read);
  * the cheap test every hook makes before anything else. */

@@ -42,6 +42,9 @@ while read -r v; do unset "$v"; done < <(compgen -e | grep '^KVSHIM_')
 cat >"$work/kvshim.ini" <<EOF
 [files]
 roots = $work/kv
+# The files were written a moment ago and nothing writes them again: keep what is read at once
+# (the default would hand out, not keep, shards of files younger than a few seconds).
+settle = 0
 [cache]
 name = $name
 shard_size = 1M

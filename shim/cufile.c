@@ -1,0 +1,284 @@
+/*
+ * cufile: the cuFile hooks and their plumbing (see cufile.h); the batch calls are in
+ * cufile_batch.c.
+ *
+ * DESIGN.  Shared state:
+ *   real[]    the real library's functions, found on first use.  Stored with a CAS from NULL,
+ *             so the first finder wins and every reader sees a whole pointer; loaded relaxed
+ *             (a function pointer carries no data we depend on).
+ *   lib       the libcufile handle a caller looked cuFile names up in (the one that caller
+ *             uses), else the one the shim opened.  Set once, by CAS.
+ *   handles[] fh -> fd for OPAQUE_FD handles registered through the shim.  Under handles_mu:
+ *             a lookup per cuFile read costs one uncontended lock against milliseconds of I/O.
+ *             A handle the table has no room for is simply not served.
+ * The hooks take no lock while calling the real library.
+ */
+#include <dlfcn.h>
+#include <errno.h>
+#include <link.h>
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdint.h>
+#include <string.h>
+
+#include "config.h"
+#include "cufile.h"
+#include "dlsym.h"
+#include "log.h"
+#include "shim.h"
+
+#define MAX_HANDLES 4096
+
+static const char *const names[KVS_CF_N] = {
+#define KVS_CF_NAME(name, type) [KVS_CF_##name] = #name,
+    KVS_CUFILE_API(KVS_CF_NAME)
+#undef KVS_CF_NAME
+};
+
+static void *_Atomic real[KVS_CF_N];
+static void *_Atomic lib;
+
+static pthread_mutex_t handles_mu = PTHREAD_MUTEX_INITIALIZER;
+static struct {
+	kvs_cufile_handle_t fh;
+	int fd;
+} handles[MAX_HANDLES];
+static unsigned nhandles;
+
+/* ------------------------------------------------------------------ the real library */
+
+/* Is handle (a dlopen handle) libcufile? */
+static bool is_cufile(void *handle)
+{
+	struct link_map *lm = NULL;
+	const char *base;
+
+	if (dlinfo(handle, RTLD_DI_LINKMAP, &lm) || !lm || !lm->l_name)
+		return false;
+	base = strrchr(lm->l_name, '/');
+	base = base ? base + 1 : lm->l_name;
+	return strncmp(base, "libcufile.so", 12) == 0;
+}
+
+static void remember(enum kvs_cufile_fn fn, void *p)
+{
+	void *none = NULL;
+
+	atomic_compare_exchange_strong(&real[fn], &none, p);
+}
+
+void *kvs_cufile_real(enum kvs_cufile_fn fn)
+{
+	void *p = atomic_load_explicit(&real[fn], memory_order_relaxed);
+	void *h, *none = NULL;
+
+	if (p)
+		return p;
+	h = atomic_load(&lib);
+	if (h)
+		p = kvs_dlsym_real(h, names[fn]);
+	if (!p) {
+		/* A NEEDED libcufile is the next object after the shim. */
+		p = kvs_dlsym_real(RTLD_NEXT, names[fn]);
+		if (kvs_dlsym_in_shim(p))
+			p = NULL;
+	}
+	if (!p && !h) {
+		const char *path = kvs_shim_config()->cuda_cufile_library;
+
+		h = dlopen(path, RTLD_NOW | RTLD_LOCAL | RTLD_NOLOAD);
+		if (!h)
+			h = dlopen(path, RTLD_NOW | RTLD_LOCAL);
+		if (h && !atomic_compare_exchange_strong(&lib, &none, h)) {
+			dlclose(h);
+			h = none;
+		}
+		if (h)
+			p = kvs_dlsym_real(h, names[fn]);
+		if (!p)
+			kvs_log_once(KVS_CAUSE_CUFILE, KVS_LOG_WARN,
+				     "no real libcufile has %s (cuda.cufile_library = %s)",
+				     names[fn], path);
+	}
+	if (p)
+		remember(fn, p);
+	return p;
+}
+
+/* ------------------------------------------------------------------ handles */
+
+static void handle_add(kvs_cufile_handle_t fh, int fd)
+{
+	pthread_mutex_lock(&handles_mu);
+	for (unsigned i = 0; i < nhandles; i++) {
+		if (handles[i].fh == fh) {
+			handles[i].fd = fd; /* the library reused a handle value */
+			goto out;
+		}
+	}
+	if (nhandles < MAX_HANDLES)
+		handles[nhandles++] = (__typeof__(handles[0])){fh, fd};
+out:
+	pthread_mutex_unlock(&handles_mu);
+}
+
+static void handle_remove(kvs_cufile_handle_t fh)
+{
+	pthread_mutex_lock(&handles_mu);
+	for (unsigned i = 0; i < nhandles; i++) {
+		if (handles[i].fh == fh) {
+			handles[i] = handles[--nhandles];
+			break;
+		}
+	}
+	pthread_mutex_unlock(&handles_mu);
+}
+
+int kvs_cufile_fd(kvs_cufile_handle_t fh)
+{
+	int fd = -1;
+
+	if (!fh)
+		return -1;
+	pthread_mutex_lock(&handles_mu);
+	for (unsigned i = 0; i < nhandles; i++) {
+		if (handles[i].fh == fh) {
+			fd = handles[i].fd;
+			break;
+		}
+	}
+	pthread_mutex_unlock(&handles_mu);
+	return fd;
+}
+
+/* ------------------------------------------------------------------ hooks */
+
+#define REAL(name) ((kvs_cufile_##name##_fn)kvs_cufile_real(KVS_CF_cuFile##name))
+
+static const kvs_cufile_error_t no_library = {KVS_CU_FILE_DRIVER_NOT_INITIALIZED, 0};
+
+KVS_EXPORT kvs_cufile_error_t cuFileHandleRegister(kvs_cufile_handle_t *fh,
+						   kvs_cufile_descr_t *descr)
+{
+	kvs_cufile_handle_register_fn fn =
+	    (kvs_cufile_handle_register_fn)kvs_cufile_real(KVS_CF_cuFileHandleRegister);
+	kvs_cufile_error_t e;
+
+	if (!fn)
+		return no_library;
+	e = fn(fh, descr);
+	/* Only descriptors are served; a user-space file system's reads are its own. */
+	if (e.err == KVS_CU_FILE_SUCCESS && fh && descr &&
+	    descr->type == KVS_CU_FILE_HANDLE_TYPE_OPAQUE_FD && kvs_shim_wants(SIZE_MAX))
+		handle_add(*fh, descr->handle.fd);
+	return e;
+}
+
+KVS_EXPORT void cuFileHandleDeregister(kvs_cufile_handle_t fh)
+{
+	kvs_cufile_handle_deregister_fn fn =
+	    (kvs_cufile_handle_deregister_fn)kvs_cufile_real(KVS_CF_cuFileHandleDeregister);
+
+	handle_remove(fh);
+	if (fn)
+		fn(fh);
+}
+
+KVS_EXPORT ssize_t cuFileRead(kvs_cufile_handle_t fh, void *buf, size_t size, off_t file_offset,
+			      off_t buf_offset)
+{
+	kvs_cufile_read_fn fn = (kvs_cufile_read_fn)kvs_cufile_real(KVS_CF_cuFileRead);
+	int fd = kvs_cufile_fd(fh);
+
+	if (fd >= 0 && buf && buf_offset >= 0 && kvs_shim_wants(size)) {
+		ssize_t n = kvs_shim_read_to(fd, (uint64_t)(uintptr_t)buf + (uint64_t)buf_offset,
+					     size, file_offset);
+		if (n >= 0)
+			return n;
+	}
+	if (!fn)
+		return -KVS_CU_FILE_DRIVER_NOT_INITIALIZED;
+	return fn(fh, buf, size, file_offset, buf_offset);
+}
+
+KVS_EXPORT ssize_t cuFileWrite(kvs_cufile_handle_t fh, const void *buf, size_t size,
+			       off_t file_offset, off_t buf_offset)
+{
+	kvs_cufile_write_fn fn = (kvs_cufile_write_fn)kvs_cufile_real(KVS_CF_cuFileWrite);
+	int fd = kvs_cufile_fd(fh);
+	ssize_t n;
+
+	if (!fn)
+		return -KVS_CU_FILE_DRIVER_NOT_INITIALIZED;
+	if (fd >= 0 && file_offset >= 0)
+		kvs_shim_invalidate(fd, file_offset, size, false, 0);
+	n = fn(fh, buf, size, file_offset, buf_offset);
+	if (fd >= 0 && file_offset >= 0)
+		kvs_shim_invalidate(fd, file_offset, size, false, 0);
+	return n;
+}
+
+/* The hooks the shim answers dlsym with; names not here are looked up as always. */
+extern kvs_cufile_error_t cuFileBatchIOSetUp(kvs_cufile_batch_handle_t *, unsigned);
+extern kvs_cufile_error_t cuFileBatchIOSubmit(kvs_cufile_batch_handle_t, unsigned,
+					      kvs_cufile_io_params_t *, unsigned int);
+extern kvs_cufile_error_t cuFileBatchIOGetStatus(kvs_cufile_batch_handle_t, unsigned, unsigned *,
+						 kvs_cufile_io_events_t *, struct timespec *);
+extern kvs_cufile_error_t cuFileBatchIOCancel(kvs_cufile_batch_handle_t);
+extern void cuFileBatchIODestroy(kvs_cufile_batch_handle_t);
+
+static void *hook_of(enum kvs_cufile_fn fn)
+{
+	switch (fn) {
+	case KVS_CF_cuFileHandleRegister:
+		return (void *)cuFileHandleRegister;
+	case KVS_CF_cuFileHandleDeregister:
+		return (void *)cuFileHandleDeregister;
+	case KVS_CF_cuFileRead:
+		return (void *)cuFileRead;
+	case KVS_CF_cuFileWrite:
+		return (void *)cuFileWrite;
+	case KVS_CF_cuFileBatchIOSetUp:
+		return (void *)cuFileBatchIOSetUp;
+	case KVS_CF_cuFileBatchIOSubmit:
+		return (void *)cuFileBatchIOSubmit;
+	case KVS_CF_cuFileBatchIOGetStatus:
+		return (void *)cuFileBatchIOGetStatus;
+	case KVS_CF_cuFileBatchIOCancel:
+		return (void *)cuFileBatchIOCancel;
+	case KVS_CF_cuFileBatchIODestroy:
+		return (void *)cuFileBatchIODestroy;
+	default:
+		return NULL;
+	}
+}
+
+void *kvs_cufile_dlsym(void *handle, const char *name, const char *version)
+{
+	int fn = -1;
+	void *p;
+
+	for (int i = 0; i < KVS_CF_N && fn < 0; i++)
+		if (strcmp(names[i], name) == 0)
+			fn = i;
+	if (fn < 0 || !hook_of(fn) || handle == RTLD_NEXT || !kvs_shim_wants(SIZE_MAX))
+		return NULL;
+	if (handle == RTLD_DEFAULT) {
+		/* glibc would find the shim's export first; answer it only if a real library
+		 * stands behind it, so that a program probing for libcufile still sees none. */
+		p = kvs_dlsym_real(RTLD_DEFAULT, name);
+		if (!p || !kvs_dlsym_in_shim(p))
+			return NULL;
+		return kvs_cufile_real(fn) ? NULL : KVS_DLSYM_NULL;
+	}
+	if (!is_cufile(handle))
+		return NULL;
+	p = version && *version ? kvs_dlvsym_real(handle, name, version)
+				: kvs_dlsym_real(handle, name);
+	if (!p)
+		return KVS_DLSYM_NULL; /* the library lacks it: dlerror says so, as it would */
+	void *none = NULL;
+	atomic_compare_exchange_strong(&lib, &none, handle);
+	remember(fn, p);
+	return hook_of(fn);
+}

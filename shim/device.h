@@ -1,0 +1,52 @@
+/*
+ * device: the shim's destinations in device memory.  It opens the CUDA driver (gpu/) at the
+ * first cuFile read that needs it, tells device memory from host memory, and turns a device
+ * pointer into a loader destination whose copies are host-to-device copies from the region,
+ * fenced once per piece.  It starts the region's registration with the driver at the first
+ * device copy.
+ */
+#ifndef KVS_SHIM_DEVICE_H
+#define KVS_SHIM_DEVICE_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "cache.h"
+#include "gpu.h"
+#include "loader.h"
+
+struct kvs_config;
+
+/* One read's destination.  Lives as long as the read (the loader calls dest's functions). */
+struct kvs_device_target {
+	bool host; /* the CPU's memory: the loader copies with memcpy into iov */
+	struct iovec iov;
+	struct kvs_gpu_ptr dst;
+	struct kvs_gpu_copy cp;
+	struct kvs_dest dest;
+	struct kvs_cache *c;
+	uint64_t bytes; /* copied since the last fence */
+};
+
+/*
+ * Where do the len bytes at ptr live?  Opens the driver on first use (cfg's cuda.library).
+ * Fills t and returns 0 for host memory (t->host) and for one device allocation; -errno for
+ * anything else (no driver, memory the driver does not know as either): the caller passes
+ * the read through.
+ */
+int kvs_device_target(const struct kvs_config *cfg, uint64_t ptr, size_t len,
+		      struct kvs_device_target *t);
+
+/* Make t's destination ready for copies counted in cache c: for device memory a copy session
+ * and t->dest; the region's registration starts with the first one.  Returns 0 or -errno. */
+int kvs_device_begin(struct kvs_device_target *t, struct kvs_cache *c,
+		     const struct kvs_config *cfg);
+
+/* The bytes the process has registered of the region (0 without a driver). */
+uint64_t kvs_device_registered_bytes(void);
+
+/* The fork child: forget the driver state without a call into it. */
+void kvs_device_atfork_child(void);
+
+#endif

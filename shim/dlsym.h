@@ -1,0 +1,24 @@
+/*
+ * dlsym: the shim's dlsym and dlvsym (dlsym_stub.S, dlsym.c).  Callers that look cuFile
+ * functions up on a libcufile handle (kvikio, Python ctypes, NIXL's plugins) get the shim's
+ * hooks; every other lookup keeps its exact meaning, RTLD_NEXT included, because the stub
+ * jumps to glibc's function with the caller's return address.
+ */
+#ifndef KVS_SHIM_DLSYM_H
+#define KVS_SHIM_DLSYM_H
+
+/* The hook's answer "return NULL" (dlerror already set), apart from NULL = "pass through". */
+#define KVS_DLSYM_NULL ((void *)1)
+
+/* glibc's dlsym and dlvsym, for the shim's own lookups (RTLD_NEXT is then relative to the
+ * shim).  Never NULL once kvs_dlsym_resolve has run; resolving is idempotent and lock-free. */
+void *kvs_dlsym_real(void *handle, const char *name);
+void *kvs_dlvsym_real(void *handle, const char *name, const char *version);
+
+/* Find glibc's functions (kvs_elf_symbol); called by every hook and by kvs_real_init. */
+void kvs_dlsym_resolve(void);
+
+/* Is p inside the shim's own object? */
+int kvs_dlsym_in_shim(const void *p);
+
+#endif
