@@ -590,6 +590,119 @@ int kvs_loader_start(struct kvs_loader *ld, struct kvs_task *t, const struct kvs
 	return 0;
 }
 
+/* ------------------------------------------------------------------ copies by the caller */
+
+int kvs_loader_pin(struct kvs_loader *ld, struct kvs_task *t, const struct kvs_read *rd)
+{
+	int64_t len = read_length(rd);
+	uint64_t S = ld->shard_size;
+
+	if (len <= 0)
+		return len ? (int)len : -EINVAL;
+	if ((rd->off + (uint64_t)len - 1) / S - rd->off / S >= KVS_TASK_OPS)
+		return -E2BIG;
+	*t = (struct kvs_task){.rd = rd, .off = rd->off, .end = rd->off + (uint64_t)len};
+	plan_piece(ld, t);
+	order_ops(ld, t);
+	for (uint32_t k = 0; k < t->nops; k++) {
+		struct kvs_op *op = &t->ops[t->order[k]];
+		struct kvs_key key = shard_key(&rd->block, op->shard);
+		int st = kvs_cache_lookup(ld->c, &key);
+
+		if (st != KVS_SLOT_READY && st != KVS_SLOT_LOADING)
+			kvs_backend_wait_room(ld->be);
+		int r = kvs_cache_pin(ld->c, &key, KVS_ALLOC_LOAD, &op->pin);
+
+		op->kind = r == KVS_PIN_HIT	? OP_HIT
+			   : r == KVS_PIN_OWNER ? OP_OWNER
+			   : r == KVS_PIN_WAIT	? OP_WAIT
+						: OP_SELF;
+		if (op->kind == OP_OWNER)
+			submit_owned(ld, rd, op);
+		if (op->kind == OP_SELF) {
+			kvs_loader_unpin(ld, t);
+			return r < 0 ? r : -ENOSPC;
+		}
+	}
+	kvs_cache_count(ld->c, KVS_CTR_requests, 1);
+	kvs_cache_reap_maybe(ld->c);
+	return 0;
+}
+
+uint32_t kvs_loader_nops(const struct kvs_task *t)
+{
+	return t->nops;
+}
+
+void kvs_loader_op(struct kvs_loader *ld, struct kvs_task *t, uint32_t i, const void **src,
+		   uint64_t *pos, uint32_t *len)
+{
+	struct kvs_op *op = &t->ops[i];
+
+	*src = (char *)kvs_cache_data(ld->c, &op->pin) + op->from;
+	*pos = op->pos;
+	*len = op->len;
+}
+
+int kvs_loader_settle(struct kvs_loader *ld, struct kvs_task *t)
+{
+	const struct kvs_read *rd = t->rd;
+	int result = 0;
+
+	for (uint32_t k = 0; k < t->nops; k++) {
+		struct kvs_op *op = &t->ops[t->order[k]];
+		uint32_t want = op->from + op->len;
+
+		if (op->kind == OP_OWNER)
+			wait_io_done(op);
+		if (op->kind == OP_HIT) {
+			kvs_cache_count(ld->c, KVS_CTR_shards_hit, 1);
+		} else {
+			uint64_t t0 = kvs_mono_ns();
+			int r;
+
+			/* The program's stream waits for these bytes: wait as long as a live
+			 * owner takes, as the real read would (owner death ends the wait). */
+			while ((r = kvs_cache_wait(ld->c, &op->pin, ld->wait_timeout_ns)) ==
+			       -ETIMEDOUT)
+				;
+			if (op->kind == OP_WAIT) {
+				kvs_cache_count(ld->c, KVS_CTR_wait_ns, kvs_mono_ns() - t0);
+				kvs_cache_count(ld->c, KVS_CTR_shards_waited, 1);
+			}
+			if (r || kvs_cache_length(ld->c, &op->pin) < want) {
+				/* Failed: our pin keeps the slot FAILED and ours; load it here. */
+				char *dst = kvs_cache_data(ld->c, &op->pin);
+				uint32_t n = rd->direct ? round_page(want) : want;
+				int64_t got =
+				    kvs_read_full(rd->fd, dst, n, op->shard * ld->shard_size);
+
+				kvs_cache_count(ld->c, KVS_CTR_fallbacks, 1);
+				if (got < (int64_t)want && !result)
+					result = got < 0 ? (int)got : -EIO;
+				else if (kvs_check_file(rd->fd, rd->dev, rd->ino, &rd->block) ==
+					     KVS_V_WRONG_FILE &&
+					 !result)
+					result = -ESTALE;
+			}
+		}
+	}
+	return result;
+}
+
+void kvs_loader_unpin(struct kvs_loader *ld, struct kvs_task *t)
+{
+	for (uint32_t i = 0; i < t->nops; i++) {
+		struct kvs_op *op = &t->ops[i];
+
+		if (op->kind == OP_OWNER)
+			wait_io_done(op); /* the backend may still write the slot */
+		if (op->kind == OP_HIT || op->kind == OP_OWNER || op->kind == OP_WAIT)
+			kvs_cache_release(ld->c, &op->pin);
+		op->kind = OP_DONE;
+	}
+}
+
 /* ------------------------------------------------------------------ life */
 
 int kvs_loader_create(struct kvs_cache *c, const struct kvs_config *cfg, struct kvs_loader **out)

@@ -119,6 +119,24 @@ int64_t kvs_loader_read(struct kvs_loader *ld, const struct kvs_read *rd);
 int kvs_loader_start(struct kvs_loader *ld, struct kvs_task *t, const struct kvs_read *rd,
 		     void (*done)(struct kvs_task *t, int64_t result), void *arg);
 
+/*
+ * For a caller that copies from the slots itself, in an order of its own (cuFileReadAsync: the
+ * copies go on the program's stream).  kvs_loader_pin pins the shards of rd, which must span at
+ * most KVS_TASK_OPS, and starts the storage reads this process owns; -ENOSPC (nothing held)
+ * when one cannot be pinned, -E2BIG for a longer read.  kvs_loader_op gives op i's bytes: src
+ * in the region (valid until kvs_loader_unpin), pos in the request, len.  kvs_loader_settle
+ * waits until every op is READY, reading from storage into the slot a shard whose load failed
+ * (the pin keeps the slot ours); it may block for as long as storage takes and calls no
+ * malloc; returns 0 or -errno (the slots' bytes are then not the file's).  kvs_loader_unpin
+ * releases every pin.  Between pin and unpin, t is the caller's to keep.
+ */
+int kvs_loader_pin(struct kvs_loader *ld, struct kvs_task *t, const struct kvs_read *rd);
+uint32_t kvs_loader_nops(const struct kvs_task *t);
+void kvs_loader_op(struct kvs_loader *ld, struct kvs_task *t, uint32_t i, const void **src,
+		   uint64_t *pos, uint32_t *len);
+int kvs_loader_settle(struct kvs_loader *ld, struct kvs_task *t);
+void kvs_loader_unpin(struct kvs_loader *ld, struct kvs_task *t);
+
 /* Stop the threads and free.  No read may be in progress.  NULL is accepted. */
 void kvs_loader_destroy(struct kvs_loader *ld);
 

@@ -156,6 +156,7 @@ int kvs_cufile_fd(kvs_cufile_handle_t fh)
 #define REAL(name) ((kvs_cufile_##name##_fn)kvs_cufile_real(KVS_CF_cuFile##name))
 
 static const kvs_cufile_error_t no_library = {KVS_CU_FILE_DRIVER_NOT_INITIALIZED, 0};
+static const kvs_cufile_error_t ok_error = {KVS_CU_FILE_SUCCESS, 0};
 
 KVS_EXPORT kvs_cufile_error_t cuFileHandleRegister(kvs_cufile_handle_t *fh,
 						   kvs_cufile_descr_t *descr)
@@ -218,6 +219,86 @@ KVS_EXPORT ssize_t cuFileWrite(kvs_cufile_handle_t fh, const void *buf, size_t s
 	return n;
 }
 
+/* ------------------------------------------------------------------ streams */
+
+/* Streams registered with fixed sizes and offsets (cuFileStreamRegister flags 1|2|4): a read
+ * on one may be served, its parameters read at submission.  Under handles_mu. */
+#define MAX_STREAMS 256
+#define FIXED                                                                                      \
+	(KVS_CU_FILE_STREAM_FIXED_BUF_OFFSET | KVS_CU_FILE_STREAM_FIXED_FILE_OFFSET |              \
+	 KVS_CU_FILE_STREAM_FIXED_FILE_SIZE)
+static kvs_cu_stream_t streams[MAX_STREAMS];
+static unsigned nstreams;
+
+static bool stream_fixed(kvs_cu_stream_t st)
+{
+	bool found = false;
+
+	pthread_mutex_lock(&handles_mu);
+	for (unsigned i = 0; i < nstreams && !found; i++)
+		found = streams[i] == st;
+	pthread_mutex_unlock(&handles_mu);
+	return found;
+}
+
+static void stream_forget(kvs_cu_stream_t st)
+{
+	pthread_mutex_lock(&handles_mu);
+	for (unsigned i = 0; i < nstreams; i++) {
+		if (streams[i] == st) {
+			streams[i] = streams[--nstreams];
+			break;
+		}
+	}
+	pthread_mutex_unlock(&handles_mu);
+}
+
+KVS_EXPORT kvs_cufile_error_t cuFileStreamRegister(kvs_cu_stream_t stream, unsigned flags)
+{
+	kvs_cufile_stream_register_fn fn =
+	    (kvs_cufile_stream_register_fn)kvs_cufile_real(KVS_CF_cuFileStreamRegister);
+	kvs_cufile_error_t e;
+
+	if (!fn)
+		return no_library;
+	e = fn(stream, flags);
+	stream_forget(stream); /* registered again: the new flags count */
+	if (e.err == KVS_CU_FILE_SUCCESS && (flags & FIXED) == FIXED) {
+		pthread_mutex_lock(&handles_mu);
+		if (nstreams < MAX_STREAMS)
+			streams[nstreams++] = stream;
+		pthread_mutex_unlock(&handles_mu);
+	}
+	return e;
+}
+
+KVS_EXPORT kvs_cufile_error_t cuFileStreamDeregister(kvs_cu_stream_t stream)
+{
+	kvs_cufile_stream_deregister_fn fn =
+	    (kvs_cufile_stream_deregister_fn)kvs_cufile_real(KVS_CF_cuFileStreamDeregister);
+
+	stream_forget(stream);
+	return fn ? fn(stream) : no_library;
+}
+
+KVS_EXPORT kvs_cufile_error_t cuFileReadAsync(kvs_cufile_handle_t fh, void *buf, size_t *size_p,
+					      off_t *file_offset_p, off_t *buf_offset_p,
+					      ssize_t *bytes_read_p, kvs_cu_stream_t stream)
+{
+	kvs_cufile_read_async_fn fn =
+	    (kvs_cufile_read_async_fn)kvs_cufile_real(KVS_CF_cuFileReadAsync);
+	int fd = kvs_cufile_fd(fh);
+
+	/* Served only when the parameters may be read now: the stream fixed them. */
+	if (fd >= 0 && buf && size_p && file_offset_p && buf_offset_p && bytes_read_p &&
+	    *buf_offset_p >= 0 && kvs_shim_wants(*size_p) && stream_fixed(stream) &&
+	    kvs_shim_read_to_stream(fd, (uint64_t)(uintptr_t)buf + (uint64_t)*buf_offset_p, *size_p,
+				    *file_offset_p, bytes_read_p, stream) == 0)
+		return ok_error;
+	return fn ? fn(fh, buf, size_p, file_offset_p, buf_offset_p, bytes_read_p, stream)
+		  : no_library;
+}
+
 /* The hooks the shim answers dlsym with; names not here are looked up as always. */
 extern kvs_cufile_error_t cuFileBatchIOSetUp(kvs_cufile_batch_handle_t *, unsigned);
 extern kvs_cufile_error_t cuFileBatchIOSubmit(kvs_cufile_batch_handle_t, unsigned,
@@ -248,6 +329,12 @@ static void *hook_of(enum kvs_cufile_fn fn)
 		return (void *)cuFileBatchIOCancel;
 	case KVS_CF_cuFileBatchIODestroy:
 		return (void *)cuFileBatchIODestroy;
+	case KVS_CF_cuFileReadAsync:
+		return (void *)cuFileReadAsync;
+	case KVS_CF_cuFileStreamRegister:
+		return (void *)cuFileStreamRegister;
+	case KVS_CF_cuFileStreamDeregister:
+		return (void *)cuFileStreamDeregister;
 	default:
 		return NULL;
 	}

@@ -121,6 +121,17 @@ int kvs_device_begin(struct kvs_device_target *t, struct kvs_cache *c, const str
 	return 0;
 }
 
+int kvs_device_stream_copy(struct kvs_device_target *t, void *stream, uint64_t pos, const void *src,
+			   size_t len)
+{
+	return kvs_gpu_copy_on_stream(t->cp.g, stream, &t->dst, pos, src, len);
+}
+
+int kvs_device_stream_func(struct kvs_device_target *t, void *stream, void (*fn)(void *), void *arg)
+{
+	return kvs_gpu_host_func(t->cp.g, stream, &t->dst, fn, arg);
+}
+
 uint64_t kvs_device_registered_bytes(void)
 {
 	return atomic_load_explicit(&state, memory_order_acquire) == DEV_OPEN

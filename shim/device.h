@@ -43,6 +43,13 @@ int kvs_device_target(const struct kvs_config *cfg, uint64_t ptr, size_t len,
 int kvs_device_begin(struct kvs_device_target *t, struct kvs_cache *c,
 		     const struct kvs_config *cfg);
 
+/* On the program's stream (cuFileReadAsync), in its order: copy len bytes from src to t's
+ * device memory at pos; run fn(arg) on a driver thread (no CUDA calls in fn).  0 or -errno. */
+int kvs_device_stream_copy(struct kvs_device_target *t, void *stream, uint64_t pos, const void *src,
+			   size_t len);
+int kvs_device_stream_func(struct kvs_device_target *t, void *stream, void (*fn)(void *),
+			   void *arg);
+
 /* The bytes the process has registered of the region (0 without a driver). */
 uint64_t kvs_device_registered_bytes(void);
 

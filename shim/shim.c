@@ -40,6 +40,7 @@
 
 #include "cache.h"
 #include "config.h"
+#include "cufile_types.h"
 #include "device.h"
 #include "fdinfo.h"
 #include "loader.h"
@@ -430,6 +431,94 @@ int kvs_shim_read_to_start(struct kvs_shim_async *a, int fd, uint64_t ptr, size_
 		ret = 0;
 	pthread_setcancelstate(cancel_state, NULL);
 	guard--;
+	errno = saved;
+	return ret;
+}
+
+/* A read on the program's stream: lives from the enqueue until its last host function. */
+struct stream_read {
+	struct kvs_shim_async a;
+	ssize_t *bytes_read;
+	int64_t result;
+};
+
+/* First on the stream: make every shard READY (the copies behind it read the slots). */
+static void stream_settle(void *arg)
+{
+	struct stream_read *sr = arg;
+	int r = kvs_loader_settle(loader, &sr->a.task);
+
+	if (r)
+		sr->result = r;
+}
+
+/* Last on the stream: the copies are over; release, count and report. */
+static void stream_done(void *arg)
+{
+	struct stream_read *sr = arg;
+
+	kvs_loader_unpin(loader, &sr->a.task);
+	if (sr->result >= 0) {
+		kvs_cache_count(cache, KVS_CTR_h2d_bytes, (uint64_t)sr->result);
+		kvs_cache_count(cache, KVS_CTR_cufile_requests, 1);
+	} else {
+		kvs_cache_count(cache, KVS_CTR_failures, 1);
+	}
+	*sr->bytes_read = (ssize_t)sr->result;
+	free(sr);
+}
+
+int kvs_shim_read_to_stream(int fd, uint64_t ptr, size_t size, off_t off, ssize_t *bytes_read,
+			    void *stream)
+{
+	int saved = errno, cancel_state, ret = -1;
+	struct stream_read *sr = calloc(1, sizeof(*sr));
+
+	if (!sr || !bytes_read)
+		goto out_free;
+	guard++;
+	pthread_setcancelstate(PTHREAD_CANCEL_DISABLE, &cancel_state);
+	if (prepare_to(&sr->a, fd, ptr, size, off) || sr->a.tg.host)
+		goto out;
+	if (kvs_loader_pin(loader, &sr->a.task, &sr->a.rd))
+		goto out;
+	sr->bytes_read = bytes_read;
+	sr->result = (int64_t)(sr->a.task.end - sr->a.rd.off);
+	/* Once the first host function is on the stream, the last must follow it: nothing can be
+	 * taken back, so a copy that cannot be enqueued becomes the read's error. */
+	if (kvs_device_stream_func(&sr->a.tg, stream, stream_settle, sr)) {
+		kvs_loader_unpin(loader, &sr->a.task);
+		goto out;
+	}
+	for (uint32_t i = 0; i < kvs_loader_nops(&sr->a.task); i++) {
+		const void *src;
+		uint64_t pos;
+		uint32_t len;
+		int r;
+
+		kvs_loader_op(loader, &sr->a.task, i, &src, &pos, &len);
+		r = kvs_device_stream_copy(&sr->a.tg, stream, pos, src, len);
+		if (r) {
+			sr->result = -KVS_CU_FILE_CUDA_DRIVER_ERROR;
+			break;
+		}
+	}
+	if (kvs_device_stream_func(&sr->a.tg, stream, stream_done, sr)) {
+		/* Cannot happen after the first enqueue worked, short of a dying context: the
+		 * pins stay until the process exits, and the reaper returns them then. */
+		kvs_log_once(KVS_CAUSE_CUFILE, KVS_LOG_WARN,
+			     "cuFileReadAsync: the driver refused a host function; pins kept");
+		sr = NULL;
+		ret = 0;
+		goto out;
+	}
+	sr = NULL;
+	ret = 0;
+out:
+	pthread_setcancelstate(cancel_state, NULL);
+	guard--;
+out_free:
+	free(sr);
 	errno = saved;
 	return ret;
 }

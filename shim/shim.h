@@ -59,6 +59,16 @@ ssize_t kvs_shim_read_to(int fd, uint64_t ptr, size_t size, off_t off);
 int kvs_shim_read_to_start(struct kvs_shim_async *a, int fd, uint64_t ptr, size_t size, off_t off,
 			   void (*done)(struct kvs_shim_async *a, int64_t result));
 
+/*
+ * cuFileReadAsync on a stream whose sizes and offsets were fixed at registration: size bytes
+ * at off into the device memory at ptr, in stream order.  Enqueues on stream: a host function
+ * that waits until the shards are loaded, the copies from the region, and a host function that
+ * releases the pins and stores the byte count (or a negative error) in *bytes_read.  Returns 0
+ * once enqueued, or -1: make the real call (nothing was enqueued).
+ */
+int kvs_shim_read_to_stream(int fd, uint64_t ptr, size_t size, off_t off, ssize_t *bytes_read,
+			    void *stream);
+
 /* The configuration the shim runs with (loaded by the first kvs_shim_wants). */
 const struct kvs_config *kvs_shim_config(void);
 

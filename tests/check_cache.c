@@ -153,7 +153,7 @@ START_TEST(test_layout_pinned)
 	ck_assert_uint_eq(offsetof(struct kvs_proc, ctr), 64);
 	ck_assert_uint_eq(offsetof(struct kvs_proc, pin), 192);
 	ck_assert_uint_eq(sizeof(struct kvs_stripe), 64);
-	ck_assert_uint_eq(KVS_LAYOUT_VERSION, 2);
+	ck_assert_uint_eq(KVS_LAYOUT_VERSION, 3);
 
 	struct kvs_config cfg;
 	test_config(&cfg, 8, 4096);
