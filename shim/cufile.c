@@ -340,6 +340,28 @@ static void *hook_of(enum kvs_cufile_fn fn)
 	}
 }
 
+/* The real function if a libcufile is loaded already: never loads one (a program probing for
+ * libcufile must not load it by asking). */
+static void *loaded_real(enum kvs_cufile_fn fn)
+{
+	const char *path = kvs_shim_config()->cuda_cufile_library;
+	void *p = atomic_load_explicit(&real[fn], memory_order_relaxed), *h;
+
+	if (p)
+		return p;
+	p = kvs_dlsym_real(RTLD_NEXT, names[fn]);
+	if (kvs_dlsym_in_shim(p))
+		p = NULL;
+	if (!p) {
+		h = dlopen(path[0] ? path : "libcufile.so.0", RTLD_NOW | RTLD_LOCAL | RTLD_NOLOAD);
+		if (h) {
+			p = kvs_dlsym_real(h, names[fn]);
+			dlclose(h); /* drops the reference RTLD_NOLOAD took; the library stays */
+		}
+	}
+	return p;
+}
+
 void *kvs_cufile_dlsym(void *handle, const char *name, const char *version)
 {
 	int fn = -1;
@@ -348,17 +370,25 @@ void *kvs_cufile_dlsym(void *handle, const char *name, const char *version)
 	for (int i = 0; i < KVS_CF_N && fn < 0; i++)
 		if (strcmp(names[i], name) == 0)
 			fn = i;
-	if (fn < 0 || !hook_of(fn) || handle == RTLD_NEXT || !kvs_shim_wants(SIZE_MAX))
+	if (fn < 0 || !hook_of(fn) || handle == RTLD_NEXT)
 		return NULL;
+	bool on = kvs_shim_wants(SIZE_MAX);
 	if (handle == RTLD_DEFAULT) {
-		/* glibc would find the shim's export first; answer it only if a real library
-		 * stands behind it, so that a program probing for libcufile still sees none. */
+		/* glibc would find the shim's export first.  Answer as if the shim were not
+		 * there: NULL while no libcufile is loaded (a probe sees none), the real
+		 * function when the shim is off, the hook otherwise. */
 		p = kvs_dlsym_real(RTLD_DEFAULT, name);
 		if (!p || !kvs_dlsym_in_shim(p))
 			return NULL;
-		return kvs_cufile_real(fn) ? NULL : KVS_DLSYM_NULL;
+		void *r = loaded_real(fn);
+		if (!r) {
+			kvs_dlsym_real(RTLD_NEXT,
+				       name); /* fails, and sets dlerror as glibc would */
+			return KVS_DLSYM_NULL;
+		}
+		return on ? NULL : r;
 	}
-	if (!is_cufile(handle))
+	if (!on || !is_cufile(handle))
 		return NULL;
 	p = version && *version ? kvs_dlvsym_real(handle, name, version)
 				: kvs_dlsym_real(handle, name);

@@ -12,8 +12,8 @@
 #include <dlfcn.h>
 #include <link.h>
 #include <stdatomic.h>
+#include <stdbool.h>
 #include <stddef.h>
-#include <string.h>
 
 #include "cufile.h"
 #include "dlsym.h"
@@ -68,13 +68,27 @@ int kvs_dlsym_in_shim(const void *p)
 	       a.dli_fbase == b.dli_fbase;
 }
 
+/* Does name start with "cuFile"?  No libc: see the top of elfsym.c (this file is built without
+ * sanitizers for the same reason). */
+static bool cufile_name(const char *name)
+{
+	static const char p[] = "cuFile";
+
+	if (!name)
+		return false;
+	for (int i = 0; p[i]; i++)
+		if (name[i] != p[i])
+			return false;
+	return true;
+}
+
 /* Called by the stub's dlsym.  NULL: pass through; KVS_DLSYM_NULL: answer NULL; else the
  * address to answer. */
 void *kvs_dlsym_hook(void *handle, const char *name);
 void *kvs_dlsym_hook(void *handle, const char *name)
 {
 	kvs_dlsym_resolve();
-	if (!name || strncmp(name, "cuFile", 6) != 0)
+	if (!cufile_name(name))
 		return NULL;
 	return kvs_cufile_dlsym(handle, name, NULL);
 }
@@ -83,7 +97,7 @@ void *kvs_dlvsym_hook(void *handle, const char *name, const char *version);
 void *kvs_dlvsym_hook(void *handle, const char *name, const char *version)
 {
 	kvs_dlsym_resolve();
-	if (!name || strncmp(name, "cuFile", 6) != 0)
+	if (!cufile_name(name))
 		return NULL;
 	return kvs_cufile_dlsym(handle, name, version ? version : "");
 }

@@ -5,8 +5,15 @@
  * Why not dlsym: the shim interposes dlsym and dlvsym, so every call the shim makes to either
  * name binds to its own hook (symbols of an LD_PRELOAD object come first, for the object
  * itself too), and the hook needs glibc's functions to pass through to.  Here the shim asks no
- * one: dl_iterate_phdr lists the objects, and each object's PT_DYNAMIC leads to its GNU hash
- * table (or SysV hash table), symbol table, strings and version definitions.
+ * one: ld.so's list of loaded objects (_r_debug.r_map, what debuggers read) gives each object's
+ * dynamic section, which leads to its GNU hash table (or SysV hash table), symbol table,
+ * strings and version definitions.
+ *
+ * Why not dl_iterate_phdr, and no libc at all: the first dlsym of a process may come from a
+ * sanitizer runtime resolving its own interceptors before it is initialised, when any
+ * intercepted libc function (and any instrumented code: this file is built without
+ * sanitizers) would crash.  The walk reads the list without ld.so's lock; objects are appended
+ * at its tail, and libc, which the walk looks for, is loaded before the program starts.
  *
  * The dynamic section's addresses are relocated in place by ld.so on the architectures we
  * build for; an address below the object's base is still an offset and is relocated here.
@@ -14,8 +21,8 @@
 #include <elf.h>
 #include <link.h>
 #include <stdbool.h>
+#include <stddef.h>
 #include <stdint.h>
-#include <string.h>
 
 #include "elfsym.h"
 
@@ -35,6 +42,20 @@ struct tables {
 	const ElfW(Half) * versym;
 	const ElfW(Verdef) * verdef;
 };
+
+static bool same(const char *a, const char *b)
+{
+	while (*a && *a == *b)
+		a++, b++;
+	return *a == *b;
+}
+
+static bool starts(const char *s, const char *prefix)
+{
+	while (*prefix && *s == *prefix)
+		s++, prefix++;
+	return !*prefix;
+}
 
 static uint32_t gnu_hash(const char *s)
 {
@@ -64,7 +85,7 @@ static bool version_ok(const struct tables *t, uint32_t i, const char *version)
 		if (vd->vd_ndx != ndx)
 			continue;
 		const ElfW(Verdaux) *aux = (const void *)((const char *)vd + vd->vd_aux);
-		return strcmp(t->str + aux->vda_name, version) == 0;
+		return same(t->str + aux->vda_name, version);
 	}
 	return false;
 }
@@ -75,7 +96,7 @@ static bool match(const struct tables *t, uint32_t i, const struct want *w)
 
 	/* Plain functions only: an IFUNC's table entry is its resolver, not the function. */
 	return s->st_shndx != SHN_UNDEF && s->st_value && ELF64_ST_TYPE(s->st_info) == STT_FUNC &&
-	       strcmp(t->str + s->st_name, w->name) == 0 && version_ok(t, i, w->version);
+	       same(t->str + s->st_name, w->name) && version_ok(t, i, w->version);
 }
 
 static void *lookup(const struct tables *t, const struct want *w)
@@ -110,52 +131,53 @@ static void *lookup(const struct tables *t, const struct want *w)
 	return NULL;
 }
 
-static int visit(struct dl_phdr_info *info, size_t size, void *arg)
+/* Look w up in the object loaded at base whose dynamic section is dyn. */
+static void *in_object(ElfW(Addr) base, const ElfW(Dyn) * d, const struct want *w)
 {
-	struct want *w = arg;
-	const char *slash = info->dlpi_name ? strrchr(info->dlpi_name, '/') : NULL;
-	const char *file = slash ? slash + 1 : info->dlpi_name;
-	struct tables t = {.base = info->dlpi_addr};
+	struct tables t = {.base = base};
 
-	if (!file || strncmp(file, w->lib, strlen(w->lib)) != 0)
-		return 0;
-	for (ElfW(Half) p = 0; p < info->dlpi_phnum; p++) {
-		if (info->dlpi_phdr[p].p_type != PT_DYNAMIC)
-			continue;
-		const ElfW(Dyn) *d = (const void *)(info->dlpi_addr + info->dlpi_phdr[p].p_vaddr);
-		for (; d->d_tag != DT_NULL; d++) {
-			switch (d->d_tag) {
-			case DT_SYMTAB:
-				t.sym = addr(&t, d->d_un.d_ptr);
-				break;
-			case DT_STRTAB:
-				t.str = addr(&t, d->d_un.d_ptr);
-				break;
-			case DT_GNU_HASH:
-				t.gnu_hash = addr(&t, d->d_un.d_ptr);
-				break;
-			case DT_HASH:
-				t.sysv_hash = addr(&t, d->d_un.d_ptr);
-				break;
-			case DT_VERSYM:
-				t.versym = addr(&t, d->d_un.d_ptr);
-				break;
-			case DT_VERDEF:
-				t.verdef = addr(&t, d->d_un.d_ptr);
-				break;
-			}
+	for (; d && d->d_tag != DT_NULL; d++) {
+		switch (d->d_tag) {
+		case DT_SYMTAB:
+			t.sym = addr(&t, d->d_un.d_ptr);
+			break;
+		case DT_STRTAB:
+			t.str = addr(&t, d->d_un.d_ptr);
+			break;
+		case DT_GNU_HASH:
+			t.gnu_hash = addr(&t, d->d_un.d_ptr);
+			break;
+		case DT_HASH:
+			t.sysv_hash = addr(&t, d->d_un.d_ptr);
+			break;
+		case DT_VERSYM:
+			t.versym = addr(&t, d->d_un.d_ptr);
+			break;
+		case DT_VERDEF:
+			t.verdef = addr(&t, d->d_un.d_ptr);
+			break;
 		}
 	}
-	if (!t.sym || !t.str)
-		return 0;
-	w->found = lookup(&t, w);
-	return w->found != NULL; /* nonzero stops the walk */
+	return t.sym && t.str ? lookup(&t, w) : NULL;
 }
 
 void *kvs_elf_symbol(const char *lib, const char *name, const char *version)
 {
 	struct want w = {.lib = lib, .name = name, .version = version};
 
-	dl_iterate_phdr(visit, &w);
-	return w.found;
+	for (const struct link_map *m = _r_debug.r_map; m; m = m->l_next) {
+		const char *file = m->l_name, *p;
+
+		if (!file)
+			continue;
+		for (p = file; *p; p++)
+			if (*p == '/')
+				file = p + 1;
+		if (!starts(file, lib))
+			continue;
+		void *found = in_object(m->l_addr, m->l_ld, &w);
+		if (found)
+			return found;
+	}
+	return NULL;
 }

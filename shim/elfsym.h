@@ -7,8 +7,8 @@
 
 /* The address of function name, defined with version (NULL: its default version) by the
  * first loaded object whose file name starts with lib ("libc.so."), or NULL.  IFUNCs are
- * not found.  Safe at any time after the program has started; allocates
- * nothing; takes ld.so's lock for the walk (dl_iterate_phdr). */
+ * not found.  Safe at any time after ld.so has loaded the program's libraries, before a
+ * sanitizer runtime is initialised too; allocates nothing, calls nothing, takes no lock. */
 void *kvs_elf_symbol(const char *lib, const char *name, const char *version);
 
 #endif

@@ -30,6 +30,7 @@
 #include <linux/futex.h>
 #include <limits.h>
 #include <pthread.h>
+#include <sched.h>
 #include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
@@ -372,7 +373,11 @@ static int prepare_to(struct kvs_shim_async *a, int fd, uint64_t ptr, size_t siz
 		return -1;
 	if (!attach())
 		return -1;
-	anchor = kvs_fdinfo_anchor(fd, &fi);
+	/* Another thread installing this file's anchor answers -EBUSY (the POSIX hooks may run in
+	 * a signal handler and never wait for it).  cuFile calls never do: wait a little. */
+	for (int tries = 0; (anchor = kvs_fdinfo_anchor(fd, &fi)) == -EBUSY && tries < 1000;
+	     tries++)
+		sched_yield();
 	if (anchor < 0 || kvs_device_begin(&a->tg, cache, &cfg))
 		return -1;
 	a->rd = make_read(&fi, anchor, (uint64_t)off, size);
