@@ -62,3 +62,21 @@ add_test(NAME gpu COMMAND bash ${CMAKE_CURRENT_LIST_DIR}/gpu_test.sh
   $<TARGET_FILE:kvshim> $<TARGET_FILE:kvshim-cli> $<TARGET_FILE:kvshim-gpu-engine-dl>
   $<TARGET_FILE:kvshim-gpu-engine-ln> ${KVS_FAKE_DIR})
 set_tests_properties(gpu PROPERTIES SKIP_RETURN_CODE 77 TIMEOUT 600)
+
+# --- gpu_faults: the engine under the shim when something fails (driver missing, copies or
+# registration failing, memory the driver does not know, a handle the shim never saw, a
+# process killed mid-copy), and the shim's dlsym/dlvsym answers compared with glibc's own.
+add_executable(kvshim-gpu-prereg ${CMAKE_CURRENT_LIST_DIR}/gpu_prereg.c)
+target_include_directories(kvshim-gpu-prereg PRIVATE ${CMAKE_SOURCE_DIR}/shim)
+target_link_libraries(kvshim-gpu-prereg PRIVATE ${CMAKE_DL_LIBS})
+# The library defines read(), as an interposer of the program's own would; its dlsym(RTLD_NEXT)
+# must be answered from its own place in the search order.
+add_library(dlsym_sem_lib SHARED ${CMAKE_CURRENT_LIST_DIR}/dlsym_sem_lib.c)
+target_link_libraries(dlsym_sem_lib PRIVATE ${CMAKE_DL_LIBS})
+target_link_options(dlsym_sem_lib PRIVATE -Wl,-z,defs)
+add_executable(kvshim-dlsym-sem ${CMAKE_CURRENT_LIST_DIR}/dlsym_sem.c)
+target_link_libraries(kvshim-dlsym-sem PRIVATE dlsym_sem_lib ${CMAKE_DL_LIBS})
+add_test(NAME gpu_faults COMMAND bash ${CMAKE_CURRENT_LIST_DIR}/gpu_faults_test.sh
+  $<TARGET_FILE:kvshim> $<TARGET_FILE:kvshim-cli> $<TARGET_FILE:kvshim-gpu-engine-dl>
+  $<TARGET_FILE:kvshim-gpu-prereg> $<TARGET_FILE:kvshim-dlsym-sem> ${KVS_FAKE_DIR})
+set_tests_properties(gpu_faults PROPERTIES SKIP_RETURN_CODE 77 TIMEOUT 300)

@@ -5,9 +5,13 @@
  *   kvshim-gpu-engine-ln  links libcufile (NEEDED), built with KVS_ENGINE_LINKED.
  * Both dlopen("libcuda.so.1") for the driver API (names as cuda.h binds them: cuMemAlloc_v2,
  * cuMemcpyDtoH_v2, ...), so the fakes of tests/fake/ or the real libraries serve them alike.
- *   kvshim-gpu-engine [--api read|batch|async] [--block BYTES] FILE...
+ *   kvshim-gpu-engine [--api read|batch|async] [--block BYTES] [--dest device|unknown] FILE...
  * Exit 0 when every byte matches, 1 on the first mismatch (file and offset on stderr), 2 on
  * any other failure.  stdout carries one line: "engine: N files, B bytes, api A, ok".
+ * --dest unknown (for fault tests) makes one cuFileRead of the first block of each file into a
+ * PROT_NONE mapping, memory neither the driver nor the process can write, and prints what it
+ * returned ("engine: FILE: cuFileRead into unknown memory: RET errno E") instead of checking
+ * bytes: the caller compares that line with and without an interposer.
  */
 #include "cufile_types.h"
 
@@ -19,6 +23,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -58,6 +63,7 @@ KVS_CUFILE_API(DECLARE)
 
 static const char *api = "read";
 static size_t block = 1 << 20;
+static const char *dest = "device";
 
 /* Print "engine: ..." on stderr and exit with code. */
 __attribute__((noreturn, format(printf, 2, 3))) static void die(int code, const char *fmt, ...)
@@ -241,6 +247,22 @@ static void async_blocks(kvs_cufile_handle_t fh, cu_deviceptr d, size_t size, co
 	free(sizes);
 }
 
+/* One cuFileRead of the first block of the file into a PROT_NONE mapping; print its result. */
+static void read_unknown(kvs_cufile_handle_t fh, size_t size, const char *path)
+{
+	size_t len = size < block ? size : block;
+	void *p = mmap(NULL, len ? len : 1, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+	ssize_t n;
+
+	if (p == MAP_FAILED)
+		die(2, "mmap: %s", strerror(errno));
+	errno = 0;
+	n = cf.cuFileRead(fh, p, len, 0, 0);
+	printf("engine: %s: cuFileRead into unknown memory: %zd errno %d\n", path, n,
+	       n == -1 ? errno : 0);
+	munmap(p, len ? len : 1);
+}
+
 /* Compare size bytes of device memory d with the file read by plain pread; 1 if they differ. */
 static int verify(const char *path, cu_deviceptr d, size_t size)
 {
@@ -288,13 +310,17 @@ int main(int argc, char **argv)
 			api = argv[i + 1];
 		else if (strcmp(argv[i], "--block") == 0)
 			block = strtoull(argv[i + 1], NULL, 0);
+		else if (strcmp(argv[i], "--dest") == 0)
+			dest = argv[i + 1];
 		else
 			die(2, "unknown option %s", argv[i]);
 	}
 	if (strcmp(api, "read") && strcmp(api, "batch") && strcmp(api, "async"))
 		die(2, "--api is read, batch or async");
+	if (strcmp(dest, "device") && strcmp(dest, "unknown"))
+		die(2, "--dest is device or unknown");
 	if (block == 0 || i >= argc)
-		die(2, "usage: %s [--api read|batch|async] [--block BYTES] FILE...", argv[0]);
+		die(2, "usage: %s [--api read|batch|async] [--block BYTES] [--dest device|unknown] FILE...", argv[0]);
 	nfiles = argc - i;
 
 	cuda_setup();
@@ -319,6 +345,12 @@ int main(int argc, char **argv)
 			die(2, "open %s: %s", path, strerror(errno));
 		descr.handle.fd = fd;
 		cf_check(cf.cuFileHandleRegister(&fh, &descr), "cuFileHandleRegister", path);
+		if (strcmp(dest, "unknown") == 0) {
+			read_unknown(fh, (size_t)st.st_size, path);
+			cf.cuFileHandleDeregister(fh);
+			close(fd);
+			continue;
+		}
 		if ((rc = cu.mem_alloc(&d, st.st_size ? (size_t)st.st_size : 1)) != 0)
 			die(2, "cuMemAlloc %s: CUresult %d", path, rc);
 		cf_check(cf.cuFileBufRegister((void *)(uintptr_t)d, st.st_size ? st.st_size : 1, 0),
@@ -340,6 +372,7 @@ int main(int argc, char **argv)
 	if (stream)
 		cf_check(cf.cuFileStreamDeregister(stream), "cuFileStreamDeregister", "");
 	cf_check(cf.cuFileDriverClose_v2(), "cuFileDriverClose", "");
-	printf("engine: %d files, %llu bytes, api %s, ok\n", nfiles, total, api);
+	if (strcmp(dest, "device") == 0)
+		printf("engine: %d files, %llu bytes, api %s, ok\n", nfiles, total, api);
 	return 0;
 }
