@@ -30,19 +30,17 @@ if ! command -v python3 >/dev/null; then
 	exit 77
 fi
 
+# A client counts as installed when it imports (cufile-python dlopens libcufile.so on import:
+# the fake's folder must be on the path).
 clients=()
-if python3 -c 'import kvikio' >/dev/null 2>&1; then
-	clients+=(kvikio)
-else
-	echo "skip - kvikio is not installed: python3 -m pip install kvikio-cu13 (scripts/deps.sh)"
-fi
-if python3 -c 'import importlib.util, sys; sys.exit(importlib.util.find_spec("cufile") is None)' \
-	>/dev/null 2>&1; then
-	clients+=(cufile)
-else
-	echo "skip - cufile-python is not installed:" \
-		"python3 -m pip install cufile-python (scripts/deps.sh)"
-fi
+for c in kvikio:kvikio-cu13 cufile:cufile-python; do
+	if why=$(LD_LIBRARY_PATH=$fakedir python3 -c "import ${c%%:*}" 2>&1); then
+		clients+=("${c%%:*}")
+	else
+		echo "skip - ${c#*:} does not import ($(echo "$why" | tail -n 1))," \
+			"install it with: python3 -m pip install ${c#*:} (scripts/deps.sh)"
+	fi
+done
 if ((${#clients[@]} == 0)); then
 	echo "SKIP: neither kvikio nor cufile-python is installed"
 	exit 77
