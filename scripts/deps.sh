@@ -49,3 +49,22 @@ if ! python3 -c "$cufile_h" 2>/dev/null; then
 			echo "deps: nvidia-cufile did not install; check_cufile_abi skips" >&2
 	fi
 fi
+
+# Third-party cuFile clients for the `clients` test: kvikio (the kvikio-cu13 wheel; it pulls
+# in several GB of CUDA wheels and cupy) and cufile-python.  The test skips a client that is
+# missing, so a failed install must not stop the build.
+pip_client() { # python-module pip-package
+	python3 -c "import importlib.util, sys; sys.exit(importlib.util.find_spec('$1') is None)" \
+		2>/dev/null && return 0
+	if ! python3 -m pip --version >/dev/null 2>&1; then
+		echo "deps: pip is missing (apt-get install python3-pip); the clients test skips $2" >&2
+		return 0
+	fi
+	echo "deps: installing $2 (python3 -m pip)" >&2
+	python3 -m pip install --quiet "$2" >/dev/null 2>&1 ||
+		{ { [ -n "${CI:-}" ] || [ "$(id -u)" -eq 0 ]; } &&
+			python3 -m pip install --quiet --break-system-packages "$2" >/dev/null 2>&1; } ||
+		echo "deps: $2 did not install; the clients test skips it" >&2
+}
+pip_client kvikio kvikio-cu13
+pip_client cufile cufile-python

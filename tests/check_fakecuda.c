@@ -199,7 +199,18 @@ START_TEST(pointer_attributes)
 			 CUDA_SUCCESS);
 	ck_assert_uint_eq(start, d);
 	ck_assert_uint_ge(size, 8192);
+	/* cuMemGetAddressRange (kvikio splits reads with it) agrees; host memory: not found. */
+	CUdeviceptr base = 0;
+	size_t range = 0;
+	ck_assert_int_eq(cuMemGetAddressRange(&base, &range, d + 100), CUDA_SUCCESS);
+	ck_assert_uint_eq(base, d);
+	ck_assert_uint_eq(range, size);
+	ck_assert_int_eq(cuMemGetAddressRange(&base, NULL, d + 8191), CUDA_SUCCESS);
+	ck_assert_uint_eq(base, d);
+	ck_assert_int_eq(cuMemGetAddressRange(&base, &range, (CUdeviceptr)(uintptr_t)host),
+			 CUDA_ERROR_NOT_FOUND);
 	ck_assert_int_eq(cuMemFree(d), CUDA_SUCCESS);
+	ck_assert_int_eq(cuMemGetAddressRange(&base, &range, d), CUDA_ERROR_NOT_FOUND);
 	ck_assert_int_eq(cuPointerGetAttribute(&type, CU_POINTER_ATTRIBUTE_MEMORY_TYPE, d),
 			 CUDA_ERROR_INVALID_VALUE);
 	/* Without a current context, allocations are refused. */

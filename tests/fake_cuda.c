@@ -1,10 +1,11 @@
 /*
  * fake_cuda: a libcuda.so.1 for tests on machines without a GPU.  It implements the part of
- * the driver API that kvshim's gpu/ module and its tests call, with the real exported names
- * (the `_v2` names that cuda.h maps the plain ones to, and the plain names as aliases of the
- * same code; NOTE: in the real driver the plain names are the legacy 32-bit ABI, here they
- * are the `_v2` ABI, so a caller that dlsym()s a plain name works here and not there: gpu/
- * never does), compiled against the real cuda.h so that every type is exact.
+ * the driver API that kvshim's gpu/ module, its tests and kvikio (tests/clients_test.sh) call,
+ * with the real exported names (the `_v2` names that cuda.h maps the plain ones to, and the
+ * plain names as aliases of the same code; NOTE: in the real driver the plain names are the
+ * legacy 32-bit ABI, here they are the `_v2` ABI, so a caller that dlsym()s a plain name works
+ * here and not there: gpu/ never does), compiled against the real cuda.h so that every type
+ * is exact.
  *
  * What makes it a useful fake:
  *  - Device memory is a range the host cannot touch: a large memfd is mapped twice, once
@@ -861,6 +862,27 @@ CUresult CUDAAPI cuMemFree(CUdeviceptr dptr)
 	return rc;
 }
 
+/* The allocation by cuMemAlloc (or cuMemAllocManaged) that holds dptr: its base and its size
+ * (as the fake rounded it, to DEV_ALIGN); CUDA_ERROR_NOT_FOUND for any other address, host
+ * memory included, as the driver does.  kvikio calls it to split a device read into tasks. */
+CUresult CUDAAPI cuMemGetAddressRange(CUdeviceptr *pbase, size_t *psize, CUdeviceptr dptr)
+{
+	ENTER("cuMemGetAddressRange_v2");
+	NEED_CTX();
+	CUresult rc = CUDA_ERROR_NOT_FOUND;
+	pthread_mutex_lock(&lk);
+	const struct alloc *a = find_locked(dptr);
+	if (a && (a->kind == A_DEVICE || a->kind == A_MANAGED)) {
+		if (pbase)
+			*pbase = a->base;
+		if (psize)
+			*psize = a->size;
+		rc = CUDA_SUCCESS;
+	}
+	pthread_mutex_unlock(&lk);
+	return rc;
+}
+
 static CUresult host_alloc(void **pp, size_t bytesize, enum akind kind)
 {
 	if (!pp || bytesize == 0)
@@ -1594,6 +1616,8 @@ ALIAS(cuMemGetInfo, cuMemGetInfo_v2);
 ALIAS(cuMemAlloc, cuMemAlloc_v2);
 #undef cuMemFree
 ALIAS(cuMemFree, cuMemFree_v2);
+#undef cuMemGetAddressRange
+ALIAS(cuMemGetAddressRange, cuMemGetAddressRange_v2);
 #undef cuMemAllocHost
 ALIAS(cuMemAllocHost, cuMemAllocHost_v2);
 #undef cuMemHostGetDevicePointer
@@ -1671,6 +1695,8 @@ static const struct sym {
     S(cuMemAlloc_v2, 3020),
     S(cuMemFree, 2000),
     S(cuMemFree_v2, 3020),
+    S(cuMemGetAddressRange, 2000),
+    S(cuMemGetAddressRange_v2, 3020),
     S(cuMemAllocHost, 2000),
     S(cuMemAllocHost_v2, 3020),
     S(cuMemFreeHost, 2000),

@@ -1,10 +1,11 @@
 /*
  * fake_cufile: a libcufile.so.0 for machines without GPUDirect Storage, so that engines, the
  * shim's cuFile hooks and their tests run anywhere.  It exports the names the real library
- * exports (shim/cufile_types.h lists them), with cuFile's documented conventions:
- * cuFileRead/cuFileWrite return the bytes moved, -1 with errno for a system error, or
- * -CU_FILE_x; calls returning CUfileError_t report err (and cu_err for CUDA errors).  The
- * driver is opened implicitly by the first call that needs it, as the real one is.
+ * exports (shim/cufile_types.h lists them; and the driver tunables cuFileDriverSet*, which
+ * kvikio resolves), with cuFile's documented conventions: cuFileRead/cuFileWrite return the
+ * bytes moved, -1 with errno for a system error, or -CU_FILE_x; calls returning CUfileError_t
+ * report err (and cu_err for CUDA errors).  The driver is opened implicitly by the first call
+ * that needs it, as the real one is.
  *
  * Memory: a buffer is fake device memory when the fake libcuda.so.1 (tests/fake_cuda.c)
  * knows it: fakecuda_host_view(dptr, len) gives the shadow mapping of the device range, and
@@ -353,6 +354,37 @@ API kvs_cufile_error_t cuFileDriverGetProperties(kvs_cufile_drv_props_t *props)
 	memset(props, 0, sizeof(*props));
 	props->nvfs.max_direct_io_size = 16u << 20;
 	props->max_batch_io_size = MAX_BATCH_ENTRIES;
+	return cf_err(KVS_CU_FILE_SUCCESS);
+}
+
+/*
+ * The driver's tunables.  The fake has no poll mode, bounce-buffer cache or pinned-memory
+ * pool to size, so each accepts its value and ignores it.  They are exported because
+ * callers resolve them all before any I/O and give up on cuFile when one is missing
+ * (kvikio's cuFileAPI dlsym()s every one of them).
+ */
+API kvs_cufile_error_t cuFileDriverSetPollMode(_Bool poll, size_t poll_threshold_size)
+{
+	(void)poll;
+	(void)poll_threshold_size;
+	return cf_err(KVS_CU_FILE_SUCCESS);
+}
+
+API kvs_cufile_error_t cuFileDriverSetMaxDirectIOSize(size_t max_direct_io_size)
+{
+	(void)max_direct_io_size;
+	return cf_err(KVS_CU_FILE_SUCCESS);
+}
+
+API kvs_cufile_error_t cuFileDriverSetMaxCacheSize(size_t max_cache_size)
+{
+	(void)max_cache_size;
+	return cf_err(KVS_CU_FILE_SUCCESS);
+}
+
+API kvs_cufile_error_t cuFileDriverSetMaxPinnedMemSize(size_t max_pinned_size)
+{
+	(void)max_pinned_size;
 	return cf_err(KVS_CU_FILE_SUCCESS);
 }
 
