@@ -11,6 +11,7 @@ add_library(fakecufile SHARED ${CMAKE_CURRENT_LIST_DIR}/fake_cufile.c)
 target_include_directories(fakecufile PRIVATE ${CMAKE_SOURCE_DIR}/shim)
 target_link_libraries(fakecufile PRIVATE Threads::Threads ${CMAKE_DL_LIBS})
 target_link_options(fakecufile PRIVATE -Wl,-z,defs)
+kvs_plain(fakecufile)
 set_target_properties(fakecufile PROPERTIES
   OUTPUT_NAME cufile
   SOVERSION 0
@@ -21,7 +22,9 @@ set_target_properties(fakecufile PROPERTIES
 add_executable(kvshim-gpu-engine-dl ${CMAKE_CURRENT_LIST_DIR}/gpu_engine.c)
 target_include_directories(kvshim-gpu-engine-dl PRIVATE ${CMAKE_SOURCE_DIR}/shim)
 target_link_libraries(kvshim-gpu-engine-dl PRIVATE ${CMAKE_DL_LIBS})
+kvs_plain(kvshim-gpu-engine-dl)
 add_executable(kvshim-gpu-engine-ln ${CMAKE_CURRENT_LIST_DIR}/gpu_engine.c)
+kvs_plain(kvshim-gpu-engine-ln)
 target_include_directories(kvshim-gpu-engine-ln PRIVATE ${CMAKE_SOURCE_DIR}/shim)
 target_compile_definitions(kvshim-gpu-engine-ln PRIVATE KVS_ENGINE_LINKED)
 target_link_libraries(kvshim-gpu-engine-ln PRIVATE fakecufile ${CMAKE_DL_LIBS})
@@ -69,13 +72,16 @@ set_tests_properties(gpu PROPERTIES SKIP_RETURN_CODE 77 TIMEOUT 600)
 add_executable(kvshim-gpu-prereg ${CMAKE_CURRENT_LIST_DIR}/gpu_prereg.c)
 target_include_directories(kvshim-gpu-prereg PRIVATE ${CMAKE_SOURCE_DIR}/shim)
 target_link_libraries(kvshim-gpu-prereg PRIVATE ${CMAKE_DL_LIBS})
+kvs_plain(kvshim-gpu-prereg)
 # The library defines read(), as an interposer of the program's own would; its dlsym(RTLD_NEXT)
 # must be answered from its own place in the search order.
 add_library(dlsym_sem_lib SHARED ${CMAKE_CURRENT_LIST_DIR}/dlsym_sem_lib.c)
 target_link_libraries(dlsym_sem_lib PRIVATE ${CMAKE_DL_LIBS})
 target_link_options(dlsym_sem_lib PRIVATE -Wl,-z,defs)
+kvs_plain(dlsym_sem_lib)
 add_executable(kvshim-dlsym-sem ${CMAKE_CURRENT_LIST_DIR}/dlsym_sem.c)
 target_link_libraries(kvshim-dlsym-sem PRIVATE dlsym_sem_lib ${CMAKE_DL_LIBS})
+kvs_plain(kvshim-dlsym-sem)
 add_test(NAME gpu_faults COMMAND bash ${CMAKE_CURRENT_LIST_DIR}/gpu_faults_test.sh
   $<TARGET_FILE:kvshim> $<TARGET_FILE:kvshim-cli> $<TARGET_FILE:kvshim-gpu-engine-dl>
   $<TARGET_FILE:kvshim-gpu-prereg> $<TARGET_FILE:kvshim-dlsym-sem> ${KVS_FAKE_DIR})
