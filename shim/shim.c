@@ -418,7 +418,7 @@ static void async_done(struct kvs_task *t, int64_t result)
 	struct kvs_shim_async *a = t->arg;
 
 	after_read(result);
-	if (result >= 0)
+	if (result >= 0 && !a->posix)
 		kvs_cache_count(cache, KVS_CTR_cufile_requests, 1);
 	a->done(a, result);
 }
@@ -431,9 +431,56 @@ int kvs_shim_read_to_start(struct kvs_shim_async *a, int fd, uint64_t ptr, size_
 	guard++;
 	pthread_setcancelstate(PTHREAD_CANCEL_DISABLE, &cancel_state);
 	a->done = done;
+	a->posix = false;
 	if (prepare_to(a, fd, ptr, size, off) == 0 &&
 	    kvs_loader_start(loader, &a->task, &a->rd, async_done, a) == 0)
 		ret = 0;
+	pthread_setcancelstate(cancel_state, NULL);
+	guard--;
+	errno = saved;
+	return ret;
+}
+
+int kvs_shim_read_start(struct kvs_shim_async *a, int fd, const struct iovec *iov, int iovcnt,
+			off_t off, void (*done)(struct kvs_shim_async *a, int64_t result))
+{
+	int saved = errno, cancel_state, ret = -1, anchor;
+	struct kvs_fdinfo fi;
+	uint64_t len = 0;
+
+	if (iovcnt <= 0 || iovcnt > IOV_MAX || off < 0)
+		return -1;
+	for (int i = 0; i < iovcnt; i++) {
+		if (iov[i].iov_len > SSIZE_MAX - len)
+			return -1;
+		len += iov[i].iov_len;
+	}
+	if (len == 0 || len > KVS_MAX_RW_COUNT)
+		return -1;
+	guard++;
+	pthread_setcancelstate(PTHREAD_CANCEL_DISABLE, &cancel_state);
+	memset(&a->tg, 0, sizeof(a->tg));
+	a->done = done;
+	if (kvs_fdinfo_get(fd, &fi) || !fi.kv || !fi.readable ||
+	    (!fi.direct && !cfg.files_buffered))
+		goto out;
+	if ((fi.direct && !direct_ok(&fi, iov, iovcnt, off)) || !buffers_writable(iov, iovcnt) ||
+	    !attach())
+		goto out;
+	/* Not in a signal handler (asynchronous reads are not async-signal-safe): wait for
+	 * another thread installing the anchor, as cuFile reads do. */
+	for (int tries = 0; (anchor = kvs_fdinfo_anchor(fd, &fi)) == -EBUSY && tries < 1000;
+	     tries++)
+		sched_yield();
+	if (anchor < 0)
+		goto out;
+	a->rd = make_read(&fi, anchor, (uint64_t)off, len);
+	a->rd.iov = iov;
+	a->rd.iovcnt = iovcnt;
+	a->posix = true;
+	if (kvs_loader_start(loader, &a->task, &a->rd, async_done, a) == 0)
+		ret = 0;
+out:
 	pthread_setcancelstate(cancel_state, NULL);
 	guard--;
 	errno = saved;

@@ -43,8 +43,20 @@ struct kvs_shim_async {
 	struct kvs_read rd;
 	struct kvs_device_target tg;
 	void (*done)(struct kvs_shim_async *a, int64_t result);
-	void *arg; /* the caller's */
+	void *arg;  /* the caller's */
+	bool posix; /* a POSIX or kernel AIO read (kvs_shim_read_start), not a cuFile one */
 };
+
+/*
+ * Serve an asynchronous POSIX read (aio_read, lio_listio, io_submit) of fd: the iovecs at file
+ * offset off, under the same rules as kvs_shim_read (a KV file, O_DIRECT or files.buffered,
+ * aligned as O_DIRECT needs, writable buffers).  Returns 0 and calls done(a, bytes or -errno)
+ * once, from the loader's completion thread (a negative result: make the real read, or
+ * report it); or -1 at once (not served: the caller submits it to the real interface; done
+ * will not be called).  a, iov and the buffers must stay valid until done.  errno unchanged.
+ */
+int kvs_shim_read_start(struct kvs_shim_async *a, int fd, const struct iovec *iov, int iovcnt,
+			off_t off, void (*done)(struct kvs_shim_async *a, int64_t result));
 
 /*
  * Serve a cuFile read of fd: size bytes at file offset off into the memory at ptr, device or
