@@ -94,7 +94,7 @@ struct kvs_proc {
 	uint8_t pad1[KVS_CACHELINE - 24];
 	/* Added to by the process's own threads (relaxed); folded and zeroed under proc_lock. */
 	_Atomic uint64_t ctr[KVS_NCOUNTERS];
-	uint8_t pad2[2 * KVS_CACHELINE - 8 * KVS_NCOUNTERS];
+	uint8_t pad2[3 * KVS_CACHELINE - 8 * KVS_NCOUNTERS];
 	/* Pin table: slot index + 1, or 0.  An entry changes only under the stripe lock of the
 	 * slot it names, so a stripe's pins can be counted while holding that stripe. */
 	_Atomic uint32_t pin[KVS_PINS_PER_PROC];
@@ -129,12 +129,12 @@ _Static_assert(offsetof(struct kvs_hdr, proc_lock) == 320, "proc_lock on line 5"
 _Static_assert(offsetof(struct kvs_hdr, totals) == 384, "totals on line 6");
 _Static_assert(sizeof(pthread_mutex_t) <= KVS_CACHELINE, "mutex fits a line");
 _Static_assert(offsetof(struct kvs_proc, ctr) == 64, "counters on line 1");
-_Static_assert(offsetof(struct kvs_proc, pin) == 192, "pins after counters");
-_Static_assert(sizeof(struct kvs_proc) == 192 + 4 * KVS_PINS_PER_PROC, "proc size");
+_Static_assert(offsetof(struct kvs_proc, pin) == 256, "pins after counters");
+_Static_assert(sizeof(struct kvs_proc) == 256 + 4 * KVS_PINS_PER_PROC, "proc size");
 _Static_assert(sizeof(struct kvs_stripe) == KVS_CACHELINE, "stripe size");
 _Static_assert(offsetof(struct kvs_slot, refs) == KVS_CACHELINE, "state word alone");
 _Static_assert(offsetof(struct kvs_slot, key) == KVS_CACHELINE + 24, "key offset");
 _Static_assert(sizeof(struct kvs_slot) == 2 * KVS_CACHELINE, "slot size");
-_Static_assert(KVS_NCOUNTERS * 8 <= 2 * KVS_CACHELINE, "counters fit two lines");
+_Static_assert(KVS_NCOUNTERS * 8 <= 3 * KVS_CACHELINE, "counters fit three lines");
 
 #endif

@@ -316,6 +316,14 @@ int kvs_fdinfo_known(int fd, struct kvs_fdinfo *out)
 	return describe(fd, out, true);
 }
 
+bool kvs_fdinfo_hint_kv(int fd)
+{
+	struct entry *t = atomic_load_explicit(&table, memory_order_acquire);
+
+	return t && fd >= 0 && fd < FD_SLOTS &&
+	       atomic_load_explicit(&t[fd].kv_hint, memory_order_relaxed);
+}
+
 /* ------------------------------------------------------------------ anchors */
 
 static void mark_ours(int fd, bool on)

@@ -54,6 +54,10 @@ int kvs_fdinfo_get(int fd, struct kvs_fdinfo *out);
  * Returns 0 when fd is a known KV file, -ENOENT otherwise. */
 int kvs_fdinfo_known(int fd, struct kvs_fdinfo *out);
 
+/* Did the last look at fd find a KV file?  One load, no system call: a hint for counting reads
+ * the shim passes through (stale after a close or dup2 until the next look). */
+bool kvs_fdinfo_hint_kv(int fd);
+
 /* The anchor of fd, a KV file that kvs_fdinfo_get just described as fi: a descriptor of the
  * shim's own whose file has exactly fi's identity.  Creates it on first use.  Returns the
  * descriptor, or -errno (-EBADF: fd out of the table's range; -ESTALE: the file changed between

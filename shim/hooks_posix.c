@@ -9,6 +9,7 @@
 #include <limits.h>
 #include <pthread.h>
 #include <stdio.h>
+#include <sys/mman.h>
 #include <sys/uio.h>
 #include <unistd.h>
 
@@ -23,8 +24,10 @@ static ssize_t serve1(int fd, void *buf, size_t count, off_t off, bool use_pos)
 {
 	struct iovec v = {buf, count};
 
-	if (!kvs_shim_wants(count))
+	if (!kvs_shim_wants(count)) {
+		kvs_shim_note_small(fd, count);
 		return -1;
+	}
 	pthread_testcancel();
 	return kvs_shim_read(fd, &v, 1, off, use_pos);
 }
@@ -40,8 +43,12 @@ static size_t iov_len(const struct iovec *iov, int iovcnt)
 
 static ssize_t servev(int fd, const struct iovec *iov, int iovcnt, off_t off, bool use_pos)
 {
-	if (!iov || iovcnt <= 0 || !kvs_shim_wants(iov_len(iov, iovcnt)))
+	if (!iov || iovcnt <= 0)
 		return -1;
+	if (!kvs_shim_wants(iov_len(iov, iovcnt))) {
+		kvs_shim_note_small(fd, iov_len(iov, iovcnt));
+		return -1;
+	}
 	pthread_testcancel();
 	return kvs_shim_read(fd, iov, iovcnt, off, use_pos);
 }
@@ -255,4 +262,22 @@ KVS_EXPORT ssize_t pwritev64v2(int fd, const struct iovec *iov, int iovcnt, off6
 {
 	AROUND_WRITE(fd, (off_t)off, iov_len(iov, iovcnt), off == -1,
 		     kvs_real.pwritev64v2(fd, iov, iovcnt, off, flags));
+}
+
+/* Mappings are not served (the kernel's page faults read the file), but one of a KV file is
+ * counted and said once, so that an operator sees why the cache stays cold. */
+KVS_EXPORT void *mmap(void *addr, size_t len, int prot, int flags, int fd, off_t off)
+{
+	if (fd >= 0 && !(flags & MAP_ANONYMOUS))
+		kvs_shim_note_mmap(fd);
+	kvs_real_init();
+	return kvs_real.mmap(addr, len, prot, flags, fd, off);
+}
+
+KVS_EXPORT void *mmap64(void *addr, size_t len, int prot, int flags, int fd, off64_t off)
+{
+	if (fd >= 0 && !(flags & MAP_ANONYMOUS))
+		kvs_shim_note_mmap(fd);
+	kvs_real_init();
+	return kvs_real.mmap64(addr, len, prot, flags, fd, off);
 }

@@ -71,6 +71,11 @@ static ssize_t sys_pwritev2(int fd, const struct iovec *v, int c, off_t o, int f
 	return syscall(SYS_pwritev2, fd, v, c, LO(o), HI(o), f);
 }
 
+static void *sys_mmap(void *a, size_t n, int prot, int flags, int fd, off_t o)
+{
+	return (void *)syscall(SYS_mmap, a, n, prot, flags, fd, o);
+}
+
 /* glibc exports fread under this name too; the fallback while RTLD_NEXT is being resolved. */
 extern size_t _IO_fread(void *ptr, size_t size, size_t n, FILE *f);
 
@@ -95,6 +100,8 @@ struct kvs_real kvs_real = {
     .pwritev64 = sys_pwritev,
     .pwritev2 = sys_pwritev2,
     .pwritev64v2 = sys_pwritev2,
+    .mmap = sys_mmap,
+    .mmap64 = sys_mmap,
 };
 
 enum { UNRESOLVED, RESOLVING, RESOLVED };
@@ -152,6 +159,8 @@ static void resolve(void)
 	RESOLVE(pwritev64, "pwritev64");
 	RESOLVE(pwritev2, "pwritev2");
 	RESOLVE(pwritev64v2, "pwritev64v2");
+	RESOLVE(mmap, "mmap");
+	RESOLVE(mmap64, "mmap64");
 }
 
 void kvs_real_init(void)

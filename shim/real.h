@@ -31,6 +31,8 @@ struct kvs_real {
 	ssize_t (*pwritev64)(int, const struct iovec *, int, off64_t);
 	ssize_t (*pwritev2)(int, const struct iovec *, int, off_t, int);
 	ssize_t (*pwritev64v2)(int, const struct iovec *, int, off64_t, int);
+	void *(*mmap)(void *, size_t, int, int, int, off_t);
+	void *(*mmap64)(void *, size_t, int, int, int, off64_t);
 };
 
 extern struct kvs_real kvs_real;

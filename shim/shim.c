@@ -59,7 +59,8 @@ static uint64_t min_read = UINT64_MAX;
 static _Atomic int state = ST_UNINIT;
 static pthread_once_t once = PTHREAD_ONCE_INIT;
 static pthread_mutex_t attach_mu = PTHREAD_MUTEX_INITIALIZER;
-static _Atomic int attached = AT_NONE;
+static _Atomic int attached = AT_NONE; /* the loader */
+static _Atomic int mapped = AT_NONE;   /* the region */
 static struct kvs_cache *cache;
 static struct kvs_loader *loader;
 static __thread int guard __attribute__((tls_model("initial-exec")));
@@ -94,6 +95,7 @@ static void atfork_child(void)
 	cache = NULL;
 	loader = NULL;
 	atomic_store(&attached, AT_NONE);
+	atomic_store(&mapped, AT_NONE);
 	pthread_mutex_unlock(&attach_mu);
 }
 
@@ -146,11 +148,45 @@ bool kvs_shim_wants(size_t len)
 	return atomic_load_explicit(&state, memory_order_acquire) == ST_ON && len >= min_read;
 }
 
+/* Map the region, once (a failure is final for this process).  Caller holds attach_mu. */
+static bool map_locked(void)
+{
+	char msg[512];
+	int m = atomic_load_explicit(&mapped, memory_order_relaxed);
+
+	if (m != AT_NONE)
+		return m == AT_OK;
+	m = AT_FAILED;
+	int r = kvs_cache_open(&cfg, KVS_OPEN_CREATE, &cache, msg, sizeof(msg));
+	if (r)
+		kvs_log_once(KVS_CAUSE_ATTACH, KVS_LOG_WARN,
+			     "cannot use the cache (%s); reads go to storage",
+			     msg[0] ? msg : strerror(-r));
+	else
+		m = AT_OK;
+	atomic_store_explicit(&mapped, m, memory_order_release); /* publishes cache */
+	return m == AT_OK;
+}
+
+/* The region, mapped on first use without the loader: enough to count what is not served.
+ * NULL when it cannot be mapped. */
+static struct kvs_cache *region(void)
+{
+	int m = atomic_load_explicit(&mapped, memory_order_acquire); /* pairs in map_locked */
+
+	if (m == AT_NONE) {
+		pthread_mutex_lock(&attach_mu);
+		map_locked();
+		pthread_mutex_unlock(&attach_mu);
+		m = atomic_load_explicit(&mapped, memory_order_acquire);
+	}
+	return m == AT_OK ? cache : NULL;
+}
+
 /* Map the region and start the loader, once; a failure is final for this process. */
 static bool attach(void)
 {
 	int a = atomic_load_explicit(&attached, memory_order_acquire); /* pairs below */
-	char msg[512];
 	int r;
 
 	if (a != AT_NONE)
@@ -160,20 +196,13 @@ static bool attach(void)
 	if (a != AT_NONE)
 		goto out;
 	a = AT_FAILED;
-	r = kvs_cache_open(&cfg, KVS_OPEN_CREATE, &cache, msg, sizeof(msg));
-	if (r) {
-		kvs_log_once(KVS_CAUSE_ATTACH, KVS_LOG_WARN,
-			     "cannot use the cache (%s); reads go to storage",
-			     msg[0] ? msg : strerror(-r));
+	if (!map_locked())
 		goto out;
-	}
 	r = kvs_loader_create(cache, &cfg, &loader);
 	if (r) {
 		kvs_log_once(KVS_CAUSE_LOADER, KVS_LOG_WARN,
 			     "cannot start the loader (%s); reads go to storage", strerror(-r));
-		kvs_cache_close(cache);
-		cache = NULL;
-		goto out;
+		goto out; /* the region stays mapped: what is not served is still counted */
 	}
 	kvs_log_once(KVS_CAUSE_ATTACHED, KVS_LOG_INFO,
 		     "attached as process %d, backend %s, kvshim " KVS_VERSION,
@@ -189,6 +218,72 @@ out:
 	atomic_store_explicit(&attached, a, memory_order_release); /* publishes cache, loader */
 	pthread_mutex_unlock(&attach_mu);
 	return a == AT_OK;
+}
+
+/* A KV file read or mapped in a way the shim passes through: count it, say so once at info,
+ * so that an operator sees the shim loaded but out of the path, and why.  Caller holds
+ * guard. */
+static void unserved(enum kvs_counter_id id, enum kvs_cause cause, const char *what)
+{
+	struct kvs_cache *c = region();
+
+	if (c)
+		kvs_cache_count(c, id, 1);
+	kvs_log_once(cause, KVS_LOG_INFO, "%s: not served (counted in `kvshim stat` unserved_*)",
+		     what);
+}
+
+void kvs_shim_note_small(int fd, size_t len)
+{
+	/* Only in a process that has mapped the region already, and only for a descriptor the
+	 * last look found to be a KV file: one load for every other small read. */
+	if (guard || len == 0 || len >= min_read ||
+	    atomic_load_explicit(&mapped, memory_order_acquire) != AT_OK || !kvs_fdinfo_hint_kv(fd))
+		return;
+	int saved = errno;
+	guard++;
+	unserved(KVS_CTR_unserved_small, KVS_CAUSE_UNSERVED_SMALL,
+		 "a read of a KV file shorter than files.min_read");
+	guard--;
+	errno = saved;
+}
+
+void kvs_shim_note_mmap(int fd)
+{
+	struct kvs_fdinfo fi;
+
+	if (fd < 0 || !kvs_shim_wants(SIZE_MAX))
+		return;
+	int saved = errno;
+	guard++;
+	if (kvs_fdinfo_get(fd, &fi) == 0 && fi.kv)
+		unserved(KVS_CTR_unserved_mmap, KVS_CAUSE_UNSERVED_MMAP,
+			 "a KV file mapped with mmap (its reads are page faults)");
+	guard--;
+	errno = saved;
+}
+
+void kvs_shim_note_io_uring(const int *fds, unsigned n)
+{
+	struct kvs_fdinfo fi;
+
+	if (!kvs_shim_wants(SIZE_MAX))
+		return;
+	int saved = errno;
+	guard++;
+	if (!fds) {
+		kvs_log_once(KVS_CAUSE_UNSERVED_IO_URING_SETUP, KVS_LOG_INFO,
+			     "this process set up an io_uring: reads of KV files through it are "
+			     "not served");
+	}
+	for (unsigned i = 0; fds && i < n; i++) {
+		if (fds[i] >= 0 && kvs_fdinfo_get(fds[i], &fi) == 0 && fi.kv) {
+			unserved(KVS_CTR_unserved_io_uring, KVS_CAUSE_UNSERVED_IO_URING,
+				 "a KV file registered with an io_uring");
+		}
+	}
+	guard--;
+	errno = saved;
 }
 
 /* O_DIRECT reads must be aligned or the real call fails: serve only what it would accept. */
@@ -312,9 +407,13 @@ ssize_t kvs_shim_read(int fd, const struct iovec *iov, int iovcnt, off_t off, bo
 	}
 	guard++;
 	pthread_setcancelstate(PTHREAD_CANCEL_DISABLE, &cancel_state);
-	if (kvs_fdinfo_get(fd, &fi) || !fi.kv || !fi.readable ||
-	    (!fi.direct && !cfg.files_buffered))
+	if (kvs_fdinfo_get(fd, &fi) || !fi.kv || !fi.readable)
 		goto out;
+	if (!fi.direct && !cfg.files_buffered) {
+		unserved(KVS_CTR_unserved_buffered, KVS_CAUSE_UNSERVED_BUFFERED,
+			 "a buffered read of a KV file (no O_DIRECT, files.buffered = false)");
+		goto out;
+	}
 	if (!buffers_writable(iov, iovcnt) || !attach())
 		goto out;
 	anchor = kvs_fdinfo_anchor(fd, &fi);
@@ -327,8 +426,13 @@ ssize_t kvs_shim_read(int fd, const struct iovec *iov, int iovcnt, off_t off, bo
 		if (off < 0)
 			goto out;
 	}
-	if (off < 0 || (fi.direct && !direct_ok(&fi, iov, iovcnt, off)))
+	if (off < 0)
 		goto out;
+	if (fi.direct && !direct_ok(&fi, iov, iovcnt, off)) {
+		unserved(KVS_CTR_unserved_misaligned, KVS_CAUSE_UNSERVED_MISALIGNED,
+			 "an O_DIRECT read of a KV file not aligned as O_DIRECT needs");
+		goto out;
+	}
 	/* The kernel moves at most MAX_RW_COUNT bytes in one call, whatever was asked. */
 	if (len > KVS_MAX_RW_COUNT)
 		len = KVS_MAX_RW_COUNT;

@@ -81,6 +81,14 @@ int kvs_shim_read_to_start(struct kvs_shim_async *a, int fd, uint64_t ptr, size_
 int kvs_shim_read_to_stream(int fd, uint64_t ptr, size_t size, off_t off, ssize_t *bytes_read,
 			    void *stream);
 
+/* What the shim sees but does not serve, counted (stat unserved_*) and said once at info:
+ * a read shorter than files.min_read on a descriptor last seen as a KV file (only in a process
+ * that has mapped the region; one load otherwise); a mapping of fd (mmap hook); an io_uring
+ * set up (fds NULL) or files registered with one.  None changes errno or fails. */
+void kvs_shim_note_small(int fd, size_t len);
+void kvs_shim_note_mmap(int fd);
+void kvs_shim_note_io_uring(const int *fds, unsigned n);
+
 /* The configuration the shim runs with (loaded by the first kvs_shim_wants). */
 const struct kvs_config *kvs_shim_config(void);
 

@@ -151,7 +151,7 @@ START_TEST(test_layout_pinned)
 	ck_assert_uint_eq(offsetof(struct kvs_hdr, proc_lock), 320);
 	ck_assert_uint_eq(offsetof(struct kvs_hdr, totals), 384);
 	ck_assert_uint_eq(offsetof(struct kvs_proc, ctr), 64);
-	ck_assert_uint_eq(offsetof(struct kvs_proc, pin), 192);
+	ck_assert_uint_eq(offsetof(struct kvs_proc, pin), 256);
 	ck_assert_uint_eq(sizeof(struct kvs_stripe), 64);
 	ck_assert_uint_eq(KVS_LAYOUT_VERSION, 3);
 

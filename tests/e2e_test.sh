@@ -242,9 +242,39 @@ else
 	fail "fork: out=$out processes=$procs"
 fi
 
+# --- What the shim sees and does not serve is counted by cause (stat unserved_*), and said
+# once at info.  One process: a served O_DIRECT read (maps the region), a small read, a
+# misaligned O_DIRECT read, a buffered read with files.buffered=false, and an mmap.
+reset_region
+py_unserved='import os,sys,mmap
+p=sys.argv[1]
+b=mmap.mmap(-1,1<<20)
+fd=os.open(p,os.O_RDONLY|os.O_DIRECT)
+assert os.preadv(fd,[b],0)==1<<20
+assert os.preadv(fd,[memoryview(b)[:4096]],0)==4096
+try: os.preadv(fd,[memoryview(b)[:1<<19]],100)
+except OSError: pass
+os.close(fd)
+with open(p,"rb",buffering=0) as f:
+    f.readinto(b)
+    m=mmap.mmap(f.fileno(),0,prot=mmap.PROT_READ)
+    x=m[0]; m.close()
+print("done")'
+if ! out=$(KVSHIM_FILES_BUFFERED=false KVSHIM_SHIM_LOG=info LD_PRELOAD=$lib python3 -c "$py_unserved" "$work/kv/blk1" 2>"$work/err.unserved"); then
+	fail "unserved reads: the program failed: $(tr '\n' ' ' <"$work/err.unserved")"
+else
+	u="$(totals unserved_small) $(totals unserved_misaligned) $(totals unserved_buffered) $(totals unserved_mmap)"
+	lines=$(grep -c "not served" "$work/err.unserved")
+	if [ "$out" = done ] && [ "$u" = "1 1 1 1" ] && [ "$lines" = 4 ]; then
+		ok "unserved reads counted by cause (small misaligned buffered mmap: $u), one info line each"
+	else
+		fail "unserved reads: counters (small misaligned buffered mmap) $u, want 1 1 1 1; $lines info lines, want 4: $(tr '\n' ' ' <"$work/err.unserved")"
+	fi
+fi
+
 # --- The shared object exports the hooked names and nothing else.
 exports=$(nm -D --defined-only "$1" | awk '{print $3}' | sort | tr '\n' ' ')
-want="__pread64_chk __pread_chk __read_chk cuFileBatchIOCancel cuFileBatchIODestroy cuFileBatchIOGetStatus cuFileBatchIOSetUp cuFileBatchIOSubmit cuFileHandleDeregister cuFileHandleRegister cuFileRead cuFileReadAsync cuFileStreamDeregister cuFileStreamRegister cuFileWrite dlsym dlvsym fread pread pread64 preadv preadv2 preadv64 preadv64v2 pwrite pwrite64 pwritev pwritev2 pwritev64 pwritev64v2 read readv write writev "
+want="__pread64_chk __pread_chk __read_chk cuFileBatchIOCancel cuFileBatchIODestroy cuFileBatchIOGetStatus cuFileBatchIOSetUp cuFileBatchIOSubmit cuFileHandleDeregister cuFileHandleRegister cuFileRead cuFileReadAsync cuFileStreamDeregister cuFileStreamRegister cuFileWrite dlsym dlvsym fread mmap mmap64 pread pread64 preadv preadv2 preadv64 preadv64v2 pwrite pwrite64 pwritev pwritev2 pwritev64 pwritev64v2 read readv write writev "
 if [ "$exports" = "$want" ]; then
 	ok "libkvshim.so exports only the interposed names"
 else
