@@ -18,6 +18,7 @@
 	.type dlsym, @function
 dlsym:
 	.cfi_startproc
+	endbr64 /* an indirect-branch target where IBT is on; a NOP elsewhere */
 	pushq %rdi
 	.cfi_adjust_cfa_offset 8
 	pushq %rsi
@@ -46,6 +47,7 @@ dlsym:
 	.type dlvsym, @function
 dlvsym:
 	.cfi_startproc
+	endbr64
 	pushq %rdi
 	.cfi_adjust_cfa_offset 8
 	pushq %rsi
