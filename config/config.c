@@ -66,6 +66,7 @@ enum key_type {
 	KT_ENUM_PREFETCH,
 	KT_ENUM_IO,
 	KT_ENUM_POPULATE,
+	KT_ENUM_COPY,
 };
 
 struct key_desc {
@@ -131,6 +132,12 @@ static const struct word io_words[] = {
 static const struct word populate_words[] = {
     {"lazy", KVS_POPULATE_LAZY},
     {"eager", KVS_POPULATE_EAGER},
+    {NULL, 0},
+};
+static const struct word copy_words[] = {
+    {"auto", KVS_COPY_AUTO},
+    {"memcpy", KVS_COPY_MEMCPY},
+    {"stream", KVS_COPY_STREAM},
     {NULL, 0},
 };
 static const struct word no_words[] = {{NULL, 0}}; /* for the types that are not enums */
@@ -342,6 +349,8 @@ static const struct word *words_of(enum key_type t)
 		return io_words;
 	case KT_ENUM_POPULATE:
 		return populate_words;
+	case KT_ENUM_COPY:
+		return copy_words;
 	default:
 		return no_words;
 	}

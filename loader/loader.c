@@ -44,6 +44,7 @@
 #include "atomics.h"
 #include "backend.h"
 #include "config.h"
+#include "copy.h"
 #include "loader.h"
 #include "prefetch.h"
 #include "publish.h"
@@ -69,6 +70,7 @@ struct kvs_loader {
 	int64_t cfg_rank, cfg_nranks;
 	bool rotate, backend_only;
 	uint64_t wait_timeout_ns;
+	kvs_copy_fn copy; /* loader.copy: into host buffers */
 	struct kvs_prefetcher pf;
 
 	/* The asynchronous queue and its thread. */
@@ -101,7 +103,8 @@ static struct kvs_key shard_key(const struct kvs_key *block, uint64_t shard)
 /* ------------------------------------------------------------------ destinations */
 
 /* Copy len bytes of src to the request's iovecs, starting pos bytes into them. */
-static void copy_iov(const struct kvs_read *rd, uint64_t pos, const char *src, uint64_t len)
+static void copy_iov(kvs_copy_fn copy, const struct kvs_read *rd, uint64_t pos, const char *src,
+		     uint64_t len)
 {
 	for (int i = 0; i < rd->iovcnt && len; i++) {
 		uint64_t l = rd->iov[i].iov_len;
@@ -111,7 +114,7 @@ static void copy_iov(const struct kvs_read *rd, uint64_t pos, const char *src, u
 			continue;
 		}
 		uint64_t n = l - pos < len ? l - pos : len;
-		memcpy((char *)rd->iov[i].iov_base + pos, src, n);
+		copy((char *)rd->iov[i].iov_base + pos, src, n);
 		src += n;
 		len -= n;
 		pos = 0;
@@ -119,10 +122,11 @@ static void copy_iov(const struct kvs_read *rd, uint64_t pos, const char *src, u
 }
 
 /* Copy to rd's destination.  Returns 0 or -errno. */
-static int copy_to(const struct kvs_read *rd, uint64_t pos, const char *src, uint64_t len)
+static int copy_to(const struct kvs_loader *ld, const struct kvs_read *rd, uint64_t pos,
+		   const char *src, uint64_t len)
 {
 	if (!rd->dest) {
-		copy_iov(rd, pos, src, len);
+		copy_iov(ld->copy, rd, pos, src, len);
 		return 0;
 	}
 	return rd->dest->copy(rd->dest->ctx, pos, src, len);
@@ -264,7 +268,7 @@ static bool copy_pinned(struct kvs_loader *ld, const struct kvs_read *rd, struct
 		kvs_cache_release(c, &op->pin);
 		return false;
 	}
-	int r = copy_to(rd, op->pos, (char *)kvs_cache_data(c, &op->pin) + op->from, op->len);
+	int r = copy_to(ld, rd, op->pos, (char *)kvs_cache_data(c, &op->pin) + op->from, op->len);
 	if (r == 0)
 		kvs_cache_count(c, KVS_CTR_copy_bytes, op->len);
 	else
@@ -378,7 +382,7 @@ static int read_self(struct kvs_loader *ld, const struct kvs_read *rd, struct kv
 		r = -ESTALE;
 	if (r == 0) {
 		kvs_cache_count(ld->c, KVS_CTR_backend_bytes, (uint64_t)got);
-		r = copy_to(rd, op->pos, (char *)ld->bounce[b] + op->from, op->len);
+		r = copy_to(ld, rd, op->pos, (char *)ld->bounce[b] + op->from, op->len);
 	}
 	bounce_put(ld, b);
 	return r;
@@ -412,8 +416,8 @@ static bool finish_pinned(struct kvs_loader *ld, const struct kvs_read *rd, stru
 		ok = false;
 	if (ok && ld->backend_only) {
 		ok = kvs_cache_length(c, &op->pin) >= op->from + op->len &&
-		     !(*err = copy_to(rd, op->pos, (char *)kvs_cache_data(c, &op->pin) + op->from,
-				      op->len));
+		     !(*err = copy_to(ld, rd, op->pos,
+				      (char *)kvs_cache_data(c, &op->pin) + op->from, op->len));
 		if (ok)
 			kvs_cache_count(c, KVS_CTR_copy_bytes, op->len);
 		if (!copies_sync(rd)) {
@@ -719,6 +723,7 @@ int kvs_loader_create(struct kvs_cache *c, const struct kvs_config *cfg, struct 
 	ld->rotate = cfg->loader_rotate;
 	ld->backend_only = cfg->loader_backend_only;
 	ld->wait_timeout_ns = cfg->loader_wait_timeout_ms * 1000000ull;
+	ld->copy = kvs_copy_pick(cfg->loader_copy);
 	ld->aq_max = (uint32_t)cfg->loader_waiting_queue_depth;
 	pthread_mutex_init(&ld->mu, NULL);
 	pthread_cond_init(&ld->cond, NULL);

@@ -23,6 +23,7 @@
 #include "cache.h"
 #include "config.h"
 #include "backend.h"
+#include "copy.h"
 #include "loader.h"
 
 #define SHARD 65536u
@@ -881,6 +882,47 @@ START_TEST(test_backend_short_read)
 }
 END_TEST
 
+/* The streaming copy (loader.copy = stream) against memcpy: every alignment of source and
+ * destination around the 64-byte line, sizes around its threshold and its loop steps. */
+START_TEST(test_copy_stream)
+{
+	size_t max = KVS_COPY_STREAM_MIN * 2 + 200;
+	char *src = malloc(max + 64), *a = malloc(max + 64), *b = malloc(max + 64);
+	size_t sizes[] = {0,
+			  1,
+			  63,
+			  KVS_COPY_STREAM_MIN - 1,
+			  KVS_COPY_STREAM_MIN,
+			  KVS_COPY_STREAM_MIN + 1,
+			  KVS_COPY_STREAM_MIN + 127,
+			  max};
+
+	ck_assert(src && a && b);
+	for (size_t i = 0; i < max + 64; i++)
+		src[i] = (char)(i * 131 + 7);
+	for (unsigned so = 0; so < 64; so += 7) {
+		for (unsigned dof = 0; dof < 64; dof += 5) {
+			for (size_t k = 0; k < sizeof(sizes) / sizeof(sizes[0]); k++) {
+				size_t n = sizes[k];
+
+				memset(a, 0x55, max + 64);
+				memset(b, 0x55, max + 64);
+				kvs_copy_stream(a + dof, src + so, n);
+				memcpy(b + dof, src + so, n);
+				ck_assert_msg(memcmp(a, b, max + 64) == 0,
+					      "src+%u dst+%u n %zu differs", so, dof, n);
+			}
+		}
+	}
+	kvs_copy_fn f = kvs_copy_pick(KVS_COPY_MEMCPY);
+	f(a, src, 100);
+	ck_assert_int_eq(memcmp(a, src, 100), 0);
+	free(src);
+	free(a);
+	free(b);
+}
+END_TEST
+
 static Suite *loader_suite(void)
 {
 	Suite *s = suite_create("loader");
@@ -897,6 +939,7 @@ static Suite *loader_suite(void)
 	tcase_add_test(core, test_scatter_iovecs);
 	tcase_add_test(core, test_prefetch);
 	tcase_add_test(core, test_backend_only);
+	tcase_add_test(core, test_copy_stream);
 	tcase_add_test(limits, test_all_pinned_reads_itself);
 	tcase_add_test(limits, test_file_shrank_falls_back);
 	tcase_add_test(limits, test_idle_burns_no_cpu);

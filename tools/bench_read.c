@@ -10,7 +10,7 @@
  *   kvshim-bench-read probe MIB
  *       what the shim's buffer check costs on a 1 MiB buffer that is already mapped (as an
  *       engine's is), next to a whole-range MADV_POPULATE_WRITE and to memcpy of 1 MiB
- *   kvshim-bench-read ranks N [--direct] FILE...
+ *   kvshim-bench-read ranks N [--direct] [--distinct] FILE...
  *       fork N processes that start together and each read every FILE with one pread per file
  *       (one task of all its shards); print the time until the last one is done (s)
  *
@@ -183,9 +183,14 @@ static int bench_ranks(int argc, char **argv)
 
 	if (n <= 0 || n > 64 || bd == MAP_FAILED)
 		return 2;
-	if (i < argc && !strcmp(argv[i], "--direct")) {
-		direct = true;
-		i++;
+	bool distinct = false;
+	for (; i < argc && argv[i][0] == '-'; i++) {
+		if (!strcmp(argv[i], "--direct"))
+			direct = true;
+		else if (!strcmp(argv[i], "--distinct"))
+			distinct = true;
+		else
+			return 2;
 	}
 	for (int r = 0; r < n; r++) {
 		if (fork())
@@ -196,13 +201,21 @@ static int bench_ranks(int argc, char **argv)
 			if (stat(argv[f], &st) == 0 && (size_t)st.st_size > biggest)
 				biggest = (size_t)st.st_size;
 		}
-		char *buf = page_alloc((biggest + 4095) & ~4095ul);
+		size_t each = (biggest + 4095) & ~4095ul;
+		/* --distinct: a destination of its own per file, as an engine's KV blocks have,
+		 * fresh (never touched) like the demo's; else one buffer, faulted in, reused. */
+		char *buf = distinct ? mmap(NULL, each * (size_t)(argc - i), PROT_READ | PROT_WRITE,
+					    MAP_PRIVATE | MAP_ANONYMOUS, -1, 0)
+				     : page_alloc(each);
+		if (buf == MAP_FAILED)
+			_exit(1);
 		__sync_fetch_and_add(&bd->ready, 1);
 		while (!bd->go)
 			;
 		for (int f = i; f < argc; f++) {
 			int fd = open_file(argv[f], direct);
-			if (pread(fd, buf, (biggest + 4095) & ~4095ul, 0) < 0)
+			char *dst = distinct ? buf + each * (size_t)(f - i) : buf;
+			if (pread(fd, dst, each, 0) < 0)
 				_exit(1);
 			close(fd);
 		}
@@ -238,6 +251,6 @@ int main(int argc, char **argv)
 		return bench_ranks(argc - 2, argv + 2);
 	fprintf(stderr, "usage: kvshim-bench-read memcpy MIB | probe MIB | read [--direct] "
 			"[--passes N] FILE... "
-			"| ranks N [--direct] FILE...\n");
+			"| ranks N [--direct] [--distinct] FILE...\n");
 	return 2;
 }
