@@ -50,21 +50,25 @@ if ! python3 -c "$cufile_h" 2>/dev/null; then
 	fi
 fi
 
-# Third-party cuFile clients for the `clients` test: kvikio (the kvikio-cu13 wheel; it pulls
-# in several GB of CUDA wheels and cupy) and cufile-python.  The test skips a client that is
-# missing, so a failed install must not stop the build.
-pip_client() { # python-module pip-package
-	python3 -c "import importlib.util, sys; sys.exit(importlib.util.find_spec('$1') is None)" \
+# Third-party cuFile clients for the `clients` test: kvikio (kvikio-cu13) and cufile-python.
+# kvikio's declared dependencies pull in about 2 GB of CUDA wheels (cuBLAS, cuFFT, CuPy...)
+# that the test never loads: what it needs is installed by name, without dependencies, about
+# 120 MB.  The test skips a client that is missing, so a failed install must not stop the build.
+pip_client() { # python-module pip-package...
+	local mod=$1
+	shift
+	python3 -c "import importlib.util, sys; sys.exit(importlib.util.find_spec('$mod') is None)" \
 		2>/dev/null && return 0
 	if ! python3 -m pip --version >/dev/null 2>&1; then
-		echo "deps: pip is missing (apt-get install python3-pip); the clients test skips $2" >&2
+		echo "deps: pip is missing (apt-get install python3-pip); the clients test skips $1" >&2
 		return 0
 	fi
-	echo "deps: installing $2 (python3 -m pip)" >&2
-	python3 -m pip install --quiet "$2" >/dev/null 2>&1 ||
+	echo "deps: installing $* (python3 -m pip --no-deps)" >&2
+	python3 -m pip install --quiet --no-deps "$@" >/dev/null 2>&1 ||
 		{ { [ -n "${CI:-}" ] || [ "$(id -u)" -eq 0 ]; } &&
-			python3 -m pip install --quiet --break-system-packages "$2" >/dev/null 2>&1; } ||
-		echo "deps: $2 did not install; the clients test skips it" >&2
+			python3 -m pip install --quiet --no-deps --break-system-packages "$@" \
+				>/dev/null 2>&1; } ||
+		echo "deps: $1 did not install; the clients test skips it" >&2
 }
-pip_client kvikio kvikio-cu13
+pip_client kvikio kvikio-cu13 libkvikio-cu13 cuda-pathfinder rapids-logger numpy packaging
 pip_client cufile cufile-python
