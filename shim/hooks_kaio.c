@@ -1,0 +1,738 @@
+/*
+ * hooks_kaio: kernel AIO served by the cache (design.md §4, "Asynchronous reads").
+ *
+ * Two doors lead to the same code: libc's syscall() for the io_* numbers (UCM's AIO engine
+ * calls it directly) and libaio's io_submit, io_getevents, io_pgetevents, io_cancel and
+ * io_destroy (NIXL's POSIX plugin, fio's libaio engine).  Internally every function returns
+ * -errno, as libaio does; syscall() turns that into -1 and errno.  The kernel part of a call
+ * goes to libaio's real function when the caller came through libaio and it can be found,
+ * else to the raw system call (which is all libaio does).
+ *
+ * DESIGN.  Per io context (aio_context_t) the shim keeps a struct kctx, made at the first
+ * io_submit on it.  io_submit walks the iocbs in order: a read the cache takes
+ * (kvs_shim_read_start) becomes a served entry; every run of others goes to the kernel in one
+ * call, before any served entry after it is started, so that a run the kernel accepts only in
+ * part ends the submit with nothing of ours started past that point (the kernel's rule for
+ * partial submission).  A served entry completes on the loader's completion thread: a failed
+ * load is read again with a raw pread/preadv of the same range, the event goes on the
+ * context's done queue, and then, for IOCB_FLAG_RESFD, 1 is written to the eventfd.
+ * io_getevents reports queued served events first, then polls the kernel (without waiting),
+ * and if still short of min_nr waits: on the condition variable while served entries are in
+ * flight (in 1 ms slices when kernel entries may be outstanding, so their completions are
+ * seen), else in the kernel (in 10 ms slices, so a served entry another thread submits
+ * meanwhile is seen).  A context that never had a served entry is passed straight through.
+ * io_cancel of a served entry answers -EAGAIN (it will complete); io_destroy waits for served
+ * entries in flight, drops their events and destroys the kernel's context.
+ *
+ * Locks: ctx_mu guards the list of contexts (held briefly, never across a call); each
+ * context's mu guards its counters, queues and entries; cond signals a served completion.
+ * Lock order: ctx_mu before a context's mu (only in find/create).  No lock is held across a
+ * system call, a call into libaio or into the loader.  kpending (kernel entries submitted and
+ * not reaped) is a hint: it decides how often a wait looks at the kernel, never correctness.
+ *
+ * Fork: the child has none of the parent's contexts (the kernel does not copy them) and none
+ * of its loader threads; the child handler forgets the list (its memory is abandoned).
+ */
+#include <dlfcn.h>
+#include <errno.h>
+#include <limits.h>
+#include <linux/aio_abi.h>
+#include <pthread.h>
+#include <signal.h>
+#include <stdarg.h>
+#include <stdatomic.h>
+#include <stdbool.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/syscall.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "dlsym.h"
+#include "shim.h"
+
+#ifndef IOCB_FLAG_IOPRIO
+#define IOCB_FLAG_IOPRIO (1 << 1)
+#endif
+
+/* ------------------------------------------------------------------ raw system calls */
+
+/* The kernel's answer, -errno on failure, without touching errno. */
+#if defined(__x86_64__)
+static long raw6(long n, long a, long b, long c, long d, long e, long f)
+{
+	register long r10 __asm__("r10") = d;
+	register long r8 __asm__("r8") = e;
+	register long r9 __asm__("r9") = f;
+	long ret;
+
+	__asm__ volatile("syscall"
+			 : "=a"(ret)
+			 : "a"(n), "D"(a), "S"(b), "d"(c), "r"(r10), "r"(r8), "r"(r9)
+			 : "rcx", "r11", "memory");
+	return ret;
+}
+#elif defined(__aarch64__)
+static long raw6(long n, long a, long b, long c, long d, long e, long f)
+{
+	register long x8 __asm__("x8") = n;
+	register long x0 __asm__("x0") = a;
+	register long x1 __asm__("x1") = b;
+	register long x2 __asm__("x2") = c;
+	register long x3 __asm__("x3") = d;
+	register long x4 __asm__("x4") = e;
+	register long x5 __asm__("x5") = f;
+
+	__asm__ volatile("svc 0"
+			 : "+r"(x0)
+			 : "r"(x8), "r"(x1), "r"(x2), "r"(x3), "r"(x4), "r"(x5)
+			 : "memory", "cc");
+	return x0;
+}
+#else
+/* Elsewhere glibc's own syscall(), found past the shim; errno is saved around it. */
+static long raw6(long n, long a, long b, long c, long d, long e, long f)
+{
+	static long (*real)(long, ...);
+	long (*fn)(long, ...) = __atomic_load_n(&real, __ATOMIC_ACQUIRE); /* pairs below */
+	int saved = errno;
+	long r;
+
+	if (!fn) {
+		kvs_dlsym_resolve();
+		fn = (long (*)(long, ...))kvs_dlsym_real(RTLD_NEXT, "syscall");
+		if (!fn)
+			return -ENOSYS;
+		__atomic_store_n(&real, fn, __ATOMIC_RELEASE); /* pairs above */
+	}
+	r = fn(n, a, b, c, d, e, f);
+	if (r == -1)
+		r = -errno;
+	errno = saved;
+	return r;
+}
+#endif
+
+#define RAW(n, a, b, c, d, e, f)                                                                   \
+	raw6((n), (long)(a), (long)(b), (long)(c), (long)(d), (long)(e), (long)(f))
+
+/* ------------------------------------------------------------------ libaio's functions */
+
+/* libaio's names take an io_context_t (a pointer); the value is the aio_context_t. */
+typedef int (*la_submit_fn)(void *, long, struct iocb **);
+typedef int (*la_getevents_fn)(void *, long, long, struct io_event *, struct timespec *);
+typedef int (*la_cancel_fn)(void *, struct iocb *, struct io_event *);
+typedef int (*la_destroy_fn)(void *);
+
+static struct {
+	la_submit_fn submit;
+	la_getevents_fn getevents;
+	la_cancel_fn cancel;
+	la_destroy_fn destroy;
+} la;
+static pthread_once_t la_once = PTHREAD_ONCE_INIT;
+
+/* The next definition past the shim (libaio is a NEEDED library of its callers), or, for a
+ * libaio loaded privately by a dlopen'ed plugin, the one in the loaded libaio.so.1. */
+static void *la_symbol(void *h, const char *name)
+{
+	void *p = kvs_dlsym_real(h, name);
+
+	return p && !kvs_dlsym_in_shim(p) ? p : NULL;
+}
+
+static void la_resolve(void)
+{
+	void *h = NULL;
+
+	kvs_dlsym_resolve();
+	la.submit = (la_submit_fn)la_symbol(RTLD_NEXT, "io_submit");
+	if (!la.submit) {
+		h = dlopen("libaio.so.1", RTLD_NOW | RTLD_NOLOAD);
+		if (!h)
+			return; /* raw system calls, which is what libaio makes */
+		la.submit = (la_submit_fn)la_symbol(h, "io_submit");
+	}
+	la.getevents = (la_getevents_fn)la_symbol(h ? h : RTLD_NEXT, "io_getevents");
+	la.cancel = (la_cancel_fn)la_symbol(h ? h : RTLD_NEXT, "io_cancel");
+	la.destroy = (la_destroy_fn)la_symbol(h ? h : RTLD_NEXT, "io_destroy");
+	if (h)
+		dlclose(h); /* RTLD_NOLOAD took a reference; the library stays loaded */
+}
+
+/* Which door the call came through: libaio's functions, or syscall(). */
+enum via { VIA_SYSCALL, VIA_LIBAIO };
+
+static long k_submit(enum via v, aio_context_t ctx, long nr, struct iocb **p)
+{
+	if (v == VIA_LIBAIO && (pthread_once(&la_once, la_resolve), la.submit))
+		return la.submit((void *)ctx, nr, p);
+	return RAW(SYS_io_submit, ctx, nr, p, 0, 0, 0);
+}
+
+/* sig: io_pgetevents' struct __aio_sigset, or NULL for io_getevents. */
+static long k_getevents(enum via v, aio_context_t ctx, long min_nr, long nr, struct io_event *ev,
+			struct timespec *ts, const void *sig)
+{
+	if (sig)
+#ifdef SYS_io_pgetevents
+		return RAW(SYS_io_pgetevents, ctx, min_nr, nr, ev, ts, sig);
+#else
+		return -ENOSYS;
+#endif
+	if (v == VIA_LIBAIO && (pthread_once(&la_once, la_resolve), la.getevents))
+		return la.getevents((void *)ctx, min_nr, nr, ev, ts);
+	return RAW(SYS_io_getevents, ctx, min_nr, nr, ev, ts, 0);
+}
+
+static long k_cancel(enum via v, aio_context_t ctx, struct iocb *cb, struct io_event *res)
+{
+	if (v == VIA_LIBAIO && (pthread_once(&la_once, la_resolve), la.cancel))
+		return la.cancel((void *)ctx, cb, res);
+	return RAW(SYS_io_cancel, ctx, cb, res, 0, 0, 0);
+}
+
+static long k_destroy(enum via v, aio_context_t ctx)
+{
+	if (v == VIA_LIBAIO && (pthread_once(&la_once, la_resolve), la.destroy))
+		return la.destroy((void *)ctx);
+	return RAW(SYS_io_destroy, ctx, 0, 0, 0, 0, 0);
+}
+
+/* The kernel's completion ring, mapped at the context's address: libaio peeks at it to skip
+ * a system call that cannot return anything.  Only done for a context the kernel accepted. */
+struct aio_ring_head {
+	unsigned id, nr, head, tail, magic, compat_features, incompat_features, header_length;
+};
+#define AIO_RING_MAGIC 0xa10a10a1u
+
+static bool ring_empty(aio_context_t ctx)
+{
+	const volatile struct aio_ring_head *r = (const volatile struct aio_ring_head *)ctx;
+
+	return r->magic == AIO_RING_MAGIC && r->head == r->tail;
+}
+
+/* ------------------------------------------------------------------ contexts and entries */
+
+#define INLINE_IOV 4
+
+struct kctx;
+
+/* A served iocb, from io_submit until io_getevents reports it (or io_destroy drops it). */
+struct served {
+	struct kvs_shim_async a; /* a.arg: this entry */
+	struct kctx *c;
+	struct io_event ev; /* data and obj at submit, res at completion */
+	uint32_t flags, resfd;
+	off_t off;
+	int iovcnt;
+	struct iovec *iov; /* inl, or malloc'd for a long PREADV */
+	struct iovec inl[INLINE_IOV];
+	struct served *prev, *next; /* live list, done queue or free list */
+};
+
+struct kctx {
+	aio_context_t id;
+	pthread_mutex_t mu;
+	pthread_cond_t cond;
+	unsigned running;		  /* served entries whose callback has not finished */
+	long kpending;			  /* kernel entries submitted and not reaped (a hint) */
+	bool ever_served;		  /* false: every call passes straight through */
+	struct served *live;		  /* in flight (doubly linked) */
+	struct served *dq_head, *dq_tail; /* completed, not reported yet */
+	struct served *free;
+	struct kctx *next;
+};
+
+static pthread_mutex_t ctx_mu = PTHREAD_MUTEX_INITIALIZER;
+static struct kctx *ctxs;
+static pthread_once_t atfork_once = PTHREAD_ONCE_INIT;
+
+static void atfork_child(void)
+{
+	pthread_mutex_init(&ctx_mu, NULL); /* a parent's thread may have held it */
+	ctxs = NULL;			   /* the kernel gave the child none of them */
+}
+
+static void atfork_register(void)
+{
+	pthread_atfork(NULL, NULL, atfork_child);
+}
+
+/* The context ctx, unlinked from the list if unlink; NULL if the shim keeps none. */
+static struct kctx *find(aio_context_t ctx, bool unlink)
+{
+	struct kctx **p, *c = NULL;
+
+	pthread_mutex_lock(&ctx_mu);
+	for (p = &ctxs; *p; p = &(*p)->next) {
+		if ((*p)->id == ctx) {
+			c = *p;
+			if (unlink)
+				*p = c->next;
+			break;
+		}
+	}
+	pthread_mutex_unlock(&ctx_mu);
+	return c;
+}
+
+/* The context ctx, made if need be; NULL when the kernel does not know ctx (its io_submit of
+ * nothing answers -EINVAL) or memory is short: then the caller passes through. */
+static struct kctx *find_or_make(aio_context_t ctx)
+{
+	struct kctx *c = find(ctx, false), *other;
+
+	if (c)
+		return c;
+	if (RAW(SYS_io_submit, ctx, 0, NULL, 0, 0, 0) != 0)
+		return NULL;
+	c = calloc(1, sizeof(*c));
+	if (!c)
+		return NULL;
+	pthread_once(&atfork_once, atfork_register);
+	c->id = ctx;
+	pthread_mutex_init(&c->mu, NULL);
+	pthread_cond_init(&c->cond, NULL);
+	pthread_mutex_lock(&ctx_mu);
+	for (other = ctxs; other && other->id != ctx; other = other->next)
+		;
+	if (!other) {
+		c->next = ctxs;
+		ctxs = c;
+	}
+	pthread_mutex_unlock(&ctx_mu);
+	if (other) { /* another thread made it meanwhile */
+		pthread_cond_destroy(&c->cond);
+		pthread_mutex_destroy(&c->mu);
+		free(c);
+		c = other;
+	}
+	return c;
+}
+
+static void entry_release(struct kctx *c, struct served *s) /* caller holds c->mu */
+{
+	if (s->iov != s->inl)
+		free(s->iov);
+	s->iov = s->inl;
+	s->next = c->free;
+	c->free = s;
+}
+
+static void live_unlink(struct kctx *c, struct served *s) /* caller holds c->mu */
+{
+	if (s->prev)
+		s->prev->next = s->next;
+	else
+		c->live = s->next;
+	if (s->next)
+		s->next->prev = s->prev;
+	s->prev = s->next = NULL;
+}
+
+/* A served entry is over (the loader's completion thread): a failed load is read here as the
+ * kernel would have read it, through the anchor (a dup of the program's descriptor, valid
+ * until this returns), so the event carries the kernel's answer either way. */
+static void served_done(struct kvs_shim_async *a, int64_t result)
+{
+	struct served *s = a->arg;
+	struct kctx *c = s->c;
+	uint32_t flags = s->flags, resfd = s->resfd;
+	uint64_t one = 1;
+
+	if (result < 0) {
+		int fd = a->rd.fd;
+
+		if (s->iovcnt == 1)
+			result = RAW(SYS_pread64, fd, s->iov[0].iov_base, s->iov[0].iov_len, s->off,
+				     0, 0);
+		else
+			result = RAW(SYS_preadv, fd, s->iov, s->iovcnt, (unsigned long)s->off,
+				     (unsigned long)((uint64_t)s->off >> 32), 0);
+	}
+	pthread_mutex_lock(&c->mu);
+	s->ev.res = result;
+	live_unlink(c, s);
+	if (c->dq_tail)
+		c->dq_tail->next = s;
+	else
+		c->dq_head = s;
+	c->dq_tail = s;
+	pthread_cond_broadcast(&c->cond);
+	pthread_mutex_unlock(&c->mu);
+	/* s may be reported and reused from here on: only the copies above are used. */
+	if (flags & IOCB_FLAG_RESFD)
+		RAW(SYS_write, resfd, &one, sizeof(one), 0, 0, 0);
+	pthread_mutex_lock(&c->mu);
+	c->running--;
+	pthread_cond_broadcast(&c->cond); /* io_destroy waits for running == 0 */
+	pthread_mutex_unlock(&c->mu);
+}
+
+/* Bytes cb reads if the shim could serve it; 0 if it is not a read the shim takes. */
+static size_t candidate(const struct iocb *cb)
+{
+	size_t len = 0;
+
+	if (!cb || cb->aio_rw_flags || cb->aio_reserved2 || (int64_t)cb->aio_offset < 0 ||
+	    (cb->aio_flags & ~(uint32_t)(IOCB_FLAG_RESFD | IOCB_FLAG_IOPRIO)))
+		return 0;
+	if (cb->aio_lio_opcode == IOCB_CMD_PREAD) {
+		len = (size_t)cb->aio_nbytes;
+	} else if (cb->aio_lio_opcode == IOCB_CMD_PREADV) {
+		const struct iovec *v = (const struct iovec *)(uintptr_t)cb->aio_buf;
+
+		if (!v || cb->aio_nbytes == 0 || cb->aio_nbytes > IOV_MAX)
+			return 0;
+		for (uint64_t i = 0; i < cb->aio_nbytes; i++)
+			if (__builtin_add_overflow(len, v[i].iov_len, &len))
+				return 0;
+	} else {
+		return 0;
+	}
+	return len && kvs_shim_wants(len) ? len : 0;
+}
+
+/* Start cb as a served entry of c; 0, or -1 when the cache does not take it. */
+static int start(struct kctx *c, struct iocb *cb)
+{
+	struct served *s;
+	int n = cb->aio_lio_opcode == IOCB_CMD_PREADV ? (int)cb->aio_nbytes : 1;
+
+	pthread_mutex_lock(&c->mu);
+	s = c->free;
+	if (s)
+		c->free = s->next;
+	pthread_mutex_unlock(&c->mu);
+	if (!s) {
+		s = calloc(1, sizeof(*s));
+		if (!s)
+			return -1;
+		s->iov = s->inl;
+	}
+	if (n > INLINE_IOV && !(s->iov = malloc((size_t)n * sizeof(*s->iov)))) {
+		s->iov = s->inl;
+		goto refused;
+	}
+	if (cb->aio_lio_opcode == IOCB_CMD_PREADV)
+		memcpy(s->iov, (const void *)(uintptr_t)cb->aio_buf, (size_t)n * sizeof(*s->iov));
+	else
+		s->iov[0] = (struct iovec){(void *)(uintptr_t)cb->aio_buf, (size_t)cb->aio_nbytes};
+	s->c = c;
+	s->a.arg = s;
+	s->ev = (struct io_event){.data = cb->aio_data, .obj = (uint64_t)(uintptr_t)cb};
+	s->flags = cb->aio_flags;
+	s->resfd = cb->aio_resfd;
+	s->off = (off_t)cb->aio_offset;
+	s->iovcnt = n;
+	pthread_mutex_lock(&c->mu);
+	s->prev = NULL;
+	s->next = c->live;
+	if (c->live)
+		c->live->prev = s;
+	c->live = s;
+	c->running++;
+	c->ever_served = true;
+	pthread_mutex_unlock(&c->mu);
+	if (kvs_shim_read_start(&s->a, (int)cb->aio_fildes, s->iov, n, s->off, served_done) == 0)
+		return 0;
+	pthread_mutex_lock(&c->mu);
+	live_unlink(c, s);
+	c->running--;
+	entry_release(c, s);
+	pthread_mutex_unlock(&c->mu);
+	return -1;
+refused:
+	pthread_mutex_lock(&c->mu);
+	entry_release(c, s);
+	pthread_mutex_unlock(&c->mu);
+	return -1;
+}
+
+/* ------------------------------------------------------------------ the calls */
+
+static long do_submit(enum via v, aio_context_t ctx, long nr, struct iocb **p)
+{
+	struct kctx *c;
+	long i = 0;
+
+	if (nr <= 0 || !p || !kvs_shim_wants(SIZE_MAX) || !(c = find_or_make(ctx)))
+		return k_submit(v, ctx, nr, p);
+	while (i < nr) {
+		if (candidate(p[i]) && start(c, p[i]) == 0) {
+			i++;
+			continue;
+		}
+		/* A run for the kernel: this entry and the non-candidates after it.  A candidate
+		 * the cache then refuses starts a run of its own. */
+		long j = i + 1, n;
+
+		while (j < nr && !candidate(p[j]))
+			j++;
+		n = k_submit(v, ctx, j - i, p + i);
+		if (n < 0)
+			return i ? i : n;
+		if (n > 0) {
+			pthread_mutex_lock(&c->mu);
+			c->kpending += n;
+			pthread_mutex_unlock(&c->mu);
+		}
+		i += n;
+		if (i < j)
+			return i;
+	}
+	return nr;
+}
+
+/* Move up to room reported served events into ev.  Caller holds c->mu. */
+static long harvest(struct kctx *c, struct io_event *ev, long room)
+{
+	long n = 0;
+
+	while (n < room && c->dq_head) {
+		struct served *s = c->dq_head;
+
+		c->dq_head = s->next;
+		if (!c->dq_head)
+			c->dq_tail = NULL;
+		ev[n++] = s->ev;
+		entry_release(c, s);
+	}
+	return n;
+}
+
+static uint64_t now_ns(void)
+{
+	struct timespec ts;
+
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
+}
+
+static struct timespec ns_ts(uint64_t ns)
+{
+	return (struct timespec){(time_t)(ns / 1000000000ull), (long)(ns % 1000000000ull)};
+}
+
+#define SLICE_KERNEL_NS 1000000ull  /* a wait on served entries looks at the kernel this often */
+#define SLICE_WAIT_NS	10000000ull /* any wait looks at the other side at least this often */
+
+static void reaped(struct kctx *c, long n)
+{
+	pthread_mutex_lock(&c->mu);
+	c->kpending = n < c->kpending ? c->kpending - n : 0;
+	pthread_mutex_unlock(&c->mu);
+}
+
+static long do_getevents(enum via v, aio_context_t ctx, long min_nr, long nr, struct io_event *ev,
+			 struct timespec *ts, const void *sig)
+{
+	struct kctx *c = find(ctx, false);
+	uint64_t deadline = UINT64_MAX;
+	long got = 0, n;
+
+	/* Anything odd (and every context without served entries) is the kernel's to answer. */
+	if (!c || min_nr < 0 || nr < min_nr || !ev ||
+	    (ts && (ts->tv_sec < 0 || ts->tv_nsec < 0 || ts->tv_nsec >= 1000000000L)))
+		return k_getevents(v, ctx, min_nr, nr, ev, ts, sig);
+	pthread_mutex_lock(&c->mu);
+	bool pass = !c->ever_served;
+	pthread_mutex_unlock(&c->mu);
+	if (pass) {
+		n = k_getevents(v, ctx, min_nr, nr, ev, ts, sig);
+		if (n > 0)
+			reaped(c, n);
+		return n;
+	}
+	if (ts)
+		deadline = now_ns() + (uint64_t)ts->tv_sec * 1000000000ull + (uint64_t)ts->tv_nsec;
+	pthread_mutex_lock(&c->mu);
+	for (;;) {
+		got += harvest(c, ev + got, nr - got);
+		bool ours = c->running > 0 || c->dq_head;
+		long kp = c->kpending;
+		pthread_mutex_unlock(&c->mu);
+
+		if (got < nr && kp > 0 && !ring_empty(ctx)) {
+			struct timespec zero = {0, 0};
+
+			n = k_getevents(v, ctx, 0, nr - got, ev + got, &zero, sig);
+			if (n < 0)
+				return got ? got : n;
+			got += n;
+			reaped(c, n);
+		}
+		if (got >= min_nr || got >= nr)
+			return got;
+		uint64_t t = now_ns();
+		if (t >= deadline)
+			return got;
+		uint64_t left = deadline - t;
+		if (!ours) {
+			/* Nothing of ours can complete: wait in the kernel. */
+			struct timespec sl = ns_ts(left < SLICE_WAIT_NS ? left : SLICE_WAIT_NS);
+
+			n = k_getevents(v, ctx, min_nr - got, nr - got, ev + got, &sl, sig);
+			if (n < 0)
+				return got ? got : n;
+			got += n;
+			reaped(c, n);
+			pthread_mutex_lock(&c->mu);
+			continue;
+		}
+		uint64_t slice = kp > 0 ? SLICE_KERNEL_NS : SLICE_WAIT_NS;
+		if (slice > left)
+			slice = left;
+		struct timespec rt;
+		clock_gettime(CLOCK_REALTIME, &rt);
+		uint64_t abs = (uint64_t)rt.tv_sec * 1000000000ull + (uint64_t)rt.tv_nsec + slice;
+		rt = ns_ts(abs);
+		pthread_mutex_lock(&c->mu);
+		if (!c->dq_head && c->running)
+			pthread_cond_timedwait(&c->cond, &c->mu, &rt);
+	}
+}
+
+static long do_cancel(enum via v, aio_context_t ctx, struct iocb *cb, struct io_event *res)
+{
+	struct kctx *c = find(ctx, false);
+	long r;
+
+	if (c) {
+		bool ours = false;
+
+		pthread_mutex_lock(&c->mu);
+		for (struct served *s = c->live; s && !ours; s = s->next)
+			ours = s->ev.obj == (uint64_t)(uintptr_t)cb;
+		for (struct served *s = c->dq_head; s && !ours; s = s->next)
+			ours = s->ev.obj == (uint64_t)(uintptr_t)cb;
+		pthread_mutex_unlock(&c->mu);
+		if (ours)
+			return -EAGAIN; /* a read from memory: it completes, and is reported */
+	}
+	r = k_cancel(v, ctx, cb, res);
+	if (c && r == 0)
+		reaped(c, 1); /* the old kernels' cancel: the event came back here */
+	return r;
+}
+
+static long do_destroy(enum via v, aio_context_t ctx)
+{
+	struct kctx *c = find(ctx, true);
+
+	if (c) {
+		struct served *s, *next;
+
+		pthread_mutex_lock(&c->mu);
+		while (c->running) /* the loader writes into the entries until then */
+			pthread_cond_wait(&c->cond, &c->mu);
+		pthread_mutex_unlock(&c->mu);
+		for (s = c->dq_head; s; s = next) {
+			next = s->next;
+			if (s->iov != s->inl)
+				free(s->iov);
+			free(s);
+		}
+		for (s = c->free; s; s = next) {
+			next = s->next;
+			free(s);
+		}
+		pthread_cond_destroy(&c->cond);
+		pthread_mutex_destroy(&c->mu);
+		free(c);
+	}
+	return k_destroy(v, ctx);
+}
+
+/* ------------------------------------------------------------------ the exported names */
+
+long syscall(long number, ...);
+int io_submit(void *ctx, long nr, struct iocb **ios);
+int io_getevents(void *ctx, long min_nr, long nr, struct io_event *events,
+		 struct timespec *timeout);
+int io_pgetevents(void *ctx, long min_nr, long nr, struct io_event *events,
+		  struct timespec *timeout, sigset_t *sigmask);
+int io_cancel(void *ctx, struct iocb *iocb, struct io_event *evt);
+int io_destroy(void *ctx);
+
+/* libc's syscall(): the io_* numbers that touch served entries come here; every other number
+ * goes to the kernel as glibc's would (-1 and errno for -4095..-1). */
+KVS_EXPORT long syscall(long number, ...)
+{
+	long a[6], r;
+	va_list ap;
+
+	va_start(ap, number);
+	for (int i = 0; i < 6; i++)
+		a[i] = va_arg(ap, long);
+	va_end(ap);
+	switch (number) {
+	case SYS_io_submit:
+		r = do_submit(VIA_SYSCALL, (aio_context_t)a[0], a[1], (struct iocb **)a[2]);
+		break;
+	case SYS_io_getevents:
+		r = do_getevents(VIA_SYSCALL, (aio_context_t)a[0], a[1], a[2],
+				 (struct io_event *)a[3], (struct timespec *)a[4], NULL);
+		break;
+#ifdef SYS_io_pgetevents
+	case SYS_io_pgetevents:
+		/* A NULL sigset pointer is plain io_getevents to the kernel. */
+		r = do_getevents(VIA_SYSCALL, (aio_context_t)a[0], a[1], a[2],
+				 (struct io_event *)a[3], (struct timespec *)a[4],
+				 a[5] ? (const void *)a[5] : NULL);
+		break;
+#endif
+	case SYS_io_cancel:
+		r = do_cancel(VIA_SYSCALL, (aio_context_t)a[0], (struct iocb *)a[1],
+			      (struct io_event *)a[2]);
+		break;
+	case SYS_io_destroy:
+		r = do_destroy(VIA_SYSCALL, (aio_context_t)a[0]);
+		break;
+	default:
+		r = raw6(number, a[0], a[1], a[2], a[3], a[4], a[5]);
+		break;
+	}
+	if (r < 0 && r > -4096) {
+		errno = (int)-r;
+		return -1;
+	}
+	return r;
+}
+
+/* libaio's calls answer -errno and leave errno alone. */
+KVS_EXPORT int io_submit(void *ctx, long nr, struct iocb **ios)
+{
+	return (int)do_submit(VIA_LIBAIO, (aio_context_t)ctx, nr, ios);
+}
+
+KVS_EXPORT int io_getevents(void *ctx, long min_nr, long nr, struct io_event *events,
+			    struct timespec *timeout)
+{
+	return (int)do_getevents(VIA_LIBAIO, (aio_context_t)ctx, min_nr, nr, events, timeout, NULL);
+}
+
+KVS_EXPORT int io_pgetevents(void *ctx, long min_nr, long nr, struct io_event *events,
+			     struct timespec *timeout, sigset_t *sigmask)
+{
+	struct {
+		const sigset_t *mask;
+		size_t size;
+	} sig = {sigmask, _NSIG / 8};
+
+	return (int)do_getevents(VIA_LIBAIO, (aio_context_t)ctx, min_nr, nr, events, timeout,
+				 sigmask ? &sig : NULL);
+}
+
+KVS_EXPORT int io_cancel(void *ctx, struct iocb *iocb, struct io_event *evt)
+{
+	return (int)do_cancel(VIA_LIBAIO, (aio_context_t)ctx, iocb, evt);
+}
+
+KVS_EXPORT int io_destroy(void *ctx)
+{
+	return (int)do_destroy(VIA_LIBAIO, (aio_context_t)ctx);
+}
