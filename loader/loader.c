@@ -561,6 +561,10 @@ int kvs_loader_start(struct kvs_loader *ld, struct kvs_task *t, const struct kvs
 
 	if (len < 0)
 		return (int)len;
+	if (len == 0) {
+		t->result = 0;
+		return 1;
+	}
 	pthread_mutex_lock(&ld->mu);
 	if (!ld->completer_started && !ld->stop) {
 		r = kvs_thread_start(&ld->completer, completer_main, ld);
@@ -579,9 +583,16 @@ int kvs_loader_start(struct kvs_loader *ld, struct kvs_task *t, const struct kvs
 	*t = (struct kvs_task){.rd = rd, .done = done, .arg = arg};
 	t->end = rd->off + (uint64_t)len;
 	t->off = rd->off;
-	if (len) {
-		kvs_cache_count(ld->c, KVS_CTR_requests, 1);
-		submit_piece(ld, t);
+	kvs_cache_count(ld->c, KVS_CTR_requests, 1);
+	/* Every shard READY and copied already (a hit into host memory): complete here, and
+	 * spare the caller two thread wake-ups (the completion thread's, then its own). */
+	if (submit_piece(ld, t) && copies_sync(rd) && t->piece_end >= t->end && !t->result) {
+		pthread_mutex_lock(&ld->mu);
+		ld->aq_len--;
+		pthread_cond_broadcast(&ld->cond);
+		pthread_mutex_unlock(&ld->mu);
+		t->result = len;
+		return 1;
 	}
 	pthread_mutex_lock(&ld->mu);
 	if (ld->aq_tail)

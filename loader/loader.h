@@ -114,7 +114,9 @@ int64_t kvs_loader_read(struct kvs_loader *ld, const struct kvs_read *rd);
  * submits its owned storage reads; the completion thread waits, copies, fences, serves the
  * rest piece by piece, and then calls done(t, result) once, result as kvs_loader_read returns.
  * rd, its destination and t must stay valid until done is called; t->arg is the caller's.
- * Returns 0 (done will be called) or -errno (it will not, and nothing is held).
+ * Returns 0 (done will be called), 1 (the read is over already: every shard was READY and
+ * copied on the calling thread, or it was empty; t->result holds the byte count and done will
+ * not be called), or -errno (done will not be called, and nothing is held).
  */
 int kvs_loader_start(struct kvs_loader *ld, struct kvs_task *t, const struct kvs_read *rd,
 		     void (*done)(struct kvs_task *t, int64_t result), void *arg);

@@ -160,8 +160,11 @@ static bool start(struct batch *b, unsigned i, int fd, const kvs_cufile_io_param
 	en->state = E_RUNNING;
 	b->running++;
 	pthread_mutex_unlock(&b->mu);
-	if (kvs_shim_read_to_start(&en->a, fd, ptr, io->u.batch.size, io->u.batch.file_offset,
-				   entry_done) == 0)
+	int r = kvs_shim_read_to_start(&en->a, fd, ptr, io->u.batch.size, io->u.batch.file_offset,
+				       entry_done);
+	if (r == 1)
+		entry_done(&en->a, en->a.result); /* over already (hits into host memory) */
+	if (r >= 0)
 		return true;
 	pthread_mutex_lock(&b->mu);
 	en->state = E_FREE;

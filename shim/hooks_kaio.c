@@ -437,7 +437,10 @@ static int start(struct kctx *c, struct iocb *cb)
 	c->running++;
 	c->ever_served = true;
 	pthread_mutex_unlock(&c->mu);
-	if (kvs_shim_read_start(&s->a, (int)cb->aio_fildes, s->iov, n, s->off, served_done) == 0)
+	int r = kvs_shim_read_start(&s->a, (int)cb->aio_fildes, s->iov, n, s->off, served_done);
+	if (r == 1)
+		served_done(&s->a, s->a.result); /* a hit, over already: its event now */
+	if (r >= 0)
 		return 0;
 	pthread_mutex_lock(&c->mu);
 	live_unlink(c, s);

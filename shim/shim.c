@@ -527,6 +527,21 @@ static void async_done(struct kvs_task *t, int64_t result)
 	a->done(a, result);
 }
 
+/* kvs_loader_start for a prepared a: 0 (a->done will be called), 1 (over already:
+ * a->result), -1 (not started). */
+static int start_async(struct kvs_shim_async *a)
+{
+	int r = kvs_loader_start(loader, &a->task, &a->rd, async_done, a);
+
+	if (r != 1)
+		return r == 0 ? 0 : -1;
+	a->result = a->task.result;
+	after_read(a->result);
+	if (!a->posix)
+		kvs_cache_count(cache, KVS_CTR_cufile_requests, 1);
+	return 1;
+}
+
 int kvs_shim_read_to_start(struct kvs_shim_async *a, int fd, uint64_t ptr, size_t size, off_t off,
 			   void (*done)(struct kvs_shim_async *a, int64_t result))
 {
@@ -536,9 +551,8 @@ int kvs_shim_read_to_start(struct kvs_shim_async *a, int fd, uint64_t ptr, size_
 	pthread_setcancelstate(PTHREAD_CANCEL_DISABLE, &cancel_state);
 	a->done = done;
 	a->posix = false;
-	if (prepare_to(a, fd, ptr, size, off) == 0 &&
-	    kvs_loader_start(loader, &a->task, &a->rd, async_done, a) == 0)
-		ret = 0;
+	if (prepare_to(a, fd, ptr, size, off) == 0)
+		ret = start_async(a);
 	pthread_setcancelstate(cancel_state, NULL);
 	guard--;
 	errno = saved;
@@ -582,8 +596,7 @@ int kvs_shim_read_start(struct kvs_shim_async *a, int fd, const struct iovec *io
 	a->rd.iov = iov;
 	a->rd.iovcnt = iovcnt;
 	a->posix = true;
-	if (kvs_loader_start(loader, &a->task, &a->rd, async_done, a) == 0)
-		ret = 0;
+	ret = start_async(a);
 out:
 	pthread_setcancelstate(cancel_state, NULL);
 	guard--;

@@ -43,8 +43,9 @@ struct kvs_shim_async {
 	struct kvs_read rd;
 	struct kvs_device_target tg;
 	void (*done)(struct kvs_shim_async *a, int64_t result);
-	void *arg;  /* the caller's */
-	bool posix; /* a POSIX or kernel AIO read (kvs_shim_read_start), not a cuFile one */
+	void *arg;	/* the caller's */
+	bool posix;	/* a POSIX or kernel AIO read (kvs_shim_read_start), not a cuFile one */
+	int64_t result; /* the byte count, when a start returned 1 */
 };
 
 /*
@@ -52,8 +53,10 @@ struct kvs_shim_async {
  * offset off, under the same rules as kvs_shim_read (a KV file, O_DIRECT or files.buffered,
  * aligned as O_DIRECT needs, writable buffers).  Returns 0 and calls done(a, bytes or -errno)
  * once, from the loader's completion thread (a negative result: make the real read, or
- * report it); or -1 at once (not served: the caller submits it to the real interface; done
- * will not be called).  a, iov and the buffers must stay valid until done.  errno unchanged.
+ * report it); 1 when it is over already (hits copied on this thread: a->result holds the byte
+ * count; done will not be called); or -1 at once (not served: the caller submits it to the
+ * real interface; done will not be called).  a, iov and the buffers must stay valid until done.
+ * errno unchanged.
  */
 int kvs_shim_read_start(struct kvs_shim_async *a, int fd, const struct iovec *iov, int iovcnt,
 			off_t off, void (*done)(struct kvs_shim_async *a, int64_t result));
@@ -66,8 +69,10 @@ int kvs_shim_read_start(struct kvs_shim_async *a, int fd, const struct iovec *io
 ssize_t kvs_shim_read_to(int fd, uint64_t ptr, size_t size, off_t off);
 
 /* The same, asynchronously: returns 0 and calls done(a, bytes or -errno) once, from the
- * loader's completion thread (a negative result: make the real call); or returns -1 at once
- * (make the real call; done will not be called). */
+ * loader's completion thread (a negative result: make the real call); returns 1 when the read
+ * is over already (every shard was a hit, copied on this thread: a->result holds the byte
+ * count, done will not be called); or returns -1 at once (make the real call; done will not
+ * be called). */
 int kvs_shim_read_to_start(struct kvs_shim_async *a, int fd, uint64_t ptr, size_t size, off_t off,
 			   void (*done)(struct kvs_shim_async *a, int64_t result));
 
