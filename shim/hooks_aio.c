@@ -1,0 +1,809 @@
+/*
+ * hooks_aio: glibc's POSIX asynchronous I/O, served by the cache (design.md §4, issue 8).
+ *
+ * DESIGN.  aio_read (and each LIO_READ entry of lio_listio) that the cache can serve starts in
+ * the loader (kvs_shim_read_start) and completes on its completion thread; every other request
+ * goes to glibc's own aio, untouched, and stays glibc's.  The shim keeps a table of the served
+ * requests *in flight* only, keyed by the caller's aiocb.  At completion it writes the result
+ * into the aiocb's own __return_value and __error_code, exactly the two fields glibc's
+ * completion writes and glibc's aio_error and aio_return read, then removes the request from
+ * the table.  From then on the aiocb is indistinguishable from one glibc completed: aio_error,
+ * aio_return, aio_suspend and aio_cancel on it go to glibc and answer right (0 at once,
+ * AIO_ALLDONE), and nothing is left behind for a caller that never calls aio_return.  The
+ * table so answers one question, "is this aiocb a served read still running?", and the hooks
+ * ask it only while any served read is running (inflight, read without the lock).
+ *
+ * A served read whose load fails is read with the real pread on the completion thread, so it
+ * completes as it would have.  Notification (the aiocb's sigevent, copied at submission, and
+ * lio_listio's list-wide sig) happens after the result is published: SIGEV_SIGNAL as glibc
+ * sends it (rt_sigqueueinfo, si_code SI_ASYNCIO), SIGEV_THREAD on a new detached thread that
+ * starts with every signal blocked, as glibc's helper does.
+ *
+ * lio_listio: served entries are started first; the others (writes, after invalidating the
+ * shards they change; LIO_NOP; reads not served) go to the real lio_listio in one call, in
+ * their order.  A group counts what is outstanding: one hold by the caller, each served entry,
+ * and the real part as one (glibc tells us with a SIGEV_THREAD of ours when its part is done).
+ * LIO_WAIT waits for the real part in the real call, then for the served entries on cond.
+ *
+ * Locks: mu guards the table, every group's fields and inflight's writes; cond is broadcast
+ * on every served completion (aio_suspend and LIO_WAIT wait on it).  mu is never held across
+ * a call into glibc's aio, the loader or a notification.  inflight is read without mu by the
+ * hooks' fast path: a served request is in the table (inflight > 0, store under mu) before
+ * aio_read returns, so a caller that asks about its own aiocb after submitting sees it.
+ */
+#include <aio.h>
+#include <dlfcn.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <pthread.h>
+#include <signal.h>
+#include <stdatomic.h>
+#include <stdbool.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/syscall.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "dlsym.h"
+#include "real.h"
+#include "shim.h"
+
+/* ------------------------------------------------------------------ the real functions */
+
+enum { R_READ, R_WRITE, R_LIO, R_ERROR, R_RETURN, R_SUSPEND, R_CANCEL, R_N };
+
+/* [0]: the plain names, [1]: the 64 names (aliases of the same functions on LP64, looked up
+ * apart in case something ahead of libc hooks only one of them). */
+static const char *const real_names[2][R_N] = {
+    {"aio_read", "aio_write", "lio_listio", "aio_error", "aio_return", "aio_suspend", "aio_cancel"},
+    {"aio_read64", "aio_write64", "lio_listio64", "aio_error64", "aio_return64", "aio_suspend64",
+     "aio_cancel64"},
+};
+static void *real_fns[2][R_N];
+
+enum { UNRESOLVED, RESOLVING, RESOLVED };
+static _Atomic int real_state = UNRESOLVED;
+static __thread int resolving_here;
+
+/*
+ * Find glibc's functions (libc since 2.34, librt before), once.  No pthread_once, for the
+ * reason real.c gives; but there is no raw system call to fall back on, so a thread that finds
+ * another resolving waits for it (a re-entry on the resolving thread itself finds NULL and
+ * fails with ENOSYS).  A pointer into the shim is refused: calling it would loop.
+ */
+static void real_resolve(void)
+{
+	int s = atomic_load_explicit(&real_state, memory_order_acquire); /* pairs below */
+
+	if (s == RESOLVED || resolving_here)
+		return;
+	if (s == UNRESOLVED && atomic_compare_exchange_strong(&real_state, &s, RESOLVING)) {
+		resolving_here = 1;
+		for (int v = 0; v < 2; v++)
+			for (int i = 0; i < R_N; i++) {
+				void *p = kvs_dlsym_real(RTLD_NEXT, real_names[v][i]);
+
+				real_fns[v][i] = p && !kvs_dlsym_in_shim(p) ? p : NULL;
+			}
+		resolving_here = 0;
+		/* pairs with the acquire loads above and below */
+		atomic_store_explicit(&real_state, RESOLVED, memory_order_release);
+		return;
+	}
+	while (atomic_load_explicit(&real_state, memory_order_acquire) != RESOLVED)
+		sched_yield(); /* another thread is in dlsym: microseconds */
+}
+
+static void *real_fn(int v, int i)
+{
+	real_resolve();
+	return real_fns[v][i];
+}
+
+#define NOSYS(ret)                                                                                 \
+	do {                                                                                       \
+		errno = ENOSYS;                                                                    \
+		return (ret);                                                                      \
+	} while (0)
+
+static int real_read(int v, struct aiocb *cb)
+{
+	int (*fn)(struct aiocb *) = real_fn(v, R_READ);
+
+	if (!fn)
+		NOSYS(-1);
+	return fn(cb);
+}
+
+static int real_write(int v, struct aiocb *cb)
+{
+	int (*fn)(struct aiocb *) = real_fn(v, R_WRITE);
+
+	if (!fn)
+		NOSYS(-1);
+	return fn(cb);
+}
+
+static int real_lio(int v, int mode, struct aiocb *const list[], int nent, struct sigevent *sig)
+{
+	int (*fn)(int, struct aiocb *const[], int, struct sigevent *) = real_fn(v, R_LIO);
+
+	if (!fn)
+		NOSYS(-1);
+	return fn(mode, list, nent, sig);
+}
+
+static int real_error(int v, const struct aiocb *cb)
+{
+	int (*fn)(const struct aiocb *) = real_fn(v, R_ERROR);
+
+	if (!fn)
+		NOSYS(-1);
+	return fn(cb);
+}
+
+static ssize_t real_return(int v, struct aiocb *cb)
+{
+	ssize_t (*fn)(struct aiocb *) = real_fn(v, R_RETURN);
+
+	if (!fn)
+		NOSYS(-1);
+	return fn(cb);
+}
+
+static int real_suspend(int v, const struct aiocb *const list[], int nent,
+			const struct timespec *timeout)
+{
+	int (*fn)(const struct aiocb *const[], int, const struct timespec *) =
+	    real_fn(v, R_SUSPEND);
+
+	if (!fn)
+		NOSYS(-1);
+	return fn(list, nent, timeout);
+}
+
+static int real_cancel(int v, int fd, struct aiocb *cb)
+{
+	int (*fn)(int, struct aiocb *) = real_fn(v, R_CANCEL);
+
+	if (!fn)
+		NOSYS(-1);
+	return fn(fd, cb);
+}
+
+/* ------------------------------------------------------------------ served requests */
+
+struct group {
+	unsigned left;	     /* outstanding: the caller's hold, served entries, the real part */
+	bool failed;	     /* a served entry failed */
+	bool notify;	     /* LIO_NOWAIT with a sig: the last one out notifies and frees */
+	struct sigevent sev; /* lio_listio's sig, copied */
+	pid_t pid;	     /* the submitter, for SIGEV_SIGNAL */
+};
+
+struct req {
+	struct kvs_shim_async a; /* a.arg: this request */
+	struct iovec iov;
+	struct aiocb *cb;
+	int fd;
+	off_t off;
+	pid_t pid;
+	struct sigevent sev; /* cb->aio_sigevent at submission */
+	struct group *g;     /* lio_listio's group, or NULL */
+	struct req *next;    /* the bucket's chain */
+};
+
+#define NBUCKETS 256
+
+static pthread_mutex_t mu = PTHREAD_MUTEX_INITIALIZER;
+static pthread_cond_t cond; /* CLOCK_MONOTONIC; initialised with the fork handlers */
+static struct req *table[NBUCKETS];
+static _Atomic unsigned inflight; /* served requests in the table; written under mu */
+static _Atomic int setup_state;	  /* 0, 1 being set up, 2 done */
+
+static unsigned bucket(const struct aiocb *cb)
+{
+	uintptr_t h = (uintptr_t)cb;
+
+	h ^= h >> 17;
+	h *= 0x9E3779B97F4A7C15ull;
+	return (unsigned)(h >> 56) % NBUCKETS;
+}
+
+/* The running served request of cb, or NULL.  Caller holds mu. */
+static struct req *find(const struct aiocb *cb)
+{
+	struct req *r = table[bucket(cb)];
+
+	while (r && r->cb != cb)
+		r = r->next;
+	return r;
+}
+
+/* Caller holds mu. */
+static void unlink_req(struct req *r)
+{
+	struct req **p = &table[bucket(r->cb)];
+
+	while (*p && *p != r)
+		p = &(*p)->next;
+	if (*p)
+		*p = r->next;
+	atomic_fetch_sub_explicit(&inflight, 1, memory_order_release); /* pairs with busy() */
+}
+
+/* Is any served request running?  Without the lock; see the top of the file. */
+static bool busy(void)
+{
+	return atomic_load_explicit(&inflight, memory_order_acquire) != 0; /* pairs with writes */
+}
+
+/* A fork while another thread holds mu would leave it locked in the child.  The child's
+ * served requests never complete (the loader is forgotten), as glibc's do not either. */
+static void fork_prepare(void)
+{
+	pthread_mutex_lock(&mu); /* released by fork_parent / fork_child */
+}
+static void fork_parent(void)
+{
+	pthread_mutex_unlock(&mu);
+}
+static void fork_child(void)
+{
+	pthread_mutex_unlock(&mu);
+}
+
+/* Once, before the first served request: cond on the monotonic clock, the fork handlers. */
+static void setup(void)
+{
+	int s = atomic_load_explicit(&setup_state, memory_order_acquire); /* pairs below */
+
+	if (s == 2)
+		return;
+	if (s == 0 && atomic_compare_exchange_strong(&setup_state, &s, 1)) {
+		pthread_condattr_t ca;
+
+		pthread_condattr_init(&ca);
+		pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
+		pthread_cond_init(&cond, &ca);
+		pthread_condattr_destroy(&ca);
+		pthread_atfork(fork_prepare, fork_parent, fork_child);
+		atomic_store_explicit(&setup_state, 2, memory_order_release); /* pairs above */
+		return;
+	}
+	while (atomic_load_explicit(&setup_state, memory_order_acquire) != 2)
+		sched_yield();
+}
+
+/* ------------------------------------------------------------------ notification */
+
+struct thread_note {
+	void (*fn)(union sigval);
+	union sigval value;
+};
+
+static void *note_thread(void *arg)
+{
+	struct thread_note n = *(struct thread_note *)arg;
+
+	free(arg);
+	n.fn(n.value);
+	return NULL;
+}
+
+/* Deliver sev as glibc's aio does (__aio_notify_only). */
+static void notify(const struct sigevent *sev, pid_t pid)
+{
+	if (sev->sigev_notify == SIGEV_SIGNAL) {
+		siginfo_t si;
+
+		memset(&si, 0, sizeof(si));
+		si.si_signo = sev->sigev_signo;
+		si.si_code = SI_ASYNCIO;
+		si.si_pid = pid;
+		si.si_uid = getuid();
+		si.si_value = sev->sigev_value;
+		syscall(SYS_rt_sigqueueinfo, pid, sev->sigev_signo, &si);
+	} else if (sev->sigev_notify == SIGEV_THREAD && sev->sigev_notify_function) {
+		struct thread_note *n = malloc(sizeof(*n));
+		pthread_attr_t def, *attr = sev->sigev_notify_attributes;
+		sigset_t all, old;
+		pthread_t t;
+
+		if (!n)
+			return;
+		n->fn = sev->sigev_notify_function;
+		n->value = sev->sigev_value;
+		if (!attr) {
+			pthread_attr_init(&def);
+			pthread_attr_setdetachstate(&def, PTHREAD_CREATE_DETACHED);
+			attr = &def;
+		}
+		/* The function starts with every signal blocked, as on glibc's helper thread. */
+		sigfillset(&all);
+		pthread_sigmask(SIG_SETMASK, &all, &old);
+		int r = pthread_create(&t, attr, note_thread, n);
+		pthread_sigmask(SIG_SETMASK, &old, NULL);
+		if (r)
+			free(n);
+		else if (attr != &def)
+			pthread_detach(
+			    t); /* the caller's attributes may say joinable: nobody can */
+		if (attr == &def)
+			pthread_attr_destroy(&def);
+	}
+}
+
+/* Drop one from g's count.  Caller holds mu.  Returns g when the caller must notify and free
+ * it (the last one out of a LIO_NOWAIT group with a sig); wakes a LIO_WAIT caller. */
+static struct group *group_put(struct group *g)
+{
+	if (--g->left)
+		return NULL;
+	if (g->notify)
+		return g;
+	pthread_cond_broadcast(&cond); /* the LIO_WAIT caller, who frees g */
+	return NULL;
+}
+
+static void group_notify(struct group *g)
+{
+	if (g) {
+		notify(&g->sev, g->pid);
+		free(g);
+	}
+}
+
+/* glibc's SIGEV_THREAD for the real part of a LIO_NOWAIT list: every real entry is over. */
+static void real_part_done(union sigval v)
+{
+	struct group *g = v.sival_ptr, *last;
+
+	pthread_mutex_lock(&mu);
+	last = group_put(g);
+	pthread_mutex_unlock(&mu);
+	group_notify(last);
+}
+
+/* The loader's completion thread: r's read is over.  Publish, then notify. */
+static void req_done(struct kvs_shim_async *a, int64_t result)
+{
+	struct req *r = a->arg;
+	struct group *last = NULL;
+	int saved = errno;
+
+	if (result < 0) {
+		/* Not served after all: read it as glibc would have, synchronously, here. */
+		ssize_t n;
+
+		kvs_real_init();
+		do
+			n = kvs_real.pread(r->fd, r->iov.iov_base, r->iov.iov_len, r->off);
+		while (n < 0 && errno == EINTR);
+		result = n < 0 ? -errno : n;
+	}
+	/* The caller may free or reuse cb as soon as it sees these (under mu, below). */
+	r->cb->__return_value = result < 0 ? -1 : (ssize_t)result;
+	r->cb->__error_code = result < 0 ? (int)-result : 0;
+	pthread_mutex_lock(&mu);
+	unlink_req(r);
+	if (r->g) {
+		if (result < 0)
+			r->g->failed = true;
+		last = group_put(r->g);
+	}
+	pthread_cond_broadcast(&cond); /* aio_suspend and LIO_WAIT callers */
+	pthread_mutex_unlock(&mu);
+	notify(&r->sev, r->pid);
+	group_notify(last);
+	free(r);
+	errno = saved;
+}
+
+/* Can cb be served at all (a read the cache could take)? */
+static bool candidate(const struct aiocb *cb)
+{
+	return cb && cb->aio_offset >= 0 && cb->aio_buf && kvs_shim_wants(cb->aio_nbytes);
+}
+
+/* Serve cb as a member of g (or alone).  Returns 0 (it is ours until it completes) or -1 (the
+ * caller submits it to glibc; nothing changed). */
+static int serve(struct aiocb *cb, struct group *g)
+{
+	struct req *r;
+
+	setup();
+	r = malloc(sizeof(*r));
+	if (!r)
+		return -1;
+	memset(r, 0, sizeof(*r));
+	r->a.arg = r;
+	r->iov = (struct iovec){(void *)cb->aio_buf, cb->aio_nbytes};
+	r->cb = cb;
+	r->fd = cb->aio_fildes;
+	r->off = cb->aio_offset;
+	r->pid = getpid();
+	r->sev = cb->aio_sigevent;
+	r->g = g;
+	/* In the table before the read starts: it may complete before kvs_shim_read_start
+	 * returns. */
+	cb->__error_code = EINPROGRESS;
+	cb->__return_value = 0;
+	pthread_mutex_lock(&mu);
+	r->next = table[bucket(cb)];
+	table[bucket(cb)] = r;
+	atomic_fetch_add_explicit(&inflight, 1, memory_order_release); /* pairs with busy() */
+	if (g)
+		g->left++;
+	pthread_mutex_unlock(&mu);
+	int rc = kvs_shim_read_start(&r->a, r->fd, &r->iov, 1, r->off, req_done);
+	if (rc == 1)
+		req_done(&r->a, r->a.result); /* a hit, over already: complete it here */
+	if (rc >= 0)
+		return 0;
+	pthread_mutex_lock(&mu);
+	unlink_req(r);
+	if (g)
+		g->left--; /* the caller's hold keeps it above zero */
+	pthread_mutex_unlock(&mu);
+	free(r);
+	return -1;
+}
+
+/* ------------------------------------------------------------------ the hooks */
+
+static int do_read(int v, struct aiocb *cb)
+{
+	if (candidate(cb) && serve(cb, NULL) == 0)
+		return 0;
+	return real_read(v, cb);
+}
+
+KVS_EXPORT int aio_read(struct aiocb *cb)
+{
+	return do_read(0, cb);
+}
+
+KVS_EXPORT int aio_read64(struct aiocb64 *cb)
+{
+	return do_read(1, (struct aiocb *)cb);
+}
+
+/* A write changes the shards it covers: drop them before it is submitted.  (After it lands
+ * nothing is done: glibc completes it on its own thread; see design.md.) */
+static void before_write(const struct aiocb *cb)
+{
+	if (cb && cb->aio_offset >= 0)
+		kvs_shim_invalidate(cb->aio_fildes, cb->aio_offset, cb->aio_nbytes, false, 0);
+}
+
+KVS_EXPORT int aio_write(struct aiocb *cb)
+{
+	before_write(cb);
+	return real_write(0, cb);
+}
+
+KVS_EXPORT int aio_write64(struct aiocb64 *cb)
+{
+	before_write((struct aiocb *)cb);
+	return real_write(1, (struct aiocb *)cb);
+}
+
+static int do_error(int v, const struct aiocb *cb)
+{
+	bool running = false;
+
+	if (cb && busy()) {
+		pthread_mutex_lock(&mu);
+		running = find(cb) != NULL;
+		pthread_mutex_unlock(&mu);
+	}
+	return running ? EINPROGRESS : real_error(v, cb);
+}
+
+KVS_EXPORT int aio_error(const struct aiocb *cb)
+{
+	return do_error(0, cb);
+}
+
+KVS_EXPORT int aio_error64(const struct aiocb64 *cb)
+{
+	return do_error(1, (const struct aiocb *)cb);
+}
+
+/* A completed served aiocb holds its result where glibc's aio_return reads it; a running one
+ * has none yet (POSIX leaves the value undefined): -1, EINPROGRESS. */
+static ssize_t do_return(int v, struct aiocb *cb)
+{
+	bool running = false;
+
+	if (cb && busy()) {
+		pthread_mutex_lock(&mu);
+		running = find(cb) != NULL;
+		pthread_mutex_unlock(&mu);
+	}
+	if (running) {
+		errno = EINPROGRESS;
+		return -1;
+	}
+	return real_return(v, cb);
+}
+
+KVS_EXPORT ssize_t aio_return(struct aiocb *cb)
+{
+	return do_return(0, cb);
+}
+
+KVS_EXPORT ssize_t aio_return64(struct aiocb64 *cb)
+{
+	return do_return(1, (struct aiocb *)cb);
+}
+
+static uint64_t now_ns(void)
+{
+	struct timespec ts;
+
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
+}
+
+static struct timespec ns_ts(uint64_t ns)
+{
+	return (struct timespec){(time_t)(ns / 1000000000ull), (long)(ns % 1000000000ull)};
+}
+
+#define SLICE_NS 500000ull /* a mixed aio_suspend alternates glibc's wait and ours */
+#define SPINS	 20	   /* yields before the first sleep on cond */
+
+/*
+ * aio_suspend over served and glibc's aiocbs.  With no served one running in the list, it is
+ * glibc's call (with the aiocbs not ours, which are all of them).  Otherwise: 0 as soon as a
+ * listed served one is no longer in the table; served only: wait on cond until the deadline;
+ * mixed: glibc's aio_suspend on its aiocbs for a slice, then cond for a slice.  A signal ends
+ * glibc's slices with EINTR, which is returned; our waits on cond do not see signals.
+ */
+static int do_suspend(int v, const struct aiocb *const list[], int nent,
+		      const struct timespec *timeout)
+{
+	const struct aiocb **rest;
+	uint64_t deadline = UINT64_MAX;
+	int ret = -1, err = EAGAIN, spins = 0;
+
+	if (!busy() || !list || nent <= 0 ||
+	    (timeout && (timeout->tv_nsec < 0 || timeout->tv_nsec >= 1000000000L)))
+		return real_suspend(v, list, nent, timeout);
+	rest = malloc((size_t)nent * sizeof(*rest));
+	if (!rest)
+		return real_suspend(v, list, nent, timeout);
+	if (timeout)
+		deadline = now_ns() + (uint64_t)timeout->tv_sec * 1000000000ull +
+			   (uint64_t)timeout->tv_nsec;
+	for (;;) {
+		int nreal = 0, served = 0;
+
+		pthread_mutex_lock(&mu);
+		for (int i = 0; i < nent; i++) {
+			if (!list[i])
+				continue;
+			if (find(list[i]))
+				served++;
+			else
+				rest[nreal++] = list[i];
+		}
+		if (served == 0) {
+			pthread_mutex_unlock(&mu);
+			struct timespec left, *tp = NULL;
+			if (timeout) {
+				uint64_t t = now_ns();
+				left = ns_ts(deadline > t ? deadline - t : 0);
+				tp = &left;
+			}
+			/* A served one that completed meanwhile is now glibc-like: 0 at once. */
+			ret = real_suspend(v, rest, nreal, tp);
+			err = errno;
+			break;
+		}
+		uint64_t t = now_ns();
+		if (t >= deadline) {
+			pthread_mutex_unlock(&mu);
+			break;
+		}
+		if (spins++ < SPINS) {
+			/* A hit completes within microseconds: yield rather than sleep, which
+			 * saves the futex wake-up on the completion thread's side. */
+			pthread_mutex_unlock(&mu);
+			sched_yield();
+			continue;
+		}
+		uint64_t until = nreal ? t + SLICE_NS : deadline;
+		if (until > deadline)
+			until = deadline;
+		struct timespec abs = ns_ts(until == UINT64_MAX ? t + 3600000000000ull : until);
+		pthread_cond_timedwait(&cond, &mu, &abs);
+		pthread_mutex_unlock(&mu); /* a served completion is seen at the top */
+		if (nreal) {
+			t = now_ns();
+			struct timespec slice =
+			    ns_ts(deadline - t < SLICE_NS ? deadline - t : SLICE_NS);
+			if (t < deadline && real_suspend(v, rest, nreal, &slice) == 0) {
+				ret = 0;
+				break;
+			}
+			if (t < deadline && errno != EAGAIN) {
+				err = errno;
+				break;
+			}
+		}
+	}
+	free(rest);
+	if (ret)
+		errno = err;
+	return ret;
+}
+
+KVS_EXPORT int aio_suspend(const struct aiocb *const list[], int nent,
+			   const struct timespec *timeout)
+{
+	return do_suspend(0, list, nent, timeout);
+}
+
+KVS_EXPORT int aio_suspend64(const struct aiocb64 *const list[], int nent,
+			     const struct timespec *timeout)
+{
+	return do_suspend(1, (const struct aiocb *const *)list, nent, timeout);
+}
+
+/* A served read cannot be cancelled (it is a copy from memory, done soon): AIO_NOTCANCELED
+ * while it runs; once done it is glibc-like (AIO_ALLDONE from glibc). */
+static int do_cancel(int v, int fd, struct aiocb *cb)
+{
+	bool running = false;
+	int ret;
+
+	if (!busy())
+		return real_cancel(v, fd, cb);
+	if (cb) {
+		pthread_mutex_lock(&mu);
+		running = find(cb) != NULL;
+		pthread_mutex_unlock(&mu);
+		if (!running)
+			return real_cancel(v, fd, cb);
+		if (fcntl(fd, F_GETFL) < 0) {
+			errno = EBADF;
+			return -1;
+		}
+		if (cb->aio_fildes != fd) {
+			errno = EINVAL;
+			return -1;
+		}
+		return AIO_NOTCANCELED;
+	}
+	ret = real_cancel(v, fd, NULL);
+	if (ret == -1)
+		return -1;
+	pthread_mutex_lock(&mu);
+	for (int b = 0; b < NBUCKETS && !running; b++)
+		for (struct req *r = table[b]; r && !running; r = r->next)
+			running = r->fd == fd;
+	pthread_mutex_unlock(&mu);
+	return running ? AIO_NOTCANCELED : ret;
+}
+
+KVS_EXPORT int aio_cancel(int fd, struct aiocb *cb)
+{
+	return do_cancel(0, fd, cb);
+}
+
+KVS_EXPORT int aio_cancel64(int fd, struct aiocb64 *cb)
+{
+	return do_cancel(1, fd, (struct aiocb *)cb);
+}
+
+/*
+ * lio_listio: see the top of the file.  Entries' own sigevents are honoured (glibc 2.4 and
+ * later do: individual events as well as the list's).  LIO_WAIT returns -1 with the real
+ * call's errno when it failed (EINTR, EAGAIN, EIO), else -1 EIO when a served entry failed;
+ * either way only once the served entries are over.
+ */
+static int do_lio(int v, int mode, struct aiocb *const list[], int nent, struct sigevent *sig)
+{
+	struct aiocb **rest = NULL;
+	struct group *g = NULL, *last;
+	int nrest = 0, ret = 0, err = 0, i;
+	bool any = false;
+
+	if ((mode != LIO_WAIT && mode != LIO_NOWAIT) || !list || nent <= 0)
+		return real_lio(v, mode, list, nent, sig);
+	for (i = 0; i < nent && !any; i++)
+		any = list[i] && list[i]->aio_lio_opcode == LIO_READ && candidate(list[i]);
+	if (any) {
+		rest = malloc((size_t)nent * sizeof(*rest));
+		g = calloc(1, sizeof(*g));
+	}
+	if (!rest || !g) {
+		/* Nothing to serve (or no memory to): glibc's call, after the invalidations. */
+		free(rest);
+		free(g);
+		for (i = 0; i < nent; i++)
+			if (list[i] && list[i]->aio_lio_opcode == LIO_WRITE)
+				before_write(list[i]);
+		return real_lio(v, mode, list, nent, sig);
+	}
+	g->left = 1; /* the caller's hold */
+	g->pid = getpid();
+	if (mode == LIO_NOWAIT && sig && sig->sigev_notify != SIGEV_NONE) {
+		g->notify = true;
+		g->sev = *sig;
+	}
+	struct group *member = mode == LIO_WAIT || g->notify ? g : NULL;
+	for (i = 0; i < nent; i++) {
+		struct aiocb *cb = list[i];
+
+		if (!cb)
+			continue;
+		if (cb->aio_lio_opcode == LIO_READ && candidate(cb) && serve(cb, member) == 0)
+			continue;
+		if (cb->aio_lio_opcode == LIO_WRITE)
+			before_write(cb);
+		rest[nrest++] = cb;
+	}
+	if (nrest) {
+		if (mode == LIO_WAIT) {
+			ret = real_lio(v, LIO_WAIT, rest, nrest, NULL);
+		} else if (g->notify) {
+			struct sigevent s;
+
+			memset(&s, 0, sizeof(s));
+			s.sigev_notify = SIGEV_THREAD;
+			s.sigev_notify_function = real_part_done;
+			s.sigev_value.sival_ptr = g;
+			pthread_mutex_lock(&mu);
+			g->left++; /* dropped by real_part_done: glibc notifies in every case but
+				      running out of memory for its list, where it notifies nobody
+				    */
+			pthread_mutex_unlock(&mu);
+			ret = real_lio(v, LIO_NOWAIT, rest, nrest, &s);
+		} else {
+			ret = real_lio(v, LIO_NOWAIT, rest, nrest, NULL);
+		}
+		err = errno;
+	}
+	bool notify_last = g->notify; /* g may be freed by another thread once we drop our hold */
+
+	pthread_mutex_lock(&mu);
+	if (mode == LIO_WAIT) {
+		g->left--; /* our hold; the served entries drop the rest */
+		while (g->left)
+			pthread_cond_wait(&cond, &mu);
+		if (ret == 0 && g->failed) {
+			ret = -1;
+			err = EIO;
+		}
+		last = g; /* ours to free */
+	} else {
+		last = group_put(g);
+		if (!notify_last)
+			last = g; /* no member refers to it */
+	}
+	pthread_mutex_unlock(&mu);
+	if (mode == LIO_WAIT || !notify_last)
+		free(last);
+	else
+		group_notify(last);
+	free(rest);
+	if (ret)
+		errno = err;
+	return ret;
+}
+
+KVS_EXPORT int lio_listio(int mode, struct aiocb *const list[], int nent, struct sigevent *sig)
+{
+	return do_lio(0, mode, list, nent, sig);
+}
+
+KVS_EXPORT int lio_listio64(int mode, struct aiocb64 *const list[], int nent, struct sigevent *sig)
+{
+	return do_lio(1, mode, (struct aiocb *const *)list, nent, sig);
+}
