@@ -457,6 +457,26 @@ refused:
 
 /* ------------------------------------------------------------------ the calls */
 
+/* A write to a KV file changes what the cache holds: drop the shards it covers before the
+ * kernel has it (the file's new times then keep the rest from being served stale). */
+static void invalidate_write(const struct iocb *cb)
+{
+	size_t len = 0;
+
+	if (!cb || (int64_t)cb->aio_offset < 0)
+		return;
+	if (cb->aio_lio_opcode == IOCB_CMD_PWRITE) {
+		len = (size_t)cb->aio_nbytes;
+	} else if (cb->aio_lio_opcode == IOCB_CMD_PWRITEV) {
+		const struct iovec *v = (const struct iovec *)(uintptr_t)cb->aio_buf;
+
+		for (uint64_t k = 0; v && k < cb->aio_nbytes && k < IOV_MAX; k++)
+			len += v[k].iov_len;
+	}
+	if (len)
+		kvs_shim_invalidate((int)cb->aio_fildes, (off_t)cb->aio_offset, len, false, 0);
+}
+
 static long do_submit(enum via v, aio_context_t ctx, long nr, struct iocb **p)
 {
 	struct kctx *c;
@@ -475,6 +495,8 @@ static long do_submit(enum via v, aio_context_t ctx, long nr, struct iocb **p)
 
 		while (j < nr && !candidate(p[j]))
 			j++;
+		for (long k = i; k < j; k++)
+			invalidate_write(p[k]);
 		n = k_submit(v, ctx, j - i, p + i);
 		if (n < 0)
 			return i ? i : n;

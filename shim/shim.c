@@ -414,10 +414,7 @@ ssize_t kvs_shim_read(int fd, const struct iovec *iov, int iovcnt, off_t off, bo
 			 "a buffered read of a KV file (no O_DIRECT, files.buffered = false)");
 		goto out;
 	}
-	if (!buffers_writable(iov, iovcnt) || !attach())
-		goto out;
-	anchor = kvs_fdinfo_anchor(fd, &fi);
-	if (anchor < 0)
+	if (!buffers_writable(iov, iovcnt))
 		goto out;
 	if (use_pos) {
 		pos_lock = &pos_mu[(fi.ino ^ fi.dev * 31) % POS_LOCKS];
@@ -433,6 +430,12 @@ ssize_t kvs_shim_read(int fd, const struct iovec *iov, int iovcnt, off_t off, bo
 			 "an O_DIRECT read of a KV file not aligned as O_DIRECT needs");
 		goto out;
 	}
+	/* Lock order: a position lock before attach_mu; attach never takes a position lock. */
+	if (!attach())
+		goto out;
+	anchor = kvs_fdinfo_anchor(fd, &fi);
+	if (anchor < 0)
+		goto out;
 	/* The kernel moves at most MAX_RW_COUNT bytes in one call, whatever was asked. */
 	if (len > KVS_MAX_RW_COUNT)
 		len = KVS_MAX_RW_COUNT;
