@@ -116,8 +116,8 @@ void kvs_populate_start(struct kvs_cache *c);
 int kvs_populate_range(int fd, char *base, uint64_t off, uint64_t len);
 bool kvs_populate_has_room(int fd, uint64_t len, uint64_t headroom);
 const char *kvs_populate_reason(uint32_t why, int32_t err);
-/* Tests only: behave as a kernel without MADV_POPULATE_WRITE (before 5.14) does. */
-extern bool kvs_populate_test_no_madvise;
+/* Tests only: behave as a file system without fallocate (populate with MADV_POPULATE_WRITE). */
+extern bool kvs_populate_test_no_fallocate;
 
 /* region.c, tests only: behave as a file system without O_TMPFILE (publish under a random
  * name instead). */

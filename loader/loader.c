@@ -148,6 +148,7 @@ static void owner_read_done(struct kvs_bio *bio)
 	struct kvs_cache *c = bio->arg;
 
 	kvs_cache_count(c, KVS_CTR_backend_reads, 1);
+	kvs_cache_count(c, KVS_CTR_storage_ns, kvs_mono_ns() - op->t_submit);
 	if (bio->result >= (int64_t)op->size) {
 		const struct kvs_read *rd = op->rd;
 
@@ -191,6 +192,7 @@ static void submit_owned(struct kvs_loader *ld, const struct kvs_read *rd, struc
 	bio->done = owner_read_done;
 	bio->arg = ld->c;
 	store_relaxed(&op->io_done, 0);
+	op->t_submit = kvs_mono_ns();
 	kvs_backend_submit(ld->be, bio);
 }
 
@@ -268,7 +270,9 @@ static bool copy_pinned(struct kvs_loader *ld, const struct kvs_read *rd, struct
 		kvs_cache_release(c, &op->pin);
 		return false;
 	}
+	uint64_t t0 = kvs_mono_ns();
 	int r = copy_to(ld, rd, op->pos, (char *)kvs_cache_data(c, &op->pin) + op->from, op->len);
+	kvs_cache_count(c, KVS_CTR_copy_ns, kvs_mono_ns() - t0);
 	if (r == 0)
 		kvs_cache_count(c, KVS_CTR_copy_bytes, op->len);
 	else
@@ -280,6 +284,31 @@ static bool copy_pinned(struct kvs_loader *ld, const struct kvs_read *rd, struct
 		op->kind = OP_COPIED; /* the fence releases it: the copy may still read the slot */
 	}
 	return r == 0;
+}
+
+/* Pin op's shard to load it, and start its storage read when the pin makes us its owner.
+ * Sets op->kind; returns kvs_cache_pin's result. */
+static int pin_for_load(struct kvs_loader *ld, const struct kvs_read *rd, struct kvs_op *op)
+{
+	struct kvs_key key = shard_key(&rd->block, op->shard);
+	int st = kvs_cache_lookup(ld->c, &key);
+
+	/* Claim a shard only when we can read it now: an owner whose read waits behind its own
+	 * queue would hold up every rank waiting for it, while another rank with room could have
+	 * loaded it.  Shards others already load are pinned without waiting. */
+	if (st != KVS_SLOT_READY && st != KVS_SLOT_LOADING)
+		kvs_backend_wait_room(ld->be);
+	uint64_t t0 = kvs_mono_ns();
+	int r = kvs_cache_pin(ld->c, &key, KVS_ALLOC_LOAD, &op->pin);
+
+	kvs_cache_count(ld->c, KVS_CTR_pin_ns, kvs_mono_ns() - t0);
+	op->kind = r == KVS_PIN_HIT	? OP_HIT
+		   : r == KVS_PIN_OWNER ? OP_OWNER
+		   : r == KVS_PIN_WAIT	? OP_WAIT
+					: OP_SELF;
+	if (op->kind == OP_OWNER)
+		submit_owned(ld, rd, op);
+	return r;
 }
 
 /* The first half of a piece, on the calling thread: serve what is READY now, then pin the rest
@@ -315,22 +344,7 @@ static bool submit_piece(struct kvs_loader *ld, struct kvs_task *t)
 
 		if (op->kind != OP_NONE)
 			continue;
-		struct kvs_key key = shard_key(&rd->block, op->shard);
-		int st = kvs_cache_lookup(ld->c, &key);
-
-		/* Claim a shard only when we can read it now: an owner whose read waits behind its
-		 * own queue would hold up every rank waiting for it, while another rank with room
-		 * could have loaded it.  Shards others already load are pinned without waiting. */
-		if (st != KVS_SLOT_READY && st != KVS_SLOT_LOADING)
-			kvs_backend_wait_room(ld->be);
-		int r = kvs_cache_pin(ld->c, &key, KVS_ALLOC_LOAD, &op->pin);
-
-		op->kind = r == KVS_PIN_HIT	? OP_HIT
-			   : r == KVS_PIN_OWNER ? OP_OWNER
-			   : r == KVS_PIN_WAIT	? OP_WAIT
-						: OP_SELF;
-		if (op->kind == OP_OWNER)
-			submit_owned(ld, rd, op);
+		pin_for_load(ld, rd, op);
 	}
 	kvs_prefetch_note(&ld->pf, rd, t->ops[t->nops - 1].shard);
 	kvs_cache_reap_maybe(ld->c); /* dead ranks' pins come back while we are busy */
@@ -621,19 +635,8 @@ int kvs_loader_pin(struct kvs_loader *ld, struct kvs_task *t, const struct kvs_r
 	order_ops(ld, t);
 	for (uint32_t k = 0; k < t->nops; k++) {
 		struct kvs_op *op = &t->ops[t->order[k]];
-		struct kvs_key key = shard_key(&rd->block, op->shard);
-		int st = kvs_cache_lookup(ld->c, &key);
+		int r = pin_for_load(ld, rd, op);
 
-		if (st != KVS_SLOT_READY && st != KVS_SLOT_LOADING)
-			kvs_backend_wait_room(ld->be);
-		int r = kvs_cache_pin(ld->c, &key, KVS_ALLOC_LOAD, &op->pin);
-
-		op->kind = r == KVS_PIN_HIT	? OP_HIT
-			   : r == KVS_PIN_OWNER ? OP_OWNER
-			   : r == KVS_PIN_WAIT	? OP_WAIT
-						: OP_SELF;
-		if (op->kind == OP_OWNER)
-			submit_owned(ld, rd, op);
 		if (op->kind == OP_SELF) {
 			kvs_loader_unpin(ld, t);
 			return r < 0 ? r : -ENOSPC;

@@ -70,6 +70,7 @@ struct kvs_op {
 	struct kvs_bio bio;
 	const struct kvs_read *rd;
 	_Atomic uint32_t io_done; /* owner: the backend is finished with bio and the op */
+	uint64_t t_submit;	  /* owner: when its storage read was submitted (storage_ns) */
 };
 
 /* A read in progress: storage the caller provides (on its stack, or with the request it

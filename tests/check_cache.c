@@ -1017,14 +1017,14 @@ START_TEST(test_shm_fills_up_later)
 }
 END_TEST
 
-/* On kernels without MADV_POPULATE_WRITE the fallback (fallocate) must work too. */
-START_TEST(test_populate_without_madvise)
+/* On a file system without fallocate the fallback (MADV_POPULATE_WRITE) must work too. */
+START_TEST(test_populate_without_fallocate)
 {
 	struct kvs_config cfg;
 	struct kvs_pin p;
 	struct kvs_key k = key_of(3, 3);
 
-	kvs_populate_test_no_madvise = true;
+	kvs_populate_test_no_fallocate = true;
 	test_config(&cfg, 64, 4096);
 	struct kvs_cache *c = open_ok(&cfg);
 	ck_assert_int_eq(kvs_cache_pin(c, &k, KVS_ALLOC_LOAD, &p), KVS_PIN_OWNER);
@@ -1033,7 +1033,7 @@ START_TEST(test_populate_without_madvise)
 	kvs_cache_release(c, &p);
 	kvs_cache_close(c);
 	remove_region(&cfg);
-	kvs_populate_test_no_madvise = false;
+	kvs_populate_test_no_fallocate = false;
 }
 END_TEST
 
@@ -1756,7 +1756,7 @@ static Suite *cache_suite(void)
 	tcase_add_test(limits, test_populate_full_tmpfs);
 	tcase_add_test(limits, test_region_too_big_for_shm);
 	tcase_add_test(limits, test_shm_fills_up_later);
-	tcase_add_test(limits, test_populate_without_madvise);
+	tcase_add_test(limits, test_populate_without_fallocate);
 	tcase_add_test(crash, test_fork_child_drops_walker);
 	tcase_add_test(conc, test_one_owner_per_key);
 	tcase_add_test(conc, test_failure_reaches_waiters);
