@@ -272,6 +272,34 @@ struct kvs_proc_info {
 int kvs_cache_stat(struct kvs_cache *c, struct kvs_region_info *info, struct kvs_counters *totals,
 		   struct kvs_proc_info *procs, int nprocs);
 
+/* What a look at one object in /dev/shm found (kvs_cache_peek), for `kvshim ls`. */
+enum kvs_peek_state {
+	KVS_PEEK_OK = 0,	 /* a region of this layout */
+	KVS_PEEK_LAYOUT = 1,	 /* a region of another layout version or header size */
+	KVS_PEEK_NOT_REGION = 2, /* not a regular file, or no region's magic */
+	KVS_PEEK_FOREIGN = 3,	 /* owned by another uid: not opened */
+	KVS_PEEK_UNTRUSTED = 4,	 /* ours, but a second link or a mode wider than cache.mode */
+};
+struct kvs_peek {
+	enum kvs_peek_state state;
+	char why[96];	     /* what is wrong, for every state but OK */
+	uint32_t uid;	     /* owner */
+	uint64_t size;	     /* st_size */
+	uint64_t created_ns; /* from the header (OK), else st_ctim */
+	int live;	     /* processes holding a liveness lock (OK, LAYOUT), else -1 */
+	uint64_t capacity_bytes, shard_size, refused_attaches; /* OK only */
+	uint32_t slots;					       /* OK only */
+	char built_by[33];				       /* OK only, else "" */
+};
+
+/*
+ * Look at the object at path without blocking and without trusting it more than attach would:
+ * lstat first; only what kvs_cache_distrust accepts under mode is opened (with
+ * kvs_cache_open_file, read-only), its header read and its liveness locks counted.  Returns
+ * 0 with *out filled, -ENOENT when nothing is there, or -errno.
+ */
+int kvs_cache_peek(const char *path, uint32_t mode, struct kvs_peek *out);
+
 /* Processes holding a liveness lock on the region at path, or -errno.  It opens path
  * without the checks of kvs_cache_open_file: pass "/proc/self/fd/N" of a descriptor that
  * kvs_cache_open_file returned. */
