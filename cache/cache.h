@@ -88,11 +88,16 @@ enum kvs_open_flags {
  * used only if kvs_cache_open_file trusts it.  A region is built only if it fits in the free
  * space of /dev/shm less cfg->cache_shm_headroom; with cache_capacity 0 (auto) it is built as
  * large as fits, and an existing region is taken with the slot count it has.
+ * A region refused for its dimensions counts the refusal in its header (refused_attaches), when
+ * it is of this layout.  With KVS_OPEN_CREATE and cfg->cache_on_mismatch = rebuild, such a
+ * region is replaced by one built for cfg instead, if no live process is attached to it.
  * Errors: -ENOENT (absent, no CREATE), -EPERM (an object at the path that is not trusted: msg
  * says what it is), -ENOSPC (does not fit: msg gives the sizes and the fixes), -EPROTO (magic,
- * layout or a dimension differs from cfg, or truncated: msg says which), -EUSERS (process table
- * full), -EUCLEAN (the process table's lock is stuck), -ENOMEM, or any errno of open/mmap/fcntl.
- * msg (may be NULL) receives a one-line reason on failure.
+ * layout or a dimension differs from cfg, or truncated: msg says which; with rebuild, also
+ * while processes are attached to it), -EUSERS (process table full), -EUCLEAN (the process
+ * table's lock is stuck), -ENOMEM, or any errno of open/mmap/fcntl.
+ * msg (may be NULL) receives a one-line reason on failure; on success it is "", unless a
+ * region was replaced (rebuild): then it says which and why, for the caller to log once.
  */
 int kvs_cache_open(const struct kvs_config *cfg, int flags, struct kvs_cache **out, char *msg,
 		   size_t msglen);
@@ -249,6 +254,9 @@ struct kvs_region_info {
 	uint64_t shm_free_bytes;     /* free bytes of the file system holding the region */
 	bool procs_unlocked;	     /* proc_lock was stuck: the process figures were read
 				      * without it (a fold in progress may count twice) */
+	uint64_t refused_attaches;   /* attaches refused for the region's dimensions */
+	uint64_t created_ns;	     /* CLOCK_REALTIME when the region was built */
+	char built_by[33];	     /* the version of kvshim that built it */
 };
 struct kvs_proc_info {
 	int32_t pid;
@@ -263,6 +271,34 @@ struct kvs_proc_info {
  * read without it and info->procs_unlocked says so. */
 int kvs_cache_stat(struct kvs_cache *c, struct kvs_region_info *info, struct kvs_counters *totals,
 		   struct kvs_proc_info *procs, int nprocs);
+
+/* What a look at one object in /dev/shm found (kvs_cache_peek), for `kvshim ls`. */
+enum kvs_peek_state {
+	KVS_PEEK_OK = 0,	 /* a region of this layout */
+	KVS_PEEK_LAYOUT = 1,	 /* a region of another layout version or header size */
+	KVS_PEEK_NOT_REGION = 2, /* not a regular file, or no region's magic */
+	KVS_PEEK_FOREIGN = 3,	 /* owned by another uid: not opened */
+	KVS_PEEK_UNTRUSTED = 4,	 /* ours, but a second link or a mode wider than cache.mode */
+};
+struct kvs_peek {
+	enum kvs_peek_state state;
+	char why[96];	     /* what is wrong, for every state but OK */
+	uint32_t uid;	     /* owner */
+	uint64_t size;	     /* st_size */
+	uint64_t created_ns; /* from the header (OK), else st_ctim */
+	int live;	     /* processes holding a liveness lock (OK, LAYOUT), else -1 */
+	uint64_t capacity_bytes, shard_size, refused_attaches; /* OK only */
+	uint32_t slots;					       /* OK only */
+	char built_by[33];				       /* OK only, else "" */
+};
+
+/*
+ * Look at the object at path without blocking and without trusting it more than attach would:
+ * lstat first; only what kvs_cache_distrust accepts under mode is opened (with
+ * kvs_cache_open_file, read-only), its header read and its liveness locks counted.  Returns
+ * 0 with *out filled, -ENOENT when nothing is there, or -errno.
+ */
+int kvs_cache_peek(const char *path, uint32_t mode, struct kvs_peek *out);
 
 /* Processes holding a liveness lock on the region at path, or -errno.  It opens path
  * without the checks of kvs_cache_open_file: pass "/proc/self/fd/N" of a descriptor that

@@ -23,6 +23,7 @@
 #define KVS_PINS_PER_PROC  1024u /* power of two */
 #define KVS_MAX_STRIPES	   1024u
 #define KVS_POPULATE_BYTE  8192u /* OFD lock byte of the populating process (past the table) */
+#define KVS_BUILT_BY_MAX   32u	 /* bytes of hdr.built_by, NUL-padded (not always terminated) */
 
 /* slot.pages: a slot's data pages are allocated before the slot is first used, so that no
  * process ever touches a page /dev/shm cannot back (which would be a SIGBUS in an engine). */
@@ -82,6 +83,13 @@ struct kvs_hdr {
 	pthread_mutex_t proc_lock;
 	uint8_t pad4[KVS_CACHELINE - sizeof(pthread_mutex_t)];
 	_Atomic uint64_t totals[KVS_NCOUNTERS];
+	/* Line 9: the region's history.  refused_attaches: fetch-added (relaxed) by a process of
+	 * this euid whose configuration the region's geometry did not match (region.c), never
+	 * locked; read for `kvshim stat` and `kvshim ls` only.  built_by: KVS_VERSION of the
+	 * creator, truncated and NUL-padded, written before publication, then read-only. */
+	_Alignas(KVS_CACHELINE) _Atomic uint64_t refused_attaches;
+	char built_by[KVS_BUILT_BY_MAX];
+	uint8_t pad9[KVS_CACHELINE - 8 - KVS_BUILT_BY_MAX];
 };
 
 struct kvs_proc {
@@ -127,6 +135,9 @@ _Static_assert(offsetof(struct kvs_hdr, rhand) == 192, "rhand on line 3");
 _Static_assert(offsetof(struct kvs_hdr, populated) == 256, "populated on line 4");
 _Static_assert(offsetof(struct kvs_hdr, proc_lock) == 320, "proc_lock on line 5");
 _Static_assert(offsetof(struct kvs_hdr, totals) == 384, "totals on line 6");
+_Static_assert(offsetof(struct kvs_hdr, refused_attaches) == 576, "history on line 9");
+_Static_assert(offsetof(struct kvs_hdr, built_by) == 584, "built_by after refused_attaches");
+_Static_assert(sizeof(struct kvs_hdr) == 640, "header of ten lines");
 _Static_assert(sizeof(pthread_mutex_t) <= KVS_CACHELINE, "mutex fits a line");
 _Static_assert(offsetof(struct kvs_proc, ctr) == 64, "counters on line 1");
 _Static_assert(offsetof(struct kvs_proc, pin) == 256, "pins after counters");

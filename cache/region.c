@@ -29,9 +29,22 @@
  * checks that the region fits in the file system's free space less cache.shm_headroom (or,
  * with cache.capacity = auto, shrinks it to fit).  Attachers check magic, layout version and
  * every dimension against their own configuration (with capacity = auto, against the region's
- * own slot count).  Every index read from shared memory is checked against its bound before
- * use; a chain walk stops after nslots steps.  Corruption yields -EUCLEAN, never an access out
- * of bounds.
+ * own slot count).
+ *
+ * Mismatch.  A process that refuses a region of this layout for its geometry adds one to
+ * hdr.refused_attaches (relaxed fetch-add, through a mapping of the header alone): it may,
+ * since kvs_cache_open_file opened the file read-write only because it is ours.  A file of
+ * another layout is not written (the field may be elsewhere); that refusal is only reported.
+ * With cache.on_mismatch = rebuild, a creating attacher instead replaces the region, if no
+ * live process is attached to it (the liveness locks `kvshim reset` counts): it takes
+ * flock(LOCK_EX | LOCK_NB) on the old file, so two rebuilders do not both replace it (the
+ * loser attaches again and finds the winner's region), checks that the path still names that
+ * file, builds the new region unnamed as above, links it to a random name and renames that
+ * over the path.  A process of the old configuration that attaches to the old file between
+ * the liveness check and the rename keeps that file, now nameless, until it detaches, as
+ * after `kvshim reset --force`.  Every index read from shared memory is checked against its bound
+ * before use; a chain walk stops after nslots steps.  Corruption yields -EUCLEAN, never an access
+ * out of bounds.
  *
  * Slots.  A slot caches one (block, shard).  Its 32-bit state word (alone on its cache line)
  * is FREE, CLAIMED (by process p, encoded in the word), LOADING, READY or FAILED, plus a
@@ -98,6 +111,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/file.h>
 #include <sys/mman.h>
 #include <sys/random.h>
 #include <sys/stat.h>
@@ -344,6 +358,9 @@ static int build(struct kvs_cache *c, const struct dims *d, const struct kvs_con
 	h->off_access = d->off_access;
 	h->off_data = d->off_data;
 	h->created_ns = now_ns();
+	/* NUL-padded: the file is zero from ftruncate; a longer version is cut to the field. */
+	size_t vlen = strlen(KVS_VERSION);
+	memcpy(h->built_by, KVS_VERSION, vlen < sizeof(h->built_by) ? vlen : sizeof(h->built_by));
 	r = kvs_mutex_init_shared(&h->proc_lock);
 	if (r)
 		return r;
@@ -434,11 +451,12 @@ static const char *human(uint64_t v, char *buf, size_t len)
 
 /*
  * Check that a region of d's size fits in the free space of the file system of dirfd less
- * cache.shm_headroom, or (cache.capacity = auto) set d to the most slots that fit.  Returns 0,
- * or -ENOSPC with one line in msg.
+ * cache.shm_headroom, or (cache.capacity = auto) set d to the most slots that fit.  reclaim:
+ * bytes that the build frees (the region it replaces), counted as free.  Returns 0, or -ENOSPC
+ * with one line in msg.
  */
-static int fit(int dirfd, struct dims *d, const struct kvs_config *cfg, const char *path, char *msg,
-	       size_t msglen)
+static int fit(int dirfd, struct dims *d, const struct kvs_config *cfg, uint64_t reclaim,
+	       const char *path, char *msg, size_t msglen)
 {
 	uint64_t shard = cfg->cache_shard_size, free_b, room, n;
 	char a[32], b[32], h[32];
@@ -451,7 +469,7 @@ static int fit(int dirfd, struct dims *d, const struct kvs_config *cfg, const ch
 			 strerror(-r));
 		return r;
 	}
-	free_b = (uint64_t)sv.f_bavail * sv.f_frsize;
+	free_b = (uint64_t)sv.f_bavail * sv.f_frsize + reclaim;
 	room = free_b > cfg->cache_shm_headroom ? free_b - cfg->cache_shm_headroom : 0;
 	human(free_b, b, sizeof(b));
 	human(cfg->cache_shm_headroom, h, sizeof(h));
@@ -510,12 +528,35 @@ static int open_unnamed(int dirfd, const char *path, char *name, size_t namelen)
 	return fd;
 }
 
-/* Give the built file fd (named name, or unnamed if name is "") the region's path, never
- * replacing what is there.  0, -EEXIST when another creator won, or -errno. */
-static int publish(int fd, const char *name, const char *path)
+/* Give the built file fd (named name, or unnamed if name is "") the region's path, replacing
+ * what is there only if replace (cache.on_mismatch = rebuild; the caller checked what it
+ * replaces).  0, -EEXIST when another creator won, or -errno. */
+static int publish(int fd, const char *name, const char *path, bool replace)
 {
-	char self[32];
+	char self[32], tmp[300];
+	unsigned char rnd[8];
+	int n;
 
+	if (replace) {
+		if (*name) /* a named build: rename it over the region */
+			return rename(name, path) ? -errno : 0;
+		/* Unnamed: a name of its own first, which rename then moves over the region. */
+		if (getrandom(rnd, sizeof(rnd), 0) != (ssize_t)sizeof(rnd))
+			return -EAGAIN;
+		n = snprintf(tmp, sizeof(tmp), "%s.build.%d.", path, (int)getpid());
+		for (size_t i = 0; i < sizeof(rnd) && n > 0 && (size_t)n + 2 < sizeof(tmp); i++)
+			n += snprintf(tmp + n, sizeof(tmp) - (size_t)n, "%02x", rnd[i]);
+		snprintf(self, sizeof(self), "/proc/self/fd/%d", fd);
+		if (linkat(AT_FDCWD, self, AT_FDCWD, tmp, AT_SYMLINK_FOLLOW) < 0)
+			return -errno;
+		if (rename(tmp, path) < 0) {
+			int r = -errno;
+
+			unlink(tmp);
+			return r;
+		}
+		return 0;
+	}
 	if (!*name) {
 		snprintf(self, sizeof(self), "/proc/self/fd/%d", fd);
 		return linkat(AT_FDCWD, self, AT_FDCWD, path, AT_SYMLINK_FOLLOW) ? -errno : 0;
@@ -532,11 +573,11 @@ static int publish(int fd, const char *name, const char *path)
 	return 0;
 }
 
-/* Build the region (sized by fit(), which may change d) and publish it.  Returns the
- * descriptor of the published region, -EEXIST when another process published first, or
- * -errno. */
-static int create(struct kvs_cache *c, struct dims *d, const struct kvs_config *cfg, char *msg,
-		  size_t msglen)
+/* Build the region (sized by fit(), which may change d) and publish it; with replace, over
+ * the region there, whose reclaim bytes it frees.  Returns the descriptor of the published
+ * region, -EEXIST when another process published first, or -errno. */
+static int create(struct kvs_cache *c, struct dims *d, const struct kvs_config *cfg, bool replace,
+		  uint64_t reclaim, char *msg, size_t msglen)
 {
 	char dir[sizeof(c->path)], name[sizeof(c->path) + 64];
 	const char *slash = strrchr(c->path, '/');
@@ -551,7 +592,7 @@ static int create(struct kvs_cache *c, struct dims *d, const struct kvs_config *
 		snprintf(msg, msglen, "cannot open %s: %s", dir, strerror(-r));
 		return r;
 	}
-	r = fit(dirfd, d, cfg, c->path, msg, msglen);
+	r = fit(dirfd, d, cfg, reclaim, c->path, msg, msglen);
 	if (r)
 		goto out_dir;
 	fd = open_unnamed(dirfd, c->path, name, sizeof(name));
@@ -586,7 +627,7 @@ static int create(struct kvs_cache *c, struct dims *d, const struct kvs_config *
 		snprintf(msg, msglen, "cannot initialise %s: %s", c->path, strerror(-r));
 		goto err_unmap;
 	}
-	r = publish(fd, name, c->path);
+	r = publish(fd, name, c->path, replace);
 	if (r) {
 		if (r != -EEXIST)
 			snprintf(msg, msglen, "cannot publish %s: %s", c->path, strerror(-r));
@@ -675,8 +716,99 @@ err_unmap:
 	munmap(c->base, c->map_len);
 	c->base = NULL;
 err_close:
-	close(c->fd);
+	/* A refused region is kept open for kvs_cache_open: to count the refusal, or to
+	 * replace it (cache.on_mismatch = rebuild). */
+	if (r == -EPROTO && !c->watch) {
+		if (c->mismatch_fd >= 0)
+			close(c->mismatch_fd);
+		c->mismatch_fd = c->fd;
+	} else {
+		close(c->fd);
+	}
 	c->fd = -1;
+	return r;
+}
+
+/* Add one to hdr.refused_attaches of the region fd, if it is a region of this layout (else
+ * the field may be elsewhere) and fd is open for writing, which kvs_cache_open_file allows
+ * only for a region of this euid.  Maps the header alone, for the one add. */
+static void count_refusal(int fd)
+{
+	struct kvs_hdr *h;
+	struct stat st;
+
+	if ((fcntl(fd, F_GETFL) & O_ACCMODE) != O_RDWR || fstat(fd, &st) < 0 ||
+	    (uint64_t)st.st_size < sizeof(*h))
+		return;
+	h = mmap(NULL, sizeof(*h), PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+	if (h == MAP_FAILED)
+		return;
+	if (h->magic == KVS_MAGIC) {
+		atomic_thread_fence(memory_order_acquire); /* pairs with the fence in build() */
+		if (h->version == KVS_LAYOUT_VERSION && h->hdr_bytes == sizeof(*h))
+			add_relaxed(&h->refused_attaches, 1); /* a statistic: read by stat only */
+	}
+	munmap(h, sizeof(*h));
+}
+
+/* Sleep ms milliseconds. */
+static void nap_ms(long ms)
+{
+	struct timespec ts = {.tv_sec = 0, .tv_nsec = ms * 1000000L};
+
+	nanosleep(&ts, NULL);
+}
+
+/*
+ * cache.on_mismatch = rebuild: replace the region at c->path, open as old and refused with
+ * the reason in msg, by one built for cfg, unless live processes are attached to it (see the
+ * essay).  Returns the new region's descriptor with a line saying what it did in msg;
+ * -EAGAIN when another process is replacing it now or the path names another file by now
+ * (attach again); -EPROTO with msg when live processes are attached; or -errno with msg.
+ */
+static int rebuild(struct kvs_cache *c, struct dims *d, const struct kvs_config *cfg, int old,
+		   char *msg, size_t msglen)
+{
+	char why[512], self[32];
+	struct stat was, now;
+	char *cut;
+	int n, r;
+
+	snprintf(why, sizeof(why), "%s", msg);
+	cut = strstr(why, " (run `kvshim reset`");
+	if (cut)
+		*cut = '\0';
+	if (fstat(old, &was) < 0)
+		return -errno;
+	if (flock(old, LOCK_EX | LOCK_NB) < 0) /* released below, or when old is closed */
+		return errno == EWOULDBLOCK ? -EAGAIN : -errno;
+	if (lstat(c->path, &now) < 0 || now.st_dev != was.st_dev || now.st_ino != was.st_ino) {
+		r = -EAGAIN;
+		goto out;
+	}
+	/* The liveness locks, counted through the descriptor, as `kvshim reset` does. */
+	snprintf(self, sizeof(self), "/proc/self/fd/%d", old);
+	n = kvs_cache_live_processes(self);
+	if (n != 0) {
+		r = n < 0 ? n : -EPROTO;
+		snprintf(msg, msglen,
+			 "%s; cache.on_mismatch = rebuild, but %d processes are attached to it "
+			 "(it is rebuilt once none is)",
+			 why, n < 0 ? 0 : n);
+		if (n < 0)
+			snprintf(msg, msglen, "cannot count the processes attached to %s: %s",
+				 c->path, strerror(-n));
+		goto out;
+	}
+	r = create(c, d, cfg, true, (uint64_t)was.st_blocks * 512, msg, msglen);
+	if (r >= 0)
+		snprintf(
+		    msg, msglen,
+		    "cache.on_mismatch = rebuild: replaced %s, which no process was attached to "
+		    "(%s)",
+		    c->path, why);
+out:
+	flock(old, LOCK_UN);
 	return r;
 }
 
@@ -684,6 +816,7 @@ int kvs_cache_open(const struct kvs_config *cfg, int flags, struct kvs_cache **o
 		   size_t msglen)
 {
 	char scratch[8];
+	bool rebuilt = false;
 	struct kvs_cache *c;
 	struct dims d;
 	int r;
@@ -702,6 +835,7 @@ int kvs_cache_open(const struct kvs_config *cfg, int flags, struct kvs_cache **o
 	if (!c)
 		return -ENOMEM;
 	c->fd = -1;
+	c->mismatch_fd = -1;
 	c->self = -1;
 	c->watch = flags & KVS_OPEN_WATCH;
 	c->wait_mode = cfg->loader_wait;
@@ -716,11 +850,33 @@ int kvs_cache_open(const struct kvs_config *cfg, int flags, struct kvs_cache **o
 	if (r)
 		goto err_free;
 
-	for (int tries = 0; tries < 8; tries++) {
+	for (int tries = 0, busy = 0; tries < 8; tries++) {
 		r = attach(c, &d, cfg, !cfg->cache_capacity, msg, msglen);
+		if (r == -EPROTO && (flags & KVS_OPEN_CREATE) && !c->watch &&
+		    cfg->cache_on_mismatch == KVS_MISMATCH_REBUILD) {
+			r = rebuild(c, &d, cfg, c->mismatch_fd, msg, msglen);
+			if (r >= 0) {
+				c->fd = r;
+				r = 0;
+				rebuilt = true;
+				break;
+			}
+			/* Another rebuilder holds the old file: wait for it (2 s at most). */
+			if (r == -EAGAIN && busy++ < 100) {
+				nap_ms(20);
+				tries--;
+			}
+			if (r == -EAGAIN) {
+				snprintf(msg, msglen, "%s is being replaced by another process",
+					 c->path);
+				r = -EPROTO;
+				continue;
+			}
+			break;
+		}
 		if (r != -ENOENT || !(flags & KVS_OPEN_CREATE))
 			break;
-		r = create(c, &d, cfg, msg, msglen);
+		r = create(c, &d, cfg, false, 0, msg, msglen);
 		if (r >= 0) {
 			c->fd = r;
 			r = 0;
@@ -729,6 +885,11 @@ int kvs_cache_open(const struct kvs_config *cfg, int flags, struct kvs_cache **o
 		if (r != -EEXIST)
 			break;
 	}
+	if (r == -EPROTO && c->mismatch_fd >= 0)
+		count_refusal(c->mismatch_fd);
+	if (c->mismatch_fd >= 0)
+		close(c->mismatch_fd);
+	c->mismatch_fd = -1;
 	if (r)
 		goto err_free;
 	if (!c->watch) {
@@ -740,6 +901,8 @@ int kvs_cache_open(const struct kvs_config *cfg, int flags, struct kvs_cache **o
 			goto err_unmap;
 		}
 	}
+	if (!rebuilt)
+		msg[0] = '\0';
 	*out = c;
 	return 0;
 
@@ -801,7 +964,7 @@ int kvs_cache_fits(const struct kvs_config *cfg, char *msg, size_t msglen)
 		snprintf(msg, msglen, "cannot open %s: %s", dir, strerror(-r));
 		return r;
 	}
-	r = fit(dirfd, &d, cfg, path, msg, msglen); /* the rule create() applies */
+	r = fit(dirfd, &d, cfg, 0, path, msg, msglen); /* the rule create() applies */
 	close(dirfd);
 	return r;
 }
@@ -864,6 +1027,9 @@ int kvs_cache_stat(struct kvs_cache *c, struct kvs_region_info *info, struct kvs
 	info->populate_mode = load_relaxed(&c->hdr->populate_mode) == KVS_POPULATE_EAGER
 				  ? KVS_POPULATE_EAGER
 				  : KVS_POPULATE_LAZY;
+	info->refused_attaches = load_relaxed(&c->hdr->refused_attaches);
+	info->created_ns = c->hdr->created_ns;
+	memcpy(info->built_by, c->hdr->built_by, sizeof(c->hdr->built_by));
 	struct statvfs sv;
 	if (fstatvfs(c->fd, &sv) == 0)
 		info->shm_free_bytes = (uint64_t)sv.f_bavail * sv.f_frsize;

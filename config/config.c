@@ -67,6 +67,7 @@ enum key_type {
 	KT_ENUM_IO,
 	KT_ENUM_POPULATE,
 	KT_ENUM_COPY,
+	KT_ENUM_MISMATCH,
 };
 
 struct key_desc {
@@ -138,6 +139,11 @@ static const struct word copy_words[] = {
     {"auto", KVS_COPY_AUTO},
     {"memcpy", KVS_COPY_MEMCPY},
     {"stream", KVS_COPY_STREAM},
+    {NULL, 0},
+};
+static const struct word mismatch_words[] = {
+    {"refuse", KVS_MISMATCH_REFUSE},
+    {"rebuild", KVS_MISMATCH_REBUILD},
     {NULL, 0},
 };
 static const struct word no_words[] = {{NULL, 0}}; /* for the types that are not enums */
@@ -351,6 +357,8 @@ static const struct word *words_of(enum key_type t)
 		return populate_words;
 	case KT_ENUM_COPY:
 		return copy_words;
+	case KT_ENUM_MISMATCH:
+		return mismatch_words;
 	default:
 		return no_words;
 	}

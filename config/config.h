@@ -28,6 +28,7 @@ enum kvs_prefetch { KVS_PREFETCH_OFF, KVS_PREFETCH_ALLOC, KVS_PREFETCH_READ };
 enum kvs_io_mode { KVS_IO_AUTO, KVS_IO_URING, KVS_IO_THREADS };
 enum kvs_populate { KVS_POPULATE_LAZY, KVS_POPULATE_EAGER };
 enum kvs_copy_mode { KVS_COPY_AUTO, KVS_COPY_MEMCPY, KVS_COPY_STREAM };
+enum kvs_on_mismatch { KVS_MISMATCH_REFUSE, KVS_MISMATCH_REBUILD };
 
 /* Where a key's effective value came from. */
 enum kvs_source { KVS_SRC_DEFAULT, KVS_SRC_FILE, KVS_SRC_ENV };
@@ -54,6 +55,7 @@ typedef char kvs_config_str[KVS_CONFIG_STR_MAX];
 #define KVS_CTYPE_ENUM_IO	int
 #define KVS_CTYPE_ENUM_POPULATE int
 #define KVS_CTYPE_ENUM_COPY int
+#define KVS_CTYPE_ENUM_MISMATCH int
 
 enum kvs_key_id {
 #define KVS_KEY(sec, key, type, field, def, min, max, help) KVS_KEY_##field,

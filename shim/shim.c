@@ -164,6 +164,8 @@ static bool map_locked(void)
 			     msg[0] ? msg : strerror(-r));
 	else
 		m = AT_OK;
+	if (!r && msg[0]) /* cache.on_mismatch = rebuild replaced the region: say so, once */
+		kvs_log_once(KVS_CAUSE_ATTACH, KVS_LOG_WARN, "%s", msg);
 	atomic_store_explicit(&mapped, m, memory_order_release); /* publishes cache */
 	return m == AT_OK;
 }

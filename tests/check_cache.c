@@ -150,6 +150,9 @@ START_TEST(test_layout_pinned)
 	ck_assert_uint_eq(offsetof(struct kvs_hdr, populated), 256);
 	ck_assert_uint_eq(offsetof(struct kvs_hdr, proc_lock), 320);
 	ck_assert_uint_eq(offsetof(struct kvs_hdr, totals), 384);
+	ck_assert_uint_eq(offsetof(struct kvs_hdr, refused_attaches), 576);
+	ck_assert_uint_eq(offsetof(struct kvs_hdr, built_by), 584);
+	ck_assert_uint_eq(sizeof(struct kvs_hdr), 640);
 	ck_assert_uint_eq(offsetof(struct kvs_proc, ctr), 64);
 	ck_assert_uint_eq(offsetof(struct kvs_proc, pin), 256);
 	ck_assert_uint_eq(sizeof(struct kvs_stripe), 64);

@@ -7,7 +7,8 @@
  *
  * Counters added per run: requests += 3, backend_bytes += 4096; the rank is set to 5.  The
  * configuration comes from the environment (KVSHIM_CONFIG, KVSHIM_<SECTION>_<KEY>) as for the
- * shim.  Exit status 1 with a message on stderr on any failure.
+ * shim.  Exit status 1 with a message on stderr on any failure; the note kvs_cache_open gives
+ * when it replaced a region (cache.on_mismatch = rebuild) goes to stderr too.
  */
 #include <errno.h>
 #include <fcntl.h>
@@ -51,6 +52,8 @@ int main(int argc, char **argv)
 		fprintf(stderr, "mkregion: %s\n", *msg ? msg : strerror(-r));
 		return 1;
 	}
+	if (*msg) /* a region replaced (cache.on_mismatch = rebuild) */
+		fprintf(stderr, "mkregion: %s\n", msg);
 	kvs_cache_count(c, KVS_CTR_requests, 3);
 	kvs_cache_count(c, KVS_CTR_backend_bytes, 4096);
 	kvs_cache_set_rank(c, 5);

@@ -12,7 +12,10 @@
 # `stat --watch` repeats and ends with status 0 on SIGINT; `reset` refuses while a process is
 # attached and works with --force; an untrusted object at the region's path (a FIFO, a mode
 # wider than cache.mode) is refused by stat in one line and removed by reset without hanging;
-# stat shows the populate mode and populated slots in every format; `check` passes a good
+# stat shows the populate mode and populated slots in every format; a mismatched attach is
+# refused and counted in the region; cache.on_mismatch = rebuild replaces a region only with no
+# live process attached; the region records the version that built it; `ls` lists regions
+# with their state without blocking; `evict` drops a served file's shards; `check` passes a good
 # configuration and names each problem with its fix: empty, relative, missing, non-directory
 # and non-O_DIRECT roots, misspelt KVSHIM_* names (any part) and keys in the wrong section with
 # the nearest known name, a region too large for /dev/shm less the headroom, an existing
@@ -73,7 +76,7 @@ cleanup() {
 		kill -KILL "$HOLDER" 2>/dev/null
 		wait "$HOLDER" 2>/dev/null
 	fi
-	rm -f /dev/shm/kvshim.*."$NAME" /dev/shm/kvshim.*."$NAME".tmp.*
+	rm -f /dev/shm/kvshim.*."$NAME" /dev/shm/kvshim.*."$NAME".*
 	rm -rf "$WORK"
 }
 trap cleanup EXIT
@@ -121,7 +124,7 @@ stop_holder() {
 k --help
 expect_rc 0 "kvshim --help"
 grep -q '^usage: kvshim' "$OUT" || fail "--help prints no usage on stdout"
-for c in run stat config reset check; do
+for c in run stat config reset check ls evict; do
 	grep -q "^  $c" "$OUT" || fail "--help does not list $c"
 done
 [ ! -s "$ERR" ] || fail "--help wrote to stderr"
@@ -140,7 +143,7 @@ k stat --watch 0
 expect_rc 2 "stat --watch 0"
 k stat --watch
 expect_rc 2 "stat --watch without SEC"
-for c in run stat config reset check; do
+for c in run stat config reset check ls evict; do
 	k "$c" --help
 	expect_rc 0 "$c --help"
 	grep -q "^usage: kvshim $c" "$OUT" || fail "$c --help prints no usage"
@@ -427,6 +430,88 @@ k reset
 expect_rc 0 "reset after population"
 pass "stat shows population in text, --json and --prom"
 
+# --- region lifecycle: refused attaches, cache.on_mismatch, built_by, ls ------------------
+
+# ls_json NAME PYEXPR: `ls --json` has an entry for NAME (a file name in /dev/shm) of which
+# PYEXPR (on r, the entry) holds.
+ls_json() {
+	k ls --json
+	expect_rc 0 "ls --json"
+	python3 -c '
+import json, sys
+regions = json.load(sys.stdin)["regions"]
+r = [x for x in regions if x["name"] == sys.argv[1]]
+assert len(r) == 1, "ls does not list %s: %s" % (sys.argv[1], regions)
+r = r[0]
+assert eval(sys.argv[2]), "%s: %s" % (sys.argv[2], r)' "$1" "$2" "$VERSION" <"$OUT" ||
+		fail "ls --json: $(cat "$OUT")"
+}
+BASE=${REGION##*/}
+
+# A process of other dimensions is refused, and the refusal is counted in the region.
+$T "$MKREGION" || fail "mkregion for the lifecycle"
+KVSHIM_CACHE_SHARD_SIZE=128K $T "$MKREGION" 2>"$ERR" && fail "mkregion of other dimensions attached"
+grep -q "has shard_size 65536, the configuration wants 131072" "$ERR" ||
+	fail "a refused attach: $(cat "$ERR")"
+ls_json "$BASE" 'r["state"] == "ok" and r["refused_attaches"] == 1 and r["shard_size"] == 65536 and r["processes_attached"] == 0 and r["path"] == "/dev/shm/" + r["name"]'
+pass "a mismatched attach is refused and counted (refused_attaches 1)"
+
+# The region records the version of kvshim that built it (cut to 32 bytes).
+ls_json "$BASE" 'r["built_by"] == sys.argv[3][:32]'
+k ls
+expect_rc 0 "ls"
+grep -q "^NAME  *SIZE  *AGE  *LIVE  *STATE$" "$OUT" || fail "ls: no heading: $(cat "$OUT")"
+line=$(grep "^$BASE " "$OUT") || fail "ls does not list $BASE: $(cat "$OUT")"
+[[ "$line" =~ \ [0-9]+s\ +0\ \ ok\ \(kvshim\ (.*),\ 1\ refused\ attaches\)$ ]] ||
+	fail "ls line: '$line'"
+[ "${BASH_REMATCH[1]}" = "${VERSION:0:32}" ] || fail "ls: built by '${BASH_REMATCH[1]}', not $VERSION"
+pass "built_by is kvshim --version's $VERSION; ls shows it in one line"
+
+# ls: live processes, and every state but mismatched layout (which needs another build).
+start_holder
+ls_json "$BASE" 'r["processes_attached"] == 1'
+: >"$REGION.junk"
+chmod 0600 "$REGION.junk"
+printf 'x' >"$REGION.wide"
+chmod 0644 "$REGION.wide"
+ls_json "$BASE.junk" 'r["state"] == "not a region" and r["processes_attached"] == -1'
+ls_json "$BASE.wide" 'r["state"] == "untrusted" and "mode 0644" in r["why"]'
+if [ "$(id -u)" -eq 0 ] && chown 65534 "$REGION.wide" 2>/dev/null; then
+	ls_json "$BASE.wide" 'r["state"] == "foreign owner" and r["uid"] == 65534'
+	pass "ls: a foreign owner"
+fi
+mkfifo "$REGION.fifo"
+ls_json "$BASE.fifo" 'r["state"] == "not a region" and "FIFO" in r["why"]'
+k ls
+grep -q "^$BASE.fifo .* not a region (is a FIFO, not a regular file)$" "$OUT" || fail "ls: $(cat "$OUT")"
+rm -f "$REGION.junk" "$REGION.wide" "$REGION.fifo"
+k ls --bogus
+expect_rc 2 "ls --bogus"
+pass "ls: live processes; not a region, untrusted, a FIFO without blocking"
+
+# cache.on_mismatch = rebuild: refused while a live process is attached (and counted) ...
+KVSHIM_CACHE_SHARD_SIZE=128K KVSHIM_CACHE_ON_MISMATCH=rebuild $T "$MKREGION" 2>"$ERR" &&
+	fail "rebuild replaced a region with a live process attached"
+grep -q "cache.on_mismatch = rebuild, but 1 processes are attached to it" "$ERR" ||
+	fail "rebuild with a holder: $(cat "$ERR")"
+ls_json "$BASE" 'r["shard_size"] == 65536 and r["refused_attaches"] == 2'
+stop_holder
+# ... and replaces it once none is, saying so once, leaving nothing behind.
+KVSHIM_CACHE_SHARD_SIZE=128K KVSHIM_CACHE_ON_MISMATCH=rebuild $T "$MKREGION" 2>"$ERR" ||
+	fail "rebuild without a holder: $(cat "$ERR")"
+[ "$(grep -c "^mkregion: cache.on_mismatch = rebuild: replaced $REGION, which no process was attached to (region $REGION has shard_size 65536, the configuration wants 131072)$" "$ERR")" -eq 1 ] ||
+	fail "rebuild did not say once what it did: $(cat "$ERR")"
+ls_json "$BASE" 'r["shard_size"] == 131072 and r["refused_attaches"] == 0 and r["state"] == "ok"'
+compgen -G "$REGION.*" >/dev/null && fail "rebuild left $(echo "$REGION".*)"
+KVSHIM_CACHE_SHARD_SIZE=128K KVSHIM_CACHE_ON_MISMATCH=rebuild $T "$MKREGION" 2>"$ERR" ||
+	fail "attach to the rebuilt region: $(cat "$ERR")"
+[ ! -s "$ERR" ] || fail "a matching region was rebuilt again: $(cat "$ERR")"
+KVSHIM_CACHE_ON_MISMATCH=bogus k config
+expect_rc 1 "cache.on_mismatch = bogus"
+k reset
+expect_rc 0 "reset after the rebuild"
+pass "cache.on_mismatch = rebuild: refused with a live process, replaces a region without one"
+
 # --- check -------------------------------------------------------------------------------
 
 # A library for check and run to find: the C library itself, if ldd names it (harmless to
@@ -576,6 +661,29 @@ if [ -n "$SHIMLIB" ]; then
 		fail "dd under the shim: $(cat "$ERR")"
 	grep -qx "kvshim: attached as process [0-9]*, backend threads, kvshim $VERSION" "$ERR" ||
 		fail "the attach line does not name the version: $(cat "$ERR")"
+	# evict drops every shard of a file the shim has served, and only once (files.settle 0:
+	# blk1 was just written, and would otherwise be served but not kept).
+	KVSHIM_FILES_ROOTS=$WORK/store KVSHIM_FILES_SETTLE=0 KVSHIM_LOADER_IO=threads \
+		LD_PRELOAD="${KVS_E2E_PRELOAD:+$KVS_E2E_PRELOAD:}$SHIMLIB" \
+		$T dd if="$WORK/store/blk1" of=/dev/null bs=64K iflag=direct status=none 2>"$ERR" ||
+		fail "dd under the shim: $(cat "$ERR")"
+	sr() { python3 -c 'import json,sys; print(json.load(sys.stdin)["region"]["slots_ready"])' <"$OUT"; }
+	k stat --json
+	before=$(sr) || fail "stat --json after a served read: $(cat "$OUT")"
+	[ "$before" -ge 1 ] || fail "no slot is ready after a served read: $(cat "$OUT")"
+	k evict "$WORK/store/blk1"
+	expect_rc 0 "evict"
+	[[ "$(cat "$OUT")" =~ ^$WORK/store/blk1:\ ([0-9]+)\ slots\ dropped$ ]] || fail "evict: $(cat "$OUT")"
+	dropped=${BASH_REMATCH[1]}
+	[ "$dropped" -ge "$before" ] || fail "evict dropped $dropped slots, $before were ready"
+	k stat --json
+	[ "$(sr)" -eq 0 ] || fail "slots still ready after evict: $(cat "$OUT")"
+	k evict "$WORK/store/blk1" "$WORK/nope"
+	expect_rc 1 "evict of a missing file"
+	grep -qx "$WORK/store/blk1: 0 slots dropped" "$OUT" || fail "evict again: $(cat "$OUT")"
+	expect_one_err "kvshim: $WORK/nope: No such file or directory" "evict of a missing file"
+	pass "evict: $dropped slots of a served file dropped ($before ready before, 0 after)"
+
 	$T "$KVSHIM" reset --force >/dev/null 2>&1
 	pass "the shim's attach line names kvshim $VERSION"
 fi

@@ -6,6 +6,8 @@
  *   kvshim stat [--json | --prom] [--watch SEC]   print the shared cache's figures
  *   kvshim config [--explain | --sample]          print the effective configuration
  *   kvshim reset [--force]                        remove the shared cache region
+ *   kvshim ls [--all] [--json]                    list the regions in /dev/shm
+ *   kvshim evict PATH...                          drop the cached shards of files
  *
  * This file picks the subcommand and holds the helpers the subcommands share; each subcommand
  * lives in its own cmd_<name>.c and parses its own options with getopt_long.
@@ -34,6 +36,8 @@ static const char usage[] =
     "                      print the effective configuration and where each value came from,\n"
     "                      or a sample kvshim.ini with every key and its default\n"
     "  reset [--force]     remove the shared cache region (refused while processes are attached)\n"
+    "  ls [--all] [--json] list the regions in /dev/shm: size, age, processes, state\n"
+    "  evict PATH...       drop the cached shards of each file\n"
     "\n"
     "  -h, --help          print this help; `kvshim COMMAND --help` describes one command\n"
     "  -V, --version       print the version of kvshim\n"
@@ -48,6 +52,7 @@ static const struct {
 } commands[] = {
     {"run", cmd_run},	  {"stat", cmd_stat},	{"config", cmd_config},
     {"reset", cmd_reset}, {"check", cmd_check},
+    {"ls", cmd_ls},	  {"evict", cmd_evict},
 };
 
 void tool_err(const char *fmt, ...)

@@ -1,0 +1,238 @@
+/*
+ * kvshim ls [--all] [--json]: the regions in /dev/shm, one line each.
+ *
+ * Lists this user's objects kvshim.<euid>.* (with --all, or as root, every kvshim.*): name,
+ * size, age, live processes attached and state.  Each is looked at with kvs_cache_peek, which
+ * opens only what an attacher would trust (kvs_cache_open_file: no link followed, never
+ * blocking on a FIFO or device) and reads the header and the liveness locks without waiting:
+ * ls never blocks and never writes.  States: ok; mismatched layout (a region of another
+ * layout version); not a region; foreign owner (another uid: not opened); untrusted (ours,
+ * but with a second link or a mode wider than cache.mode).  Leftovers of creators that died
+ * ("<region>.build.<pid>.<hex>") are listed like anything else (`kvshim reset` removes them).
+ */
+#include <dirent.h>
+#include <errno.h>
+#include <getopt.h>
+#include <inttypes.h>
+#include <limits.h>
+#include <stdbool.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "cache.h"
+#include "cmd_common.h"
+#include "config.h"
+
+#define SHM_DIR "/dev/shm/"
+
+static const char usage[] = "usage: kvshim ls [--all] [--json]\n"
+			    "  -a, --all   every kvshim region, not only this user's\n"
+			    "  -j, --json  print one JSON object\n"
+			    "  -h, --help  print this help\n";
+
+static const char *const state_word[] = {
+    [KVS_PEEK_OK] = "ok",
+    [KVS_PEEK_LAYOUT] = "mismatched layout",
+    [KVS_PEEK_NOT_REGION] = "not a region",
+    [KVS_PEEK_FOREIGN] = "foreign owner",
+    [KVS_PEEK_UNTRUSTED] = "untrusted",
+};
+
+static int by_name(const void *a, const void *b)
+{
+	return strcmp(*(char *const *)a, *(char *const *)b);
+}
+
+/* Print s as a JSON string literal, quotes included. */
+static void json_string(const char *s)
+{
+	putchar('"');
+	for (; *s; s++) {
+		unsigned char ch = (unsigned char)*s;
+
+		if (ch == '"' || ch == '\\')
+			printf("\\%c", ch);
+		else if (ch < 0x20 || ch == 0x7f)
+			printf("\\u%04x", ch);
+		else
+			putchar(ch);
+	}
+	putchar('"');
+}
+
+/* Format seconds as a short age ("45s", "12m", "3h", "2d"). */
+static const char *age_text(uint64_t s, char *buf, size_t len)
+{
+	if (s < 120)
+		snprintf(buf, len, "%" PRIu64 "s", s);
+	else if (s < 7200)
+		snprintf(buf, len, "%" PRIu64 "m", s / 60);
+	else if (s < 172800)
+		snprintf(buf, len, "%" PRIu64 "h", s / 3600);
+	else
+		snprintf(buf, len, "%" PRIu64 "d", s / 86400);
+	return buf;
+}
+
+/* Format bytes as a short figure ("4.0 MiB") into buf. */
+static const char *size_text(uint64_t v, char *buf, size_t len)
+{
+	static const char *const unit[] = {"B", "KiB", "MiB", "GiB", "TiB"};
+	double x = (double)v;
+	int u = 0;
+
+	while (x >= 1024.0 && u < 4) {
+		x /= 1024.0;
+		u++;
+	}
+	snprintf(buf, len, u ? "%.1f %s" : "%.0f %s", x, unit[u]);
+	return buf;
+}
+
+/* Print one object: name is its file name in /dev/shm, path its path. */
+static void print_one(const char *name, const char *path, const struct kvs_peek *p, uint64_t now_ns,
+		      bool json, bool first)
+{
+	uint64_t age = now_ns > p->created_ns ? (now_ns - p->created_ns) / 1000000000ull : 0;
+	char a[32], b[32], live[16];
+
+	if (!json) {
+		snprintf(live, sizeof(live), p->live < 0 ? "-" : "%d", p->live);
+		printf("%-32s %10s %6s %5s  %s", name, size_text(p->size, a, sizeof(a)),
+		       age_text(age, b, sizeof(b)), live, state_word[p->state]);
+		if (p->state == KVS_PEEK_OK)
+			printf(" (kvshim %s, %" PRIu64 " refused attaches)", p->built_by,
+			       p->refused_attaches);
+		else
+			printf(" (%s)", p->why);
+		putchar('\n');
+		return;
+	}
+	printf("%s{\"name\":", first ? "" : ",");
+	json_string(name);
+	printf(",\"path\":");
+	json_string(path);
+	printf(",\"uid\":%" PRIu32 ",\"size_bytes\":%" PRIu64 ",\"age_seconds\":%" PRIu64
+	       ",\"processes_attached\":%d,\"state\":",
+	       p->uid, p->size, age, p->live);
+	json_string(state_word[p->state]);
+	printf(",\"why\":");
+	json_string(p->state == KVS_PEEK_OK ? "" : p->why);
+	printf(",\"built_by\":");
+	json_string(p->built_by);
+	printf(",\"refused_attaches\":%" PRIu64 ",\"capacity_bytes\":%" PRIu64
+	       ",\"shard_size\":%" PRIu64 ",\"slots\":%" PRIu32 "}",
+	       p->refused_attaches, p->capacity_bytes, p->shard_size, p->slots);
+}
+
+/* List the objects of /dev/shm whose names start with prefix; returns an exit status. */
+static int list(const char *prefix, uint32_t mode, bool json)
+{
+	size_t n = 0, cap = 0, plen = strlen(prefix);
+	char **names = NULL, path[PATH_MAX];
+	int status = KVS_EXIT_OK, shown = 0;
+	struct timespec now;
+	struct dirent *e;
+	DIR *d;
+
+	d = opendir(SHM_DIR);
+	if (!d) {
+		tool_err("cannot read %s: %s", SHM_DIR, strerror(errno));
+		return KVS_EXIT_FAIL;
+	}
+	while ((e = readdir(d))) {
+		if (strncmp(e->d_name, prefix, plen))
+			continue;
+		if (n == cap) {
+			char **more = realloc(names, (cap = cap ? 2 * cap : 16) * sizeof(*names));
+
+			if (!more)
+				break;
+			names = more;
+		}
+		if (!(names[n] = strdup(e->d_name)))
+			break;
+		n++;
+	}
+	closedir(d);
+	if (n)
+		qsort(names, n, sizeof(*names), by_name);
+	clock_gettime(CLOCK_REALTIME, &now);
+	if (json)
+		fputs("{\"regions\":[", stdout);
+	else
+		printf("%-32s %10s %6s %5s  %s\n", "NAME", "SIZE", "AGE", "LIVE", "STATE");
+	for (size_t i = 0; i < n; i++) {
+		struct kvs_peek p;
+		int r;
+
+		snprintf(path, sizeof(path), "%s%s", SHM_DIR, names[i]);
+		r = kvs_cache_peek(path, mode, &p);
+		if (r == -ENOENT)
+			continue; /* removed since readdir */
+		if (r) {
+			tool_err("%s: %s", path, strerror(-r));
+			status = KVS_EXIT_FAIL;
+			continue;
+		}
+		print_one(names[i], path, &p,
+			  (uint64_t)now.tv_sec * 1000000000ull + (uint64_t)now.tv_nsec, json,
+			  !shown++);
+	}
+	if (json)
+		fputs("]}\n", stdout);
+	for (size_t i = 0; i < n; i++)
+		free(names[i]);
+	free(names);
+	return status;
+}
+
+int cmd_ls(int argc, char **argv)
+{
+	static const struct option opts[] = {
+	    {"all", no_argument, NULL, 'a'},
+	    {"json", no_argument, NULL, 'j'},
+	    {"help", no_argument, NULL, 'h'},
+	    {NULL, 0, NULL, 0},
+	};
+	bool all = false, json = false;
+	struct kvs_config *cfg;
+	char prefix[64];
+	uint32_t mode;
+	int opt;
+
+	opterr = 0;
+	while ((opt = getopt_long(argc, argv, "+:ajh", opts, NULL)) != -1) {
+		switch (opt) {
+		case 'a':
+			all = true;
+			break;
+		case 'j':
+			json = true;
+			break;
+		case 'h':
+			fputs(usage, stdout);
+			return KVS_EXIT_OK;
+		default:
+			return tool_bad_option("ls", opt, argv, usage);
+		}
+	}
+	if (optind < argc) {
+		tool_err("ls: unexpected argument %s", argv[optind]);
+		fputs(usage, stderr);
+		return KVS_EXIT_USAGE;
+	}
+	/* cache.mode decides what is trusted, as for an attacher of this configuration. */
+	if (tool_load_config(&cfg))
+		return KVS_EXIT_FAIL;
+	mode = (uint32_t)cfg->cache_mode;
+	free(cfg);
+	if (all || geteuid() == 0)
+		snprintf(prefix, sizeof(prefix), "kvshim.");
+	else
+		snprintf(prefix, sizeof(prefix), "kvshim.%u.", (unsigned)geteuid());
+	return list(prefix, mode, json);
+}
