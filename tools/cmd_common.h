@@ -26,6 +26,7 @@ int cmd_stat(int argc, char **argv);
 int cmd_reset(int argc, char **argv);
 int cmd_run(int argc, char **argv);
 int cmd_check(int argc, char **argv);
+int cmd_exporter(int argc, char **argv);
 
 /*
  * The checks of `kvshim check` (cmd_check.c): the KVSHIM_* environment, the configuration,

@@ -6,6 +6,7 @@
  *   kvshim stat [--json | --prom] [--watch SEC]   print the shared cache's figures
  *   kvshim config [--explain | --sample]          print the effective configuration
  *   kvshim reset [--force]                        remove the shared cache region
+ *   kvshim exporter --listen ADDR:PORT [--region NAME]...   serve /metrics to Prometheus
  *
  * This file picks the subcommand and holds the helpers the subcommands share; each subcommand
  * lives in its own cmd_<name>.c and parses its own options with getopt_long.
@@ -34,6 +35,8 @@ static const char usage[] =
     "                      print the effective configuration and where each value came from,\n"
     "                      or a sample kvshim.ini with every key and its default\n"
     "  reset [--force]     remove the shared cache region (refused while processes are attached)\n"
+    "  exporter --listen ADDR:PORT [--region NAME]...\n"
+    "                      serve the regions' figures to Prometheus over HTTP (GET /metrics)\n"
     "\n"
     "  -h, --help          print this help; `kvshim COMMAND --help` describes one command\n"
     "  -V, --version       print the version of kvshim\n"
@@ -47,7 +50,7 @@ static const struct {
 	int (*fn)(int argc, char **argv);
 } commands[] = {
     {"run", cmd_run},	  {"stat", cmd_stat},	{"config", cmd_config},
-    {"reset", cmd_reset}, {"check", cmd_check},
+    {"reset", cmd_reset}, {"check", cmd_check}, {"exporter", cmd_exporter},
 };
 
 void tool_err(const char *fmt, ...)
