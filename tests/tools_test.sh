@@ -9,8 +9,13 @@
 # `--explain` names the sources (default, env, file); a bad value exits 1 with one stderr line;
 # `stat` on an absent region; `stat --json` is one valid object with every key of design.md §7
 # and totals carried over from exited processes; `stat --prom` is well-formed exposition text;
-# `stat --watch` repeats and ends with status 0 on SIGINT; `reset` refuses while a process is
-# attached and works with --force; an untrusted object at the region's path (a FIFO, a mode
+# `stat --watch` repeats and ends with status 0 on SIGINT; the text form has the headline
+# (served, from storage, sharing factor) and human units, and with --watch timestamps and
+# rates; `exporter` on port 0 serves GET /metrics of several regions (one absent) to a real
+# client (curl, else urllib) with the exposition content type, promtool-clean when promtool is
+# installed, 404 and 405 elsewhere, a 431 for a request too large, serves others while a client
+# stalls, lists every region of the user without --region, and stops with status 0 on SIGTERM;
+# `reset` refuses while a process is attached and works with --force; an untrusted object at the region's path (a FIFO, a mode
 # wider than cache.mode) is refused by stat in one line and removed by reset without hanging;
 # stat shows the populate mode and populated slots in every format; a mismatched attach is
 # refused and counted in the region; cache.on_mismatch = rebuild replaces a region only with no
@@ -71,10 +76,15 @@ REGION=/dev/shm/kvshim.$(id -u).$NAME
 
 WORK=$(mktemp -d "${TMPDIR:-/tmp}/tools_test.XXXXXX") || fail "mktemp"
 HOLDER=
+EXPORTER=
 cleanup() {
 	if [ -n "$HOLDER" ]; then
 		kill -KILL "$HOLDER" 2>/dev/null
 		wait "$HOLDER" 2>/dev/null
+	fi
+	if [ -n "$EXPORTER" ]; then
+		kill -KILL "$EXPORTER" 2>/dev/null
+		wait "$EXPORTER" 2>/dev/null
 	fi
 	rm -f /dev/shm/kvshim.*."$NAME" /dev/shm/kvshim.*."$NAME".*
 	rm -rf "$WORK"
@@ -124,7 +134,7 @@ stop_holder() {
 k --help
 expect_rc 0 "kvshim --help"
 grep -q '^usage: kvshim' "$OUT" || fail "--help prints no usage on stdout"
-for c in run stat config reset check ls evict; do
+for c in run stat config reset check ls evict exporter; do
 	grep -q "^  $c" "$OUT" || fail "--help does not list $c"
 done
 [ ! -s "$ERR" ] || fail "--help wrote to stderr"
@@ -143,7 +153,14 @@ k stat --watch 0
 expect_rc 2 "stat --watch 0"
 k stat --watch
 expect_rc 2 "stat --watch without SEC"
-for c in run stat config reset check ls evict; do
+k exporter
+expect_rc 2 "exporter without --listen"
+k exporter --listen 127.0.0.1:0 --region a/b
+expect_rc 2 "exporter --region with a bad name"
+k exporter --listen 127.0.0.1:99999
+expect_rc 1 "exporter --listen with a bad port"
+expect_one_err "kvshim: exporter: --listen 127.0.0.1:99999: bad port" "exporter --listen bad port"
+for c in run stat config reset check ls evict exporter; do
 	k "$c" --help
 	expect_rc 0 "$c --help"
 	grep -q "^usage: kvshim $c" "$OUT" || fail "$c --help prints no usage"
@@ -284,6 +301,13 @@ grep -q "pid $HOLDER" "$OUT" || fail "stat text lacks the holder's column"
 grep -q "^region .*, read by kvshim $VERSION$" "$OUT" || fail "stat text lacks the version: $(head -1 "$OUT")"
 grep -qE '^requests +9 +3$' "$OUT" || fail "stat text: requests row: $(grep requests "$OUT")"
 pass "stat: text table"
+# Human units in the text form: the headline (bytes served against bytes from storage, and
+# the sharing factor), bytes in KiB, times in ms; --json keeps the integers (checked above).
+grep -qx 'served     0 B to readers from 12.0 KiB read from storage: sharing factor 0.00' "$OUT" ||
+	fail "stat text: headline: $(grep -m1 '^served' "$OUT" || head -3 "$OUT")"
+grep -qE '^backend_bytes +12\.0 KiB +4\.0 KiB$' "$OUT" || fail "stat text: $(grep backend_bytes "$OUT")"
+grep -qE '^wait_ns +0 ms +0 ms$' "$OUT" || fail "stat text: $(grep wait_ns "$OUT")"
+pass "stat: headline and human units"
 
 k stat --prom
 expect_rc 0 "stat --prom"
@@ -351,6 +375,153 @@ expect_rc 0 "stat --watch after SIGINT"
 python3 -c 'import json,sys; [json.loads(l) for l in sys.stdin]' <"$WORK/watch" ||
 	fail "stat --watch: a line is not JSON"
 pass "stat --watch: $(wc -l <"$WORK/watch") snapshots, status 0 on SIGINT"
+
+# The text form of --watch: each sample has its time, and the rates since the one before.
+"$KVSHIM" stat --watch 0.2 >"$WORK/watch" 2>"$ERR" &
+WPID=$!
+sleep 0.7
+kill -TERM "$WPID"
+$T tail --pid="$WPID" -f /dev/null
+wait "$WPID"
+RC=$?
+expect_rc 0 "stat --watch (text) after SIGTERM"
+[ "$(grep -cE '^time +[0-9]{4}-[0-9]{2}-[0-9]{2} [0-9]{2}:[0-9]{2}:[0-9]{2}\.[0-9]{3}' "$WORK/watch")" -ge 2 ] ||
+	fail "stat --watch: fewer than two timestamped samples: $(cat "$WORK/watch")"
+[ "$(grep -m1 '^rates' "$WORK/watch")" = "rates      - (from the next sample)" ] ||
+	fail "stat --watch: first rates line: $(grep -m1 '^rates' "$WORK/watch")"
+grep -qE '^rates +[0-9]+\.[0-9]{2} GB/s served, [0-9]+\.[0-9]{2} GB/s from storage, [0-9]+ requests/s \(over [0-9.]+ s\)$' \
+	"$WORK/watch" || fail "stat --watch: no rates line: $(grep '^rates' "$WORK/watch")"
+pass "stat --watch (text): timestamps and rates since the last sample"
+
+# --- exporter ----------------------------------------------------------------------------
+
+# A second region, so that the exposition of several regions is checked.
+KVSHIM_CACHE_NAME=$NAME.b $T "$MKREGION" || fail "mkregion $NAME.b"
+
+# http METHOD PATH: a request to the exporter on $PORT with a real client (curl, else
+# python3's urllib); sets HTTP_STATUS and HTTP_TYPE, leaves the body in $WORK/body.
+cat >"$WORK/http_get.py" <<'PY'
+import sys, urllib.error, urllib.request
+method, url, body = sys.argv[1:4]
+try:
+    r = urllib.request.urlopen(urllib.request.Request(url, method=method), timeout=10)
+except urllib.error.HTTPError as e:
+    r = e
+open(body, "wb").write(r.read())
+print(r.getcode(), r.headers.get("Content-Type", ""))
+PY
+http() {
+	local w
+	if command -v curl >/dev/null; then
+		w=$($T curl -s -o "$WORK/body" -w '%{http_code} %{content_type}' -X "$1" \
+			"http://127.0.0.1:$PORT$2") || fail "curl $1 $2: status $?"
+	else
+		w=$($T python3 "$WORK/http_get.py" "$1" "http://127.0.0.1:$PORT$2" "$WORK/body") ||
+			fail "urllib $1 $2"
+	fi
+	HTTP_STATUS=${w%% *}
+	HTTP_TYPE=${w#* }
+}
+
+# start_exporter ARGS...: start it on port 0 and read the port it prints; sets EXPORTER, PORT.
+start_exporter() {
+	"$KVSHIM" exporter --listen 127.0.0.1:0 "$@" 2>"$WORK/exporter.err" &
+	EXPORTER=$!
+	PORT=
+	for _ in $(seq 100); do
+		PORT=$(sed -n 's|^kvshim: exporter listening on http://127\.0\.0\.1:\([0-9]*\)/metrics$|\1|p' \
+			"$WORK/exporter.err")
+		[ -n "$PORT" ] && break
+		kill -0 "$EXPORTER" 2>/dev/null || fail "exporter exited: $(cat "$WORK/exporter.err")"
+		sleep 0.05
+	done
+	[ -n "$PORT" ] && [ "$PORT" -gt 0 ] || fail "exporter printed no port: $(cat "$WORK/exporter.err")"
+}
+
+# stop_exporter: SIGTERM ends it with status 0, promptly.
+stop_exporter() {
+	kill -TERM "$EXPORTER"
+	$T tail --pid="$EXPORTER" -f /dev/null || fail "exporter did not stop on SIGTERM"
+	wait "$EXPORTER"
+	RC=$?
+	EXPORTER=
+	expect_rc 0 "exporter after SIGTERM"
+}
+
+start_exporter --region "$NAME" --region "$NAME.b" --region "absent.$NAME" --region "$NAME"
+http GET /metrics
+[ "$HTTP_STATUS" = 200 ] || fail "exporter: GET /metrics: status $HTTP_STATUS"
+[ "$HTTP_TYPE" = "text/plain; version=0.0.4; charset=utf-8" ] ||
+	fail "exporter: Content-Type '$HTTP_TYPE'"
+cat >"$WORK/check_multi.py" <<'PY'
+import re, sys
+name = sys.argv[1]
+text = open(sys.argv[2]).read()
+typed, helped, seen, current = set(), set(), {}, None
+for line in text.splitlines():
+    m = re.match(r'^# (HELP|TYPE) (\S+) ', line)
+    if m:
+        where = typed if m.group(1) == "TYPE" else helped
+        assert m.group(2) not in where, m.group(1) + " twice: " + line
+        where.add(m.group(2))
+        current = m.group(2)
+        continue
+    fam, labels, value = re.match(r'^(\w+)\{(.*)\} (\S+)$', line).groups()
+    assert fam == current, "a sample away from its family: " + line
+    region = re.sub(r'^region="([^"]*)".*', r'\1', labels)
+    seen.setdefault(fam, {})[region] = seen.get(fam, {}).get(region, 0) + float(value)
+assert seen["kvshim_up"] == {name: 1, name + ".b": 1, "absent." + name: 0}, seen["kvshim_up"]
+assert seen["kvshim_requests_total"] == {name: 9, name + ".b": 3}, seen["kvshim_requests_total"]
+assert seen["kvshim_region_slots"] == {name: 64, name + ".b": 64}, seen["kvshim_region_slots"]
+assert "pid" not in text
+PY
+python3 "$WORK/check_multi.py" "$NAME" "$WORK/body" || fail "exporter: $(cat "$WORK/body")"
+# Less the other regions' series, the text is what check_prom.py wants of one region.
+grep -v -e "region=\"absent\.$NAME\"" -e "region=\"$NAME\.b\"" "$WORK/body" |
+	python3 "$WORK/check_prom.py" "$VERSION" "$NAME" || fail "exporter: check_prom.py"
+if command -v promtool >/dev/null; then
+	promtool check metrics <"$WORK/body" >"$WORK/promtool" 2>&1 ||
+		fail "exporter: promtool check metrics: $(cat "$WORK/promtool")"
+	pass "exporter: promtool check metrics is clean"
+else
+	echo "SKIP: promtool is missing: the exporter's text was checked by this script only"
+fi
+http GET /metrics # a second scrape: the same absence is not reported again
+[ "$(grep -c "^kvshim: exporter: no region at /dev/shm/kvshim\.$(id -u)\.absent\.$NAME$" \
+	"$WORK/exporter.err")" -eq 1 ] ||
+	fail "exporter: the absent region is not reported once: $(cat "$WORK/exporter.err")"
+pass "exporter: GET /metrics of three regions, HELP and TYPE once, up 0 for an absent one"
+
+http GET /nope
+[ "$HTTP_STATUS" = 404 ] || fail "exporter: GET /nope: status $HTTP_STATUS"
+http POST /metrics
+[ "$HTTP_STATUS" = 405 ] || fail "exporter: POST /metrics: status $HTTP_STATUS"
+# A stalled client holds no one up; a request head over the limit is refused.
+cat >"$WORK/stall.py" <<'PY'
+import socket, sys, urllib.request
+port = int(sys.argv[1])
+idle = socket.create_connection(("127.0.0.1", port))
+r = urllib.request.urlopen("http://127.0.0.1:%d/metrics" % port, timeout=5)
+assert r.getcode() == 200
+big = socket.create_connection(("127.0.0.1", port), timeout=5)
+big.sendall(b"GET /metrics HTTP/1.1\r\nX: " + b"a" * 9000)
+reply = big.recv(100)
+assert reply.startswith(b"HTTP/1.1 431 "), reply
+idle.close()
+PY
+$T python3 "$WORK/stall.py" "$PORT" || fail "exporter: a stalled client or an oversized request"
+stop_exporter
+pass "exporter: 404, 405, a stalled client, a request too large, status 0 on SIGTERM"
+
+# Without --region: every region of this user in /dev/shm.
+start_exporter
+http GET /metrics
+[ "$HTTP_STATUS" = 200 ] || fail "exporter (all regions): status $HTTP_STATUS"
+grep -qx "kvshim_up{region=\"$NAME\"} 1" "$WORK/body" || fail "exporter (all regions): no $NAME"
+grep -qx "kvshim_up{region=\"$NAME.b\"} 1" "$WORK/body" || fail "exporter (all regions): no $NAME.b"
+stop_exporter
+rm -f "/dev/shm/kvshim.$(id -u).$NAME.b"
+pass "exporter: without --region, every region of this user"
 
 # stat is a watcher: it reports the region as it was built, whatever the configuration's
 # dimensions say now (an operator can always look), and says what it found.

@@ -139,7 +139,8 @@ int main(int argc, char **argv)
 		t_host[r] = (now_us() - t1) / (double)per;
 		diff[r] = t_dev[r] - t_host[r];
 	}
-	double md = median(t_dev, ROUNDS), mh = median(t_host, ROUNDS), mdiff = median(diff, ROUNDS);
+	double md = median(t_dev, ROUNDS), mh = median(t_host, ROUNDS),
+	       mdiff = median(diff, ROUNDS);
 	printf("cuFileRead to device %.2f us/call (median of %d rounds of %zu)\n", md, ROUNDS, per);
 	printf("pread to host        %.2f us/call\n", mh);
 	printf("difference           %.2f us/call, median of the rounds' differences (goal <= 10: "

@@ -9,6 +9,7 @@
 #ifndef KVS_TOOLS_CMD_COMMON_H
 #define KVS_TOOLS_CMD_COMMON_H
 
+#include <signal.h>
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdio.h>
@@ -27,6 +28,7 @@ int cmd_run(int argc, char **argv);
 int cmd_check(int argc, char **argv);
 int cmd_ls(int argc, char **argv);
 int cmd_evict(int argc, char **argv);
+int cmd_exporter(int argc, char **argv);
 
 /*
  * The checks of `kvshim check` (cmd_check.c): the KVSHIM_* environment, the configuration,
@@ -50,5 +52,12 @@ int tool_bad_option(const char *cmd, int opt, char **argv, const char *usage);
 /* Load the effective configuration (KVSHIM_CONFIG, /etc/kvshim/kvshim.ini, KVSHIM_* variables)
  * into a new heap object; on failure print the reason and return -EINVAL or -ENOMEM. */
 int tool_load_config(struct kvs_config **out);
+
+/* Set to 1 by SIGINT or SIGTERM once tool_catch_stop has run (stop.c). */
+extern volatile sig_atomic_t tool_stop;
+
+/* Block SIGINT and SIGTERM and catch them into tool_stop; fills waitmask with the mask to
+ * wait under (ppoll), which lets them in.  0 or -errno. */
+int tool_catch_stop(sigset_t *waitmask);
 
 #endif

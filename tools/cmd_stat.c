@@ -1,19 +1,20 @@
 /*
  * kvshim stat [--json | --prom] [--watch SEC]: the region's figures (design.md §7).
  *
- * Each snapshot maps the region named by the configuration as a watcher (KVS_OPEN_WATCH: the
- * control plane only, no process-table slot, no liveness lock), reads the figures with
- * kvs_cache_stat and unmaps it again, so that a watch keeps following the region across a
- * `kvshim reset` and a rebuild.  Totals are the counters folded in by processes that have
- * exited plus those of the processes in the table now.
+ * Each snapshot maps the region named by the configuration as a watcher (snapshot.c:
+ * KVS_OPEN_WATCH, the control plane only, no process-table slot, no liveness lock), reads the
+ * figures with kvs_cache_stat and unmaps it again, so that a watch keeps following the region
+ * across a `kvshim reset` and a rebuild.  Totals are the counters folded in by processes that
+ * have exited plus those of the processes in the table now.
  *
- * Formats: a text table (counters down, total and one column per process across); one JSON
- * object on one line (with the version of kvshim at top level); Prometheus text exposition
- * (kvshim_build_info, kvshim_up, kvshim_region_* gauges and kvshim_<counter>_total in base
- * units, labelled with the region name, and kvshim_process_<counter>_total series of live
- * processes labelled with their rank, never a pid).  With --watch a snapshot is printed every SEC
- * seconds until SIGINT or SIGTERM, which end the command with status 0; while watching, a region
- * that is absent is reported on stderr and looked for again at the next tick.
+ * Formats: text for people (a headline of bytes served against bytes read from storage and
+ * their ratio, the sharing factor; then a table, counters down, total and one column per
+ * process across, bytes and times in human units); one JSON object on one line with the raw
+ * integers (and the version of kvshim at top level); Prometheus text exposition (prom.c, the
+ * same text `kvshim exporter` serves).  With --watch a snapshot is printed every SEC seconds
+ * until SIGINT or SIGTERM, which end the command with status 0; the text form then starts each
+ * snapshot with the time and the rates since the one before.  While watching, a region that
+ * is absent is reported on stderr and looked for again at the next tick.
  */
 #include <errno.h>
 #include <getopt.h>
@@ -32,6 +33,7 @@
 #include "cache.h"
 #include "cmd_common.h"
 #include "config.h"
+#include "snapshot.h"
 
 enum format { FMT_TEXT, FMT_JSON, FMT_PROM };
 
@@ -40,37 +42,6 @@ static const char usage[] = "usage: kvshim stat [--json | --prom] [--watch SEC]\
 			    "  -p, --prom       print Prometheus text exposition\n"
 			    "  -w, --watch SEC  print again every SEC seconds until interrupted\n"
 			    "  -h, --help       print this help\n";
-
-static const char *const ctr_name[KVS_NCOUNTERS] = {
-#define KVS_COUNTER(name, help) #name,
-#include "counters.def"
-#undef KVS_COUNTER
-};
-
-static const char *const ctr_help[KVS_NCOUNTERS] = {
-#define KVS_COUNTER(name, help) help,
-#include "counters.def"
-#undef KVS_COUNTER
-};
-
-/* One snapshot of a region. */
-struct snapshot {
-	const char *name; /* cache.name */
-	const char *path;
-	struct kvs_region_info info;
-	struct kvs_counters totals;
-	struct kvs_proc_info *procs;
-	int nprocs;
-};
-
-static volatile sig_atomic_t stop;
-
-/* Note the interrupt; the watch loop ends at its next wait. */
-static void on_signal(int sig)
-{
-	(void)sig;
-	stop = 1;
-}
 
 /* Print s as a JSON string literal, quotes included. */
 static void json_string(FILE *f, const char *s)
@@ -93,7 +64,7 @@ static void json_string(FILE *f, const char *s)
 static void json_counters(FILE *f, const struct kvs_counters *c)
 {
 	for (int k = 0; k < KVS_NCOUNTERS; k++)
-		fprintf(f, "%s\"%s\":%" PRIu64, k ? "," : "", ctr_name[k], c->v[k]);
+		fprintf(f, "%s\"%s\":%" PRIu64, k ? "," : "", tool_ctr_name[k], c->v[k]);
 }
 
 /* The cache.populate word of mode. */
@@ -103,7 +74,7 @@ static const char *populate_word(uint32_t mode)
 }
 
 /* Print s as one JSON object on one line. */
-static void print_json(FILE *f, const struct snapshot *s)
+static void print_json(FILE *f, const struct tool_snapshot *s)
 {
 	const struct kvs_region_info *i = &s->info;
 
@@ -121,13 +92,14 @@ static void print_json(FILE *f, const struct snapshot *s)
 		",\"processes_attached\":%" PRIu32 ",\"max_processes\":%" PRIu32
 		",\"slots_populated\":%" PRIu32 ",\"populate_errno\":%" PRId32
 		",\"populate\":\"%s\",\"populate_reason\":\"%s\",\"shm_free_bytes\":%" PRIu64
-		",\"procs_unlocked\":%s}",
+		",\"procs_unlocked\":%s,\"refused_attaches\":%" PRIu64 ",\"built_by\":",
 		i->capacity_bytes, i->shard_size, i->total_bytes, i->slots, i->reserved_slots,
 		i->slots_ready, i->slots_loading, i->slots_failed, i->slots_pinned,
 		i->processes_attached, i->max_processes, i->slots_populated, i->populate_err,
 		populate_word(i->populate_mode), i->populate_reason, i->shm_free_bytes,
-		i->procs_unlocked ? "true" : "false");
-	fputs(",\"totals\":{", f);
+		i->procs_unlocked ? "true" : "false", i->refused_attaches);
+	json_string(f, i->built_by);
+	fputs("},\"totals\":{", f);
 	json_counters(f, &s->totals);
 	fputs("},\"processes\":[", f);
 	for (int p = 0; p < s->nprocs; p++) {
@@ -141,157 +113,7 @@ static void print_json(FILE *f, const struct snapshot *s)
 	fputs("]}\n", f);
 }
 
-/* Print s as a Prometheus label value, quotes included. */
-static void prom_label(FILE *f, const char *s)
-{
-	fputc('"', f);
-	for (; *s; s++) {
-		if (*s == '"' || *s == '\\')
-			fprintf(f, "\\%c", *s);
-		else if (*s == '\n')
-			fputs("\\n", f);
-		else
-			fputc(*s, f);
-	}
-	fputc('"', f);
-}
-
-/* Print one gauge family with a single sample labelled with the region. */
-static void prom_gauge(FILE *f, const struct snapshot *s, const char *name, const char *help,
-		       uint64_t v)
-{
-	fprintf(f, "# HELP kvshim_region_%s %s\n# TYPE kvshim_region_%s gauge\n", name, help, name);
-	fprintf(f, "kvshim_region_%s{region=", name);
-	prom_label(f, s->name);
-	fprintf(f, "} %" PRIu64 "\n", v);
-}
-
-/* A counter's family in Prometheus: kvshim_<name>_total in base units, so a counter in
- * nanoseconds (name ending in _ns) becomes kvshim_<name less _ns>_seconds_total. */
-static void prom_family(char *buf, size_t len, int k, const char *prefix)
-{
-	size_t n = strlen(ctr_name[k]);
-
-	if (n > 3 && !strcmp(ctr_name[k] + n - 3, "_ns"))
-		snprintf(buf, len, "kvshim_%s%.*s_seconds_total", prefix, (int)(n - 3),
-			 ctr_name[k]);
-	else
-		snprintf(buf, len, "kvshim_%s%s_total", prefix, ctr_name[k]);
-}
-
-/* Print counter k's value v in the family's unit. */
-static void prom_value(FILE *f, int k, uint64_t v)
-{
-	size_t n = strlen(ctr_name[k]);
-
-	if (n > 3 && !strcmp(ctr_name[k] + n - 3, "_ns"))
-		fprintf(f, " %" PRIu64 ".%09" PRIu64 "\n", v / 1000000000u, v % 1000000000u);
-	else
-		fprintf(f, " %" PRIu64 "\n", v);
-}
-
-/* Print counter k's help text in the family's unit ("nanoseconds ..." -> "seconds ..."). */
-static void prom_help(FILE *f, const char *family, int k, const char *what)
-{
-	const char *h = ctr_help[k];
-
-	if (!strncmp(h, "nanoseconds", 11))
-		fprintf(f, "# HELP %s seconds%s %s\n", family, h + 11, what);
-	else
-		fprintf(f, "# HELP %s %s %s\n", family, h, what);
-}
-
-/*
- * Print s in the Prometheus text exposition format (version 0.0.4), as promtool accepts it:
- * base units, HELP and TYPE once per family, every series labelled with the region.  Series of
- * one process are labelled with its rank, never its pid (a pid makes new series at every
- * restart): only live processes with a rank are shown, and live processes that share a rank
- * are summed; every process, gone ones included, is in the region's totals.
- */
-static void print_prom(FILE *f, const struct snapshot *s)
-{
-	const struct kvs_region_info *i = &s->info;
-	char family[96];
-	int nranked = 0;
-
-	fputs("# HELP kvshim_build_info the version of kvshim that read these figures\n"
-	      "# TYPE kvshim_build_info gauge\nkvshim_build_info{version=",
-	      f);
-	prom_label(f, KVS_VERSION);
-	fputs("} 1\n# HELP kvshim_up 1 when the region was read\n# TYPE kvshim_up gauge\n"
-	      "kvshim_up{region=",
-	      f);
-	prom_label(f, s->name);
-	fputs("} 1\n", f);
-	prom_gauge(f, s, "capacity_bytes", "bytes of data slots", i->capacity_bytes);
-	prom_gauge(f, s, "shard_size_bytes", "bytes per slot", i->shard_size);
-	prom_gauge(f, s, "slots", "data slots", i->slots);
-	prom_gauge(f, s, "reserved_slots", "slots kept for loads and prefetch", i->reserved_slots);
-	prom_gauge(f, s, "slots_ready", "slots holding a loaded shard", i->slots_ready);
-	prom_gauge(f, s, "slots_loading", "slots being loaded", i->slots_loading);
-	prom_gauge(f, s, "slots_failed", "slots whose load failed", i->slots_failed);
-	prom_gauge(f, s, "slots_pinned", "slots pinned by at least one process", i->slots_pinned);
-	prom_gauge(f, s, "processes_attached", "live processes attached to the region",
-		   i->processes_attached);
-	prom_gauge(f, s, "max_processes", "slots in the process table", i->max_processes);
-	prom_gauge(f, s, "slots_populated", "slots whose pages are allocated", i->slots_populated);
-	prom_gauge(f, s, "populate_errno", "errno that stopped the eager walk, or 0",
-		   (uint64_t)(uint32_t)i->populate_err);
-	prom_gauge(f, s, "shm_free_bytes", "free bytes of the file system holding the region",
-		   i->shm_free_bytes);
-	prom_gauge(f, s, "procs_unlocked",
-		   "1 when proc_lock was stuck and the process figures were read without it",
-		   i->procs_unlocked);
-	fputs("# HELP kvshim_region_populate_info cache.populate of the region and why its walk "
-	      "stopped (reason empty while it has not)\n"
-	      "# TYPE kvshim_region_populate_info gauge\nkvshim_region_populate_info{region=",
-	      f);
-	prom_label(f, s->name);
-	fprintf(f, ",mode=\"%s\",reason=\"%s\"} 1\n", populate_word(i->populate_mode),
-		i->populate_reason);
-
-	for (int k = 0; k < KVS_NCOUNTERS; k++) {
-		prom_family(family, sizeof(family), k, "");
-		prom_help(f, family, k, "(all processes, exited ones included)");
-		fprintf(f, "# TYPE %s counter\n%s{region=", family, family);
-		prom_label(f, s->name);
-		fputc('}', f);
-		prom_value(f, k, s->totals.v[k]);
-	}
-
-	for (int p = 0; p < s->nprocs; p++)
-		nranked += s->procs[p].alive && s->procs[p].rank >= 0;
-	if (!nranked)
-		return;
-	for (int k = 0; k < KVS_NCOUNTERS; k++) {
-		prom_family(family, sizeof(family), k, "process_");
-		prom_help(f, family, k, "(live processes of one rank)");
-		fprintf(f, "# TYPE %s counter\n", family);
-		for (int p = 0; p < s->nprocs; p++) {
-			const struct kvs_proc_info *pp = &s->procs[p];
-			uint64_t v = 0;
-			bool first = true;
-
-			if (!pp->alive || pp->rank < 0)
-				continue;
-			/* One series per rank: the first live process of that rank sums them. */
-			for (int q = 0; q < s->nprocs && first; q++)
-				first =
-				    !(q < p && s->procs[q].alive && s->procs[q].rank == pp->rank);
-			if (!first)
-				continue;
-			for (int q = p; q < s->nprocs; q++)
-				if (s->procs[q].alive && s->procs[q].rank == pp->rank)
-					v += s->procs[q].ctr.v[k];
-			fprintf(f, "%s{region=", family);
-			prom_label(f, s->name);
-			fprintf(f, ",rank=\"%" PRId32 "\"}", pp->rank);
-			prom_value(f, k, v);
-		}
-	}
-}
-
-/* Format v bytes as a short human figure ("1.5 GiB") into buf. */
+/* Format v bytes as a short human figure ("1.5 GiB", "512 B") into buf. */
 static const char *human(uint64_t v, char *buf, size_t len)
 {
 	static const char *const unit[] = {"B", "KiB", "MiB", "GiB", "TiB", "PiB"};
@@ -309,26 +131,114 @@ static const char *human(uint64_t v, char *buf, size_t len)
 	return buf;
 }
 
-/* Decimal width of v. */
-static int digits(uint64_t v)
+/* Format a time of ns nanoseconds in ms below a second, else in s, into buf. */
+static const char *human_ns(uint64_t ns, char *buf, size_t len)
 {
-	int n = 1;
-
-	while (v >= 10) {
-		v /= 10;
-		n++;
-	}
-	return n;
+	if (!ns)
+		snprintf(buf, len, "0 ms");
+	else if (ns < 1000000000u)
+		snprintf(buf, len, "%.2f ms", (double)ns / 1e6);
+	else
+		snprintf(buf, len, "%.2f s", (double)ns / 1e9);
+	return buf;
 }
 
-/* Print s as a readable summary and a table: counters down; total, then each process across. */
-static void print_text(FILE *f, const struct snapshot *s)
+/* Format counter k's value v for the table: bytes (a name ending in _bytes) and times (_ns)
+ * in human units, counts as they are. */
+static const char *cell(int k, uint64_t v, char *buf, size_t len)
+{
+	const char *name = tool_ctr_name[k];
+	size_t n = strlen(name);
+
+	if (n > 6 && !strcmp(name + n - 6, "_bytes"))
+		return human(v, buf, len);
+	if (n > 3 && !strcmp(name + n - 3, "_ns"))
+		return human_ns(v, buf, len);
+	snprintf(buf, len, "%" PRIu64, v);
+	return buf;
+}
+
+/* The previous sample of a watch, for the rates of the next one. */
+struct rates {
+	bool have;		  /* prev and at hold a sample */
+	struct kvs_counters prev; /* its totals */
+	struct timespec at;	  /* CLOCK_MONOTONIC when it was taken */
+};
+
+/* Bytes the readers got from the cache: copies into their buffers and into device memory. */
+static uint64_t served(const struct kvs_counters *c)
+{
+	return c->v[KVS_CTR_copy_bytes] + c->v[KVS_CTR_h2d_bytes];
+}
+
+/* Print the watch's lines: the wall-clock time of s and the rates since the last sample in
+ * *rt (none at the first sample, or when the totals went back: the region was rebuilt);
+ * then make s the last sample. */
+static void print_rates(FILE *f, const struct tool_snapshot *s, struct rates *rt)
+{
+	struct timespec now, wall;
+	char when[64];
+	struct tm tm;
+	bool back = false;
+
+	clock_gettime(CLOCK_MONOTONIC, &now);
+	clock_gettime(CLOCK_REALTIME, &wall);
+	if (!localtime_r(&wall.tv_sec, &tm) ||
+	    !strftime(when, sizeof(when), "%Y-%m-%d %H:%M:%S", &tm))
+		snprintf(when, sizeof(when), "%lld", (long long)wall.tv_sec);
+	fprintf(f, "time       %s.%03ld", when, wall.tv_nsec / 1000000);
+	if (strftime(when, sizeof(when), " %z", &tm))
+		fputs(when, f);
+	fputc('\n', f);
+
+	for (int k = 0; rt->have && k < KVS_NCOUNTERS; k++)
+		back |= s->totals.v[k] < rt->prev.v[k];
+	if (!rt->have || back) {
+		fprintf(f, "rates      %s\n",
+			back ? "- (the totals went back: the region was rebuilt)"
+			     : "- (from the next sample)");
+	} else {
+		double dt = (double)(now.tv_sec - rt->at.tv_sec) +
+			    (double)(now.tv_nsec - rt->at.tv_nsec) / 1e9;
+
+		if (dt <= 0)
+			dt = 1e-9;
+		fprintf(f,
+			"rates      %.2f GB/s served, %.2f GB/s from storage, %.0f requests/s "
+			"(over %.1f s)\n",
+			(double)(served(&s->totals) - served(&rt->prev)) / 1e9 / dt,
+			(double)(s->totals.v[KVS_CTR_backend_bytes] -
+				 rt->prev.v[KVS_CTR_backend_bytes]) /
+			    1e9 / dt,
+			(double)(s->totals.v[KVS_CTR_requests] - rt->prev.v[KVS_CTR_requests]) / dt,
+			dt);
+	}
+	rt->have = true;
+	rt->prev = s->totals;
+	rt->at = now;
+}
+
+/* Print s as a readable summary and a table: counters down; total, then each process across.
+ * Bytes and times are in human units (--json has the raw integers).  With rt (a watch), the
+ * time and the rates since the last sample come first. */
+static void print_text(FILE *f, const struct tool_snapshot *s, struct rates *rt)
 {
 	const struct kvs_region_info *i = &s->info;
+	uint64_t from = s->totals.v[KVS_CTR_backend_bytes];
 	char a[32], b[32], head[32];
 	int w = 8, namew = 9;
 
+	if (rt)
+		print_rates(f, s, rt);
 	fprintf(f, "region     %s (%s), read by kvshim %s\n", s->name, s->path, KVS_VERSION);
+	fprintf(f, "built by   kvshim %s; %" PRIu64 " attaches refused for its dimensions\n",
+		i->built_by, i->refused_attaches);
+	fprintf(f, "served     %s to readers from %s read from storage: ",
+		human(served(&s->totals), a, sizeof(a)), human(from, b, sizeof(b)));
+	if (from)
+		fprintf(f, "sharing factor %.2f\n", (double)served(&s->totals) / (double)from);
+	else
+		fputs("sharing factor - (nothing read from storage yet)\n", f);
 	fprintf(f, "capacity   %s in %" PRIu32 " slots of %s (%" PRIu32 " reserved)\n",
 		human(i->capacity_bytes, a, sizeof(a)), i->slots,
 		human(i->shard_size, b, sizeof(b)), i->reserved_slots);
@@ -349,10 +259,15 @@ static void print_text(FILE *f, const struct snapshot *s)
 				  : "");
 
 	for (int k = 0; k < KVS_NCOUNTERS; k++) {
-		int n = (int)strlen(ctr_name[k]);
+		int n = (int)strlen(tool_ctr_name[k]);
 
 		namew = n > namew ? n : namew;
-		w = digits(s->totals.v[k]) > w ? digits(s->totals.v[k]) : w;
+		n = (int)strlen(cell(k, s->totals.v[k], a, sizeof(a)));
+		w = n > w ? n : w;
+		for (int p = 0; p < s->nprocs; p++) {
+			n = (int)strlen(cell(k, s->procs[p].ctr.v[k], a, sizeof(a)));
+			w = n > w ? n : w;
+		}
 	}
 	for (int p = 0; p < s->nprocs; p++) {
 		int n = snprintf(head, sizeof(head), "pid %" PRId32, s->procs[p].pid);
@@ -380,56 +295,51 @@ static void print_text(FILE *f, const struct snapshot *s)
 		fputc('\n', f);
 	}
 	for (int k = 0; k < KVS_NCOUNTERS; k++) {
-		fprintf(f, "%-*s  %*" PRIu64, namew, ctr_name[k], w, s->totals.v[k]);
+		fprintf(f, "%-*s  %*s", namew, tool_ctr_name[k], w,
+			cell(k, s->totals.v[k], a, sizeof(a)));
 		for (int p = 0; p < s->nprocs; p++)
-			fprintf(f, "  %*" PRIu64, w, s->procs[p].ctr.v[k]);
+			fprintf(f, "  %*s", w, cell(k, s->procs[p].ctr.v[k], a, sizeof(a)));
 		fputc('\n', f);
 	}
 }
 
-/* Take one snapshot of the region cfg names and print it; 0, -ENOENT when there is no region,
- * or -errno with the reason in msg. */
-static int snap(const struct kvs_config *cfg, const char *path, enum format fmt, char *msg,
-		size_t msglen)
+/* Take one snapshot of the region cfg names and print it (rt: the watch's last sample, or
+ * NULL); 0, -ENOENT when there is no region, or -errno once the reason is on stderr. */
+static int snap(const struct kvs_config *cfg, enum format fmt, struct rates *rt)
 {
-	struct snapshot s = {.name = cfg->cache_name, .path = path};
-	struct kvs_cache *c = NULL;
-	int max = (int)cfg->cache_max_processes, n, r;
+	struct tool_snapshot *s;
+	int r;
 
-	s.procs = calloc((size_t)max, sizeof(*s.procs));
-	if (!s.procs) {
-		snprintf(msg, msglen, "out of memory");
+	/* A PATH_MAX path inside: too big for a comfortable stack frame. */
+	s = calloc(1, sizeof(*s));
+	if (!s) {
+		tool_err("out of memory");
 		return -ENOMEM;
 	}
-	r = kvs_cache_open(cfg, KVS_OPEN_WATCH, &c, msg, msglen);
-	if (r)
-		goto out;
-	n = kvs_cache_stat(c, &s.info, &s.totals, s.procs, max);
-	kvs_cache_close(c);
-	if (n < 0) {
-		r = n;
-		snprintf(msg, msglen, "cannot read %s: %s", path, strerror(-r));
+	r = tool_snapshot_take(cfg, s);
+	if (r) {
+		if (r != -ENOENT)
+			tool_err("%s", s->msg);
 		goto out;
 	}
-	s.nprocs = n < max ? n : max;
 	switch (fmt) {
 	case FMT_JSON:
-		print_json(stdout, &s);
+		print_json(stdout, s);
 		break;
 	case FMT_PROM:
-		print_prom(stdout, &s);
+		tool_prom_write(stdout, s, 1);
 		break;
 	default:
-		print_text(stdout, &s);
+		print_text(stdout, s, rt);
 		break;
 	}
-	r = fflush(stdout) ? -EIO : 0;
-	if (r)
-		snprintf(msg, msglen, "cannot write the output: %s", strerror(errno));
+	if (fflush(stdout)) {
+		r = -EIO;
+		tool_err("cannot write the output: %s", strerror(errno));
+	}
 out:
-	if (r && r != -ENOENT && !*msg)
-		snprintf(msg, msglen, "%s: %s", path, strerror(-r));
-	free(s.procs);
+	tool_snapshot_free(s);
+	free(s);
 	return r;
 }
 
@@ -450,61 +360,39 @@ static int parse_seconds(const char *arg, struct timespec *ts)
 	return 0;
 }
 
-/* Block SIGINT and SIGTERM (they are taken only while waiting) and catch them; fills old with
- * the mask to wait under.  0 or -errno. */
-static int catch_signals(sigset_t *old)
-{
-	struct sigaction sa = {.sa_handler = on_signal};
-	sigset_t set;
-
-	sigemptyset(&sa.sa_mask);
-	sigemptyset(&set);
-	sigaddset(&set, SIGINT);
-	sigaddset(&set, SIGTERM);
-	if (sigprocmask(SIG_BLOCK, &set, old) < 0)
-		return -errno;
-	sigdelset(old, SIGINT);
-	sigdelset(old, SIGTERM);
-	/* Installed even where the shell ignores SIGINT (a background job): --watch must stop. */
-	if (sigaction(SIGINT, &sa, NULL) < 0 || sigaction(SIGTERM, &sa, NULL) < 0)
-		return -errno;
-	return 0;
-}
-
 /* Print snapshots of the region every period until a signal; returns an exit status. */
 static int watch(const struct kvs_config *cfg, const char *path, enum format fmt,
 		 const struct timespec *period)
 {
 	bool clear = fmt == FMT_TEXT && isatty(STDOUT_FILENO), absent = false;
-	char msg[KVS_CONFIG_MSG_MAX];
+	struct rates rt = {0};
 	sigset_t waitmask;
 	int r;
 
-	r = catch_signals(&waitmask);
+	r = tool_catch_stop(&waitmask);
 	if (r) {
 		tool_err("cannot catch signals: %s", strerror(-r));
 		return KVS_EXIT_FAIL;
 	}
-	for (unsigned tick = 0; !stop; tick++) {
+	for (unsigned tick = 0; !tool_stop; tick++) {
 		if (clear)
 			fputs("\033[H\033[2J", stdout);
 		else if (tick && fmt != FMT_JSON)
 			fputc('\n', stdout);
-		msg[0] = '\0';
-		r = snap(cfg, path, fmt, msg, sizeof(msg));
+		r = snap(cfg, fmt, fmt == FMT_TEXT ? &rt : NULL);
 		if (r == -ENOENT) {
 			if (!absent)
 				tool_err("no region at %s", path);
 			absent = true;
+			rt.have = false;
 		} else if (r) {
-			tool_err("%s", msg);
 			return KVS_EXIT_FAIL;
 		} else {
 			absent = false;
 		}
 		fflush(stdout);
 		/* SIGINT and SIGTERM are unblocked only inside ppoll: none is lost between the
-		 * check of stop and the wait. */
+		 * check of tool_stop and the wait. */
 		if (ppoll(NULL, 0, period, &waitmask) < 0 && errno != EINTR) {
 			tool_err("cannot wait: %s", strerror(errno));
 			return KVS_EXIT_FAIL;
@@ -522,7 +410,7 @@ int cmd_stat(int argc, char **argv)
 	    {"help", no_argument, NULL, 'h'},
 	    {NULL, 0, NULL, 0},
 	};
-	char path[PATH_MAX], msg[KVS_CONFIG_MSG_MAX];
+	char path[PATH_MAX];
 	struct timespec period = {0};
 	enum format fmt = FMT_TEXT;
 	struct kvs_config *cfg;
@@ -572,12 +460,9 @@ int cmd_stat(int argc, char **argv)
 		status = watch(cfg, path, fmt, &period);
 		goto out;
 	}
-	msg[0] = '\0';
-	r = snap(cfg, path, fmt, msg, sizeof(msg));
+	r = snap(cfg, fmt, NULL);
 	if (r == -ENOENT)
 		tool_err("no region at %s", path);
-	else if (r)
-		tool_err("%s", msg);
 	status = r ? KVS_EXIT_FAIL : KVS_EXIT_OK;
 out:
 	free(cfg);

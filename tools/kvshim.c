@@ -8,6 +8,7 @@
  *   kvshim reset [--force]                        remove the shared cache region
  *   kvshim ls [--all] [--json]                    list the regions in /dev/shm
  *   kvshim evict PATH...                          drop the cached shards of files
+ *   kvshim exporter --listen ADDR:PORT [--region NAME]...   serve /metrics to Prometheus
  *
  * This file picks the subcommand and holds the helpers the subcommands share; each subcommand
  * lives in its own cmd_<name>.c and parses its own options with getopt_long.
@@ -38,6 +39,8 @@ static const char usage[] =
     "  reset [--force]     remove the shared cache region (refused while processes are attached)\n"
     "  ls [--all] [--json] list the regions in /dev/shm: size, age, processes, state\n"
     "  evict PATH...       drop the cached shards of each file\n"
+    "  exporter --listen ADDR:PORT [--region NAME]...\n"
+    "                      serve the regions' figures to Prometheus over HTTP (GET /metrics)\n"
     "\n"
     "  -h, --help          print this help; `kvshim COMMAND --help` describes one command\n"
     "  -V, --version       print the version of kvshim\n"
@@ -50,9 +53,8 @@ static const struct {
 	const char *name;
 	int (*fn)(int argc, char **argv);
 } commands[] = {
-    {"run", cmd_run},	  {"stat", cmd_stat},	{"config", cmd_config},
-    {"reset", cmd_reset}, {"check", cmd_check},
-    {"ls", cmd_ls},	  {"evict", cmd_evict},
+    {"run", cmd_run},	  {"stat", cmd_stat}, {"config", cmd_config}, {"reset", cmd_reset},
+    {"check", cmd_check}, {"ls", cmd_ls},     {"evict", cmd_evict},   {"exporter", cmd_exporter},
 };
 
 void tool_err(const char *fmt, ...)
