@@ -311,10 +311,9 @@ static int pin_for_load(struct kvs_loader *ld, const struct kvs_read *rd, struct
 	return r;
 }
 
-/* The first half of a piece, on the calling thread: serve what is READY now, then pin the rest
- * in rotated order and submit the storage reads this process owns.  Returns true if every op
- * is served already (no wait, no finish needed beyond the fence). */
-static bool submit_piece(struct kvs_loader *ld, struct kvs_task *t)
+/* The first half of a piece, step one: lay it out and serve every shard that is READY now
+ * (pinned, copied, and released unless the copy is asynchronous).  Returns the shards left. */
+static uint32_t serve_hits(struct kvs_loader *ld, struct kvs_task *t)
 {
 	const struct kvs_read *rd = t->rd;
 	uint32_t left = 0;
@@ -335,19 +334,35 @@ static bool submit_piece(struct kvs_loader *ld, struct kvs_task *t)
 	}
 	for (uint32_t i = 0; i < t->nops; i++)
 		left += t->ops[i].kind == OP_NONE;
-	if (left == 0 || t->result)
-		return left == 0;
+	return left;
+}
+
+/* Step two: pin the rest in rotated order and submit the storage reads this process owns. */
+static void pin_rest(struct kvs_loader *ld, struct kvs_task *t)
+{
+	const struct kvs_read *rd = t->rd;
 
 	order_ops(ld, t);
 	for (uint32_t k = 0; k < t->nops; k++) {
 		struct kvs_op *op = &t->ops[t->order[k]];
 
-		if (op->kind != OP_NONE)
-			continue;
-		pin_for_load(ld, rd, op);
+		if (op->kind == OP_NONE)
+			pin_for_load(ld, rd, op);
 	}
 	kvs_prefetch_note(&ld->pf, rd, t->ops[t->nops - 1].shard);
 	kvs_cache_reap_maybe(ld->c); /* dead ranks' pins come back while we are busy */
+}
+
+/* The first half of a piece, on the calling thread: serve what is READY now, then pin the rest
+ * in rotated order and submit the storage reads this process owns.  Returns true if every op
+ * is served already (no wait, no finish needed beyond the fence). */
+static bool submit_piece(struct kvs_loader *ld, struct kvs_task *t)
+{
+	uint32_t left = serve_hits(ld, t);
+
+	if (left == 0 || t->result)
+		return left == 0;
+	pin_rest(ld, t);
 	return false;
 }
 
@@ -571,12 +586,26 @@ int kvs_loader_start(struct kvs_loader *ld, struct kvs_task *t, const struct kvs
 		     void (*done)(struct kvs_task *t, int64_t result), void *arg)
 {
 	int64_t len = read_length(rd);
+	uint32_t left;
 	int r = 0;
 
 	if (len < 0)
 		return (int)len;
 	if (len == 0) {
 		t->result = 0;
+		return 1;
+	}
+	*t = (struct kvs_task){.rd = rd, .done = done, .arg = arg};
+	t->end = rd->off + (uint64_t)len;
+	t->off = rd->off;
+	kvs_cache_count(ld->c, KVS_CTR_requests, 1);
+	/* Every shard READY and copied already (a hit into host memory): complete here, and
+	 * spare the caller the queue and two thread wake-ups (the completion thread's, then its
+	 * own).  Hits hold no pin once copied synchronously, so nothing waits on the queue's
+	 * lock below while holding one. */
+	left = serve_hits(ld, t);
+	if (!left && !t->result && copies_sync(rd) && t->piece_end >= t->end) {
+		t->result = len;
 		return 1;
 	}
 	pthread_mutex_lock(&ld->mu);
@@ -589,25 +618,15 @@ int kvs_loader_start(struct kvs_loader *ld, struct kvs_task *t, const struct kvs
 	if (!r && ld->stop)
 		r = -ESHUTDOWN;
 	if (!r)
-		ld->aq_len++; /* our place in the queue, taken before the pins */
+		ld->aq_len++; /* our place in the queue, taken before any load's pin */
 	pthread_mutex_unlock(&ld->mu);
-	if (r)
+	if (r) {
+		t->result = r;	     /* so that finish_piece reads nothing itself */
+		finish_piece(ld, t); /* fences and releases what the hits still hold */
 		return r;
-
-	*t = (struct kvs_task){.rd = rd, .done = done, .arg = arg};
-	t->end = rd->off + (uint64_t)len;
-	t->off = rd->off;
-	kvs_cache_count(ld->c, KVS_CTR_requests, 1);
-	/* Every shard READY and copied already (a hit into host memory): complete here, and
-	 * spare the caller two thread wake-ups (the completion thread's, then its own). */
-	if (submit_piece(ld, t) && copies_sync(rd) && t->piece_end >= t->end && !t->result) {
-		pthread_mutex_lock(&ld->mu);
-		ld->aq_len--;
-		pthread_cond_broadcast(&ld->cond);
-		pthread_mutex_unlock(&ld->mu);
-		t->result = len;
-		return 1;
 	}
+	if (left && !t->result)
+		pin_rest(ld, t);
 	pthread_mutex_lock(&ld->mu);
 	if (ld->aq_tail)
 		ld->aq_tail->next = t;
