@@ -96,7 +96,7 @@ VERSION=$("$P/bin/kvshim" --version | sed 's/^kvshim //')
 KVSHIM_SHIM_LOG=info KVSHIM_LOADER_IO=threads $T "$P/bin/kvshim" run -- \
 	dd if="$WORK/store/blk" of=/dev/null bs=64K iflag=direct status=none 2>"$WORK/err" ||
 	fail "installed run of dd: $(cat "$WORK/err")"
-grep -qx "kvshim: attached as process [0-9]*, backend threads, kvshim $VERSION" "$WORK/err" ||
+grep -qx "kvshim: [0-9T:.Z-]* pid [0-9]* info: attached as process [0-9]*, backend threads, kvshim $VERSION" "$WORK/err" ||
 	fail "the installed shim did not attach: $(cat "$WORK/err")"
 "$P/bin/kvshim" stat --json | python3 -c '
 import json, sys
