@@ -3,8 +3,10 @@
 
 Each rank loads every block the way vLLM's file tier does (os.open with O_DIRECT, os.preadv
 into a page-aligned buffer), checks every byte against the manifest written with the store,
-and reports its load time.  The orchestrator runs the ranks once without the shim and once
-under `kvshim run`, reads `kvshim stat --json`, and prints a table.
+and reports its load time.  The orchestrator runs the ranks once without the shim and twice
+under `kvshim run`, reads `kvshim stat --json`, prints a table and one sentence saying what
+kvshim won.  Progress goes to stderr: one line rewritten in place on a terminal, a plain line
+every 10% otherwise (a log file), so stdout holds only the table and the sentence.
 
   demo.py store  DIR NBLOCKS BLOCK_BYTES      write a KV store and its manifest
   demo.py rank   DIR                          one rank (used by `run`)
@@ -21,15 +23,51 @@ import tempfile
 import time
 
 
+class Progress:
+    """A count of done items out of total, said on stderr: on a terminal one line rewritten in
+    place (a carriage return) at every step, otherwise (a log file) a plain line for the first
+    step and each time another tenth is done, so a log gets at most a dozen lines."""
+
+    def __init__(self, label, total, unit):
+        self.label, self.total, self.unit = label, max(total, 1), unit
+        self.tty = sys.stderr.isatty()
+        self.tenth = -1
+        self.width = 0
+
+    def update(self, done, extra=""):
+        line = "demo: %s: %d/%d %s%s" % (self.label, done, self.total, self.unit, extra)
+        if self.tty:
+            sys.stderr.write("\r" + line.ljust(self.width))
+            self.width = max(self.width, len(line))
+            if done >= self.total:
+                sys.stderr.write("\n")
+        else:
+            tenth = done * 10 // self.total  # 10 only when all are done
+            if tenth <= self.tenth:
+                return
+            self.tenth = tenth
+            sys.stderr.write(line + "\n")
+        sys.stderr.flush()
+
+
+def human(n):
+    """Bytes as GiB (from 1 GiB on) or MiB, one decimal."""
+    return "%.1f GiB" % (n / (1 << 30)) if n >= 1 << 30 else "%.1f MiB" % (n / (1 << 20))
+
+
 def write_store(d, nblocks, block_bytes):
     os.makedirs(d, exist_ok=True)
     manifest = []
+    progress = Progress("writing the store", nblocks, "blocks")
+    mib = 1 << 20
     for i in range(nblocks):
         name = "block-%05d.kv" % i
         data = os.urandom(block_bytes)
         with open(os.path.join(d, name), "wb") as f:
             f.write(data)
         manifest.append([name, len(data), hashlib.blake2b(data, digest_size=16).hexdigest()])
+        progress.update(i + 1, " (%d/%d MiB)" % ((i + 1) * block_bytes // mib,
+                                                 nblocks * block_bytes // mib))
     with open(os.path.join(d, "manifest.json"), "w") as f:
         json.dump(manifest, f)
     os.sync()
@@ -70,9 +108,11 @@ def rank(d):
     print(json.dumps({"load_s": load_s, "end": end, "bytes": sum(got), "bad_blocks": bad}))
 
 
-def run_ranks(d, nranks, prefix):
-    """Start nranks ranks, release them together once all are ready; return (the time from
-    release until the last rank has loaded everything, their reports)."""
+def run_ranks(d, nranks, prefix, label):
+    """Start nranks ranks, release them together once all are ready, say on stderr how many
+    have finished; return (the time from release until the last rank has loaded everything,
+    their reports).  A rank's report is a line of JSON, far below a pipe's capacity, so a rank
+    never blocks on its stdout while we poll."""
     sync = tempfile.mkdtemp(prefix="kvshim-demo-sync.")
     env = dict(os.environ, DEMO_SYNC_DIR=sync)
     procs = [subprocess.Popen(prefix + [sys.executable, __file__, "rank", d], env=env,
@@ -83,7 +123,16 @@ def run_ranks(d, nranks, prefix):
         time.sleep(0.005)
     start = time.time()
     open(os.path.join(sync, "go"), "w").close()
-    outs = [json.loads(p.communicate()[0]) for p in procs]
+    progress = Progress(label, nranks, "ranks done")
+    done = 0
+    progress.update(0)
+    while done < nranks:
+        time.sleep(0.02)
+        now = sum(1 for p in procs if p.poll() is not None)
+        if now != done:
+            done = now
+            progress.update(done)
+    outs = [json.loads(p.communicate()[0] or "{}") for p in procs]
     shutil.rmtree(sync)
     if any(p.returncode for p in procs):
         sys.exit("demo: a rank failed")
@@ -102,11 +151,12 @@ def run(d, nranks, kvshim, config):
     unique = sum(size for _, size, _ in manifest)
     env_cfg = dict(os.environ, KVSHIM_CONFIG=config)
     subprocess.run([kvshim, "reset", "--force"], env=env_cfg, stderr=subprocess.DEVNULL)
-    wall0, outs0 = run_ranks(d, nranks, [])
+    wall0, outs0 = run_ranks(d, nranks, [], "run 1/3 (without kvshim)")
     shim = [kvshim, "run", "--config", config, "--"]
-    wall1, outs1 = run_ranks(d, nranks, shim)
+    wall1, outs1 = run_ranks(d, nranks, shim, "run 2/3 (kvshim, region new)")
     t1 = stat(kvshim, config)["totals"]
-    wall2, outs2 = run_ranks(d, nranks, shim)  # the cache outlives its processes
+    # the cache outlives its processes
+    wall2, outs2 = run_ranks(d, nranks, shim, "run 3/3 (kvshim, region warm)")
     t2 = stat(kvshim, config)["totals"]
     t2 = {k: t2[k] - t1[k] for k in t2}
     bad = sum(o["bad_blocks"] for o in outs0 + outs1 + outs2)
@@ -141,9 +191,18 @@ def run(d, nranks, kvshim, config):
     print("%-32s %14s %16s %16s" % ("", "", "(region new)", "(region warm)"))
     for r in rows:
         print("%-32s %14s %16s %16s" % r)
-    subprocess.run([kvshim, "reset", "--force"], env=env_cfg)
+    # reset says what it removed: housekeeping, so stderr, and the sentence follows the table
+    subprocess.run([kvshim, "reset", "--force"], env=env_cfg, stdout=sys.stderr)
     if bad:
         sys.exit("demo: %d blocks came back wrong" % bad)
+
+    def pace(wall):
+        return ("%.1fx faster" % (wall0 / wall) if wall <= wall0 else
+                "%.1fx slower" % (wall / wall0))
+
+    print("\nkvshim read %s from storage instead of %s, and the ranks loaded %s on the first"
+          " run and %s with the region warm." %
+          (human(t1["backend_bytes"]), human(nranks * unique), pace(wall1), pace(wall2)))
 
 
 def main():

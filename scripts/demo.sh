@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # The main job: on a fresh machine, install what is needed, build, write a replicated KV store
 # (every rank reads the same files), and run 8 rank processes that load every block with
-# O_DIRECT preadv, once without kvshim and once with it; print what changed.
+# O_DIRECT preadv, once without kvshim and twice with it; print what changed.  Progress goes to
+# stderr (in place on a terminal, every 10% in a log); the table and a closing sentence saying
+# what kvshim won go to stdout.
 #   scripts/demo.sh [NBLOCKS] [BLOCK_MIB] [NRANKS]      (default 256 4 8: 1 GiB unique)
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
@@ -9,7 +11,9 @@ nblocks=${1:-256}
 block_mib=${2:-4}
 nranks=${3:-8}
 
+echo "demo: checking the packages it needs (scripts/deps.sh)" >&2
 bash "$root/scripts/deps.sh"
+echo "demo: building kvshim in $root/build (Release)" >&2
 cmake -S "$root" -B "$root/build" -DCMAKE_BUILD_TYPE=Release >/dev/null
 cmake --build "$root/build" -j"$(nproc)" >/dev/null
 

@@ -1,6 +1,8 @@
 /*
- * log: the shim's only voice.  Messages go to stderr (fd 2, written with a raw system call so
- * no hook runs), prefixed "kvshim: ", filtered by shim.log, and at most once per cause.
+ * log: the shim's only voice.  Messages go to stderr (fd 2), or to the file shim.log_file names,
+ * written with raw system calls so that no hook runs, filtered by shim.log, and at most once per
+ * cause.  Each line reads "kvshim: 2026-11-30T15:04:05.123Z pid 1234 warn: <message>": the
+ * prefix first (tests and operators grep for it), then the UTC time, the pid and the level.
  */
 #ifndef KVS_SHIM_LOG_H
 #define KVS_SHIM_LOG_H
@@ -28,7 +30,14 @@ enum kvs_cause {
 /* Set the level (enum kvs_log_level) above which messages are dropped. */
 void kvs_log_set_level(int level);
 
-/* Print "kvshim: <message>\n" once for cause, if level passes the filter. */
+/* Send the lines to path (opened O_APPEND|O_CREAT, mode 0600, at each message), or to stderr
+ * for NULL or "".  A relative path is resolved against the working directory now.  Call it
+ * before the first message; a path that cannot be opened sends every line to stderr, and says
+ * so once. */
+void kvs_log_set_file(const char *path);
+
+/* Print "kvshim: <time> pid <pid> <level>: <message>\n" once for cause, if level passes the
+ * filter. */
 void kvs_log_once(enum kvs_cause cause, int level, const char *fmt, ...)
     __attribute__((format(printf, 3, 4)));
 

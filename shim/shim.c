@@ -111,6 +111,7 @@ static void init(void)
 		goto out;
 	}
 	kvs_log_set_level(cfg.shim_log);
+	kvs_log_set_file(cfg.shim_log_file);
 	if (!cfg.shim_enable)
 		goto out;
 	if (kvs_fdinfo_set_roots(cfg.files_roots) == 0) {

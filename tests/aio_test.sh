@@ -33,7 +33,7 @@ except Exception: print(0)' "$1"
 }
 reset_region() { "$kvshim" reset --force >/dev/null 2>&1; }
 # stderr may hold the shim's one "attached" line and nothing else.
-quiet() { ! grep -v '^kvshim: attached' "$1" | grep -q .; }
+quiet() { ! grep -v '^kvshim: [0-9T:.Z-]* pid [0-9]* info: attached' "$1" | grep -q .; }
 
 # --- kvshim-aio-reader, once: same digests, every check held, served.
 reset_region

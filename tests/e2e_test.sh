@@ -49,7 +49,7 @@ run() {
 		fail "$label: output differs under the shim"
 		return
 	fi
-	if [ -s "$work/err" ] && grep -v '^kvshim: attached' "$work/err" | grep -q .; then
+	if [ -s "$work/err" ] && grep -v '^kvshim: [0-9T:.Z-]* pid [0-9]* info: attached' "$work/err" | grep -q .; then
 		fail "$label: unexpected stderr: $(head -c 300 "$work/err")"
 		return
 	fi
@@ -166,7 +166,7 @@ fi
 printf '[cache]\ncapacity = 12Q\n' >"$work/bad.ini"
 got=$(KVSHIM_CONFIG=$work/bad.ini LD_PRELOAD=$lib dd if="$work/kv/blk2" bs=1M iflag=direct status=none 2>"$work/err" | sha256sum)
 lines=$(wc -l <"$work/err")
-if [ "$want" = "$got" ] && [ "$lines" -eq 1 ] && grep -q "^kvshim: config: $work/bad.ini:2: cache.capacity: " "$work/err"; then
+if [ "$want" = "$got" ] && [ "$lines" -eq 1 ] && grep -q "^kvshim: [0-9T:.Z-]* pid [0-9]* error: config: $work/bad.ini:2: cache.capacity: " "$work/err"; then
 	ok "broken config: same output, one stderr line: $(cat "$work/err")"
 else
 	fail "broken config: lines=$lines stderr=$(cat "$work/err")"

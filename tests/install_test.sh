@@ -7,7 +7,9 @@
 # share/kvshim and the docs in share/doc/kvshim; that the sample lists every key of keys.def,
 # commented out with its default, loads as it is, and with every line uncommented gives the
 # defaults; that the installed `kvshim run` (with no KVSHIM_LIBRARY) preloads the installed
-# ../lib/libkvshim.so, checks first, and that the installed shim attaches and names its version.
+# ../lib/libkvshim.so, checks first, and that the installed shim attaches and names its version;
+# and that `cpack -G DEB` packs exactly the installed files under /usr, as package kvshim of the
+# project's version depending on libc6 (skipped, with a message, without dpkg-deb or cpack).
 # Exits 0 on success, 1 on failure.
 
 # The single-quoted sh -c scripts below expand in the child, which is the point.
@@ -96,12 +98,43 @@ VERSION=$("$P/bin/kvshim" --version | sed 's/^kvshim //')
 KVSHIM_SHIM_LOG=info KVSHIM_LOADER_IO=threads $T "$P/bin/kvshim" run -- \
 	dd if="$WORK/store/blk" of=/dev/null bs=64K iflag=direct status=none 2>"$WORK/err" ||
 	fail "installed run of dd: $(cat "$WORK/err")"
-grep -qx "kvshim: attached as process [0-9]*, backend threads, kvshim $VERSION" "$WORK/err" ||
+grep -qx "kvshim: [0-9T:.Z-]* pid [0-9]* info: attached as process [0-9]*, backend threads, kvshim $VERSION" "$WORK/err" ||
 	fail "the installed shim did not attach: $(cat "$WORK/err")"
 "$P/bin/kvshim" stat --json | python3 -c '
 import json, sys
 t = json.load(sys.stdin)["totals"]
 assert t["requests"] >= 1 and t["backend_bytes"] >= 200000, t' || fail "the installed shim served nothing"
 pass "the installed kvshim run finds ../lib/libkvshim.so, which attaches and serves"
+
+# The Debian package: the same files as the install, under /usr.
+if ! command -v dpkg-deb >/dev/null || ! command -v cpack >/dev/null; then
+	echo "skip: the Debian package (no dpkg-deb or cpack on this machine)"
+else
+	[ -f "$BUILD/CPackConfig.cmake" ] || fail "no $BUILD/CPackConfig.cmake (include(CPack))"
+	(cd "$BUILD" && timeout 240 cpack -G DEB -B "$WORK/pkg") >"$WORK/cpack.log" 2>&1 ||
+		fail "cpack -G DEB: $(cat "$WORK/cpack.log")"
+	DEB=$(ls "$WORK"/pkg/kvshim_*.deb 2>/dev/null)
+	[ -n "$DEB" ] && [ "$(echo "$DEB" | wc -l)" -eq 1 ] || fail "cpack made no kvshim_*.deb: $(ls "$WORK/pkg")"
+	dpkg-deb -c "$DEB" | awk '{ print $NF }' >"$WORK/deb.list" || fail "dpkg-deb -c $DEB"
+	for f in usr/lib/libkvshim.so usr/bin/kvshim usr/share/kvshim/kvshim.ini \
+		usr/share/doc/kvshim/README.md usr/share/doc/kvshim/operations.md; do
+		grep -qx "\./$f" "$WORK/deb.list" || fail "the package has no $f: $(cat "$WORK/deb.list")"
+	done
+	# Exactly what cmake --install installs, byte for byte.
+	dpkg-deb -x "$DEB" "$WORK/deb" || fail "dpkg-deb -x $DEB"
+	(cd "$P" && find . -type f | sort) >"$WORK/installed.files"
+	(cd "$WORK/deb/usr" && find . -type f | sort) >"$WORK/packaged.files"
+	cmp -s "$WORK/installed.files" "$WORK/packaged.files" ||
+		fail "the package and the install differ: $(diff "$WORK/installed.files" "$WORK/packaged.files")"
+	while read -r f; do
+		cmp -s "$P/$f" "$WORK/deb/usr/$f" || fail "the packaged $f differs from the installed one"
+	done <"$WORK/installed.files"
+	dpkg-deb -I "$DEB" >"$WORK/deb.info" || fail "dpkg-deb -I $DEB"
+	PVERSION=${VERSION%%+*}
+	grep -qx " Package: kvshim" "$WORK/deb.info" && grep -qx " Version: $PVERSION" "$WORK/deb.info" &&
+		grep -qE "^ Depends: (.*, )?libc6( |,|$)" "$WORK/deb.info" && grep -q "^ Maintainer: ." "$WORK/deb.info" ||
+		fail "the package's control is not kvshim $PVERSION depending on libc6: $(cat "$WORK/deb.info")"
+	pass "cpack -G DEB: kvshim $PVERSION, depends on libc6, the installed files under /usr"
+fi
 
 echo "PASS: install"

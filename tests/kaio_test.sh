@@ -42,7 +42,7 @@ try: print(json.load(sys.stdin)["region"]["slots_pinned"])
 except Exception: print(0)'
 }
 reset_region() { "$kvshim" reset --force >/dev/null 2>&1; }
-clean_err() { ! grep -v '^kvshim: attached' "$1" | grep -q .; }
+clean_err() { ! grep -v '^kvshim: [0-9T:.Z-]* pid [0-9]* info: attached' "$1" | grep -q .; }
 
 # --- syscall() for every other number: the kernel's answer, -1 and errno as glibc sets them.
 py_syscall='import ctypes,os,platform

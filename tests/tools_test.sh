@@ -821,7 +821,7 @@ if [ -n "$SHIMLIB" ]; then
 	KVSHIM_SHIM_LOG=info LD_PRELOAD="${KVS_E2E_PRELOAD:+$KVS_E2E_PRELOAD:}$SHIMLIB" \
 		$T dd if="$WORK/store/blk1" of=/dev/null bs=64K status=none 2>"$ERR" ||
 		fail "dd under the shim: $(cat "$ERR")"
-	[ "$(grep -c '^kvshim: files.roots is empty: the shim serves nothing$' "$ERR")" -eq 1 ] ||
+	[ "$(grep -c '^kvshim: [0-9T:.Z-]* pid [0-9]* info: files.roots is empty: the shim serves nothing$' "$ERR")" -eq 1 ] ||
 		fail "the shim does not say once that no roots serve nothing: $(cat "$ERR")"
 	pass "the shim logs an empty files.roots once at info"
 
@@ -830,7 +830,7 @@ if [ -n "$SHIMLIB" ]; then
 		LD_PRELOAD="${KVS_E2E_PRELOAD:+$KVS_E2E_PRELOAD:}$SHIMLIB" \
 		$T dd if="$WORK/store/blk1" of=/dev/null bs=64K iflag=direct status=none 2>"$ERR" ||
 		fail "dd under the shim: $(cat "$ERR")"
-	grep -qx "kvshim: attached as process [0-9]*, backend threads, kvshim $VERSION" "$ERR" ||
+	grep -qx "kvshim: [0-9T:.Z-]* pid [0-9]* info: attached as process [0-9]*, backend threads, kvshim $VERSION" "$ERR" ||
 		fail "the attach line does not name the version: $(cat "$ERR")"
 	# evict drops every shard of a file the shim has served, and only once (files.settle 0:
 	# blk1 was just written, and would otherwise be served but not kept).
