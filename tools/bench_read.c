@@ -15,12 +15,13 @@
  *       (one task of all its shards); print the time until the last one is done (s).
  *       --split: rank r reads only files r, r+N, r+2N...: the unique bytes once between
  *       them, at the ranks' concurrency (the storage term of the load's limit)
- *   kvshim-bench-read copy N [--distinct] MIB
+ *   kvshim-bench-read copy N [--distinct] [--memcpy] MIB
  *       fork N processes that start together and each copy MIB MiB, 16 MiB at a time, from
  *       one shared source (a memfd, filled first, as the region is) into its destination:
  *       one 16 MiB buffer faulted in and reused, or with --distinct fresh memory for all MIB;
  *       print the time until the last one is done (s) and the aggregate rate (the copy
- *       term of the load's limit)
+ *       term of the load's limit).  The copy is the shim's default (loader.copy = auto, the
+ *       streaming copy of loader/copy.c); --memcpy copies with memcpy
  *
  * Prints one line of figures; checks no thresholds (the machines are shared: compare ratios).
  */
@@ -38,6 +39,9 @@
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
+
+#include "config.h"
+#include "copy.h"
 
 #define MIB (1u << 20)
 
@@ -256,6 +260,7 @@ static int bench_copy(int argc, char **argv)
 {
 	int n = argc > 0 ? atoi(argv[0]) : 0, i = 1;
 	bool distinct = false;
+	kvs_copy_fn copy = kvs_copy_pick(KVS_COPY_AUTO);
 	const size_t chunk = 16 * (size_t)MIB; /* the files' size in bench.sh */
 	struct board {
 		volatile int ready, go;
@@ -267,6 +272,8 @@ static int bench_copy(int argc, char **argv)
 	for (; i < argc && argv[i][0] == '-'; i++) {
 		if (!strcmp(argv[i], "--distinct"))
 			distinct = true;
+		else if (!strcmp(argv[i], "--memcpy"))
+			copy = kvs_copy_pick(KVS_COPY_MEMCPY);
 		else
 			return 2;
 	}
@@ -298,7 +305,7 @@ static int bench_copy(int argc, char **argv)
 			;
 		for (size_t off = 0; off < len; off += chunk) {
 			size_t k = len - off < chunk ? len - off : chunk;
-			memcpy(distinct ? dst + off : dst, src + off, k);
+			copy(distinct ? dst + off : dst, src + off, k);
 		}
 		__asm__ volatile("" : : "r"(dst) : "memory");
 		bd->end[r] = now();
@@ -337,6 +344,6 @@ int main(int argc, char **argv)
 	fprintf(stderr, "usage: kvshim-bench-read memcpy MIB | probe MIB | read [--direct] "
 			"[--passes N] FILE... "
 			"| ranks N [--direct] [--distinct] [--split] FILE... "
-			"| copy N [--distinct] MIB\n");
+			"| copy N [--distinct] [--memcpy] MIB\n");
 	return 2;
 }
