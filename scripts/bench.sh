@@ -2,10 +2,37 @@
 # Figures for the loader and the shim (docs/benchmarks.md explains each).  Prints figures and
 # the ratios measured in this run; checks no thresholds (shared machines are noisy).
 #   scripts/bench.sh [--quick]
+#   scripts/bench.sh --ranks [--ranks-mib MIB] [--plot FILE.png]
+#       only the ranks sweep: 1, 2, 4, 8 ranks load MIB MiB (default 256) without kvshim,
+#       with kvshim cold and warm, each as a fraction of the limit measured in the same run;
+#       --plot draws load time against ranks (needs python3-matplotlib)
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
-quick=${1:-}
+quick= ranks=0 plot= ranks_mib=256
+while (($#)); do
+	case $1 in
+	--quick) quick=--quick ;;
+	--ranks) ranks=1 ;;
+	--ranks-mib) ranks=1 ranks_mib=$2 && shift ;;
+	--plot) ranks=1 plot=$(realpath -m "$2") && shift ;;
+	*) sed -n '2,8p' "$0" >&2 && exit 2 ;;
+	esac
+	shift
+done
 bash "$root/scripts/deps.sh"
+# Debian's python3-matplotlib is for Debian's python3, which a python3 earlier in PATH (pyenv,
+# a venv) may hide: take the first of the two that has it.
+plot_py=
+if [ -n "$plot" ]; then
+	for py in python3 /usr/bin/python3; do
+		"$py" -c 'import matplotlib' 2>/dev/null && plot_py=$py && break
+	done
+	if [ -z "$plot_py" ]; then
+		echo "bench: --plot needs matplotlib, which neither python3 nor /usr/bin/python3" \
+			"has: apt-get install python3-matplotlib" >&2
+		exit 1
+	fi
+fi
 cmake -S "$root" -B "$root/build" -DCMAKE_BUILD_TYPE=Release >/dev/null
 cmake --build "$root/build" -j"$(nproc)" >/dev/null
 bin=$root/build/tools
@@ -13,10 +40,14 @@ lib=$root/build/shim/libkvshim.so
 bench=$bin/kvshim-bench-read
 work=$(mktemp -d /var/tmp/kvshim-bench.XXXXXX)
 mnt=$work/mnt
+regions=() # the ranks sweep's, one per configuration and round
 cleanup() {
 	mountpoint -q "$mnt" 2>/dev/null && fusermount3 -u "$mnt" 2>/dev/null
 	for n in storage rot-true-1 rot-false-1 rot-true-32 rot-false-32 hits; do
 		KVSHIM_CACHE_NAME=bench-$n-$$ "$bin/kvshim" reset --force >/dev/null 2>&1 || true
+	done
+	for n in "${regions[@]}"; do
+		KVSHIM_CACHE_NAME=$n "$bin/kvshim" reset --force >/dev/null 2>&1 || true
 	done
 	rm -rf "$work"
 }
@@ -35,6 +66,61 @@ stat_of() { # NAME COUNTER
 }
 seconds() { awk '{for (i = 1; i < NF; i++) if ($i == "time") print $(i + 1)}'; }
 gbs() { awk '{print $2}'; }
+min() { printf '%s\n' "$@" | sort -g | head -1; }
+
+# The ranks sweep.  For each destination shape (one buffer reused: ranks N --direct; a fresh
+# destination per block: --distinct) and N ranks, the kvshim load's limit is the slower of two
+# terms measured here, without the shim: the storage reading the unique bytes once between N
+# processes (--split), and N processes copying the unique bytes each out of shared memory into
+# that shape of destination (copy).  They overlap, so the cold limit is their maximum; a warm
+# load reads no storage, so its limit is the copy alone.  Every figure is the best of $reps
+# rounds (the storage term: of both shapes' rounds, 2 x $reps); a cold kvshim round uses a new
+# region, the warm one the same region again.
+ranks_sweep() {
+	local reps=3 dir=$work/ranks tsv=$work/ranks.tsv
+	mkdir -p "$dir"
+	for i in $(seq 1 $((ranks_mib / 16))); do head -c 16M /dev/urandom >"$dir/f$i"; done
+	sync
+	local files=("$dir"/f*)
+	echo "== ranks sweep: $ranks_mib MiB unique in 16 MiB files, O_DIRECT, best of $reps" \
+		"(limit: max(storage, copy) cold, copy warm; fraction = limit / time)"
+	printf 'shape\tranks\tstorage\tcopy\tplain\tcold\twarm\n' >"$tsv"
+	for shape in reused distinct; do
+		local flag=
+		[ $shape = distinct ] && flag=--distinct
+		for n in 1 2 4 8; do
+			local s=() c=() p=() k=() w=() name
+			for rep in $(seq 1 $reps); do
+				s+=("$("$bench" ranks "$n" --direct --split "${files[@]}" | seconds)")
+				c+=("$("$bench" copy "$n" $flag "$ranks_mib" | seconds)")
+				p+=("$("$bench" ranks "$n" --direct $flag "${files[@]}" | seconds)")
+				name=bench-ranks-$shape-$n-$rep-$$
+				regions+=("$name")
+				export KVSHIM_FILES_ROOTS=$dir KVSHIM_CACHE_NAME=$name \
+					KVSHIM_CACHE_CAPACITY=$((ranks_mib + 64))M
+				k+=("$(LD_PRELOAD=$lib "$bench" ranks "$n" --direct $flag "${files[@]}" |
+					seconds)")
+				w+=("$(LD_PRELOAD=$lib "$bench" ranks "$n" --direct $flag "${files[@]}" |
+					seconds)")
+				"$bin/kvshim" reset --force >/dev/null
+				unset KVSHIM_FILES_ROOTS KVSHIM_CACHE_NAME KVSHIM_CACHE_CAPACITY
+			done
+
+			printf '%s\t%s\t%s\t%s\t%s\t%s\t%s\n' $shape "$n" "$(min "${s[@]}")" \
+				"$(min "${c[@]}")" "$(min "${p[@]}")" "$(min "${k[@]}")" \
+				"$(min "${w[@]}")" >>"$tsv"
+		done
+	done
+	python3 "$root/scripts/bench_ranks.py" table "$tsv"
+	if [ -n "$plot" ]; then
+		"$plot_py" "$root/scripts/bench_ranks.py" plot "$tsv" "$plot" "$ranks_mib"
+		echo "plot: $plot"
+	fi
+}
+if ((ranks)); then
+	ranks_sweep
+	exit 0
+fi
 
 echo "== kvshim cache protocol (tools/kvshim-bench-cache)"
 "$bin/kvshim-bench-cache" 1

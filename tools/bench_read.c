@@ -10,9 +10,18 @@
  *   kvshim-bench-read probe MIB
  *       what the shim's buffer check costs on a 1 MiB buffer that is already mapped (as an
  *       engine's is), next to a whole-range MADV_POPULATE_WRITE and to memcpy of 1 MiB
- *   kvshim-bench-read ranks N [--direct] [--distinct] FILE...
+ *   kvshim-bench-read ranks N [--direct] [--distinct] [--split] FILE...
  *       fork N processes that start together and each read every FILE with one pread per file
- *       (one task of all its shards); print the time until the last one is done (s)
+ *       (one task of all its shards); print the time until the last one is done (s).
+ *       --split: rank r reads only files r, r+N, r+2N...: the unique bytes once between
+ *       them, at the ranks' concurrency (the storage term of the load's limit)
+ *   kvshim-bench-read copy N [--distinct] [--memcpy] MIB
+ *       fork N processes that start together and each copy MIB MiB, 16 MiB at a time, from
+ *       one shared source (a memfd, filled first, as the region is) into its destination:
+ *       one 16 MiB buffer faulted in and reused, or with --distinct fresh memory for all MIB;
+ *       print the time until the last one is done (s) and the aggregate rate (the copy
+ *       term of the load's limit).  The copy is the shim's default (loader.copy = auto, the
+ *       streaming copy of loader/copy.c); --memcpy copies with memcpy
  *
  * Prints one line of figures; checks no thresholds (the machines are shared: compare ratios).
  */
@@ -30,6 +39,9 @@
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
+
+#include "config.h"
+#include "copy.h"
 
 #define MIB (1u << 20)
 
@@ -183,18 +195,21 @@ static int bench_ranks(int argc, char **argv)
 
 	if (n <= 0 || n > 64 || bd == MAP_FAILED)
 		return 2;
-	bool distinct = false;
+	bool distinct = false, split = false;
 	for (; i < argc && argv[i][0] == '-'; i++) {
 		if (!strcmp(argv[i], "--direct"))
 			direct = true;
 		else if (!strcmp(argv[i], "--distinct"))
 			distinct = true;
+		else if (!strcmp(argv[i], "--split"))
+			split = true;
 		else
 			return 2;
 	}
 	for (int r = 0; r < n; r++) {
 		if (fork())
 			continue;
+		int first = split ? i + r : i, step = split ? n : 1;
 		size_t biggest = 0;
 		for (int f = i; f < argc; f++) {
 			struct stat st;
@@ -212,9 +227,9 @@ static int bench_ranks(int argc, char **argv)
 		__sync_fetch_and_add(&bd->ready, 1);
 		while (!bd->go)
 			;
-		for (int f = i; f < argc; f++) {
+		for (int f = first; f < argc; f += step) {
 			int fd = open_file(argv[f], direct);
-			char *dst = distinct ? buf + each * (size_t)(f - i) : buf;
+			char *dst = distinct ? buf + each * (size_t)((f - first) / step) : buf;
 			if (pread(fd, dst, each, 0) < 0)
 				_exit(1);
 			close(fd);
@@ -239,6 +254,81 @@ static int bench_ranks(int argc, char **argv)
 	return bad;
 }
 
+/* The copy term: what N ranks' copies out of one shared source cost, with no storage and no
+ * cache protocol.  Like ranks, the processes start together and the time is the last one's. */
+static int bench_copy(int argc, char **argv)
+{
+	int n = argc > 0 ? atoi(argv[0]) : 0, i = 1;
+	bool distinct = false;
+	kvs_copy_fn copy = kvs_copy_pick(KVS_COPY_AUTO);
+	const size_t chunk = 16 * (size_t)MIB; /* the files' size in bench.sh */
+	struct board {
+		volatile int ready, go;
+		double end[64];
+	} *bd = mmap(NULL, sizeof(*bd), PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
+
+	if (n <= 0 || n > 64 || bd == MAP_FAILED)
+		return 2;
+	for (; i < argc && argv[i][0] == '-'; i++) {
+		if (!strcmp(argv[i], "--distinct"))
+			distinct = true;
+		else if (!strcmp(argv[i], "--memcpy"))
+			copy = kvs_copy_pick(KVS_COPY_MEMCPY);
+		else
+			return 2;
+	}
+	if (i >= argc || atoi(argv[i]) <= 0)
+		return 2;
+	size_t len = (size_t)atoi(argv[i]) * MIB;
+	int fd = memfd_create("kvshim-bench-copy", 0);
+	if (fd < 0 || ftruncate(fd, (off_t)len) < 0) {
+		perror("kvshim-bench-read: memfd");
+		return 1;
+	}
+	char *src = mmap(NULL, len, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+	if (src == MAP_FAILED) {
+		perror("kvshim-bench-read: mmap");
+		return 1;
+	}
+	memset(src, 7, len); /* every page allocated before any clock starts, as a warm region's */
+	for (int r = 0; r < n; r++) {
+		if (fork())
+			continue;
+		/* --distinct: fresh memory, never touched, as the ranks' destinations are. */
+		char *dst = distinct ? mmap(NULL, len, PROT_READ | PROT_WRITE,
+					    MAP_PRIVATE | MAP_ANONYMOUS, -1, 0)
+				     : page_alloc(chunk);
+		if (dst == MAP_FAILED)
+			_exit(1);
+		__sync_fetch_and_add(&bd->ready, 1);
+		while (!bd->go)
+			;
+		for (size_t off = 0; off < len; off += chunk) {
+			size_t k = len - off < chunk ? len - off : chunk;
+			copy(distinct ? dst + off : dst, src + off, k);
+		}
+		__asm__ volatile("" : : "r"(dst) : "memory");
+		bd->end[r] = now();
+		_exit(0);
+	}
+	while (bd->ready < n)
+		usleep(100);
+	double t0 = now(), last = t0;
+	bd->go = 1;
+	int bad = 0;
+	for (int r = 0; r < n; r++) {
+		int st;
+		wait(&st);
+		bad |= !WIFEXITED(st) || WEXITSTATUS(st);
+	}
+	for (int r = 0; r < n; r++)
+		if (bd->end[r] > last)
+			last = bd->end[r];
+	printf("copy %d time %.3f s %.2f GB/s\n", n, last - t0,
+	       (double)n * (double)len / (last - t0) / 1e9);
+	return bad;
+}
+
 int main(int argc, char **argv)
 {
 	if (argc >= 3 && !strcmp(argv[1], "memcpy"))
@@ -249,8 +339,11 @@ int main(int argc, char **argv)
 		return bench_read(argc - 2, argv + 2);
 	if (argc >= 4 && !strcmp(argv[1], "ranks"))
 		return bench_ranks(argc - 2, argv + 2);
+	if (argc >= 4 && !strcmp(argv[1], "copy"))
+		return bench_copy(argc - 2, argv + 2);
 	fprintf(stderr, "usage: kvshim-bench-read memcpy MIB | probe MIB | read [--direct] "
 			"[--passes N] FILE... "
-			"| ranks N [--direct] [--distinct] FILE...\n");
+			"| ranks N [--direct] [--distinct] [--split] FILE... "
+			"| copy N [--distinct] [--memcpy] MIB\n");
 	return 2;
 }
