@@ -22,8 +22,16 @@ done
 bash "$root/scripts/deps.sh"
 # Debian's python3-matplotlib is for Debian's python3, which a python3 earlier in PATH (pyenv,
 # a venv) may hide: take the first of the two that has it.
+# It is installed here, not by deps.sh: no test needs it, and CI need not fetch it.
 plot_py=
 if [ -n "$plot" ]; then
+	if ! dpkg-query -W -f='${Status}' python3-matplotlib 2>/dev/null | grep -q "install ok installed"; then
+		echo "bench: installing python3-matplotlib (for --plot)" >&2
+		sudo=""
+		[ "$(id -u)" -eq 0 ] || sudo="sudo"
+		DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq --no-install-recommends \
+			python3-matplotlib >/dev/null 2>&1 || true
+	fi
 	for py in python3 /usr/bin/python3; do
 		"$py" -c 'import matplotlib' 2>/dev/null && plot_py=$py && break
 	done

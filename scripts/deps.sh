@@ -30,17 +30,6 @@ if ! command -v promtool >/dev/null; then
 		echo "deps: prometheus did not install; the tools test skips promtool" >&2
 fi
 
-# matplotlib (Debian's python3-matplotlib), for `bench.sh --plot` only: bench.sh says when it
-# is missing, and no test uses it, so a failed install must not stop the build.
-if ! dpkg-query -W -f='${Status}' python3-matplotlib 2>/dev/null | grep -q "install ok installed"; then
-	echo "deps: installing python3-matplotlib (for bench.sh --plot)" >&2
-	sudo=""
-	[ "$(id -u)" -eq 0 ] || sudo="sudo"
-	DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq --no-install-recommends \
-		python3-matplotlib >/dev/null 2>&1 ||
-		echo "deps: python3-matplotlib did not install; bench.sh --plot is unavailable" >&2
-fi
-
 # NVIDIA's cufile.h and libcufile.so.0 (the nvidia-cufile wheel), for check_cufile_abi, which
 # pins shim/cufile_types.h to them.  Without the wheel that test skips, so a failed install
 # must not stop the build either.
