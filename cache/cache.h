@@ -25,7 +25,8 @@
 #include <stdint.h>
 #include <sys/types.h>
 
-struct kvs_config;
+#include "params.h"
+
 struct kvs_cache;
 
 /* Identity of one cached shard: the 128-bit block id of a file and the shard index in it. */
@@ -86,10 +87,10 @@ enum kvs_open_flags {
  * and KVS_OPEN_CREATE is given, and (unless KVS_OPEN_WATCH) attach this process: take a process
  * table slot and its liveness lock.  *out is set on success only.  The object at the path is
  * used only if kvs_cache_open_file trusts it.  A region is built only if it fits in the free
- * space of /dev/shm less cfg->cache_shm_headroom; with cache_capacity 0 (auto) it is built as
+ * space of /dev/shm less cfg->shm_headroom; with cache_capacity 0 (auto) it is built as
  * large as fits, and an existing region is taken with the slot count it has.
  * A region refused for its dimensions counts the refusal in its header (refused_attaches), when
- * it is of this layout.  With KVS_OPEN_CREATE and cfg->cache_on_mismatch = rebuild, such a
+ * it is of this layout.  With KVS_OPEN_CREATE and cfg->on_mismatch = rebuild, such a
  * region is replaced by one built for cfg instead, if no live process is attached to it.
  * Errors: -ENOENT (absent, no CREATE), -EPERM (an object at the path that is not trusted: msg
  * says what it is), -ENOSPC (does not fit: msg gives the sizes and the fixes), -EPROTO (magic,
@@ -99,7 +100,7 @@ enum kvs_open_flags {
  * msg (may be NULL) receives a one-line reason on failure; on success it is "", unless a
  * region was replaced (rebuild): then it says which and why, for the caller to log once.
  */
-int kvs_cache_open(const struct kvs_config *cfg, int flags, struct kvs_cache **out, char *msg,
+int kvs_cache_open(const struct kvs_cache_params *cfg, int flags, struct kvs_cache **out, char *msg,
 		   size_t msglen);
 
 /*
@@ -108,7 +109,7 @@ int kvs_cache_open(const struct kvs_config *cfg, int flags, struct kvs_cache **o
  * cache.shm_headroom; with capacity = auto, room for the smallest region).  Returns 0, or
  * -ENOSPC (msg gives the sizes and the fixes) or another -errno with one line in msg.
  */
-int kvs_cache_fits(const struct kvs_config *cfg, char *msg, size_t msglen);
+int kvs_cache_fits(const struct kvs_cache_params *cfg, char *msg, size_t msglen);
 
 /*
  * Check a region opened with KVS_OPEN_WATCH (which takes it as built) against cfg as an
@@ -116,7 +117,7 @@ int kvs_cache_fits(const struct kvs_config *cfg, char *msg, size_t msglen);
  * attacher's mismatch message in msg ("region ... has shard_size 65536, the configuration
  * wants 131072 (run `kvshim reset` to rebuild it)").
  */
-int kvs_cache_check_config(struct kvs_cache *c, const struct kvs_config *cfg, char *msg,
+int kvs_cache_check_config(struct kvs_cache *c, const struct kvs_cache_params *cfg, char *msg,
 			   size_t msglen);
 
 /* Detach (fold this process's counters into the totals, free its process slot), unmap and free.
@@ -129,7 +130,7 @@ void kvs_cache_close(struct kvs_cache *c);
 void kvs_cache_forget(struct kvs_cache *c);
 
 /* Path of the region object for cfg: "/dev/shm/kvshim.<euid>.<name>". */
-int kvs_cache_path(const struct kvs_config *cfg, char *buf, size_t len);
+int kvs_cache_path(const struct kvs_cache_params *cfg, char *buf, size_t len);
 
 /*
  * Open the region file at path (oflags: O_RDONLY or O_RDWR) without following a symbolic link

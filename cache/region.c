@@ -184,24 +184,24 @@ static int dims_from(struct dims *d, uint64_t shard_size, uint64_t nslots, uint6
 }
 
 /* The region of n slots that the configuration asks for. */
-static int dims_for(const struct kvs_config *cfg, uint64_t n, struct dims *d)
+static int dims_for(const struct kvs_cache_params *cfg, uint64_t n, struct dims *d)
 {
-	uint64_t reserved = n * cfg->cache_reserved / 100;
+	uint64_t reserved = n * cfg->reserved / 100;
 
 	if (n && reserved >= n)
 		reserved = n - 1;
-	return dims_from(d, cfg->cache_shard_size, n, reserved, cfg->cache_max_processes);
+	return dims_from(d, cfg->shard_size, n, reserved, cfg->max_processes);
 }
 
 /* The region the configuration asks for; with capacity = auto, one of the smallest size that
  * auto accepts (the real size is set by fit() or read from the region). */
-static int dims_of(const struct kvs_config *cfg, struct dims *d)
+static int dims_of(const struct kvs_cache_params *cfg, struct dims *d)
 {
-	uint64_t shard = cfg->cache_shard_size;
+	uint64_t shard = cfg->shard_size;
 
-	if (!cfg->cache_capacity)
+	if (!cfg->capacity)
 		return dims_for(cfg, KVS_AUTO_MIN_SLOTS, d);
-	return dims_for(cfg, shard ? cfg->cache_capacity / shard : 0, d);
+	return dims_for(cfg, shard ? cfg->capacity / shard : 0, d);
 }
 
 /* The region a file's header describes (a watcher takes the region as it is). */
@@ -215,11 +215,11 @@ static int dims_of_file(int fd, struct dims *d)
 	return dims_from(d, h.shard_size, h.nslots, h.nreserved, h.nprocs) ? -EPROTO : 0;
 }
 
-int kvs_cache_path(const struct kvs_config *cfg, char *buf, size_t len)
+int kvs_cache_path(const struct kvs_cache_params *cfg, char *buf, size_t len)
 {
 	/* The effective uid: the one that owns what this process creates, and that trust is
 	 * checked against. */
-	int n = snprintf(buf, len, "/dev/shm/kvshim.%u.%s", (unsigned)geteuid(), cfg->cache_name);
+	int n = snprintf(buf, len, "/dev/shm/kvshim.%u.%s", (unsigned)geteuid(), cfg->name);
 
 	return n < 0 || (size_t)n >= len ? -ENAMETOOLONG : 0;
 }
@@ -333,7 +333,7 @@ static void bind(struct kvs_cache *c, const struct dims *d)
 }
 
 /* Build a fresh region in the mapping: everything but the magic, which goes last. */
-static int build(struct kvs_cache *c, const struct dims *d, const struct kvs_config *cfg)
+static int build(struct kvs_cache *c, const struct dims *d, const struct kvs_cache_params *cfg)
 {
 	struct kvs_hdr *h = c->hdr;
 	int r;
@@ -349,8 +349,8 @@ static int build(struct kvs_cache *c, const struct dims *d, const struct kvs_con
 	h->nstripes = d->nstripes;
 	h->nprocs = d->nprocs;
 	h->npins = KVS_PINS_PER_PROC;
-	h->eviction = (uint32_t)cfg->cache_eviction;
-	h->populate_mode = (uint32_t)cfg->cache_populate;
+	h->eviction = (uint32_t)cfg->eviction;
+	h->populate_mode = (uint32_t)cfg->populate;
 	h->off_procs = d->off_procs;
 	h->off_stripes = d->off_stripes;
 	h->off_buckets = d->off_buckets;
@@ -455,10 +455,10 @@ static const char *human(uint64_t v, char *buf, size_t len)
  * bytes that the build frees (the region it replaces), counted as free.  Returns 0, or -ENOSPC
  * with one line in msg.
  */
-static int fit(int dirfd, struct dims *d, const struct kvs_config *cfg, uint64_t reclaim,
+static int fit(int dirfd, struct dims *d, const struct kvs_cache_params *cfg, uint64_t reclaim,
 	       const char *path, char *msg, size_t msglen)
 {
-	uint64_t shard = cfg->cache_shard_size, free_b, room, n;
+	uint64_t shard = cfg->shard_size, free_b, room, n;
 	char a[32], b[32], h[32];
 	struct statvfs sv;
 	int r;
@@ -470,10 +470,10 @@ static int fit(int dirfd, struct dims *d, const struct kvs_config *cfg, uint64_t
 		return r;
 	}
 	free_b = (uint64_t)sv.f_bavail * sv.f_frsize + reclaim;
-	room = free_b > cfg->cache_shm_headroom ? free_b - cfg->cache_shm_headroom : 0;
+	room = free_b > cfg->shm_headroom ? free_b - cfg->shm_headroom : 0;
 	human(free_b, b, sizeof(b));
-	human(cfg->cache_shm_headroom, h, sizeof(h));
-	if (cfg->cache_capacity) {
+	human(cfg->shm_headroom, h, sizeof(h));
+	if (cfg->capacity) {
 		if (d->total <= room)
 			return 0;
 		snprintf(msg, msglen,
@@ -576,8 +576,8 @@ static int publish(int fd, const char *name, const char *path, bool replace)
 /* Build the region (sized by fit(), which may change d) and publish it; with replace, over
  * the region there, whose reclaim bytes it frees.  Returns the descriptor of the published
  * region, -EEXIST when another process published first, or -errno. */
-static int create(struct kvs_cache *c, struct dims *d, const struct kvs_config *cfg, bool replace,
-		  uint64_t reclaim, char *msg, size_t msglen)
+static int create(struct kvs_cache *c, struct dims *d, const struct kvs_cache_params *cfg,
+		  bool replace, uint64_t reclaim, char *msg, size_t msglen)
 {
 	char dir[sizeof(c->path)], name[sizeof(c->path) + 64];
 	const char *slash = strrchr(c->path, '/');
@@ -601,7 +601,7 @@ static int create(struct kvs_cache *c, struct dims *d, const struct kvs_config *
 		snprintf(msg, msglen, "cannot create a region in %s: %s", dir, strerror(-r));
 		goto out_dir;
 	}
-	if (fchmod(fd, (mode_t)cfg->cache_mode) < 0 || ftruncate(fd, (off_t)d->total) < 0) {
+	if (fchmod(fd, (mode_t)cfg->mode) < 0 || ftruncate(fd, (off_t)d->total) < 0) {
 		r = -errno;
 		snprintf(msg, msglen, "cannot size %s to %" PRIu64 " bytes: %s", c->path, d->total,
 			 strerror(-r));
@@ -650,8 +650,8 @@ out_dir:
 
 /* Map an existing region and check it against d (with capacity = auto, against the region's
  * own slot count, written back to d).  Returns 0 or -errno. */
-static int attach(struct kvs_cache *c, struct dims *d, const struct kvs_config *cfg, bool autosize,
-		  char *msg, size_t msglen)
+static int attach(struct kvs_cache *c, struct dims *d, const struct kvs_cache_params *cfg,
+		  bool autosize, char *msg, size_t msglen)
 {
 	struct kvs_hdr built;
 	struct dims mine;
@@ -766,7 +766,7 @@ static void nap_ms(long ms)
  * -EAGAIN when another process is replacing it now or the path names another file by now
  * (attach again); -EPROTO with msg when live processes are attached; or -errno with msg.
  */
-static int rebuild(struct kvs_cache *c, struct dims *d, const struct kvs_config *cfg, int old,
+static int rebuild(struct kvs_cache *c, struct dims *d, const struct kvs_cache_params *cfg, int old,
 		   char *msg, size_t msglen)
 {
 	char why[512], self[32];
@@ -812,7 +812,7 @@ out:
 	return r;
 }
 
-int kvs_cache_open(const struct kvs_config *cfg, int flags, struct kvs_cache **out, char *msg,
+int kvs_cache_open(const struct kvs_cache_params *cfg, int flags, struct kvs_cache **out, char *msg,
 		   size_t msglen)
 {
 	char scratch[8];
@@ -838,22 +838,22 @@ int kvs_cache_open(const struct kvs_config *cfg, int flags, struct kvs_cache **o
 	c->mismatch_fd = -1;
 	c->self = -1;
 	c->watch = flags & KVS_OPEN_WATCH;
-	c->wait_mode = cfg->loader_wait;
-	c->eviction = cfg->cache_eviction;
-	c->populate = cfg->cache_populate;
-	c->mode = (uint32_t)cfg->cache_mode;
-	c->headroom = cfg->cache_shm_headroom;
-	c->lock_timeout_ns = c->watch ? KVS_LOCK_TIMEOUT_WATCH_NS
-				      : cfg->loader_wait_timeout_ms * 1000000ull; /* lock.c */
+	c->wait_mode = cfg->wait_mode;
+	c->eviction = cfg->eviction;
+	c->populate = cfg->populate;
+	c->mode = (uint32_t)cfg->mode;
+	c->headroom = cfg->shm_headroom;
+	c->lock_timeout_ns =
+	    c->watch ? KVS_LOCK_TIMEOUT_WATCH_NS : cfg->wait_timeout_ms * 1000000ull; /* lock.c */
 	pthread_mutex_init(&c->reclaim_mu, NULL);
 	r = kvs_cache_path(cfg, c->path, sizeof(c->path));
 	if (r)
 		goto err_free;
 
 	for (int tries = 0, busy = 0; tries < 8; tries++) {
-		r = attach(c, &d, cfg, !cfg->cache_capacity, msg, msglen);
+		r = attach(c, &d, cfg, !cfg->capacity, msg, msglen);
 		if (r == -EPROTO && (flags & KVS_OPEN_CREATE) && !c->watch &&
-		    cfg->cache_on_mismatch == KVS_MISMATCH_REBUILD) {
+		    cfg->on_mismatch == KVS_MISMATCH_REBUILD) {
 			r = rebuild(c, &d, cfg, c->mismatch_fd, msg, msglen);
 			if (r >= 0) {
 				c->fd = r;
@@ -941,7 +941,7 @@ void kvs_cache_forget(struct kvs_cache *c)
 	 * do not touch it; the handle's memory is abandoned with it. */
 }
 
-int kvs_cache_fits(const struct kvs_config *cfg, char *msg, size_t msglen)
+int kvs_cache_fits(const struct kvs_cache_params *cfg, char *msg, size_t msglen)
 {
 	char path[sizeof(((struct kvs_cache *)0)->path)], dir[sizeof(path)];
 	const char *slash;
@@ -969,7 +969,7 @@ int kvs_cache_fits(const struct kvs_config *cfg, char *msg, size_t msglen)
 	return r;
 }
 
-int kvs_cache_check_config(struct kvs_cache *c, const struct kvs_config *cfg, char *msg,
+int kvs_cache_check_config(struct kvs_cache *c, const struct kvs_cache_params *cfg, char *msg,
 			   size_t msglen)
 {
 	int eviction = c->eviction;
@@ -980,7 +980,7 @@ int kvs_cache_check_config(struct kvs_cache *c, const struct kvs_config *cfg, ch
 
 	msg[0] = '\0';
 	/* As attach() does: capacity = auto takes the region's own slot count. */
-	r = cfg->cache_capacity ? dims_of(cfg, &d) : dims_for(cfg, c->hdr->nslots, &d);
+	r = cfg->capacity ? dims_of(cfg, &d) : dims_for(cfg, c->hdr->nslots, &d);
 	if (r) {
 		snprintf(msg, msglen, "the cache dimensions are out of range");
 		return -EINVAL;
@@ -989,7 +989,7 @@ int kvs_cache_check_config(struct kvs_cache *c, const struct kvs_config *cfg, ch
 		return -errno;
 	/* check() as an attacher of this configuration would run it. */
 	c->watch = false;
-	c->eviction = cfg->cache_eviction;
+	c->eviction = cfg->eviction;
 	r = check(c, &d, (size_t)st.st_size, msg, msglen);
 	c->watch = watch;
 	c->eviction = eviction;

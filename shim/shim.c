@@ -40,6 +40,7 @@
 #include <unistd.h>
 
 #include "cache.h"
+#include "cache_params.h"
 #include "config.h"
 #include "cufile_types.h"
 #include "device.h"
@@ -158,7 +159,7 @@ static bool map_locked(void)
 	if (m != AT_NONE)
 		return m == AT_OK;
 	m = AT_FAILED;
-	int r = kvs_cache_open(&cfg, KVS_OPEN_CREATE, &cache, msg, sizeof(msg));
+	int r = kvs_cache_open(KVS_CACHE_PARAMS(&cfg), KVS_OPEN_CREATE, &cache, msg, sizeof(msg));
 	if (r)
 		kvs_log_once(KVS_CAUSE_ATTACH, KVS_LOG_WARN,
 			     "cannot use the cache (%s); reads go to storage",

@@ -22,6 +22,7 @@
 #include <unistd.h>
 
 #include "cache.h"
+#include "cache_params.h"
 #include "config.h"
 #include "internal.h"
 
@@ -48,7 +49,7 @@ static void remove_region(const struct kvs_config *cfg)
 {
 	char path[256];
 
-	kvs_cache_path(cfg, path, sizeof(path));
+	kvs_cache_path(KVS_CACHE_PARAMS(cfg), path, sizeof(path));
 	unlink(path);
 }
 
@@ -56,7 +57,7 @@ static struct kvs_cache *open_ok(const struct kvs_config *cfg)
 {
 	struct kvs_cache *c = NULL;
 	char msg[256];
-	int r = kvs_cache_open(cfg, KVS_OPEN_CREATE, &c, msg, sizeof(msg));
+	int r = kvs_cache_open(KVS_CACHE_PARAMS(cfg), KVS_OPEN_CREATE, &c, msg, sizeof(msg));
 
 	ck_assert_msg(r == 0, "open: %d %s", r, msg);
 	return c;
@@ -180,9 +181,9 @@ START_TEST(test_create_attach_mismatch)
 
 	test_config(&cfg, 8, 4096);
 	cfg.cache_mode = 0640;
-	ck_assert_int_eq(kvs_cache_open(&cfg, 0, &b, msg, sizeof(msg)), -ENOENT);
+	ck_assert_int_eq(kvs_cache_open(KVS_CACHE_PARAMS(&cfg), 0, &b, msg, sizeof(msg)), -ENOENT);
 	a = open_ok(&cfg);
-	kvs_cache_path(&cfg, path, sizeof(path));
+	kvs_cache_path(KVS_CACHE_PARAMS(&cfg), path, sizeof(path));
 	ck_assert_int_eq(stat(path, &st), 0);
 	ck_assert_uint_eq(st.st_mode & 0777, 0640);
 	b = open_ok(&cfg);
@@ -192,15 +193,21 @@ START_TEST(test_create_attach_mismatch)
 	other = cfg;
 	other.cache_shard_size = 8192;
 	other.cache_capacity = 8 * 8192;
-	ck_assert_int_eq(kvs_cache_open(&other, KVS_OPEN_CREATE, &b, msg, sizeof(msg)), -EPROTO);
+	ck_assert_int_eq(
+	    kvs_cache_open(KVS_CACHE_PARAMS(&other), KVS_OPEN_CREATE, &b, msg, sizeof(msg)),
+	    -EPROTO);
 	ck_assert_msg(strstr(msg, "shard_size"), "msg: %s", msg);
 	other = cfg;
 	other.cache_max_processes = 17;
-	ck_assert_int_eq(kvs_cache_open(&other, KVS_OPEN_CREATE, &b, msg, sizeof(msg)), -EPROTO);
+	ck_assert_int_eq(
+	    kvs_cache_open(KVS_CACHE_PARAMS(&other), KVS_OPEN_CREATE, &b, msg, sizeof(msg)),
+	    -EPROTO);
 	ck_assert_msg(strstr(msg, "max_processes"), "msg: %s", msg);
 	other = cfg;
 	other.cache_eviction = KVS_EVICT_FIFO;
-	ck_assert_int_eq(kvs_cache_open(&other, KVS_OPEN_CREATE, &b, msg, sizeof(msg)), -EPROTO);
+	ck_assert_int_eq(
+	    kvs_cache_open(KVS_CACHE_PARAMS(&other), KVS_OPEN_CREATE, &b, msg, sizeof(msg)),
+	    -EPROTO);
 	ck_assert_msg(strstr(msg, "eviction"), "msg: %s", msg);
 	kvs_cache_close(a);
 	remove_region(&cfg);
@@ -233,7 +240,7 @@ START_TEST(test_pin_owner_hit)
 	ck_assert_int_eq(kvs_cache_lookup(c, &k), KVS_SLOT_READY);
 	/* A watcher maps the control plane only, and can still answer the existence query. */
 	struct kvs_cache *w = NULL;
-	ck_assert_int_eq(kvs_cache_open(&cfg, KVS_OPEN_WATCH, &w, NULL, 0), 0);
+	ck_assert_int_eq(kvs_cache_open(KVS_CACHE_PARAMS(&cfg), KVS_OPEN_WATCH, &w, NULL, 0), 0);
 	ck_assert_uint_lt(w->map_len, c->map_len);
 	ck_assert_int_eq(kvs_cache_lookup(w, &k), KVS_SLOT_READY);
 	struct kvs_key absent = key_of(1, 1);
@@ -446,7 +453,7 @@ START_TEST(test_process_table_full)
 	cfg.cache_max_processes = 2;
 	a = open_ok(&cfg);
 	b = open_ok(&cfg);
-	ck_assert_int_eq(kvs_cache_open(&cfg, 0, &x, msg, sizeof(msg)), -EUSERS);
+	ck_assert_int_eq(kvs_cache_open(KVS_CACHE_PARAMS(&cfg), 0, &x, msg, sizeof(msg)), -EUSERS);
 	kvs_cache_close(b);
 	b = open_ok(&cfg);
 	kvs_cache_close(b);
@@ -464,14 +471,14 @@ START_TEST(test_corrupt_header_refused)
 	test_config(&cfg, 8, 4096);
 	c = open_ok(&cfg);
 	c->hdr->magic = 0xdeadbeef;
-	ck_assert_int_eq(kvs_cache_open(&cfg, 0, &x, msg, sizeof(msg)), -EPROTO);
+	ck_assert_int_eq(kvs_cache_open(KVS_CACHE_PARAMS(&cfg), 0, &x, msg, sizeof(msg)), -EPROTO);
 	ck_assert_msg(strstr(msg, "magic"), "%s", msg);
 	c->hdr->magic = KVS_MAGIC;
 	c->hdr->nslots = 1u << 30;
-	ck_assert_int_eq(kvs_cache_open(&cfg, 0, &x, msg, sizeof(msg)), -EPROTO);
+	ck_assert_int_eq(kvs_cache_open(KVS_CACHE_PARAMS(&cfg), 0, &x, msg, sizeof(msg)), -EPROTO);
 	c->hdr->nslots = 8;
 	c->hdr->off_slots = 12;
-	ck_assert_int_eq(kvs_cache_open(&cfg, 0, &x, msg, sizeof(msg)), -EPROTO);
+	ck_assert_int_eq(kvs_cache_open(KVS_CACHE_PARAMS(&cfg), 0, &x, msg, sizeof(msg)), -EPROTO);
 	kvs_cache_close(c);
 	remove_region(&cfg);
 }
@@ -544,7 +551,7 @@ START_TEST(test_one_owner_per_key)
 			continue;
 		kvs_cache_forget(parent);
 		struct kvs_cache *c = NULL;
-		if (kvs_cache_open(&cfg, 0, &c, NULL, 0))
+		if (kvs_cache_open(KVS_CACHE_PARAMS(&cfg), 0, &c, NULL, 0))
 			_exit(2);
 		while (!bd->go)
 			;
@@ -601,7 +608,7 @@ START_TEST(test_failure_reaches_waiters)
 		kvs_cache_forget(c);
 		struct kvs_cache *cc = NULL;
 		struct kvs_pin p;
-		if (kvs_cache_open(&cfg, 0, &cc, NULL, 0) ||
+		if (kvs_cache_open(KVS_CACHE_PARAMS(&cfg), 0, &cc, NULL, 0) ||
 		    kvs_cache_pin(cc, &k, KVS_ALLOC_LOAD, &p) != KVS_PIN_WAIT)
 			_exit(2);
 		atomic_fetch_add(&res[0], 1);
@@ -641,7 +648,7 @@ static pid_t spawn_holder(struct kvs_cache *parent, const struct kvs_config *cfg
 		return pid;
 	kvs_cache_forget(parent);
 	struct kvs_cache *c = NULL;
-	if (kvs_cache_open(cfg, 0, &c, NULL, 0))
+	if (kvs_cache_open(KVS_CACHE_PARAMS(cfg), 0, &c, NULL, 0))
 		_exit(2);
 	hold(c);
 	*ready = 1;
@@ -673,7 +680,7 @@ static void waiters_survive(struct kvs_cache *parent, const struct kvs_config *c
 		kvs_cache_forget(parent);
 		struct kvs_cache *c = NULL;
 		struct kvs_pin p;
-		if (kvs_cache_open(cfg, 0, &c, NULL, 0))
+		if (kvs_cache_open(KVS_CACHE_PARAMS(cfg), 0, &c, NULL, 0))
 			_exit(2);
 		atomic_fetch_add(&res[0], 1);
 		uint64_t t0 = mono_ms();
@@ -790,7 +797,7 @@ START_TEST(test_dead_process_reaped_on_attach)
 	kvs_cache_close(c);
 	/* Totals survive the processes. */
 	struct kvs_cache *w = NULL;
-	ck_assert_int_eq(kvs_cache_open(&cfg, KVS_OPEN_WATCH, &w, NULL, 0), 0);
+	ck_assert_int_eq(kvs_cache_open(KVS_CACHE_PARAMS(&cfg), KVS_OPEN_WATCH, &w, NULL, 0), 0);
 	ck_assert_int_eq(kvs_cache_stat(w, &info, &tot, NULL, 0), 0);
 	ck_assert_uint_eq(tot.v[KVS_CTR_requests], 5);
 	kvs_cache_close(w);
@@ -814,7 +821,7 @@ START_TEST(test_dead_waiter_does_not_keep_failure)
 	if (pid == 0) {
 		struct kvs_cache *cc = NULL;
 		kvs_cache_forget(c);
-		if (kvs_cache_open(&cfg, 0, &cc, NULL, 0) ||
+		if (kvs_cache_open(KVS_CACHE_PARAMS(&cfg), 0, &cc, NULL, 0) ||
 		    kvs_cache_pin(cc, &k, KVS_ALLOC_LOAD, &p) != KVS_PIN_WAIT)
 			_exit(2);
 		*ready = 1;
@@ -963,7 +970,7 @@ static void create_too_big(void)
 	char msg[256];
 
 	test_config(&cfg, 200000, 4096); /* ~30 MiB of control plane */
-	int r = kvs_cache_open(&cfg, KVS_OPEN_CREATE, &c, msg, sizeof(msg));
+	int r = kvs_cache_open(KVS_CACHE_PARAMS(&cfg), KVS_OPEN_CREATE, &c, msg, sizeof(msg));
 	if (r != -ENOSPC || !strstr(msg, "No space"))
 		_exit(3);
 	if (system("ls /dev/shm | grep -q kvshim") == 0)
@@ -1048,7 +1055,7 @@ START_TEST(test_fork_child_drops_walker)
 
 	test_config(&cfg, 512, 1u << 20); /* a walk long enough to be running at fork */
 	struct kvs_cache *c = open_ok(&cfg);
-	kvs_cache_path(&cfg, path, sizeof(path));
+	kvs_cache_path(KVS_CACHE_PARAMS(&cfg), path, sizeof(path));
 	pid_t pid = fork();
 	if (pid == 0) {
 		char cmd[1024];
@@ -1102,7 +1109,7 @@ START_TEST(test_lock_word_of_no_thread)
 	/* The same in proc_lock: stat answers from what it can read, and says so. */
 	c->hdr->proc_lock.__data.__lock = NO_TID;
 	struct kvs_cache *w = NULL;
-	ck_assert_int_eq(kvs_cache_open(&cfg, KVS_OPEN_WATCH, &w, NULL, 0), 0);
+	ck_assert_int_eq(kvs_cache_open(KVS_CACHE_PARAMS(&cfg), KVS_OPEN_WATCH, &w, NULL, 0), 0);
 	t0 = mono_ms();
 	ck_assert_int_eq(kvs_cache_stat(w, &info, &tot, NULL, 0), 1);
 	ck_assert(info.procs_unlocked);
@@ -1111,7 +1118,7 @@ START_TEST(test_lock_word_of_no_thread)
 	ck_assert_uint_lt(mono_ms() - t0, 3000);
 	/* Attaching needs proc_lock: refused, not hung. */
 	struct kvs_cache *d = NULL;
-	ck_assert_int_eq(kvs_cache_open(&cfg, 0, &d, NULL, 0), -EUCLEAN);
+	ck_assert_int_eq(kvs_cache_open(KVS_CACHE_PARAMS(&cfg), 0, &d, NULL, 0), -EUCLEAN);
 	/* Once the words are sane again, everything works. */
 	mu->__data.__lock = 0;
 	c->hdr->proc_lock.__data.__lock = 0;
@@ -1189,7 +1196,8 @@ START_TEST(test_stopped_lock_holder)
 		struct kvs_cache *cc = NULL;
 
 		kvs_cache_forget(c);
-		if (kvs_cache_open(&cfg, 0, &cc, NULL, 0) || kvs_cache_test_lock_key(cc, &k))
+		if (kvs_cache_open(KVS_CACHE_PARAMS(&cfg), 0, &cc, NULL, 0) ||
+		    kvs_cache_test_lock_key(cc, &k))
 			_exit(2);
 		raise(SIGSTOP);
 		_exit(0); /* still inside the stripe: the next locker repairs it */
@@ -1688,7 +1696,7 @@ START_TEST(test_waiter_sleeps)
 	kvs_cache_close(c);
 	struct kvs_cache *w = NULL;
 	uint32_t rank = 7, nranks = 0;
-	ck_assert_int_eq(kvs_cache_open(&cfg, KVS_OPEN_WATCH, &w, NULL, 0), 0);
+	ck_assert_int_eq(kvs_cache_open(KVS_CACHE_PARAMS(&cfg), KVS_OPEN_WATCH, &w, NULL, 0), 0);
 	kvs_cache_ranks(w, &rank, &nranks);
 	ck_assert_uint_eq(rank, 0);
 	ck_assert_uint_eq(nranks, 1);
@@ -1720,7 +1728,9 @@ START_TEST(test_ranks_and_reap_count)
 
 		kvs_cache_forget(c);
 		kvs_cache_forget(d);
-		_exit(kvs_cache_open(&cfg, 0, &cc, NULL, 0) ? 2 : 0); /* dies attached */
+		_exit(kvs_cache_open(KVS_CACHE_PARAMS(&cfg), 0, &cc, NULL, 0)
+			  ? 2
+			  : 0); /* dies attached */
 	}
 	reap_children(&pid, 1);
 	kvs_cache_ranks(c, &rank, &nranks);

@@ -21,6 +21,7 @@
 #include <unistd.h>
 
 #include "cache.h"
+#include "cache_params.h"
 #include "config.h"
 #include "backend.h"
 #include "copy.h"
@@ -64,7 +65,7 @@ static void remove_region(const struct kvs_config *cfg)
 {
 	char path[256];
 
-	kvs_cache_path(cfg, path, sizeof(path));
+	kvs_cache_path(KVS_CACHE_PARAMS(cfg), path, sizeof(path));
 	unlink(path);
 }
 
@@ -95,8 +96,9 @@ static void env_open(struct env *e)
 {
 	char msg[256];
 
-	ck_assert_msg(kvs_cache_open(&e->cfg, KVS_OPEN_CREATE, &e->c, msg, sizeof(msg)) == 0, "%s",
-		      msg);
+	ck_assert_msg(kvs_cache_open(KVS_CACHE_PARAMS(&e->cfg), KVS_OPEN_CREATE, &e->c, msg,
+				     sizeof(msg)) == 0,
+		      "%s", msg);
 	ck_assert_int_eq(kvs_loader_create(e->c, &e->cfg, &e->ld), 0);
 }
 
@@ -262,7 +264,7 @@ START_TEST(test_ranges_uring_direct)
 	struct kvs_loader *ld;
 
 	config(&cfg, KVS_IO_URING);
-	ck_assert_int_eq(kvs_cache_open(&cfg, KVS_OPEN_CREATE, &c, NULL, 0), 0);
+	ck_assert_int_eq(kvs_cache_open(KVS_CACHE_PARAMS(&cfg), KVS_OPEN_CREATE, &c, NULL, 0), 0);
 	int r = kvs_loader_create(c, &cfg, &ld);
 	if (r) {
 		fprintf(stderr, "check_loader: io_uring unavailable (%s): covered by threads\n",
@@ -641,7 +643,7 @@ static void owner_then(enum owner_fate fate)
 		struct kvs_key k;
 
 		kvs_cache_forget(e.c);
-		if (kvs_cache_open(&e.cfg, 0, &c, NULL, 0))
+		if (kvs_cache_open(KVS_CACHE_PARAMS(&e.cfg), 0, &c, NULL, 0))
 			_exit(2);
 		kvs_block_id(&st, &k);
 		if (kvs_cache_pin(c, &k, KVS_ALLOC_LOAD, &p) != KVS_PIN_OWNER)

@@ -30,6 +30,7 @@
 #include <unistd.h>
 
 #include "cache.h"
+#include "cache_params.h"
 #include "config.h"
 #include "internal.h"
 
@@ -53,7 +54,7 @@ static void test_config(struct kvs_config *cfg, uint64_t slots, uint64_t shard)
 
 static void path_of(const struct kvs_config *cfg, char *path, size_t len)
 {
-	ck_assert_int_eq(kvs_cache_path(cfg, path, len), 0);
+	ck_assert_int_eq(kvs_cache_path(KVS_CACHE_PARAMS(cfg), path, len), 0);
 }
 
 static struct kvs_key key_of(uint64_t block, uint64_t shard)
@@ -77,7 +78,7 @@ static void expect_open(const struct kvs_config *cfg, int flags, int r, const ch
 	struct kvs_cache *c = NULL;
 	char msg[512];
 	double t0 = mono_s();
-	int got = kvs_cache_open(cfg, flags, &c, msg, sizeof(msg));
+	int got = kvs_cache_open(KVS_CACHE_PARAMS(cfg), flags, &c, msg, sizeof(msg));
 
 	ck_assert_msg(mono_s() - t0 < 1.0, "open took %.1f s", mono_s() - t0);
 	ck_assert_msg(got == r, "open: %d, expected %d (%s)", got, r, msg);
@@ -198,7 +199,7 @@ START_TEST(test_foreign_region_refused)
 		evil.cache_mode = 0666;
 		if (setgroups(0, NULL) || setgid(gid) || setuid(uid))
 			_exit(2);
-		if (kvs_cache_open(&evil, KVS_OPEN_CREATE, &c, NULL, 0))
+		if (kvs_cache_open(KVS_CACHE_PARAMS(&evil), KVS_OPEN_CREATE, &c, NULL, 0))
 			_exit(3);
 		kvs_cache_close(c);
 		_exit(link(theirs, mine) ? 4 : 0);
@@ -405,7 +406,7 @@ static int too_big(void)
 
 	test_config(&cfg, 96, 64 << 10);
 	cfg.cache_shm_headroom = 4 << 20;
-	int r = kvs_cache_open(&cfg, KVS_OPEN_CREATE, &c, msg, sizeof(msg));
+	int r = kvs_cache_open(KVS_CACHE_PARAMS(&cfg), KVS_OPEN_CREATE, &c, msg, sizeof(msg));
 	FAIL_IF(r != -ENOSPC, 2, "open: %d, expected -ENOSPC (%s)", r, msg);
 	FAIL_IF(strchr(msg, '\n') || !strstr(msg, "No space left") ||
 		    !strstr(msg, "cache.shm_headroom") || !strstr(msg, "cache.capacity = auto") ||
@@ -413,7 +414,7 @@ static int too_big(void)
 		3, "message: %s", msg);
 	FAIL_IF(system("ls /dev/shm | grep -q kvshim") == 0, 4, "something was left behind");
 	cfg.cache_shm_headroom = 0;
-	r = kvs_cache_open(&cfg, KVS_OPEN_CREATE, &c, msg, sizeof(msg));
+	r = kvs_cache_open(KVS_CACHE_PARAMS(&cfg), KVS_OPEN_CREATE, &c, msg, sizeof(msg));
 	FAIL_IF(r != 0, 5, "open without headroom: %d (%s)", r, msg);
 	kvs_cache_close(c);
 	return 0;
@@ -438,7 +439,7 @@ static int auto_fits(void)
 	test_config(&cfg, 1, 64 << 10);
 	cfg.cache_capacity = 0;
 	cfg.cache_shm_headroom = 2 << 20;
-	int r = kvs_cache_open(&cfg, KVS_OPEN_CREATE, &c, msg, sizeof(msg));
+	int r = kvs_cache_open(KVS_CACHE_PARAMS(&cfg), KVS_OPEN_CREATE, &c, msg, sizeof(msg));
 	FAIL_IF(r != 0, 2, "open auto: %d (%s)", r, msg);
 	kvs_cache_stat(c, &info, &t, NULL, 0);
 	FAIL_IF(info.capacity_bytes % (64 << 10) || info.capacity_bytes < (5 << 20) ||
@@ -447,7 +448,7 @@ static int auto_fits(void)
 		(unsigned long long)info.capacity_bytes, (unsigned long long)info.total_bytes);
 	int fd = fill_to(1 << 20);
 	FAIL_IF(fd < 0, 4, "cannot fill /dev/shm");
-	r = kvs_cache_open(&cfg, KVS_OPEN_CREATE, &d, msg, sizeof(msg));
+	r = kvs_cache_open(KVS_CACHE_PARAMS(&cfg), KVS_OPEN_CREATE, &d, msg, sizeof(msg));
 	FAIL_IF(r != 0, 5, "second open auto: %d (%s)", r, msg);
 	kvs_cache_stat(d, &again, &t, NULL, 0);
 	FAIL_IF(again.capacity_bytes != info.capacity_bytes, 6, "the attacher took %llu",
@@ -456,9 +457,9 @@ static int auto_fits(void)
 	kvs_cache_close(c);
 
 	char path[256];
-	kvs_cache_path(&cfg, path, sizeof(path));
+	kvs_cache_path(KVS_CACHE_PARAMS(&cfg), path, sizeof(path));
 	unlink(path);
-	r = kvs_cache_open(&cfg, KVS_OPEN_CREATE, &c, msg, sizeof(msg));
+	r = kvs_cache_open(KVS_CACHE_PARAMS(&cfg), KVS_OPEN_CREATE, &c, msg, sizeof(msg));
 	FAIL_IF(r != -ENOSPC || strchr(msg, '\n') || !strstr(msg, "auto"), 7,
 		"auto without room: %d (%s)", r, msg);
 	close(fd);
@@ -483,8 +484,8 @@ static int lazy_pages(void)
 
 	test_config(&cfg, 32, 1 << 20);
 	cfg.cache_shm_headroom = 4 << 20;
-	kvs_cache_path(&cfg, path, sizeof(path));
-	int r = kvs_cache_open(&cfg, KVS_OPEN_CREATE, &c, msg, sizeof(msg));
+	kvs_cache_path(KVS_CACHE_PARAMS(&cfg), path, sizeof(path));
+	int r = kvs_cache_open(KVS_CACHE_PARAMS(&cfg), KVS_OPEN_CREATE, &c, msg, sizeof(msg));
 	FAIL_IF(r != 0, 2, "open: %d (%s)", r, msg);
 	usleep(200000); /* time for a walk, if one ran, to allocate most of 32 MiB */
 	FAIL_IF(blocks_of(path) > (1 << 20), 3, "%llu bytes allocated before any use",
@@ -525,7 +526,7 @@ static int lazy_headroom(void)
 
 	test_config(&cfg, 8, 1 << 20);
 	cfg.cache_shm_headroom = 8 << 20;
-	int r = kvs_cache_open(&cfg, KVS_OPEN_CREATE, &c, msg, sizeof(msg));
+	int r = kvs_cache_open(KVS_CACHE_PARAMS(&cfg), KVS_OPEN_CREATE, &c, msg, sizeof(msg));
 	FAIL_IF(r != 0, 2, "open: %d (%s)", r, msg);
 	int fd = fill_to((8 << 20) + (512 << 10)); /* room, but not a slot's worth above it */
 	FAIL_IF(fd < 0, 3, "cannot fill /dev/shm");
@@ -568,12 +569,13 @@ static int eager_headroom(void)
 
 	test_config(&cfg, 64, 256 << 10); /* 16 MiB */
 	cfg.cache_shm_headroom = 8 << 20;
-	int r = kvs_cache_open(&cfg, KVS_OPEN_CREATE, &c, msg, sizeof(msg)); /* lazy: no walk */
+	int r = kvs_cache_open(KVS_CACHE_PARAMS(&cfg), KVS_OPEN_CREATE, &c, msg,
+			       sizeof(msg)); /* lazy: no walk */
 	FAIL_IF(r != 0, 2, "open: %d (%s)", r, msg);
 	int fd = fill_to((10 << 20)); /* 2 MiB above the headroom: 8 slots */
 	FAIL_IF(fd < 0, 3, "cannot fill /dev/shm");
 	cfg.cache_populate = KVS_POPULATE_EAGER;
-	r = kvs_cache_open(&cfg, 0, &e, msg, sizeof(msg));
+	r = kvs_cache_open(KVS_CACHE_PARAMS(&cfg), 0, &e, msg, sizeof(msg));
 	FAIL_IF(r != 0, 4, "open eager: %d (%s)", r, msg);
 	for (int i = 0; i < 3000; i++) {
 		kvs_cache_stat(c, &info, &t, NULL, 0);

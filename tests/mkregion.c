@@ -18,6 +18,7 @@
 #include <unistd.h>
 
 #include "cache.h"
+#include "cache_params.h"
 #include "config.h"
 
 /* Create FILE to tell the test this process is attached; 0 or -errno. */
@@ -47,7 +48,7 @@ int main(int argc, char **argv)
 		fprintf(stderr, "mkregion: %s\n", msg);
 		return 1;
 	}
-	r = kvs_cache_open(cfg, KVS_OPEN_CREATE, &c, msg, sizeof(msg));
+	r = kvs_cache_open(KVS_CACHE_PARAMS(cfg), KVS_OPEN_CREATE, &c, msg, sizeof(msg));
 	if (r) {
 		fprintf(stderr, "mkregion: %s\n", *msg ? msg : strerror(-r));
 		return 1;

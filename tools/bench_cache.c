@@ -18,6 +18,7 @@
 #include <unistd.h>
 
 #include "cache.h"
+#include "cache_params.h"
 #include "config.h"
 
 static double now_s(clockid_t clk)
@@ -50,7 +51,7 @@ static struct kvs_cache *open_or_die(const struct kvs_config *cfg)
 	struct kvs_cache *c = NULL;
 	char msg[256];
 
-	if (kvs_cache_open(cfg, KVS_OPEN_CREATE, &c, msg, sizeof(msg))) {
+	if (kvs_cache_open(KVS_CACHE_PARAMS(cfg), KVS_OPEN_CREATE, &c, msg, sizeof(msg))) {
 		fprintf(stderr, "kvshim-bench-cache: %s\n", msg);
 		exit(1);
 	}
@@ -102,7 +103,7 @@ static void bench_hits(const struct kvs_config *cfg, double secs)
 			struct kvs_cache *cc = NULL;
 
 			kvs_cache_forget(c);
-			if (kvs_cache_open(cfg, 0, &cc, NULL, 0))
+			if (kvs_cache_open(KVS_CACHE_PARAMS(cfg), 0, &cc, NULL, 0))
 				_exit(1);
 			rate[n] = hit_loop(cc, secs);
 			kvs_cache_close(cc);
@@ -131,7 +132,7 @@ static double waiter_cpu(const struct kvs_config *cfg, double secs)
 		struct kvs_pin p;
 
 		kvs_cache_forget(c);
-		if (kvs_cache_open(cfg, 0, &cc, NULL, 0) ||
+		if (kvs_cache_open(KVS_CACHE_PARAMS(cfg), 0, &cc, NULL, 0) ||
 		    kvs_cache_pin(cc, &k, KVS_ALLOC_LOAD, &p) != KVS_PIN_WAIT)
 			_exit(1);
 		double w0 = now_s(CLOCK_MONOTONIC), c0 = now_s(CLOCK_PROCESS_CPUTIME_ID);
@@ -169,7 +170,7 @@ static void wake_latency(const struct kvs_config *cfg, int rounds)
 		struct kvs_cache *cc = NULL;
 
 		kvs_cache_forget(c);
-		if (kvs_cache_open(cfg, 0, &cc, NULL, 0))
+		if (kvs_cache_open(KVS_CACHE_PARAMS(cfg), 0, &cc, NULL, 0))
 			_exit(1);
 		for (int r = 0; r < rounds; r++) {
 			struct kvs_key k = {9, 9, 1000000 + (uint64_t)r};
@@ -225,7 +226,7 @@ int main(int argc, char **argv)
 	       s * 100);
 	make_config(&cfg, KVS_WAIT_FUTEX);
 	wake_latency(&cfg, 2000);
-	kvs_cache_path(&cfg, path, sizeof(path));
+	kvs_cache_path(KVS_CACHE_PARAMS(&cfg), path, sizeof(path));
 	unlink(path);
 	return 0;
 }

@@ -32,6 +32,7 @@
 
 #include "cache.h"
 #include "cmd_common.h"
+#include "cache_params.h"
 #include "config.h"
 
 static const char usage[] =
@@ -245,13 +246,13 @@ static void check_region(struct check *ck, const struct kvs_config *cfg)
 	struct kvs_cache *c = NULL;
 	int r;
 
-	if (kvs_cache_path(cfg, path, sizeof(path))) {
+	if (kvs_cache_path(KVS_CACHE_PARAMS(cfg), path, sizeof(path))) {
 		problem(ck, "use a shorter cache.name", "cache.name: the region path is too long");
 		return;
 	}
-	r = kvs_cache_open(cfg, KVS_OPEN_WATCH, &c, msg, sizeof(msg));
+	r = kvs_cache_open(KVS_CACHE_PARAMS(cfg), KVS_OPEN_WATCH, &c, msg, sizeof(msg));
 	if (r == 0) {
-		r = kvs_cache_check_config(c, cfg, msg, sizeof(msg));
+		r = kvs_cache_check_config(c, KVS_CACHE_PARAMS(cfg), msg, sizeof(msg));
 		kvs_cache_close(c);
 		if (r)
 			problem(ck,
@@ -264,7 +265,7 @@ static void check_region(struct check *ck, const struct kvs_config *cfg)
 		return;
 	}
 	if (r == -ENOENT) {
-		r = kvs_cache_fits(cfg, msg, sizeof(msg));
+		r = kvs_cache_fits(KVS_CACHE_PARAMS(cfg), msg, sizeof(msg));
 		if (r)
 			problem(ck,
 				"see Sizing in docs/operations.md (docker --shm-size, "

@@ -23,6 +23,7 @@
 
 #include "cache.h"
 #include "cmd_common.h"
+#include "cache_params.h"
 #include "config.h"
 
 static const char usage[] = "usage: kvshim evict PATH...\n"
@@ -76,12 +77,12 @@ int cmd_evict(int argc, char **argv)
 	}
 	if (tool_load_config(&cfg))
 		return KVS_EXIT_FAIL;
-	if (kvs_cache_path(cfg, path, sizeof(path))) {
+	if (kvs_cache_path(KVS_CACHE_PARAMS(cfg), path, sizeof(path))) {
 		tool_err("the region path is too long");
 		status = KVS_EXIT_FAIL;
 		goto out;
 	}
-	r = kvs_cache_open(cfg, 0, &c, msg, sizeof(msg));
+	r = kvs_cache_open(KVS_CACHE_PARAMS(cfg), 0, &c, msg, sizeof(msg));
 	if (r == -ENOENT) {
 		tool_err("no region at %s; nothing is cached", path);
 		c = NULL;

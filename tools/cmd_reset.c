@@ -30,6 +30,7 @@
 
 #include "cache.h"
 #include "cmd_common.h"
+#include "cache_params.h"
 #include "config.h"
 
 static const char usage[] =
@@ -182,7 +183,7 @@ int cmd_reset(int argc, char **argv)
 	}
 	if (tool_load_config(&cfg))
 		return KVS_EXIT_FAIL;
-	r = kvs_cache_path(cfg, path, sizeof(path));
+	r = kvs_cache_path(KVS_CACHE_PARAMS(cfg), path, sizeof(path));
 	mode = (uint32_t)cfg->cache_mode;
 	free(cfg);
 	if (r) {

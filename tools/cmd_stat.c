@@ -32,6 +32,7 @@
 
 #include "cache.h"
 #include "cmd_common.h"
+#include "cache_params.h"
 #include "config.h"
 #include "snapshot.h"
 
@@ -451,7 +452,7 @@ int cmd_stat(int argc, char **argv)
 	}
 	if (tool_load_config(&cfg))
 		return KVS_EXIT_FAIL;
-	if (kvs_cache_path(cfg, path, sizeof(path))) {
+	if (kvs_cache_path(KVS_CACHE_PARAMS(cfg), path, sizeof(path))) {
 		tool_err("the region path is too long");
 		status = KVS_EXIT_FAIL;
 		goto out;

@@ -9,6 +9,7 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "cache_params.h"
 #include "config.h"
 #include "snapshot.h"
 
@@ -31,12 +32,12 @@ int tool_snapshot_take(const struct kvs_config *cfg, struct tool_snapshot *s)
 
 	memset(s, 0, sizeof(*s));
 	snprintf(s->name, sizeof(s->name), "%s", cfg->cache_name);
-	if (kvs_cache_path(cfg, s->path, sizeof(s->path))) {
+	if (kvs_cache_path(KVS_CACHE_PARAMS(cfg), s->path, sizeof(s->path))) {
 		snprintf(s->msg, sizeof(s->msg), "the region path is too long");
 		r = -ENAMETOOLONG;
 		goto out;
 	}
-	r = kvs_cache_open(cfg, KVS_OPEN_WATCH, &c, s->msg, sizeof(s->msg));
+	r = kvs_cache_open(KVS_CACHE_PARAMS(cfg), KVS_OPEN_WATCH, &c, s->msg, sizeof(s->msg));
 	if (r)
 		goto out;
 	/* A watcher takes the region as built: its process table may be larger than the

@@ -1,0 +1,26 @@
+/*
+ * params: what the cache needs to know to open or build a region, and nothing else.  cache/
+ * takes these instead of the whole configuration, so that it depends on no other module;
+ * config/cache_params.h fills them from a struct kvs_config.
+ */
+#ifndef KVS_CACHE_PARAMS_H
+#define KVS_CACHE_PARAMS_H
+
+#include <stdint.h>
+
+struct kvs_cache_params {
+	const char *name;	  /* cache.name: the region is /dev/shm/kvshim.<euid>.<name> */
+	uint64_t capacity;	  /* cache.capacity in bytes; 0 = auto (what /dev/shm allows) */
+	uint64_t shard_size;	  /* cache.shard_size */
+	uint64_t reserved;	  /* cache.reserved, percent of slots for loads and prefetch */
+	uint64_t max_processes;	  /* cache.max_processes */
+	uint64_t mode;		  /* cache.mode: permission bits of the region */
+	uint64_t shm_headroom;	  /* cache.shm_headroom: free bytes of /dev/shm never used */
+	int eviction;		  /* enum kvs_eviction */
+	int populate;		  /* enum kvs_populate */
+	int on_mismatch;	  /* enum kvs_on_mismatch */
+	int wait_mode;		  /* loader.wait: enum kvs_wait_mode */
+	uint64_t wait_timeout_ms; /* loader.wait_timeout_ms: also bounds lock waits */
+};
+
+#endif

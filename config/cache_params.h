@@ -1,0 +1,34 @@
+/*
+ * cache_params: the cache's parameters (cache/params.h) taken from a configuration.  The one
+ * place where the configuration meets cache/; used by the shim, the tools and the tests.
+ */
+#ifndef KVS_CONFIG_CACHE_PARAMS_H
+#define KVS_CONFIG_CACHE_PARAMS_H
+
+#include "config.h"
+#include "params.h"
+
+/* The cache's parameters of cfg; name points into cfg, which must outlive their use. */
+static inline struct kvs_cache_params kvs_cache_params_of(const struct kvs_config *cfg)
+{
+	return (struct kvs_cache_params){
+	    .name = cfg->cache_name,
+	    .capacity = cfg->cache_capacity,
+	    .shard_size = cfg->cache_shard_size,
+	    .reserved = cfg->cache_reserved,
+	    .max_processes = cfg->cache_max_processes,
+	    .mode = cfg->cache_mode,
+	    .shm_headroom = cfg->cache_shm_headroom,
+	    .eviction = cfg->cache_eviction,
+	    .populate = cfg->cache_populate,
+	    .on_mismatch = cfg->cache_on_mismatch,
+	    .wait_mode = cfg->loader_wait,
+	    .wait_timeout_ms = cfg->loader_wait_timeout_ms,
+	};
+}
+
+/* A pointer to cfg's cache parameters, for one call: kvs_cache_open(KVS_CACHE_PARAMS(&cfg),
+ * ...).  The array compound literal lives until the end of the enclosing block. */
+#define KVS_CACHE_PARAMS(cfg) ((const struct kvs_cache_params[]){kvs_cache_params_of(cfg)})
+
+#endif
