@@ -502,21 +502,28 @@ static int cmd_locks(const char *a, const char *b)
 	char *buf = aligned(4 * MIB);
 	struct flock fl = {.l_type = F_WRLCK, .l_whence = SEEK_SET, .l_start = 0, .l_len = 1};
 
-	/* fd1 of A is read (the shim anchors it), then A is opened again and locked through fd2,
-	 * fd1 closed, and fd1's number reused for B: the shim retires A's anchor while the
-	 * program still holds A.  It must not close it: that would drop the lock. */
+	/* fd1 of A is read (the shim anchors it); A is opened again as fd2, and fd1's number is
+	 * made to name B (dup2: the shim's anchors may hold any freed number, so the program
+	 * reuses fd1's own); then A is locked through fd2.  Reading B through fd1's number makes
+	 * the shim replace that entry's anchor of A while the program still holds A through fd2:
+	 * it must not close it, which would drop the lock. */
 	int fd1 = open(a, O_RDWR | O_DIRECT);
 	for (int i = 0; i < 3; i++)
 		pread(fd1, buf, 4 * MIB, 0);
 	int fd2 = open(a, O_RDWR | O_DIRECT);
-	close(fd1);
+	int tb = open(b, O_RDONLY | O_DIRECT);
+	if (fd1 < 0 || fd2 < 0 || tb < 0 || dup2(tb, fd1) != fd1) {
+		perror("open or dup2");
+		return 2;
+	}
+	close(tb);
 	if (fcntl(fd2, F_SETLK, &fl)) {
 		perror("F_SETLK");
 		return 2;
 	}
 	for (int i = 0; i < 3; i++) /* misses: read-ahead (prefetch=read) of shard 6 runs on A */
 		pread(fd2, buf, 2 * MIB, 4 * MIB);
-	int fdb = open(b, O_RDONLY | O_DIRECT);
+	int fdb = fd1;
 	for (int i = 0; i < 3; i++)
 		pread(fdb, buf, 4 * MIB, 0);
 	usleep(200000); /* let read-ahead finish */
