@@ -54,7 +54,7 @@ typedef char kvs_config_str[KVS_CONFIG_STR_MAX];
 #define KVS_CTYPE_ENUM_PREFETCH int
 #define KVS_CTYPE_ENUM_IO	int
 #define KVS_CTYPE_ENUM_POPULATE int
-#define KVS_CTYPE_ENUM_COPY int
+#define KVS_CTYPE_ENUM_COPY	int
 #define KVS_CTYPE_ENUM_MISMATCH int
 
 enum kvs_key_id {

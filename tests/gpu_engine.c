@@ -320,7 +320,10 @@ int main(int argc, char **argv)
 	if (strcmp(dest, "device") && strcmp(dest, "unknown"))
 		die(2, "--dest is device or unknown");
 	if (block == 0 || i >= argc)
-		die(2, "usage: %s [--api read|batch|async] [--block BYTES] [--dest device|unknown] FILE...", argv[0]);
+		die(2,
+		    "usage: %s [--api read|batch|async] [--block BYTES] [--dest device|unknown] "
+		    "FILE...",
+		    argv[0]);
 	nfiles = argc - i;
 
 	cuda_setup();
