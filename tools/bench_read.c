@@ -184,16 +184,56 @@ static int bench_read(int argc, char **argv)
 	return 0;
 }
 
+/* A start line for processes timed together (ranks, copy): children check in and spin until
+ * go; each notes its end; the figure is the last end since go. */
+struct board {
+	volatile int ready, go;
+	double end[64];
+};
+
+static struct board *board_new(int n)
+{
+	struct board *bd =
+	    mmap(NULL, sizeof(*bd), PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
+
+	return n <= 0 || n > 64 || bd == MAP_FAILED ? NULL : bd;
+}
+
+/* In a child: check in and wait for the start. */
+static void board_start(struct board *bd)
+{
+	__sync_fetch_and_add(&bd->ready, 1);
+	while (!bd->go)
+		;
+}
+
+/* In the parent: start n children once all checked in, reap them; *bad is set if one failed.
+ * Returns the seconds from the start until the last child's end. */
+static double board_run(struct board *bd, int n, int *bad)
+{
+	while (bd->ready < n)
+		usleep(100);
+	double t0 = now(), last = t0;
+	bd->go = 1;
+	*bad = 0;
+	for (int r = 0; r < n; r++) {
+		int st;
+		wait(&st);
+		*bad |= !WIFEXITED(st) || WEXITSTATUS(st);
+	}
+	for (int r = 0; r < n; r++)
+		if (bd->end[r] > last)
+			last = bd->end[r];
+	return last - t0;
+}
+
 static int bench_ranks(int argc, char **argv)
 {
-	int n = argc > 0 ? atoi(argv[0]) : 0, i = 1;
+	int n = argc > 0 ? atoi(argv[0]) : 0, i = 1, bad;
 	bool direct = false;
-	struct board {
-		volatile int ready, go;
-		double end[64];
-	} *bd = mmap(NULL, sizeof(*bd), PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
+	struct board *bd = board_new(n);
 
-	if (n <= 0 || n > 64 || bd == MAP_FAILED)
+	if (!bd)
 		return 2;
 	bool distinct = false, split = false;
 	for (; i < argc && argv[i][0] == '-'; i++) {
@@ -224,9 +264,7 @@ static int bench_ranks(int argc, char **argv)
 				     : page_alloc(each);
 		if (buf == MAP_FAILED)
 			_exit(1);
-		__sync_fetch_and_add(&bd->ready, 1);
-		while (!bd->go)
-			;
+		board_start(bd);
 		for (int f = first; f < argc; f += step) {
 			int fd = open_file(argv[f], direct);
 			char *dst = distinct ? buf + each * (size_t)((f - first) / step) : buf;
@@ -237,20 +275,8 @@ static int bench_ranks(int argc, char **argv)
 		bd->end[r] = now();
 		_exit(0);
 	}
-	while (bd->ready < n)
-		usleep(100);
-	double t0 = now(), last = t0;
-	bd->go = 1;
-	int bad = 0;
-	for (int r = 0; r < n; r++) {
-		int st;
-		wait(&st);
-		bad |= !WIFEXITED(st) || WEXITSTATUS(st);
-	}
-	for (int r = 0; r < n; r++)
-		if (bd->end[r] > last)
-			last = bd->end[r];
-	printf("ranks %d time %.3f s\n", n, last - t0);
+	double t = board_run(bd, n, &bad);
+	printf("ranks %d time %.3f s\n", n, t);
 	return bad;
 }
 
@@ -258,16 +284,13 @@ static int bench_ranks(int argc, char **argv)
  * cache protocol.  Like ranks, the processes start together and the time is the last one's. */
 static int bench_copy(int argc, char **argv)
 {
-	int n = argc > 0 ? atoi(argv[0]) : 0, i = 1;
+	int n = argc > 0 ? atoi(argv[0]) : 0, i = 1, bad;
 	bool distinct = false;
 	kvs_copy_fn copy = kvs_copy_pick(KVS_COPY_AUTO);
 	const size_t chunk = 16 * (size_t)MIB; /* the files' size in bench.sh */
-	struct board {
-		volatile int ready, go;
-		double end[64];
-	} *bd = mmap(NULL, sizeof(*bd), PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
+	struct board *bd = board_new(n);
 
-	if (n <= 0 || n > 64 || bd == MAP_FAILED)
+	if (!bd)
 		return 2;
 	for (; i < argc && argv[i][0] == '-'; i++) {
 		if (!strcmp(argv[i], "--distinct"))
@@ -300,9 +323,7 @@ static int bench_copy(int argc, char **argv)
 				     : page_alloc(chunk);
 		if (dst == MAP_FAILED)
 			_exit(1);
-		__sync_fetch_and_add(&bd->ready, 1);
-		while (!bd->go)
-			;
+		board_start(bd);
 		for (size_t off = 0; off < len; off += chunk) {
 			size_t k = len - off < chunk ? len - off : chunk;
 			copy(distinct ? dst + off : dst, src + off, k);
@@ -311,21 +332,8 @@ static int bench_copy(int argc, char **argv)
 		bd->end[r] = now();
 		_exit(0);
 	}
-	while (bd->ready < n)
-		usleep(100);
-	double t0 = now(), last = t0;
-	bd->go = 1;
-	int bad = 0;
-	for (int r = 0; r < n; r++) {
-		int st;
-		wait(&st);
-		bad |= !WIFEXITED(st) || WEXITSTATUS(st);
-	}
-	for (int r = 0; r < n; r++)
-		if (bd->end[r] > last)
-			last = bd->end[r];
-	printf("copy %d time %.3f s %.2f GB/s\n", n, last - t0,
-	       (double)n * (double)len / (last - t0) / 1e9);
+	double t = board_run(bd, n, &bad);
+	printf("copy %d time %.3f s %.2f GB/s\n", n, t, (double)n * (double)len / t / 1e9);
 	return bad;
 }
 
