@@ -12,6 +12,7 @@
 #include <signal.h>
 #include <stdbool.h>
 #include <stddef.h>
+#include <stdint.h>
 #include <stdio.h>
 
 struct kvs_config;
@@ -41,6 +42,9 @@ int tool_check(bool quiet, bool check_library, bool *config_ok);
 /* Find libkvshim.so as `kvshim run` does ($KVSHIM_LIBRARY; beside this program; ../lib;
  * ../shim) and canonicalise it into lib (PATH_MAX); 0, or -errno with one line in why. */
 int tool_find_library(char *lib, char *why, size_t whylen);
+
+/* Format v bytes as a short human figure ("1.5 GiB", "512 B") into buf; returns buf. */
+const char *tool_human_bytes(uint64_t v, char *buf, size_t len);
 
 /* Print "kvshim: " and the formatted message and a newline on stderr. */
 void tool_err(const char *fmt, ...) __attribute__((format(printf, 1, 2)));

@@ -77,21 +77,6 @@ static const char *age_text(uint64_t s, char *buf, size_t len)
 	return buf;
 }
 
-/* Format bytes as a short figure ("4.0 MiB") into buf. */
-static const char *size_text(uint64_t v, char *buf, size_t len)
-{
-	static const char *const unit[] = {"B", "KiB", "MiB", "GiB", "TiB"};
-	double x = (double)v;
-	int u = 0;
-
-	while (x >= 1024.0 && u < 4) {
-		x /= 1024.0;
-		u++;
-	}
-	snprintf(buf, len, u ? "%.1f %s" : "%.0f %s", x, unit[u]);
-	return buf;
-}
-
 /* Print one object: name is its file name in /dev/shm, path its path. */
 static void print_one(const char *name, const char *path, const struct kvs_peek *p, uint64_t now_ns,
 		      bool json, bool first)
@@ -101,7 +86,7 @@ static void print_one(const char *name, const char *path, const struct kvs_peek 
 
 	if (!json) {
 		snprintf(live, sizeof(live), p->live < 0 ? "-" : "%d", p->live);
-		printf("%-32s %10s %6s %5s  %s", name, size_text(p->size, a, sizeof(a)),
+		printf("%-32s %10s %6s %5s  %s", name, tool_human_bytes(p->size, a, sizeof(a)),
 		       age_text(age, b, sizeof(b)), live, state_word[p->state]);
 		if (p->state == KVS_PEEK_OK)
 			printf(" (kvshim %s, %" PRIu64 " refused attaches)", p->built_by,

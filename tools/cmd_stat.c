@@ -114,24 +114,6 @@ static void print_json(FILE *f, const struct tool_snapshot *s)
 	fputs("]}\n", f);
 }
 
-/* Format v bytes as a short human figure ("1.5 GiB", "512 B") into buf. */
-static const char *human(uint64_t v, char *buf, size_t len)
-{
-	static const char *const unit[] = {"B", "KiB", "MiB", "GiB", "TiB", "PiB"};
-	double x = (double)v;
-	int u = 0;
-
-	while (x >= 1024.0 && u < 5) {
-		x /= 1024.0;
-		u++;
-	}
-	if (u == 0)
-		snprintf(buf, len, "%" PRIu64 " B", v);
-	else
-		snprintf(buf, len, "%.1f %s", x, unit[u]);
-	return buf;
-}
-
 /* Format a time of ns nanoseconds in ms below a second, else in s, into buf. */
 static const char *human_ns(uint64_t ns, char *buf, size_t len)
 {
@@ -152,7 +134,7 @@ static const char *cell(int k, uint64_t v, char *buf, size_t len)
 	size_t n = strlen(name);
 
 	if (n > 6 && !strcmp(name + n - 6, "_bytes"))
-		return human(v, buf, len);
+		return tool_human_bytes(v, buf, len);
 	if (n > 3 && !strcmp(name + n - 3, "_ns"))
 		return human_ns(v, buf, len);
 	snprintf(buf, len, "%" PRIu64, v);
@@ -235,14 +217,15 @@ static void print_text(FILE *f, const struct tool_snapshot *s, struct rates *rt)
 	fprintf(f, "built by   kvshim %s; %" PRIu64 " attaches refused for its dimensions\n",
 		i->built_by, i->refused_attaches);
 	fprintf(f, "served     %s to readers from %s read from storage: ",
-		human(served(&s->totals), a, sizeof(a)), human(from, b, sizeof(b)));
+		tool_human_bytes(served(&s->totals), a, sizeof(a)),
+		tool_human_bytes(from, b, sizeof(b)));
 	if (from)
 		fprintf(f, "sharing factor %.2f\n", (double)served(&s->totals) / (double)from);
 	else
 		fputs("sharing factor - (nothing read from storage yet)\n", f);
 	fprintf(f, "capacity   %s in %" PRIu32 " slots of %s (%" PRIu32 " reserved)\n",
-		human(i->capacity_bytes, a, sizeof(a)), i->slots,
-		human(i->shard_size, b, sizeof(b)), i->reserved_slots);
+		tool_human_bytes(i->capacity_bytes, a, sizeof(a)), i->slots,
+		tool_human_bytes(i->shard_size, b, sizeof(b)), i->reserved_slots);
 	fprintf(f,
 		"slots      %" PRIu32 " ready, %" PRIu32 " loading, %" PRIu32 " failed, %" PRIu32
 		" pinned\n",
@@ -252,7 +235,7 @@ static void print_text(FILE *f, const struct tool_snapshot *s, struct rates *rt)
 	if (i->populate_err)
 		fprintf(f, "; walk stopped: %s (%s)", i->populate_reason,
 			strerror(i->populate_err));
-	fprintf(f, "; /dev/shm has %s free\n", human(i->shm_free_bytes, a, sizeof(a)));
+	fprintf(f, "; /dev/shm has %s free\n", tool_human_bytes(i->shm_free_bytes, a, sizeof(a)));
 	fprintf(f, "processes  %" PRIu32 " attached (table of %" PRIu32 ")%s\n\n",
 		i->processes_attached, i->max_processes,
 		i->procs_unlocked ? "; read without proc_lock, which is stuck: a process being "

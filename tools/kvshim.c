@@ -14,6 +14,7 @@
  * lives in its own cmd_<name>.c and parses its own options with getopt_long.
  */
 #include <errno.h>
+#include <inttypes.h>
 #include <getopt.h>
 #include <stdarg.h>
 #include <stdio.h>
@@ -22,6 +23,23 @@
 
 #include "cmd_common.h"
 #include "config.h"
+
+const char *tool_human_bytes(uint64_t v, char *buf, size_t len)
+{
+	static const char *const unit[] = {"B", "KiB", "MiB", "GiB", "TiB", "PiB"};
+	double x = (double)v;
+	int u = 0;
+
+	while (x >= 1024.0 && u < 5) {
+		x /= 1024.0;
+		u++;
+	}
+	if (u == 0)
+		snprintf(buf, len, "%" PRIu64 " B", v);
+	else
+		snprintf(buf, len, "%.1f %s", x, unit[u]);
+	return buf;
+}
 
 static const char usage[] =
     "usage: kvshim COMMAND [OPTIONS]\n"
