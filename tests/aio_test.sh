@@ -25,15 +25,7 @@ export KVSHIM_CACHE_CAPACITY=128M
 export KVSHIM_CACHE_SHARD_SIZE=1M
 export KVSHIM_FILES_SETTLE=0
 
-totals() { # print one counter from stat --json, 0 if there is no region
-	"$kvshim" stat --json 2>/dev/null |
-		python3 -c 'import json,sys
-try: print(json.load(sys.stdin)["totals"][sys.argv[1]])
-except Exception: print(0)' "$1"
-}
-reset_region() { "$kvshim" reset --force >/dev/null 2>&1; }
 # stderr may hold the shim's one "attached" line and nothing else.
-quiet() { ! grep -v '^kvshim: [0-9T:.Z-]* pid [0-9]* info: attached' "$1" | grep -q .; }
 
 # --- kvshim-aio-reader, once: same digests, every check held, served.
 reset_region
@@ -44,7 +36,7 @@ rc=$?
 req=$(totals requests)
 if [ $rc0 -ne 0 ]; then
 	fail "aio_reader without the shim: $(head -c 300 "$work/err0")"
-elif [ $rc -ne 0 ] || ! quiet "$work/err"; then
+elif [ $rc -ne 0 ] || ! clean_err "$work/err"; then
 	fail "aio_reader under the shim (rc $rc): $(head -c 500 "$work/err")"
 elif [ "$want" != "$got" ]; then
 	fail "aio_reader: output differs under the shim: $got vs $want"
@@ -64,7 +56,7 @@ done
 bad=0
 for p in "${pids[@]}"; do wait "$p" || bad=1; done
 for r in 0 1 2 3 4 5 6 7; do
-	[ "$(cat "$work/out.$r")" = "$want" ] && quiet "$work/err.$r" || bad=1
+	[ "$(cat "$work/out.$r")" = "$want" ] && clean_err "$work/err.$r" || bad=1
 done
 unique=$(stat -c %s "$work/kv/blk")
 backend=$(totals backend_bytes)
@@ -102,7 +94,7 @@ print(sys.argv[2], g["read"]["io_bytes"], g["error"])' "$1" "$2"
 	req=$(totals requests)
 	if [ "$want" != "0 $((4 * unique)) 0" ]; then
 		fail "fio posixaio without the shim: $want ($(head -c 300 "$work/fio0.err"))"
-	elif [ "$got" != "$want" ] || ! quiet "$work/fio1.err"; then
+	elif [ "$got" != "$want" ] || ! clean_err "$work/fio1.err"; then
 		fail "fio posixaio under the shim: $got, want $want ($(head -c 300 "$work/fio1.err"))"
 	elif [ "$req" -le 0 ] || [ "$backend" -gt $((unique + unique / 100)) ]; then
 		fail "fio posixaio: storage read $backend bytes for $unique unique ($req requests)"

@@ -83,15 +83,6 @@ export KVSHIM_CONFIG=$work/kvshim.ini
 # of the device buffer.
 export KVIKIO_COMPAT_MODE=OFF KVIKIO_NTHREADS=4
 
-totals() { # print one counter from stat --json, 0 if there is no region
-	"$kvshim" stat --json 2>/dev/null |
-		python3 -c 'import json,sys
-try: print(json.load(sys.stdin)["totals"][sys.argv[1]])
-except Exception: print(0)' "$1"
-}
-fake_sum() { # sum one counter over the fake libcufile's stats files in folder $1
-	cat "$1"/fakecufile.* 2>/dev/null | awk -v k="$2" '$1 == k { s += $2 } END { print s + 0 }'
-}
 run_reader() { # client [env...]: one reader on all the files, no shim
 	local client=$1
 	shift
@@ -107,7 +98,7 @@ for client in "${clients[@]}"; do
 	mkdir -p "$stats"
 	run_reader "$client" FAKECUFILE_STATS="$stats" >"$work/out" 2>"$work/err"
 	rc=$?
-	fake_bytes=$(fake_sum "$stats" read_bytes)
+	fake_bytes=$(fake_sum "$stats" fakecufile read_bytes)
 	if [ $rc -eq 0 ] && [ "$(cat "$work/out")" = "$want" ] && [ "$fake_bytes" -eq "$unique" ]; then
 		ok "$client, no shim: all bytes right, all $fake_bytes read by the fake libcufile"
 	else
@@ -165,7 +156,7 @@ for client in "${clients[@]}"; do
 	h2d=$(totals h2d_bytes)
 	requests=$(totals cufile_requests)
 	nstats=$(ls "$stats" | grep -c '^fakecufile\.[0-9]*$')
-	fake_bytes=$(fake_sum "$stats" read_bytes)
+	fake_bytes=$(fake_sum "$stats" fakecufile read_bytes)
 	if [ "$nstats" -ne "$nproc" ]; then
 		fail "$label: $nstats of $nproc fake libcufile stats files"
 	elif [ "$backend" -eq "$unique" ] && [ "$h2d" -eq $((nproc * unique)) ] &&

@@ -28,13 +28,6 @@ export KVSHIM_CACHE_NAME=$name
 export KVSHIM_CACHE_CAPACITY=128M
 export KVSHIM_CACHE_SHARD_SIZE=1M
 
-totals() { # print one counter from stat --json, 0 if there is no region
-	"$kvshim" stat --json 2>/dev/null |
-		python3 -c 'import json,sys
-try: print(json.load(sys.stdin)["totals"][sys.argv[1]])
-except Exception: print(0)' "$1"
-}
-reset_region() { "$kvshim" reset --force >/dev/null 2>&1; }
 
 # run LABEL EXPECT_SERVED CMD...: compare CMD's stdout with and without the shim.
 run() {

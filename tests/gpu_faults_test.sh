@@ -49,20 +49,6 @@ capacity = 64M
 EOF
 export KVSHIM_CONFIG=$work/kvshim.ini
 
-stat_json() { "$kvshim" stat --json 2>/dev/null; }
-totals() { # one counter of stat --json's totals, 0 if there is no region
-	stat_json | python3 -c 'import json,sys
-try: print(json.load(sys.stdin)["totals"][sys.argv[1]])
-except Exception: print(0)' "$1"
-}
-region() { # one field of stat --json's region, "none" if there is no region
-	stat_json | python3 -c 'import json,sys
-try: print(json.load(sys.stdin)["region"][sys.argv[1]])
-except Exception: print("none")' "$1"
-}
-fake_sum() { # sum counter $3 over the stats files $2.* in folder $1
-	cat "$1/$2".* 2>/dev/null | awk -v k="$3" '$1 == k { s += $2 } END { print s + 0 }'
-}
 want_line() { echo "engine: 4 files, $unique bytes, api $1, ok"; }
 
 # run_engine TAG API [ENV=VALUE...]: a fresh region, one engine under the shim with fresh stats

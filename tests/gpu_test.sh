@@ -52,15 +52,6 @@ capacity = 64M
 EOF
 export KVSHIM_CONFIG=$work/kvshim.ini
 
-totals() { # print one counter from stat --json, 0 if there is no region
-	"$kvshim" stat --json 2>/dev/null |
-		python3 -c 'import json,sys
-try: print(json.load(sys.stdin)["totals"][sys.argv[1]])
-except Exception: print(0)' "$1"
-}
-fake_sum() { # sum one counter over the fake libcufile's stats files in folder $1
-	cat "$1"/fakecufile.* 2>/dev/null | awk -v k="$2" '$1 == k { s += $2 } END { print s + 0 }'
-}
 
 # The engine's own check can fail: a corrupted byte (no shim) must make it exit 1.
 LD_LIBRARY_PATH=$fakedir FAKECUFILE_FAIL=corrupt@3 "$engine_dl" --api read "${files[@]}" \
@@ -112,7 +103,7 @@ for api in read batch async; do
 		backend=$(totals backend_bytes)
 		h2d=$(totals h2d_bytes)
 		nstats=$(ls "$stats" | grep -c '^fakecufile\.[0-9]*$')
-		fake_bytes=$(fake_sum "$stats" read_bytes)
+		fake_bytes=$(fake_sum "$stats" fakecufile read_bytes)
 		if [ "$nstats" -ne 8 ]; then
 			fail "$label: $nstats of 8 fake libcufile stats files"
 		elif [ "$expect_served" = 1 ]; then

@@ -26,7 +26,6 @@ export KVSHIM_CACHE_NAME=$name
 export KVSHIM_CACHE_CAPACITY=64M
 export KVSHIM_CACHE_SHARD_SIZE=1M
 export KVSHIM_FILES_SETTLE=0 # the files were just written; settling has a case of its own
-reset_region() { "$kvshim" reset --force >/dev/null 2>&1; }
 served() { "$kvshim" stat --json | python3 -c 'import json,sys; print(json.load(sys.stdin)["totals"]["requests"])'; }
 
 # same LABEL CMD...: the output under the shim equals the output without it, and it served.

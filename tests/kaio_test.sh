@@ -30,19 +30,11 @@ elif [ $rc -ne 0 ]; then
 	exit 1
 fi
 
-stat_json() { "$kvshim" stat --json 2>/dev/null; }
-totals() { # print one counter from stat --json, 0 if there is no region
-	stat_json | python3 -c 'import json,sys
-try: print(json.load(sys.stdin)["totals"][sys.argv[1]])
-except Exception: print(0)' "$1"
-}
 pinned() {
 	stat_json | python3 -c 'import json,sys
 try: print(json.load(sys.stdin)["region"]["slots_pinned"])
 except Exception: print(0)'
 }
-reset_region() { "$kvshim" reset --force >/dev/null 2>&1; }
-clean_err() { ! grep -v '^kvshim: [0-9T:.Z-]* pid [0-9]* info: attached' "$1" | grep -q .; }
 
 # --- syscall() for every other number: the kernel's answer, -1 and errno as glibc sets them.
 py_syscall='import ctypes,os,platform

@@ -1,8 +1,8 @@
-# Shared by the tests that run programs under LD_PRELOAD (e2e_test.sh, hostile_test.sh):
+# Shared by the tests that run programs under LD_PRELOAD (e2e, hostile, aio, kaio, gpu, ...):
 # source it with LIBKVSHIM and KVSHIM as $1 and $2 and PREFIX naming the test.  It sets lib
 # (with a sanitizer runtime first when KVS_E2E_PRELOAD names one), kvshim, work (a scratch
 # folder under /var/tmp, where O_DIRECT works) and name (a region of this run's own), removes
-# both at exit, and defines ok/fail, which count into fails.
+# both at exit, and defines ok/fail, which count into fails, and the helpers below.
 lib=${KVS_E2E_PRELOAD:+$KVS_E2E_PRELOAD:}$1
 kvshim=$2
 fails=0
@@ -17,4 +17,23 @@ ok() { echo "ok   - $*"; }
 fail() {
 	echo "FAIL - $*"
 	fails=$((fails + 1))
+}
+
+reset_region() { "$kvshim" reset --force >/dev/null 2>&1; }
+stat_json() { "$kvshim" stat --json 2>/dev/null; }
+totals() { # COUNTER: one counter of stat --json's totals, 0 if there is no region
+	stat_json | python3 -c 'import json,sys
+try: print(json.load(sys.stdin)["totals"][sys.argv[1]])
+except Exception: print(0)' "$1"
+}
+region() { # FIELD: one field of stat --json's region, "none" if there is no region
+	stat_json | python3 -c 'import json,sys
+try: print(json.load(sys.stdin)["region"][sys.argv[1]])
+except Exception: print("none")' "$1"
+}
+fake_sum() { # DIR PREFIX COUNTER: the counter summed over a fake library's stats files DIR/PREFIX.*
+	cat "$1/$2".* 2>/dev/null | awk -v k="$3" '$1 == k { s += $2 } END { print s + 0 }'
+}
+clean_err() { # FILE: nothing on it but the shim's info line saying it attached
+	! grep -v '^kvshim: [0-9T:.Z-]* pid [0-9]* info: attached' "$1" | grep -q .
 }
