@@ -132,13 +132,6 @@ int kvs_device_stream_func(struct kvs_device_target *t, void *stream, void (*fn)
 	return kvs_gpu_host_func(t->cp.g, stream, &t->dst, fn, arg);
 }
 
-uint64_t kvs_device_registered_bytes(void)
-{
-	return atomic_load_explicit(&state, memory_order_acquire) == DEV_OPEN
-		   ? kvs_gpu_registered_bytes(gpu)
-		   : 0;
-}
-
 void kvs_device_atfork_child(void)
 {
 	if (atomic_load_explicit(&state, memory_order_relaxed) == DEV_OPEN)

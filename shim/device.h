@@ -50,9 +50,6 @@ int kvs_device_stream_copy(struct kvs_device_target *t, void *stream, uint64_t p
 int kvs_device_stream_func(struct kvs_device_target *t, void *stream, void (*fn)(void *),
 			   void *arg);
 
-/* The bytes the process has registered of the region (0 without a driver). */
-uint64_t kvs_device_registered_bytes(void);
-
 /* The fork child: forget the driver state without a call into it. */
 void kvs_device_atfork_child(void);
 

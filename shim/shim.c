@@ -464,6 +464,18 @@ out:
 	return ret;
 }
 
+/* kvs_fdinfo_anchor, for calls that never run in a signal handler (cuFile, aio, kernel AIO):
+ * another thread installing this file's anchor answers -EBUSY, for the POSIX hooks' sake
+ * (they may, and must never wait); these wait for it a little. */
+static int anchor_waiting(int fd, const struct kvs_fdinfo *fi)
+{
+	int anchor;
+
+	for (int tries = 0; (anchor = kvs_fdinfo_anchor(fd, fi)) == -EBUSY && tries < 1000; tries++)
+		sched_yield();
+	return anchor;
+}
+
 /*
  * A cuFile read's common part: fd a KV file (O_DIRECT or not: cuFile reads are served either
  * way), the destination classified and ready, the region attached, the anchor taken.  Fills
@@ -484,11 +496,7 @@ static int prepare_to(struct kvs_shim_async *a, int fd, uint64_t ptr, size_t siz
 		return -1;
 	if (!attach())
 		return -1;
-	/* Another thread installing this file's anchor answers -EBUSY (the POSIX hooks may run in
-	 * a signal handler and never wait for it).  cuFile calls never do: wait a little. */
-	for (int tries = 0; (anchor = kvs_fdinfo_anchor(fd, &fi)) == -EBUSY && tries < 1000;
-	     tries++)
-		sched_yield();
+	anchor = anchor_waiting(fd, &fi);
 	if (anchor < 0 || kvs_device_begin(&a->tg, cache, &cfg))
 		return -1;
 	a->rd = make_read(&fi, anchor, (uint64_t)off, size);
@@ -592,11 +600,7 @@ int kvs_shim_read_start(struct kvs_shim_async *a, int fd, const struct iovec *io
 	if ((fi.direct && !direct_ok(&fi, iov, iovcnt, off)) || !buffers_writable(iov, iovcnt) ||
 	    !attach())
 		goto out;
-	/* Not in a signal handler (asynchronous reads are not async-signal-safe): wait for
-	 * another thread installing the anchor, as cuFile reads do. */
-	for (int tries = 0; (anchor = kvs_fdinfo_anchor(fd, &fi)) == -EBUSY && tries < 1000;
-	     tries++)
-		sched_yield();
+	anchor = anchor_waiting(fd, &fi);
 	if (anchor < 0)
 		goto out;
 	a->rd = make_read(&fi, anchor, (uint64_t)off, len);
