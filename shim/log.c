@@ -11,12 +11,14 @@
  * calls so that no hook of ours runs.  Holding no descriptor between messages keeps the shim out
  * of its host's descriptor table: a host that closes every fd above 2, or dup2()s over ours,
  * cannot make us write into one of its files.  Messages are at most one per cause per process,
- * so the extra open is nothing.  log_path is written once, by init() before any message of an
+ * so the extra open is nothing (kvs_log_line, at debug only, says a little more: once per
+ * descriptor and cause).  log_path is written once, by init() before any message of an
  * attached process, and only read afterwards.
  */
 #include <errno.h>
 #include <fcntl.h>
 #include <stdarg.h>
+#include <stdbool.h>
 #include <stdatomic.h>
 #include <stdio.h>
 #include <string.h>
@@ -124,7 +126,7 @@ static int format_prefix(char *buf, size_t size, int level)
 }
 
 /* The text of errno e, without strerror's translation lookup (which takes the locale lock). */
-static const char *error_text(int e)
+const char *kvs_log_error_text(int e)
 {
 #if defined(__GLIBC__) && (__GLIBC__ > 2 || __GLIBC_MINOR__ >= 32)
 	const char *s = strerrordesc_np(e);
@@ -160,7 +162,8 @@ static void emit(const char *line, size_t n)
 	if (!atomic_flag_test_and_set(&open_failed_said)) {
 		m = format_prefix(buf, sizeof(buf), KVS_LOG_WARN);
 		m += snprintf(buf + m, sizeof(buf) - (size_t)m,
-			      "shim.log_file %s: %s; logging to stderr\n", log_path, error_text(e));
+			      "shim.log_file %s: %s; logging to stderr\n", log_path,
+			      kvs_log_error_text(e));
 		if (m > (int)sizeof(buf) - 1)
 			m = (int)sizeof(buf) - 1;
 		syscall(SYS_write, 2, buf, (size_t)m);
@@ -168,24 +171,47 @@ static void emit(const char *line, size_t n)
 	syscall(SYS_write, 2, line, n);
 }
 
-void kvs_log_once(enum kvs_cause cause, int level, const char *fmt, ...)
+/* Format and write one line at level; the caller has applied the filter. */
+static void vlog(int level, const char *fmt, va_list ap)
 {
 	char buf[700];
-	va_list ap;
 	int n, saved_errno;
 
-	if (level > atomic_load(&max_level))
-		return;
-	if (atomic_fetch_or(&printed, 1u << cause) & (1u << cause))
-		return;
 	n = format_prefix(buf, sizeof(buf), level);
-	va_start(ap, fmt);
 	n += vsnprintf(buf + n, sizeof(buf) - (size_t)n - 1, fmt, ap);
-	va_end(ap);
 	if (n > (int)sizeof(buf) - 2)
 		n = (int)sizeof(buf) - 2;
 	buf[n++] = '\n';
 	saved_errno = errno; /* the host's errno survives our writes and opens */
 	emit(buf, (size_t)n);
 	errno = saved_errno;
+}
+
+bool kvs_log_wants(int level)
+{
+	return level <= atomic_load(&max_level);
+}
+
+void kvs_log_once(enum kvs_cause cause, int level, const char *fmt, ...)
+{
+	va_list ap;
+
+	if (!kvs_log_wants(level))
+		return;
+	if (atomic_fetch_or(&printed, 1u << cause) & (1u << cause))
+		return;
+	va_start(ap, fmt);
+	vlog(level, fmt, ap);
+	va_end(ap);
+}
+
+void kvs_log_line(int level, const char *fmt, ...)
+{
+	va_list ap;
+
+	if (!kvs_log_wants(level))
+		return;
+	va_start(ap, fmt);
+	vlog(level, fmt, ap);
+	va_end(ap);
 }

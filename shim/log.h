@@ -7,6 +7,8 @@
 #ifndef KVS_SHIM_LOG_H
 #define KVS_SHIM_LOG_H
 
+#include <stdbool.h>
+
 /* One bit per cause that may be reported; each is printed at most once per process. */
 enum kvs_cause {
 	KVS_CAUSE_CONFIG,
@@ -40,5 +42,15 @@ void kvs_log_set_file(const char *path);
  * filter. */
 void kvs_log_once(enum kvs_cause cause, int level, const char *fmt, ...)
     __attribute__((format(printf, 3, 4)));
+
+/* Does level pass the filter?  One load: callers test it before preparing a message. */
+bool kvs_log_wants(int level);
+
+/* Print a line at level if it passes the filter, whatever was printed before: for callers that
+ * keep their own "once" (why.c: once per descriptor and cause). */
+void kvs_log_line(int level, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+
+/* The text of errno e, without strerror's locale lock (safe in a hook). */
+const char *kvs_log_error_text(int e);
 
 #endif

@@ -49,6 +49,7 @@
 #include "log.h"
 #include "real.h"
 #include "shim.h"
+#include "why.h"
 
 enum { ST_UNINIT, ST_OFF, ST_ON };
 
@@ -237,6 +238,37 @@ static void unserved(enum kvs_counter_id id, enum kvs_cause cause, const char *w
 		     what);
 }
 
+/* Say at debug why a read of fd (described as fi) passes through. */
+static void pass(int fd, const struct kvs_fdinfo *fi, enum kvs_why why, int err)
+{
+	kvs_why(fd, fi->dev, fi->ino, why, err);
+}
+
+/* Does a read path serve fd, which kvs_fdinfo_get described as fi with result r?  Says why not.
+ * any_mode: cuFile, which serves a descriptor whether it has O_DIRECT or not.  Caller holds
+ * guard. */
+static bool admit(int fd, int r, const struct kvs_fdinfo *fi, bool any_mode)
+{
+	if (r)
+		return false; /* fstat or fcntl failed: the real call will say why */
+	if (!fi->kv) {
+		if (fi->dev || fi->ino) /* a pipe or a socket (neither) needs no explaining */
+			pass(fd, fi, KVS_WHY_NOT_KV, 0);
+		return false;
+	}
+	if (!fi->readable) {
+		pass(fd, fi, KVS_WHY_UNREADABLE, 0);
+		return false;
+	}
+	if (!any_mode && !fi->direct && !cfg.files_buffered) {
+		unserved(KVS_CTR_unserved_buffered, KVS_CAUSE_UNSERVED_BUFFERED,
+			 "a buffered read of a KV file (no O_DIRECT, files.buffered = false)");
+		pass(fd, fi, KVS_WHY_BUFFERED, 0);
+		return false;
+	}
+	return true;
+}
+
 void kvs_shim_note_small(int fd, size_t len)
 {
 	/* Only in a process that has mapped the region already, and only for a descriptor the
@@ -245,9 +277,12 @@ void kvs_shim_note_small(int fd, size_t len)
 	    atomic_load_explicit(&mapped, memory_order_acquire) != AT_OK || !kvs_fdinfo_hint_kv(fd))
 		return;
 	int saved = errno;
+	struct kvs_fdinfo fi;
 	guard++;
 	unserved(KVS_CTR_unserved_small, KVS_CAUSE_UNSERVED_SMALL,
 		 "a read of a KV file shorter than files.min_read");
+	if (kvs_log_wants(KVS_LOG_DEBUG) && kvs_fdinfo_known(fd, &fi) == 0)
+		pass(fd, &fi, KVS_WHY_SMALL, 0);
 	guard--;
 	errno = saved;
 }
@@ -260,9 +295,11 @@ void kvs_shim_note_mmap(int fd)
 		return;
 	int saved = errno;
 	guard++;
-	if (kvs_fdinfo_get(fd, &fi) == 0 && fi.kv)
+	if (kvs_fdinfo_get(fd, &fi) == 0 && fi.kv) {
 		unserved(KVS_CTR_unserved_mmap, KVS_CAUSE_UNSERVED_MMAP,
 			 "a KV file mapped with mmap (its reads are page faults)");
+		pass(fd, &fi, KVS_WHY_MMAP, 0);
+	}
 	guard--;
 	errno = saved;
 }
@@ -284,6 +321,7 @@ void kvs_shim_note_io_uring(const int *fds, unsigned n)
 		if (fds[i] >= 0 && kvs_fdinfo_get(fds[i], &fi) == 0 && fi.kv) {
 			unserved(KVS_CTR_unserved_io_uring, KVS_CAUSE_UNSERVED_IO_URING,
 				 "a KV file registered with an io_uring");
+			pass(fds[i], &fi, KVS_WHY_IO_URING, 0);
 		}
 	}
 	guard--;
@@ -411,15 +449,12 @@ ssize_t kvs_shim_read(int fd, const struct iovec *iov, int iovcnt, off_t off, bo
 	}
 	guard++;
 	pthread_setcancelstate(PTHREAD_CANCEL_DISABLE, &cancel_state);
-	if (kvs_fdinfo_get(fd, &fi) || !fi.kv || !fi.readable)
+	if (!admit(fd, kvs_fdinfo_get(fd, &fi), &fi, false))
 		goto out;
-	if (!fi.direct && !cfg.files_buffered) {
-		unserved(KVS_CTR_unserved_buffered, KVS_CAUSE_UNSERVED_BUFFERED,
-			 "a buffered read of a KV file (no O_DIRECT, files.buffered = false)");
+	if (!buffers_writable(iov, iovcnt)) {
+		pass(fd, &fi, KVS_WHY_BUFFERS, 0);
 		goto out;
 	}
-	if (!buffers_writable(iov, iovcnt))
-		goto out;
 	if (use_pos) {
 		pos_lock = &pos_mu[(fi.ino ^ fi.dev * 31) % POS_LOCKS];
 		pthread_mutex_lock(pos_lock);
@@ -432,14 +467,19 @@ ssize_t kvs_shim_read(int fd, const struct iovec *iov, int iovcnt, off_t off, bo
 	if (fi.direct && !direct_ok(&fi, iov, iovcnt, off)) {
 		unserved(KVS_CTR_unserved_misaligned, KVS_CAUSE_UNSERVED_MISALIGNED,
 			 "an O_DIRECT read of a KV file not aligned as O_DIRECT needs");
+		pass(fd, &fi, KVS_WHY_MISALIGNED, 0);
 		goto out;
 	}
 	/* Lock order: a position lock before attach_mu; attach never takes a position lock. */
-	if (!attach())
+	if (!attach()) {
+		pass(fd, &fi, KVS_WHY_NO_CACHE, 0);
 		goto out;
+	}
 	anchor = kvs_fdinfo_anchor(fd, &fi);
-	if (anchor < 0)
+	if (anchor < 0) {
+		pass(fd, &fi, KVS_WHY_ANCHOR, -anchor);
 		goto out;
+	}
 	/* The kernel moves at most MAX_RW_COUNT bytes in one call, whatever was asked. */
 	if (len > KVS_MAX_RW_COUNT)
 		len = KVS_MAX_RW_COUNT;
@@ -448,8 +488,10 @@ ssize_t kvs_shim_read(int fd, const struct iovec *iov, int iovcnt, off_t off, bo
 	rd.iovcnt = iovcnt;
 	int64_t n = kvs_loader_read(loader, &rd);
 	after_read(n);
-	if (n < 0)
+	if (n < 0) {
+		pass(fd, &fi, KVS_WHY_FALLBACK, (int)-n);
 		goto out;
+	}
 	if (use_pos && lseek(fd, off + n, SEEK_SET) < 0)
 		goto out; /* cannot happen on a regular file; the real read will redo it */
 	if (fi.direct && fi.dio_zero_tail && n > 0 && (uint64_t)n < len)
@@ -484,21 +526,30 @@ static int anchor_waiting(int fd, const struct kvs_fdinfo *fi)
 static int prepare_to(struct kvs_shim_async *a, int fd, uint64_t ptr, size_t size, off_t off)
 {
 	struct kvs_fdinfo fi;
-	int anchor;
+	enum kvs_why why;
+	int anchor = 0;
 
 	if (off < 0 || size == 0 || size > KVS_MAX_RW_COUNT || ptr + size < ptr)
 		return -1;
-	if (kvs_fdinfo_get(fd, &fi) || !fi.kv || !fi.readable)
+	if (!admit(fd, kvs_fdinfo_get(fd, &fi), &fi, true))
 		return -1;
 	if (kvs_device_target(&cfg, ptr, size, &a->tg))
+		why = KVS_WHY_DEVICE;
+	else if (a->tg.host && !buffers_writable(&a->tg.iov, 1))
+		why = KVS_WHY_BUFFERS;
+	else if (!attach())
+		why = KVS_WHY_NO_CACHE;
+	else if ((anchor = anchor_waiting(fd, &fi)) < 0)
+		why = KVS_WHY_ANCHOR;
+	else if (kvs_device_begin(&a->tg, cache, &cfg))
+		why = KVS_WHY_DEVICE;
+	else
+		why = KVS_WHY_NCAUSES;
+	if (why != KVS_WHY_NCAUSES) {
+		pass(fd, &fi, why, why == KVS_WHY_ANCHOR ? -anchor : 0);
 		return -1;
-	if (a->tg.host && !buffers_writable(&a->tg.iov, 1))
-		return -1;
-	if (!attach())
-		return -1;
-	anchor = anchor_waiting(fd, &fi);
-	if (anchor < 0 || kvs_device_begin(&a->tg, cache, &cfg))
-		return -1;
+	}
+	a->fd = fd;
 	a->rd = make_read(&fi, anchor, (uint64_t)off, size);
 	if (a->tg.host) {
 		a->rd.iov = &a->tg.iov;
@@ -521,6 +572,8 @@ ssize_t kvs_shim_read_to(int fd, uint64_t ptr, size_t size, off_t off)
 		goto out;
 	int64_t n = kvs_loader_read(loader, &a.rd);
 	after_read(n);
+	if (n < 0)
+		kvs_why(fd, a.rd.dev, a.rd.ino, KVS_WHY_FALLBACK, (int)-n);
 	if (n >= 0) {
 		kvs_cache_count(cache, KVS_CTR_cufile_requests, 1);
 		ret = n;
@@ -537,6 +590,8 @@ static void async_done(struct kvs_task *t, int64_t result)
 	struct kvs_shim_async *a = t->arg;
 
 	after_read(result);
+	if (result < 0)
+		kvs_why(a->fd, a->rd.dev, a->rd.ino, KVS_WHY_FALLBACK, (int)-result);
 	if (result >= 0 && !a->posix)
 		kvs_cache_count(cache, KVS_CTR_cufile_requests, 1);
 	a->done(a, result);
@@ -594,15 +649,28 @@ int kvs_shim_read_start(struct kvs_shim_async *a, int fd, const struct iovec *io
 	pthread_setcancelstate(PTHREAD_CANCEL_DISABLE, &cancel_state);
 	memset(&a->tg, 0, sizeof(a->tg));
 	a->done = done;
-	if (kvs_fdinfo_get(fd, &fi) || !fi.kv || !fi.readable ||
-	    (!fi.direct && !cfg.files_buffered))
+	if (!admit(fd, kvs_fdinfo_get(fd, &fi), &fi, false))
 		goto out;
-	if ((fi.direct && !direct_ok(&fi, iov, iovcnt, off)) || !buffers_writable(iov, iovcnt) ||
-	    !attach())
+	if (fi.direct && !direct_ok(&fi, iov, iovcnt, off)) {
+		unserved(KVS_CTR_unserved_misaligned, KVS_CAUSE_UNSERVED_MISALIGNED,
+			 "an O_DIRECT read of a KV file not aligned as O_DIRECT needs");
+		pass(fd, &fi, KVS_WHY_MISALIGNED, 0);
 		goto out;
+	}
+	if (!buffers_writable(iov, iovcnt)) {
+		pass(fd, &fi, KVS_WHY_BUFFERS, 0);
+		goto out;
+	}
+	if (!attach()) {
+		pass(fd, &fi, KVS_WHY_NO_CACHE, 0);
+		goto out;
+	}
 	anchor = anchor_waiting(fd, &fi);
-	if (anchor < 0)
+	if (anchor < 0) {
+		pass(fd, &fi, KVS_WHY_ANCHOR, -anchor);
 		goto out;
+	}
+	a->fd = fd;
 	a->rd = make_read(&fi, anchor, (uint64_t)off, len);
 	a->rd.iov = iov;
 	a->rd.iovcnt = iovcnt;

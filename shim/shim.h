@@ -45,6 +45,7 @@ struct kvs_shim_async {
 	void (*done)(struct kvs_shim_async *a, int64_t result);
 	void *arg;	/* the caller's */
 	bool posix;	/* a POSIX or kernel AIO read (kvs_shim_read_start), not a cuFile one */
+	int fd;		/* the program's descriptor (for the debug line of a fallback) */
 	int64_t result; /* the byte count, when a start returned 1 */
 };
 

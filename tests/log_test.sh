@@ -94,5 +94,50 @@ else
 	fail "unopenable log file ($n reasons): $(cat "$work/err")"
 fi
 
+# 5. shim.log = debug says why a read passed through, once per descriptor, file and cause: a
+#    file outside the roots, a buffered KV read, a misaligned O_DIRECT one, a small one; a
+#    served read says nothing; a number reopened on another file speaks again.
+mkdir -p "$work/other"
+head -c 200000 /dev/zero >"$work/other/a"
+head -c 200000 /dev/zero >"$work/other/b"
+KVSHIM_SHIM_LOG=debug LD_PRELOAD="$lib" python3 -c '
+import mmap, os, sys
+kv, a, b = sys.argv[1:4]
+buf = mmap.mmap(-1, 1 << 17)
+def read_twice(fd, bufs, off=0):
+    for _ in range(2):
+        try:
+            os.preadv(fd, bufs, off)
+        except OSError:
+            pass  # the real call refuses a misaligned O_DIRECT read; the shim must not
+d = os.open(kv, os.O_RDONLY | os.O_DIRECT)
+read_twice(d, [buf])                                # served: silent
+read_twice(d, [memoryview(buf)[1:65537]])           # misaligned buffer
+read_twice(d, [memoryview(buf)[:4096]])             # shorter than files.min_read
+o = os.open(a, os.O_RDONLY)
+read_twice(o, [buf])                                # not under the roots
+os.close(o)
+o2 = os.open(b, os.O_RDONLY)
+assert o2 == o, (o, o2)                             # the same number, another file
+read_twice(o2, [buf])
+p = os.open(kv, os.O_RDONLY)
+read_twice(p, [buf])                                # buffered, files.buffered = false
+print(d, o, p)
+' "$work/kv/blk" "$work/other/a" "$work/other/b" >"$work/fds" 2>"$work/err" ||
+	fail "the debug reader: $(cat "$work/err")"
+read -r fd_d fd_o fd_p <"$work/fds"
+why() { grep -cE "^kvshim: $TS pid [0-9]+ debug: fd $1 \($2\): passed through: $3" "$work/err"; }
+got="$(why "$fd_d" "$work/kv/blk" "O_DIRECT, but offset, length or buffer not aligned")"
+got+=" $(why "$fd_d" "$work/kv/blk" "shorter than files.min_read")"
+got+=" $(why "$fd_o" "$work/other/a" "not under files.roots")"
+got+=" $(why "$fd_o" "$work/other/b" "not under files.roots")"
+got+=" $(why "$fd_p" "$work/kv/blk" "a buffered read \(no O_DIRECT\) and files.buffered = false")"
+all=$(grep "passed through" "$work/err" | grep -c "($work/")
+if [ "$got" = "1 1 1 1 1" ] && [ "$all" = 5 ]; then
+	ok "debug: why a read passed through, once per descriptor, file and cause (5 lines)"
+else
+	fail "debug lines (want 1 1 1 1 1 of 5, got $got of $all): $(cat "$work/err")"
+fi
+
 [ "$fails" -eq 0 ] && echo "PASS: log" || echo "FAIL: log ($fails)"
 [ "$fails" -eq 0 ]
