@@ -22,6 +22,8 @@
  *   kvshim-hostile forkfds FILE              after served reads, a fork child holds no
  *                                            descriptor of the shim's (region, ring, anchors)
  *   kvshim-hostile locks A B                 a record lock on A survives the shim's anchors
+ *   kvshim-hostile anchors A B               read A through fd, dup2 B onto fd, read again: no
+ *                                            descriptor of A is left (its anchor was closed)
  *   kvshim-hostile fdleak FILE               read, rewrite a block (another descriptor), read
  *                                            again, 300 times: the shim holds no more
  *                                            descriptors at the end than after the first read
@@ -535,6 +537,53 @@ static int cmd_locks(const char *a, const char *b)
 	return 0;
 }
 
+/* ------------------------------------------------------------------ anchors */
+
+/* How many descriptors of this process name (dev, ino)? */
+static int fds_naming(dev_t dev, ino_t ino)
+{
+	struct stat st;
+	int n = 0;
+
+	for (int i = 0; i < 65536; i++)
+		n += fstat(i, &st) == 0 && st.st_dev == dev && st.st_ino == ino;
+	return n;
+}
+
+static int cmd_anchors(const char *a, const char *b)
+{
+	/* A is read through fd (the shim anchors it: two descriptors name A), then fd's number is
+	 * made to name B and read again.  The shim replaces that entry's anchor; the program holds
+	 * nothing of A any more, so A's old anchor must be closed, not leaked. */
+	char *buf = aligned(4 * MIB);
+	int fd = open(a, O_RDONLY | O_DIRECT), tb = open(b, O_RDONLY | O_DIRECT);
+	struct stat sa;
+
+	if (fd < 0 || tb < 0 || fstat(fd, &sa)) {
+		perror("open");
+		return 2;
+	}
+	for (int i = 0; i < 3; i++)
+		pread(fd, buf, 4 * MIB, 0);
+	int held = fds_naming(sa.st_dev, sa.st_ino);
+	if (dup2(tb, fd) != fd) {
+		perror("dup2");
+		return 2;
+	}
+	close(tb);
+	for (int i = 0; i < 3; i++)
+		pread(fd, buf, 4 * MIB, 0);
+	int left = fds_naming(sa.st_dev, sa.st_ino);
+	if (held != 2 || left != 0) {
+		printf("FAIL anchors: %d descriptors named A while the program read it (want 2: its "
+		       "own and the anchor), %d once it let go (want 0)\n",
+		       held, left);
+		return 1;
+	}
+	printf("anchors: A's anchor closed once the program let go of A\n");
+	return 0;
+}
+
 /* ------------------------------------------------------------------ fdleak */
 
 static int count_fds(void)
@@ -826,6 +875,8 @@ int main(int argc, char **argv)
 		return cmd_forkfds(argv[2]);
 	if (!strcmp(c, "locks") && argc == 4)
 		return cmd_locks(argv[2], argv[3]);
+	if (!strcmp(c, "anchors") && argc == 4)
+		return cmd_anchors(argv[2], argv[3]);
 	if (!strcmp(c, "fdleak") && argc == 3)
 		return cmd_fdleak(argv[2]);
 	if (!strcmp(c, "writer") && argc == 7)

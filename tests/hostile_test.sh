@@ -102,6 +102,28 @@ out=$(KVSHIM_LOADER_PREFETCH=read LD_PRELOAD=$lib timeout 60 "$h" locks "$work/k
 reset_region
 out=$(LD_PRELOAD=$lib timeout 60 "$h" fdleak "$work/kv/b" 2>&1) && ok "$out" || fail "$out"
 
+# 7c. A descriptor number moved to another file: the old file's anchor is closed once the
+#     program holds nothing of it.
+reset_region
+out=$(LD_PRELOAD=$lib timeout 60 "$h" anchors "$work/kv/a" "$work/kv/b" 2>&1) && ok "$out" ||
+	fail "$out"
+
+# 7d. A sandbox that hides /proc/self/fd: the shim cannot tell where a descriptor points, so it
+#     passes every read through, and the bytes are right (the ASan pass sees any stray write).
+if [ "$(id -u)" = 0 ] && unshare -m --propagation private true 2>/dev/null; then
+	reset_region
+	# (The mount hides the fd folder of this pid only: exec, never fork, the reader.)
+	out=$(timeout 60 unshare -m --propagation private sh -c 'mount -t tmpfs tmpfs /proc/$$/fd &&
+		exec env LD_PRELOAD="$0" "$1" verify "$2" 0 1' "$lib" "$h" "$work/kv/f0" 2>&1)
+	if [ $? = 0 ] && [ "$(region total_bytes)" = none ]; then
+		ok "no /proc/self/fd: every read passed through, right ($out)"
+	else
+		fail "no /proc/self/fd: $out (region: $(region total_bytes))"
+	fi
+else
+	echo "  skip: no /proc/self/fd (needs root and unshare -m)"
+fi
+
 # 8. A writer that never loads the shim rewrites a file under readers.  A read that starts
 # files.settle after a write returned must see that generation or a later one; a new process
 # afterwards reads the last generation.
