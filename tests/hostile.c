@@ -554,12 +554,13 @@ static int cmd_anchors(const char *a, const char *b)
 {
 	/* A is read through fd (the shim anchors it: two descriptors name A), then fd's number is
 	 * made to name B and read again.  The shim replaces that entry's anchor; the program holds
-	 * nothing of A any more, so A's old anchor must be closed, not leaked. */
+	 * nothing of A any more, so A's old anchor must be closed, not leaked.  Stdin is closed
+	 * first, so A's anchor is descriptor 0, which must count as the shim's like any other. */
 	char *buf = aligned(4 * MIB);
 	int fd = open(a, O_RDONLY | O_DIRECT), tb = open(b, O_RDONLY | O_DIRECT);
 	struct stat sa;
 
-	if (fd < 0 || tb < 0 || fstat(fd, &sa)) {
+	if (fd <= 0 || tb <= 0 || fstat(fd, &sa) || close(0)) {
 		perror("open");
 		return 2;
 	}
