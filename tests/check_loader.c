@@ -475,6 +475,47 @@ START_TEST(test_file_shrank_falls_back)
 }
 END_TEST
 
+/* kvs_loader_pin/settle/unpin (cuFileReadAsync's path): settle counts hits, and a shard whose
+ * load failed and whose own storage read comes up short fails the task, never reports bytes
+ * it does not have. */
+START_TEST(test_settle_hits_and_failures)
+{
+	struct env e;
+	char path[300];
+	struct stat st;
+	struct kvs_task t;
+	char *buf = malloc(3 * SHARD);
+
+	config(&e.cfg, KVS_IO_AUTO);
+	env_open(&e);
+	make_file("settle", 3 * SHARD, path, sizeof(path));
+	int fd = open(path, O_RDWR);
+	ck_assert_int_eq(fstat(fd, &st), 0);
+	struct kvs_read rd = {.fd = fd, .off = 0, .len = 3 * SHARD, .file_size = 3 * SHARD};
+	describe_file(&rd, &st);
+
+	/* Warm: three hits. */
+	ck_assert_int_eq(loader_read(&e, fd, buf, 0, 3 * SHARD), 3 * SHARD);
+	uint64_t hits = totals(&e).v[KVS_CTR_shards_hit];
+	ck_assert_int_eq(kvs_loader_pin(e.ld, &t, &rd), 0);
+	ck_assert_int_eq(kvs_loader_settle(e.ld, &t), 0);
+	kvs_loader_unpin(e.ld, &t);
+	ck_assert_uint_eq(totals(&e).v[KVS_CTR_shards_hit] - hits, 3);
+
+	/* Another block whose identity says 3 shards while storage has 1. */
+	ck_assert_int_eq(ftruncate(fd, SHARD), 0);
+	ck_assert_int_eq(fstat(fd, &st), 0);
+	describe_file(&rd, &st);
+	ck_assert_int_eq(kvs_loader_pin(e.ld, &t, &rd), 0);
+	ck_assert_int_lt(kvs_loader_settle(e.ld, &t), 0);
+	kvs_loader_unpin(e.ld, &t);
+	ck_assert_uint_eq(pinned(&e), 0);
+	free(buf);
+	close(fd);
+	env_done(&e);
+}
+END_TEST
+
 START_TEST(test_idle_burns_no_cpu)
 {
 	struct env e;
@@ -944,6 +985,7 @@ static Suite *loader_suite(void)
 	tcase_add_test(core, test_copy_stream);
 	tcase_add_test(limits, test_all_pinned_reads_itself);
 	tcase_add_test(limits, test_file_shrank_falls_back);
+	tcase_add_test(limits, test_settle_hits_and_failures);
 	tcase_add_test(limits, test_idle_burns_no_cpu);
 	tcase_add_test(conc, test_ranks_read_storage_once);
 	tcase_add_test(conc, test_threads_submit_at_once);

@@ -576,9 +576,10 @@ static int cmd_anchors(const char *a, const char *b)
 		pread(fd, buf, 4 * MIB, 0);
 	int left = fds_naming(sa.st_dev, sa.st_ino);
 	if (held != 2 || left != 0) {
-		printf("FAIL anchors: %d descriptors named A while the program read it (want 2: its "
-		       "own and the anchor), %d once it let go (want 0)\n",
-		       held, left);
+		printf(
+		    "FAIL anchors: %d descriptors named A while the program read it (want 2: its "
+		    "own and the anchor), %d once it let go (want 0)\n",
+		    held, left);
 		return 1;
 	}
 	printf("anchors: A's anchor closed once the program let go of A\n");
