@@ -30,6 +30,22 @@ if ! command -v promtool >/dev/null; then
 		echo "deps: prometheus did not install; the tools test skips promtool" >&2
 fi
 
+# systemd-analyze and PyYAML, for the examples test's checks of the systemd drop-in and the
+# Kubernetes pod in docs/operations.md.  That test skips a part whose tool is missing.
+for tool in systemd-analyze:systemd python3-yaml:python3-yaml; do
+	if [ "${tool%%:*}" = python3-yaml ]; then
+		python3 -c 'import yaml' 2>/dev/null && continue
+	else
+		command -v "${tool%%:*}" >/dev/null && continue
+	fi
+	echo "deps: installing ${tool#*:} (for the examples test)" >&2
+	sudo=""
+	[ "$(id -u)" -eq 0 ] || sudo="sudo"
+	DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq --no-install-recommends \
+		"${tool#*:}" >/dev/null 2>&1 ||
+		echo "deps: ${tool#*:} did not install; the examples test skips that part" >&2
+done
+
 # NVIDIA's cufile.h and libcufile.so.0 (the nvidia-cufile wheel), for check_cufile_abi, which
 # pins shim/cufile_types.h to them.  Without the wheel that test skips, so a failed install
 # must not stop the build either.
