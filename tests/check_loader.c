@@ -359,6 +359,15 @@ START_TEST(test_prefetch)
 		ck_assert_int_eq(kvs_cache_lookup(e.c, &k), -ENOENT);
 		ck_assert_uint_eq(pinned(&e), 0);
 		close(fd);
+		/* A miss whose next shard is READY already: the read-ahead's pin is a hit, which it
+		 * must let go of. */
+		make_file(mode == KVS_PREFETCH_READ ? "prh" : "pah", 2 * SHARD, path, sizeof(path));
+		fd = open(path, O_RDONLY);
+		check_range(&e, fd, SHARD, SHARD);
+		check_range(&e, fd, 0, SHARD);
+		usleep(50000);
+		ck_assert_uint_eq(pinned(&e), 0);
+		close(fd);
 		env_done(&e);
 	}
 }
