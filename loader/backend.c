@@ -54,6 +54,7 @@ struct kvs_backend {
 unsigned kvs_backend_test_delay_us;
 unsigned kvs_backend_test_fail_submits;
 unsigned kvs_backend_test_short_reads;
+unsigned kvs_backend_test_fail_thread;
 bool kvs_backend_test_fail_wait;
 
 /* user_data of a NOP that stands in for a read whose submission failed: nothing to finish.
@@ -171,8 +172,12 @@ static int start_threads(struct kvs_backend *be, unsigned n, void *(*fn)(void *)
 {
 	int r = 0;
 
-	for (be->nthreads = 0; be->nthreads < n && !r; be->nthreads += !r)
-		r = kvs_thread_start(&be->threads[be->nthreads], fn, be);
+	for (be->nthreads = 0; be->nthreads < n && !r; be->nthreads += !r) {
+		if (kvs_backend_test_fail_thread && --kvs_backend_test_fail_thread == 0)
+			r = -EAGAIN;
+		else
+			r = kvs_thread_start(&be->threads[be->nthreads], fn, be);
+	}
 	return r;
 }
 

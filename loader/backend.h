@@ -42,6 +42,10 @@ extern bool kvs_backend_test_fail_wait;
  * length (4 KiB-aligned), as if storage returned a short read mid-file; the reaper must
  * finish the rest. */
 extern unsigned kvs_backend_test_short_reads;
+/* Tests only: when nonzero, counted down by each thread start of kvs_backend_create; the start
+ * that brings it to 0 fails with -EAGAIN, as pthread_create does when the process is out of
+ * threads or memory (1: the next start fails; 3: the third from now). */
+extern unsigned kvs_backend_test_fail_thread;
 
 /* Start a backend.  mode is enum kvs_io_mode; depth bounds the reads in flight.
  * Returns 0 or -errno (-ENOSYS/-EPERM when io_uring was asked for and is unavailable). */

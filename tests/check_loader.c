@@ -812,6 +812,28 @@ static void board_check(struct done_board *d, int fd)
 
 /* A submission that fails after its SQE was filled: the read is done synchronously, and the
  * SQE must never reach the kernel, whose next submit would read into a buffer reused since. */
+/* A thread that cannot start fails the backend's creation, whichever thread it is: an
+ * io_uring backend without its reaper would never complete a read. */
+START_TEST(test_backend_thread_start_fails)
+{
+	struct kvs_backend *be = NULL;
+
+	if (kvs_backend_create(KVS_IO_URING, 4, &be) == 0) {
+		kvs_backend_destroy(be);
+		kvs_backend_test_fail_thread = 1; /* the reaper */
+		ck_assert_int_eq(kvs_backend_create(KVS_IO_URING, 4, &be), -EAGAIN);
+	} else {
+		fprintf(stderr,
+			"check_loader: io_uring unavailable: its reaper's start not tested\n");
+	}
+	kvs_backend_test_fail_thread = 3; /* the third worker */
+	ck_assert_int_eq(kvs_backend_create(KVS_IO_THREADS, 4, &be), -EAGAIN);
+	ck_assert_uint_eq(kvs_backend_test_fail_thread, 0);
+	ck_assert_int_eq(kvs_backend_create(KVS_IO_THREADS, 4, &be), 0);
+	kvs_backend_destroy(be);
+}
+END_TEST
+
 START_TEST(test_backend_submit_failure)
 {
 	char path[512];
@@ -1006,6 +1028,7 @@ static Suite *loader_suite(void)
 	tcase_add_test(crash, test_owner_dies);
 	tcase_add_test(crash, test_owner_read_outlasts_timeout);
 	tcase_add_test(limits, test_backend_submit_failure);
+	tcase_add_test(limits, test_backend_thread_start_fails);
 	tcase_add_test(crash, test_backend_wait_error);
 	tcase_add_test(core, test_prefetch_stops_at_eof);
 	tcase_add_test(limits, test_backend_short_read);
