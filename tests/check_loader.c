@@ -994,6 +994,13 @@ START_TEST(test_copy_stream)
 	kvs_copy_fn f = kvs_copy_pick(KVS_COPY_MEMCPY);
 	f(a, src, 100);
 	ck_assert_int_eq(memcmp(a, src, 100), 0);
+#if defined(__x86_64__)
+	/* Every x86_64 has SSE2's streaming stores: stream and auto pick the streaming copy (a
+	 * build that lost it would copy right, only slower, and no byte check would see it). */
+	ck_assert(kvs_copy_pick(KVS_COPY_STREAM) == kvs_copy_stream);
+	ck_assert(kvs_copy_pick(KVS_COPY_AUTO) == kvs_copy_stream);
+	ck_assert(kvs_copy_pick(KVS_COPY_MEMCPY) != kvs_copy_stream);
+#endif
 	free(src);
 	free(a);
 	free(b);
