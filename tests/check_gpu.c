@@ -358,6 +358,44 @@ static void *copy_worker(void *arg)
 	return NULL;
 }
 
+/* One stream per context: copies into two devices' memory each go through a stream of their
+ * own context, and a second session on a context finds its stream again. */
+START_TEST(streams_per_context)
+{
+	setenv("FAKECUDA_DEVICES", "2", 1);
+	struct kvs_gpu *g = setup(false);
+	CUdeviceptr d[2];
+	CUcontext ctx1, got;
+	struct kvs_gpu_ptr dst[2];
+	struct kvs_gpu_copy cp[2], again;
+	unsigned char src[4096];
+
+	memset(src, 'k', sizeof(src));
+	d[0] = dev_alloc(sizeof(src));
+	ck_assert_int_eq(cuDevicePrimaryCtxRetain(&ctx1, 1), CUDA_SUCCESS);
+	ck_assert_int_eq(cuCtxSetCurrent(ctx1), CUDA_SUCCESS);
+	d[1] = dev_alloc(sizeof(src));
+	for (int i = 0; i < 2; i++) {
+		ck_assert_int_eq(kvs_gpu_classify(g, d[i], sizeof(src), &dst[i]), 0);
+		ck_assert_int_eq(kvs_gpu_copy_begin(g, &dst[i], &cp[i]), 0);
+		ck_assert_int_eq(cuStreamGetCtx(cp[i].stream, &got), CUDA_SUCCESS);
+		ck_assert_ptr_eq(got, dst[i].ctx);
+	}
+	ck_assert_ptr_ne(dst[0].ctx, dst[1].ctx);
+	ck_assert_ptr_ne(cp[0].stream, cp[1].stream);
+	ck_assert_int_eq(kvs_gpu_copy_begin(g, &dst[0], &again), 0);
+	ck_assert_ptr_eq(again.stream, cp[0].stream);
+	for (int i = 0; i < 2; i++) {
+		ck_assert_int_eq(kvs_gpu_copy(&cp[i], 0, src, sizeof(src)), 0);
+		ck_assert_int_eq(kvs_gpu_fence(&cp[i]), 0);
+		ck_assert_int_eq(memcmp(fakecuda_host_view(d[i], sizeof(src)), src, sizeof(src)),
+				 0);
+	}
+	ck_assert_int_eq(kvs_gpu_fence(&again), 0);
+	kvs_gpu_close(g);
+}
+END_TEST
+
 START_TEST(threads_share_stream)
 {
 	setenv("FAKECUDA_ASYNC_DELAY_US", "1000", 1);
@@ -396,6 +434,7 @@ static Suite *gpu_suite(void)
 	tcase_add_test(core, register_background);
 	tcase_add_test(core, register_waits_for_context);
 	tcase_add_test(core, register_failure_stops);
+	tcase_add_test(core, streams_per_context);
 	suite_add_tcase(s, core);
 	TCase *conc = tcase_create("concurrency");
 	tcase_add_test(conc, threads_share_stream);

@@ -1249,6 +1249,15 @@ CUresult CUDAAPI cuStreamCreateWithPriority(CUstream *phStream, unsigned int fla
 	return stream_create(phStream);
 }
 
+CUresult CUDAAPI cuStreamGetCtx(CUstream hStream, CUcontext *pctx)
+{
+	ENTER("cuStreamGetCtx");
+	if (!pctx || sync_stream(hStream) || !stream_valid(hStream))
+		return CUDA_ERROR_INVALID_HANDLE;
+	*pctx = hStream->ctx;
+	return CUDA_SUCCESS;
+}
+
 /* Unlike the real driver, which returns at once and lets queued work finish, this waits for
  * the queue to drain: the worker must not outlive the stream. */
 CUresult CUDAAPI cuStreamDestroy(CUstream hStream)
@@ -1711,6 +1720,7 @@ static const struct sym {
     S(cuPointerGetAttributes, 7000),
     S(cuStreamCreate, 2000),
     S(cuStreamCreateWithPriority, 5050),
+    S(cuStreamGetCtx, 9020),
     S(cuStreamDestroy, 2000),
     S(cuStreamDestroy_v2, 4000),
     S(cuStreamSynchronize, 2000),
