@@ -55,7 +55,8 @@ struct kvs_gpu_copy {
 };
 
 /*
- * Load the driver library p->library, resolve its entry points and call cuInit(0).  Returns 0
+ * Load the driver library p->library, resolve its entry points and call cuInit(0); p may be NULL
+ * (libcuda.so.1, the real dlsym, no host registration).  Returns 0
  * and *out, -ENOENT when the library cannot be loaded, -ENOSYS when it lacks an entry point,
  * -ENODEV when the driver refuses (no device, cuInit fails), -ENOMEM.  The library is never
  * unloaded.

@@ -102,6 +102,11 @@ START_TEST(open_errors)
 	unsetenv("FAKECUDA_MISSING");
 	ck_assert_int_eq(kvs_gpu_open(&p, &g), 0);
 	kvs_gpu_close(g);
+	/* No parameters: the defaults (libcuda.so.1, which this machine may lack). */
+	int r = kvs_gpu_open(NULL, &g);
+	ck_assert_msg(r == 0 || r == -ENOENT || r == -ENODEV || r == -ENOSYS, "open(NULL): %d", r);
+	if (r == 0)
+		kvs_gpu_close(g);
 }
 END_TEST
 
