@@ -1,6 +1,7 @@
 /*
  * copy: see copy.h.
  */
+#include <stdbool.h>
 #include <stdint.h>
 #include <string.h>
 
@@ -13,8 +14,21 @@ static void plain(void *dst, const void *src, size_t n)
 	memcpy(dst, src, n);
 }
 
+bool kvs_copy_test_no_avx2;
+
 #if defined(__x86_64__)
 #include <immintrin.h>
+
+/* The one place that chooses between the two streaming loops. */
+static bool use_avx2(void)
+{
+	return !kvs_copy_test_no_avx2 && __builtin_cpu_supports("avx2");
+}
+
+const char *kvs_copy_stream_kind(void)
+{
+	return use_avx2() ? "avx2" : "sse2";
+}
 
 __attribute__((target("avx2"))) static void stream_avx2(char *d, const char *s, size_t n)
 {
@@ -59,7 +73,7 @@ void kvs_copy_stream(void *dst, const void *src, size_t n)
 	}
 	size_t head = (64 - ((uintptr_t)d & 63)) & 63; /* align the stores to a cache line */
 	memcpy(d, s, head);
-	if (__builtin_cpu_supports("avx2"))
+	if (use_avx2())
 		stream_avx2(d + head, s + head, n - head);
 	else
 		stream_sse2(d + head, s + head, n - head);
@@ -71,6 +85,11 @@ kvs_copy_fn kvs_copy_pick(int mode)
 }
 
 #else /* no non-temporal stores written for this CPU: memcpy */
+
+const char *kvs_copy_stream_kind(void)
+{
+	return "memcpy";
+}
 
 void kvs_copy_stream(void *dst, const void *src, size_t n)
 {

@@ -8,6 +8,7 @@
 #ifndef KVS_COPY_H
 #define KVS_COPY_H
 
+#include <stdbool.h>
 #include <stddef.h>
 
 typedef void (*kvs_copy_fn)(void *dst, const void *src, size_t n);
@@ -22,5 +23,13 @@ kvs_copy_fn kvs_copy_pick(int mode);
  * the bytes are visible to any reader once it returns. */
 #define KVS_COPY_STREAM_MIN (64u << 10)
 void kvs_copy_stream(void *dst, const void *src, size_t n);
+
+/* The loop kvs_copy_stream runs on this CPU: "avx2", "sse2" (x86_64 without AVX2), or
+ * "memcpy" (no streaming copy written for this architecture). */
+const char *kvs_copy_stream_kind(void);
+
+/* Tests only: run the SSE2 loop even where AVX2 is present (a hidden symbol, like the
+ * backend's test hooks), so that both loops are checked on any x86_64. */
+extern bool kvs_copy_test_no_avx2;
 
 #endif

@@ -977,20 +977,26 @@ START_TEST(test_copy_stream)
 	ck_assert(src && a && b);
 	for (size_t i = 0; i < max + 64; i++)
 		src[i] = (char)(i * 131 + 7);
-	for (unsigned so = 0; so < 64; so += 7) {
-		for (unsigned dof = 0; dof < 64; dof += 5) {
-			for (size_t k = 0; k < sizeof(sizes) / sizeof(sizes[0]); k++) {
-				size_t n = sizes[k];
+	/* Each loop this CPU has: AVX2's where present, and SSE2's everywhere on x86_64. */
+	for (int no_avx2 = 0; no_avx2 < 2; no_avx2++) {
+		kvs_copy_test_no_avx2 = no_avx2;
+		for (unsigned so = 0; so < 64; so += 7) {
+			for (unsigned dof = 0; dof < 64; dof += 5) {
+				for (size_t k = 0; k < sizeof(sizes) / sizeof(sizes[0]); k++) {
+					size_t n = sizes[k];
 
-				memset(a, 0x55, max + 64);
-				memset(b, 0x55, max + 64);
-				kvs_copy_stream(a + dof, src + so, n);
-				memcpy(b + dof, src + so, n);
-				ck_assert_msg(memcmp(a, b, max + 64) == 0,
-					      "src+%u dst+%u n %zu differs", so, dof, n);
+					memset(a, 0x55, max + 64);
+					memset(b, 0x55, max + 64);
+					kvs_copy_stream(a + dof, src + so, n);
+					memcpy(b + dof, src + so, n);
+					ck_assert_msg(memcmp(a, b, max + 64) == 0,
+						      "%s: src+%u dst+%u n %zu differs",
+						      kvs_copy_stream_kind(), so, dof, n);
+				}
 			}
 		}
 	}
+	kvs_copy_test_no_avx2 = false;
 	kvs_copy_fn f = kvs_copy_pick(KVS_COPY_MEMCPY);
 	f(a, src, 100);
 	ck_assert_int_eq(memcmp(a, src, 100), 0);
@@ -1000,6 +1006,8 @@ START_TEST(test_copy_stream)
 	ck_assert(kvs_copy_pick(KVS_COPY_STREAM) == kvs_copy_stream);
 	ck_assert(kvs_copy_pick(KVS_COPY_AUTO) == kvs_copy_stream);
 	ck_assert(kvs_copy_pick(KVS_COPY_MEMCPY) != kvs_copy_stream);
+	/* The loop follows the CPU (an AVX2 loop on a CPU without AVX2 is SIGILL). */
+	ck_assert_str_eq(kvs_copy_stream_kind(), __builtin_cpu_supports("avx2") ? "avx2" : "sse2");
 #endif
 	free(src);
 	free(a);
