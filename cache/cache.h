@@ -250,7 +250,7 @@ struct kvs_region_info {
 	uint32_t processes_attached, max_processes;
 	uint32_t slots_populated;    /* slots whose pages are allocated */
 	int32_t populate_err;	     /* why the background population stopped (errno), or 0 */
-	uint32_t populate_mode;	     /* enum kvs_populate: eager once a process started the walk */
+	uint32_t populate_mode;	     /* enum kvs_populate: of the walk a process started, if any */
 	const char *populate_reason; /* "headroom", "ENOSPC", ... with populate_err, else "" */
 	uint64_t shm_free_bytes;     /* free bytes of the file system holding the region */
 	bool procs_unlocked;	     /* proc_lock was stuck: the process figures were read

@@ -76,6 +76,7 @@ static int sweep(struct kvs_cache *c, _Atomic uint64_t *h, uint32_t base, uint32
 					store_release(&s->state, KVS_SLOT_FREE);
 					continue;
 				}
+				kvs_populate_note_claim(c, i);
 				*slot = i;
 				return 0;
 			}

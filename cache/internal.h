@@ -31,6 +31,7 @@ struct kvs_cache {
 	_Atomic uint8_t *access;
 	char *data;
 	uint32_t nslots, nmain, nbuckets, nstripes, nprocs;
+	uint32_t ahead_window; /* cache.populate = ahead: slots the walk keeps past the hand */
 	uint64_t shard_size;
 	int self; /* process-table slot, -1 for a watcher */
 	struct kvs_proc *me;
@@ -106,7 +107,9 @@ int kvs_mutex_init_shared(pthread_mutex_t *mu);
  * make sure a claimed slot's pages exist (0, or a positive errno: do not use the slot now;
  * ENOSPC, at the headroom or from the file system, leaves it free for a later claim);
  * start a background walk that allocates slots ahead of the allocators (cache.populate =
- * eager; once per region), stopping at the headroom;
+ * eager or ahead; one walk per region at a time), stopping at the headroom;
+ * after claiming FREE slot i, wake an ahead walk that is less than half its window past i;
+ * that window, in slots, for a geometry;
  * allocate [off, off + len) of a mapping (0 or a positive errno, never SIGBUS);
  * whether the file system of fd has len bytes free above headroom (true if it cannot tell);
  * the word `kvshim stat` prints for why a walk stopped ("" if it did not). */
@@ -114,6 +117,8 @@ int kvs_populate_control(int fd, char *base, uint64_t control_len);
 bool kvs_populate_may_grow(struct kvs_cache *c);
 int kvs_populate_claimed(struct kvs_cache *c, uint32_t slot);
 void kvs_populate_start(struct kvs_cache *c);
+void kvs_populate_note_claim(struct kvs_cache *c, uint32_t slot);
+uint32_t kvs_populate_window(uint64_t shard_size, uint32_t nmain);
 int kvs_populate_range(int fd, char *base, uint64_t off, uint64_t len);
 bool kvs_populate_has_room(int fd, uint64_t len, uint64_t headroom);
 const char *kvs_populate_reason(uint32_t why, int32_t err);

@@ -74,11 +74,14 @@ struct kvs_hdr {
 	uint8_t pad3[KVS_CACHELINE - 8];
 	/* Line 4: the background population's progress (slots it has walked), the errno that
 	 * stopped it and why (KVS_POPULATE_WHY_*); written by the populating process only
-	 * (populate.c).  populate_why was padding before: zero means "an error". */
+	 * (populate.c).  populate_wake: bumped by allocators that want the walk to go on
+	 * (cache.populate = ahead), the futex word its thread sleeps on.  populate_why and
+	 * populate_wake were padding before: zero means "an error" and "never asked". */
 	_Atomic uint32_t populated;
 	_Atomic int32_t populate_err;
 	_Atomic uint32_t populate_why;
-	uint8_t pad5[KVS_CACHELINE - 12];
+	_Atomic uint32_t populate_wake;
+	uint8_t pad5[KVS_CACHELINE - 16];
 	/* Lines 4-: the process-table mutex (robust) and the folded totals it guards. */
 	pthread_mutex_t proc_lock;
 	uint8_t pad4[KVS_CACHELINE - sizeof(pthread_mutex_t)];

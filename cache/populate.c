@@ -19,15 +19,27 @@
  *                      later (a neighbour frees its shared memory) is used again.
  *   UNKNOWN -> NOROOM  allocation failed for another reason: the slot is never used.
  *
- * cache.populate = lazy (the default) allocates only in the allocator: pages exist for the
- * slots that have been used, and a cache that is never filled costs only what it holds.
- * cache.populate = eager adds the walk: a background thread of one process (the holder of an
- * OFD lock on byte KVS_POPULATE_BYTE) allocates slots ahead of the allocators so that loads do
- * not pay for page allocation, and stops at the headroom, recording why in the header
- * (populate_err, populate_why); if that process dies the lock drops and the next eager process
- * to attach or reap carries on.  The thread owns a descriptor and a mapping of its own, so it
- * never touches the handle that started it, which may be closed, or forgotten after fork,
- * while it runs.
+ * cache.populate = lazy allocates only in the allocator: pages exist for the slots that have
+ * been used, and a cache that is never filled costs only what it holds.  The other two modes
+ * add the walk: a background thread of one process (the holder of an OFD lock on byte
+ * KVS_POPULATE_BYTE) allocates slots in index order, several at a time, ahead of the
+ * allocators, so that loads do not pay for page allocation (the allocators take FREE slots in
+ * index order too: the hand starts at 0).
+ *
+ *   eager  walks every slot at once.
+ *   ahead  keeps the walk a window (KVS_AHEAD_BYTES of slots) ahead of the hand over the main
+ *          share, so the pages in use exceed what the cache holds by at most that window.  It
+ *          sleeps on hdr.populate_wake; an allocator that claims a FREE slot within half a
+ *          window of the walk's end bumps the word and wakes it (kvs_populate_note_claim).
+ *          The bump is a release and the walker's read of it an acquire, so a walker that saw
+ *          the bump sees the hand that caused it: no wake-up is lost between its look at the
+ *          hand and its sleep (it sleeps only while the word still holds what it read first).
+ *
+ * Both stop at the headroom, recording why in the header (populate_err, populate_why), and at
+ * the end of their walk; if the walking process dies the lock drops and the next process of a
+ * walking mode to attach or reap carries on.  The thread owns a descriptor and a mapping of its
+ * own, so it never touches the handle that started it, which may be closed, or forgotten after
+ * fork, while it runs.
  *
  * The headroom check and the allocation are not atomic across processes: N processes claiming
  * at once can each pass the check and take the file system at most N slots below the headroom.
@@ -52,6 +64,13 @@
 
 /* After finding no room, a process leaves slots without pages alone this long. */
 #define KVS_ROOM_RETRY_NS 100000000ull
+
+/* cache.populate = ahead: how far the walk stays ahead of the hand. */
+#define KVS_AHEAD_BYTES (128ull << 20)
+
+/* Slots the walk allocates with one fallocate: fewer turns of the file's lock, which the
+ * allocators' own fallocates and the slot loads contend for. */
+#define KVS_WALK_CHUNK 16u
 
 /* The walker's descriptor, for the fork child to close: O_CLOEXEC acts only at exec, and a
  * child holding a copy would keep the walker's lock after the walker's process is gone. */
@@ -78,7 +97,8 @@ struct populator {
 	size_t len;
 	struct kvs_slot *slots;
 	uint64_t off_data, shard_size;
-	uint32_t nslots;
+	uint32_t nslots, nmain;
+	uint32_t window; /* ahead: slots to stay ahead of the hand; eager: 0 */
 };
 
 bool kvs_populate_test_no_fallocate;
@@ -186,32 +206,102 @@ int kvs_populate_control(int fd, char *base, uint64_t len)
 	return -kvs_populate_range(fd, base, 0, len);
 }
 
+/* ahead: the window in slots (at least one chunk, at most the main share). */
+uint32_t kvs_populate_window(uint64_t shard_size, uint32_t nmain)
+{
+	uint64_t w = KVS_AHEAD_BYTES / shard_size;
+
+	if (w < KVS_WALK_CHUNK)
+		w = KVS_WALK_CHUNK;
+	return w < nmain ? (uint32_t)w : nmain;
+}
+
+void kvs_populate_note_claim(struct kvs_cache *c, uint32_t i)
+{
+	struct kvs_hdr *h = c->hdr;
+
+	if (c->populate != KVS_POPULATE_AHEAD || i >= c->nmain)
+		return;
+	uint32_t done = load_relaxed(&h->populated);
+	if (done >= c->nmain || i + c->ahead_window / 2 < done)
+		return;
+	atomic_fetch_add_explicit(&h->populate_wake, 1, memory_order_release); /* pairs in walk */
+	kvs_futex_wake(&h->populate_wake, 1, true);
+}
+
+/* Where the walk should have got to now: every slot (eager), or a window past the hand. */
+static uint32_t walk_target(const struct populator *p, const struct kvs_hdr *h)
+{
+	if (!p->window)
+		return p->nslots;
+	uint64_t hand = load_relaxed(&h->hand);
+	uint64_t t = (hand < p->nmain ? hand : p->nmain) + p->window;
+	return t < p->nmain ? (uint32_t)t : p->nmain;
+}
+
+/* Allocate the pages of slots [from, to): in one call when there is room for all of them, then
+ * one slot at a time from the first that the call did not cover.  Returns the slots done and,
+ * in *err and *why, what stopped it short. */
+static uint32_t walk_range(struct populator *p, uint32_t from, uint32_t to, int *err, uint32_t *why)
+{
+	uint64_t off = p->off_data + from * p->shard_size, len = (to - from) * p->shard_size;
+
+	*err = 0;
+	if (kvs_populate_has_room(p->fd, len, p->headroom) &&
+	    kvs_populate_range(p->fd, p->base, off, len) == 0) {
+		for (uint32_t i = from; i < to; i++) {
+			uint32_t expect =
+			    KVS_PAGES_UNKNOWN; /* pairs with populate_slot's acquire */
+
+			cas_acq_rel(&p->slots[i].pages, &expect, KVS_PAGES_OK);
+		}
+		return to - from;
+	}
+	for (uint32_t i = from; i < to; i++) {
+		*why = KVS_POPULATE_WHY_ERROR;
+		if (load_relaxed(&p->slots[i].pages) != KVS_PAGES_OK &&
+		    !kvs_populate_has_room(p->fd, p->shard_size, p->headroom)) {
+			*err = ENOSPC;
+			*why = KVS_POPULATE_WHY_HEADROOM;
+		} else {
+			*err = populate_slot(&p->slots[i], p->fd, p->base,
+					     p->off_data + i * p->shard_size, p->shard_size);
+		}
+		if (*err)
+			return i - from;
+	}
+	return to - from;
+}
+
 static void *populate_main(void *arg)
 {
 	struct populator *p = arg;
 	struct kvs_hdr *h = (struct kvs_hdr *)p->base;
+	uint32_t end = p->window ? p->nmain : p->nslots;
 	struct flock fl = {
 	    .l_type = F_UNLCK, .l_whence = SEEK_SET, .l_start = KVS_POPULATE_BYTE, .l_len = 1};
 
-	for (uint32_t i = load_relaxed(&h->populated); i < p->nslots; i++) {
-		uint32_t why = KVS_POPULATE_WHY_ERROR;
-		int err = 0;
+	for (;;) {
+		uint32_t wake = load_acquire(&h->populate_wake); /* pairs with note_claim */
+		uint32_t done = load_relaxed(&h->populated), target = walk_target(p, h);
+		uint32_t why;
+		int err;
 
-		if (load_relaxed(&p->slots[i].pages) != KVS_PAGES_OK &&
-		    !kvs_populate_has_room(p->fd, p->shard_size, p->headroom)) {
-			err = ENOSPC;
-			why = KVS_POPULATE_WHY_HEADROOM;
-		} else {
-			err = populate_slot(&p->slots[i], p->fd, p->base,
-					    p->off_data + i * p->shard_size, p->shard_size);
+		if (done >= end)
+			break;
+		if (done >= target) {
+			kvs_futex_wait(&h->populate_wake, wake, 0, true);
+			continue;
 		}
+		uint32_t to = done + KVS_WALK_CHUNK < target ? done + KVS_WALK_CHUNK : target;
+		done += walk_range(p, done, to, &err, &why);
+		store_relaxed(&h->populated, done);
 		if (err) {
 			/* The reason before the errno: a reader that sees the errno sees why. */
 			store_relaxed(&h->populate_why, why);
 			store_release(&h->populate_err, err); /* pairs with kvs_cache_stat */
 			break;
 		}
-		store_relaxed(&h->populated, i + 1);
 	}
 	fcntl(p->fd, F_OFD_SETLK, &fl);
 	munmap(p->base, p->len);
@@ -228,11 +318,16 @@ void kvs_populate_start(struct kvs_cache *c)
 	struct populator *p;
 	int fd;
 
-	if (c->watch || c->populate != KVS_POPULATE_EAGER)
+	if (c->watch || c->populate == KVS_POPULATE_LAZY)
 		return;
-	/* Eager from now on, for `kvshim stat`; lazy processes never set it back. */
-	store_relaxed(&c->hdr->populate_mode, KVS_POPULATE_EAGER);
-	if (load_relaxed(&c->hdr->populated) >= c->nslots || load_relaxed(&c->hdr->populate_err))
+	/* For `kvshim stat`: the mode of the walk, eager winning over ahead; lazy processes
+	 * never set it back. */
+	uint32_t mode = load_relaxed(&c->hdr->populate_mode);
+	while (mode != KVS_POPULATE_EAGER && mode != (uint32_t)c->populate &&
+	       !cas_acq_rel(&c->hdr->populate_mode, &mode, (uint32_t)c->populate))
+		;
+	uint32_t end = c->populate == KVS_POPULATE_EAGER ? c->nslots : c->nmain;
+	if (load_relaxed(&c->hdr->populated) >= end || load_relaxed(&c->hdr->populate_err))
 		return;
 	/* A descriptor of our own: a new open file description of the same inode (not of the
 	 * name, which a reset may have given to another region), so the lock is the thread's and
@@ -253,6 +348,8 @@ void kvs_populate_start(struct kvs_cache *c)
 	p->off_data = c->hdr->off_data;
 	p->shard_size = c->shard_size;
 	p->nslots = c->nslots;
+	p->nmain = c->nmain;
+	p->window = c->populate == KVS_POPULATE_AHEAD ? c->ahead_window : 0;
 	p->base = mmap(NULL, p->len, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
 	if (p->base == MAP_FAILED)
 		goto err_free;

@@ -330,6 +330,7 @@ static void bind(struct kvs_cache *c, const struct dims *d)
 	c->nstripes = d->nstripes;
 	c->nprocs = d->nprocs;
 	c->shard_size = d->shard_size;
+	c->ahead_window = kvs_populate_window(c->shard_size, c->nmain);
 }
 
 /* Build a fresh region in the mapping: everything but the magic, which goes last. */
@@ -1024,9 +1025,9 @@ int kvs_cache_stat(struct kvs_cache *c, struct kvs_region_info *info, struct kvs
 	info->populate_err = load_acquire(&c->hdr->populate_err);
 	info->populate_reason =
 	    kvs_populate_reason(load_relaxed(&c->hdr->populate_why), info->populate_err);
-	info->populate_mode = load_relaxed(&c->hdr->populate_mode) == KVS_POPULATE_EAGER
-				  ? KVS_POPULATE_EAGER
-				  : KVS_POPULATE_LAZY;
+	info->populate_mode = load_relaxed(&c->hdr->populate_mode);
+	if (info->populate_mode > KVS_POPULATE_AHEAD)
+		info->populate_mode = KVS_POPULATE_LAZY;
 	info->refused_attaches = load_relaxed(&c->hdr->refused_attaches);
 	info->created_ns = c->hdr->created_ns;
 	memcpy(info->built_by, c->hdr->built_by, sizeof(c->hdr->built_by));

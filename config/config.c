@@ -133,6 +133,7 @@ static const struct word io_words[] = {
 static const struct word populate_words[] = {
     {"lazy", KVS_POPULATE_LAZY},
     {"eager", KVS_POPULATE_EAGER},
+    {"ahead", KVS_POPULATE_AHEAD},
     {NULL, 0},
 };
 static const struct word copy_words[] = {
@@ -362,6 +363,14 @@ static const struct word *words_of(enum key_type t)
 	default:
 		return no_words;
 	}
+}
+
+const char *kvs_config_populate_word(uint32_t mode)
+{
+	for (const struct word *w = populate_words; w->word; w++)
+		if ((uint32_t)w->val == mode)
+			return w->word;
+	return "lazy";
 }
 
 /* Parse one of the words of an enum, ignoring case; -EINVAL if it is none. */

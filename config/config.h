@@ -26,7 +26,7 @@ enum kvs_eviction { KVS_EVICT_CLOCK, KVS_EVICT_FIFO };
 enum kvs_wait_mode { KVS_WAIT_FUTEX, KVS_WAIT_SPIN };
 enum kvs_prefetch { KVS_PREFETCH_OFF, KVS_PREFETCH_ALLOC, KVS_PREFETCH_READ };
 enum kvs_io_mode { KVS_IO_AUTO, KVS_IO_URING, KVS_IO_THREADS };
-enum kvs_populate { KVS_POPULATE_LAZY, KVS_POPULATE_EAGER };
+enum kvs_populate { KVS_POPULATE_LAZY, KVS_POPULATE_EAGER, KVS_POPULATE_AHEAD };
 enum kvs_copy_mode { KVS_COPY_AUTO, KVS_COPY_MEMCPY, KVS_COPY_STREAM };
 enum kvs_on_mismatch { KVS_MISMATCH_REFUSE, KVS_MISMATCH_REBUILD };
 
@@ -133,5 +133,8 @@ void kvs_config_hint(const char *msg, char *hint, size_t len);
 /* Print a sample INI file: every key of keys.def under its section, commented out with its
  * default and help text, so that uncommenting a line sets that key.  Returns 0 or -EIO. */
 int kvs_config_sample(FILE *out);
+
+/* The cache.populate word of mode (enum kvs_populate); "lazy" for a value it does not know. */
+const char *kvs_config_populate_word(uint32_t mode);
 
 #endif

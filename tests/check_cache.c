@@ -15,6 +15,7 @@
 #include <pthread.h>
 #include <sched.h>
 #include <sys/mman.h>
+#include <sys/resource.h>
 #include <sys/mount.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
@@ -875,6 +876,67 @@ START_TEST(test_noroom_slots_unused)
 		load_pattern(c, &p, &k);
 		kvs_cache_release(c, &p);
 	}
+	kvs_cache_close(c);
+	remove_region(&cfg);
+}
+END_TEST
+
+/* Wait until the walk stops moving (nothing for 150 ms); returns where it stopped. */
+static uint32_t walk_settled(struct kvs_cache *c)
+{
+	uint32_t last = UINT32_MAX;
+
+	for (int i = 0; i < 100; i++) {
+		uint32_t now = load_relaxed(&c->hdr->populated);
+
+		if (now == last)
+			return now;
+		last = now;
+		usleep(150000);
+	}
+	return last;
+}
+
+static double cpu_s(void)
+{
+	struct rusage ru;
+
+	getrusage(RUSAGE_SELF, &ru);
+	return (double)ru.ru_utime.tv_sec + ru.ru_utime.tv_usec / 1e6 + (double)ru.ru_stime.tv_sec +
+	       ru.ru_stime.tv_usec / 1e6;
+}
+
+/* cache.populate = ahead: the walk stays one window (128 slots of 1 MiB) past the hand, sleeps
+ * without burning CPU, and follows the allocators when they come within half a window. */
+START_TEST(test_populate_ahead)
+{
+	struct kvs_config cfg;
+	struct kvs_region_info info;
+	struct kvs_counters t;
+	struct kvs_pin p;
+
+	test_config(&cfg, 320, 1u << 20);
+	cfg.cache_populate = KVS_POPULATE_AHEAD;
+	struct kvs_cache *c = open_ok(&cfg);
+	ck_assert_uint_eq(c->ahead_window, 128);
+	ck_assert_uint_eq(walk_settled(c), 128);
+	double cpu0 = cpu_s();
+	usleep(300000);
+	ck_assert_msg(cpu_s() - cpu0 < 0.05, "an idle walk burnt %.3f s of CPU in 0.3 s",
+		      cpu_s() - cpu0);
+	for (uint64_t b = 0; b < 80; b++) {
+		struct kvs_key k = key_of(700 + b, 0);
+		ck_assert_int_eq(kvs_cache_pin(c, &k, KVS_ALLOC_LOAD, &p), KVS_PIN_OWNER);
+		ck_assert_uint_eq(load_relaxed(&c->slots[p.slot].pages), KVS_PAGES_OK);
+		load_pattern(c, &p, &k);
+		kvs_cache_release(c, &p);
+	}
+	uint32_t at = walk_settled(c);
+	ck_assert_msg(at >= 80 + 128 && at <= 80 + 128 + 16, "the walk stopped at %u, not 208", at);
+	ck_assert_int_eq(kvs_cache_stat(c, &info, &t, NULL, 0), 1);
+	ck_assert_uint_eq(info.populate_mode, KVS_POPULATE_AHEAD);
+	ck_assert_int_eq(info.populate_err, 0);
+	ck_assert_uint_eq(t.v[KVS_CTR_pages_ns] > 0, 0); /* no allocator allocated pages itself */
 	kvs_cache_close(c);
 	remove_region(&cfg);
 }
@@ -1766,6 +1828,7 @@ static Suite *cache_suite(void)
 	tcase_add_test(limits, test_corrupt_chains_contained);
 	tcase_add_test(limits, test_noroom_slots_unused);
 	tcase_add_test(limits, test_background_population);
+	tcase_add_test(limits, test_populate_ahead);
 	tcase_add_test(limits, test_populate_full_tmpfs);
 	tcase_add_test(limits, test_region_too_big_for_shm);
 	tcase_add_test(limits, test_shm_fills_up_later);

@@ -50,6 +50,8 @@ static void test_config(struct kvs_config *cfg, uint64_t slots, uint64_t shard)
 	cfg->cache_reserved = 0;
 	cfg->cache_max_processes = 16;
 	cfg->cache_shm_headroom = 0; /* the limits cases set their own */
+	/* The page cases count the pages of the slots they use: no walk ahead unless they ask. */
+	cfg->cache_populate = KVS_POPULATE_LAZY;
 }
 
 static void path_of(const struct kvs_config *cfg, char *path, size_t len)

@@ -588,15 +588,15 @@ expect_rc 0 "stat --json for population"
 python3 -c '
 import json, sys
 r = json.load(sys.stdin)["region"]
-assert r["populate"] == "lazy" and r["populate_reason"] == "" and r["populate_errno"] == 0, r
+assert r["populate"] == "ahead" and r["populate_reason"] == "" and r["populate_errno"] == 0, r
 assert type(r["slots_populated"]) is int and type(r["shm_free_bytes"]) is int, r' <"$OUT" ||
 	fail "stat --json population keys: $(cat "$OUT")"
 k stat --prom
 grep -qE '^kvshim_region_slots_populated\{region="[^"]*"\} [0-9]+$' "$OUT" || fail "prom: slots_populated"
-grep -qE '^kvshim_region_populate_info\{region="[^"]*",mode="lazy",reason=""\} 1$' "$OUT" ||
+grep -qE '^kvshim_region_populate_info\{region="[^"]*",mode="ahead",reason=""\} 1$' "$OUT" ||
 	fail "prom: populate_info: $(grep populate "$OUT")"
 k stat
-grep -qE '^populated +[0-9]+ of 64 slots, lazy; /dev/shm has ' "$OUT" || fail "text: $(grep populated "$OUT")"
+grep -qE '^populated +[0-9]+ of 64 slots, ahead; /dev/shm has ' "$OUT" || fail "text: $(grep populated "$OUT")"
 k reset
 expect_rc 0 "reset after population"
 pass "stat shows population in text, --json and --prom"

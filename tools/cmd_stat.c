@@ -68,12 +68,6 @@ static void json_counters(FILE *f, const struct kvs_counters *c)
 		fprintf(f, "%s\"%s\":%" PRIu64, k ? "," : "", tool_ctr_name[k], c->v[k]);
 }
 
-/* The cache.populate word of mode. */
-static const char *populate_word(uint32_t mode)
-{
-	return mode == KVS_POPULATE_EAGER ? "eager" : "lazy";
-}
-
 /* Print s as one JSON object on one line. */
 static void print_json(FILE *f, const struct tool_snapshot *s)
 {
@@ -97,7 +91,7 @@ static void print_json(FILE *f, const struct tool_snapshot *s)
 		i->capacity_bytes, i->shard_size, i->total_bytes, i->slots, i->reserved_slots,
 		i->slots_ready, i->slots_loading, i->slots_failed, i->slots_pinned,
 		i->processes_attached, i->max_processes, i->slots_populated, i->populate_err,
-		populate_word(i->populate_mode), i->populate_reason, i->shm_free_bytes,
+		kvs_config_populate_word(i->populate_mode), i->populate_reason, i->shm_free_bytes,
 		i->procs_unlocked ? "true" : "false", i->refused_attaches);
 	json_string(f, i->built_by);
 	fputs("},\"totals\":{", f);
@@ -231,7 +225,7 @@ static void print_text(FILE *f, const struct tool_snapshot *s, struct rates *rt)
 		" pinned\n",
 		i->slots_ready, i->slots_loading, i->slots_failed, i->slots_pinned);
 	fprintf(f, "populated  %" PRIu32 " of %" PRIu32 " slots, %s", i->slots_populated, i->slots,
-		populate_word(i->populate_mode));
+		kvs_config_populate_word(i->populate_mode));
 	if (i->populate_err)
 		fprintf(f, "; walk stopped: %s (%s)", i->populate_reason,
 			strerror(i->populate_err));

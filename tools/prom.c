@@ -51,12 +51,6 @@ static void gauges_of(const struct kvs_region_info *i, struct gauge g[NGAUGES])
 	memcpy(g, all, sizeof(all));
 }
 
-/* The cache.populate word of mode. */
-static const char *populate_word(uint32_t mode)
-{
-	return mode == KVS_POPULATE_EAGER ? "eager" : "lazy";
-}
-
 /* Print s as a Prometheus label value, quotes included. */
 static void label(FILE *f, const char *s)
 {
@@ -203,7 +197,8 @@ int tool_prom_write(FILE *f, const struct tool_snapshot *s, int n)
 			continue;
 		fputs("kvshim_region_populate_info", f);
 		open_region(f, &s[r]);
-		fprintf(f, ",mode=\"%s\",reason=", populate_word(s[r].info.populate_mode));
+		fprintf(f,
+			",mode=\"%s\",reason=", kvs_config_populate_word(s[r].info.populate_mode));
 		label(f, s[r].info.populate_reason);
 		fputs("} 1\n", f);
 	}
