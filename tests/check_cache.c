@@ -1662,6 +1662,47 @@ START_TEST(test_corrupt_bucket_not_evicted)
 }
 END_TEST
 
+/* A victim whose bucket chain is corrupt (a loop that never reaches it) cannot be unlinked: it
+ * is skipped, never claimed while still chained (a claim nobody would ever give back). */
+START_TEST(test_victim_in_corrupt_chain_skipped)
+{
+	struct kvs_config cfg;
+	struct kvs_pin p[4];
+
+	test_config(&cfg, 4, 4096);
+	struct kvs_cache *c = open_ok(&cfg);
+	for (int i = 0; i < 4; i++) {
+		struct kvs_key k = key_of(34, (uint64_t)i);
+
+		ck_assert_int_eq(kvs_cache_pin(c, &k, KVS_ALLOC_LOAD, &p[i]), KVS_PIN_OWNER);
+		load_pattern(c, &p[i], &k);
+		kvs_cache_release(c, &p[i]);
+	}
+	uint32_t v = p[0].slot, b = c->slots[v].bucket, w = p[1].slot;
+	/* Keys for the new loads whose buckets stay clear of the loop. */
+	struct kvs_key fresh[3];
+	int nfresh = 0;
+	for (uint64_t j = 0; nfresh < 3 && j < 10000; j++) {
+		struct kvs_key k = key_of(35, j);
+
+		if (key_bucket(c, &k) != b && key_bucket(c, &k) != c->slots[w].bucket)
+			fresh[nfresh++] = k;
+	}
+	ck_assert_int_eq(nfresh, 3);
+	c->buckets[b] = w; /* b's chain: w, w, w, ... never v */
+	c->slots[w].next = w;
+	for (int i = 0; i < 2; i++) {
+		ck_assert_int_eq(kvs_cache_pin(c, &fresh[i], KVS_ALLOC_LOAD, &p[i]), KVS_PIN_OWNER);
+		ck_assert_uint_ne(p[i].slot, v);
+	}
+	ck_assert_uint_eq(st_of(c->slots[v].state), KVS_SLOT_READY);
+	for (int i = 0; i < 2; i++)
+		kvs_cache_release(c, &p[i]);
+	kvs_cache_close(c);
+	remove_region(&cfg);
+}
+END_TEST
+
 /* Pinned slots are no candidates: the sweep passes them without touching their access byte
  * (their second chance is kept for when they are unpinned) and without taking their stripe. */
 START_TEST(test_pinned_keep_second_chance)
@@ -1829,6 +1870,7 @@ static Suite *cache_suite(void)
 	tcase_add_test(limits, test_noroom_slots_unused);
 	tcase_add_test(limits, test_background_population);
 	tcase_add_test(limits, test_populate_ahead);
+	tcase_add_test(limits, test_victim_in_corrupt_chain_skipped);
 	tcase_add_test(limits, test_populate_full_tmpfs);
 	tcase_add_test(limits, test_region_too_big_for_shm);
 	tcase_add_test(limits, test_shm_fills_up_later);
