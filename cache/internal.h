@@ -122,7 +122,8 @@ uint32_t kvs_populate_window(uint64_t shard_size, uint32_t nmain);
 int kvs_populate_range(int fd, char *base, uint64_t off, uint64_t len);
 bool kvs_populate_has_room(int fd, uint64_t len, uint64_t headroom);
 const char *kvs_populate_reason(uint32_t why, int32_t err);
-/* Tests only: behave as a file system without fallocate (populate with MADV_POPULATE_WRITE). */
+/* Tests only: fallocate answers EOPNOTSUPP, as on a file system without it (populate with
+ * MADV_POPULATE_WRITE). */
 extern bool kvs_populate_test_no_fallocate;
 
 /* region.c, tests only: behave as a file system without O_TMPFILE (publish under a random

@@ -113,12 +113,16 @@ bool kvs_populate_test_no_fallocate;
  */
 int kvs_populate_range(int fd, char *base, uint64_t off, uint64_t len)
 {
-	if (!kvs_populate_test_no_fallocate) {
-		if (fallocate(fd, 0, (off_t)off, (off_t)len) == 0)
-			return 0;
-		if (errno != EOPNOTSUPP && errno != ENOSYS)
-			return errno;
-	}
+	int r = -1;
+
+	if (kvs_populate_test_no_fallocate)
+		errno = EOPNOTSUPP; /* what a file system without fallocate answers */
+	else
+		r = fallocate(fd, 0, (off_t)off, (off_t)len);
+	if (r == 0)
+		return 0;
+	if (errno != EOPNOTSUPP && errno != ENOSYS)
+		return errno;
 	if (madvise(base + off, len, MADV_POPULATE_WRITE) == 0)
 		return 0;
 	return errno == EFAULT ? ENOSPC : errno; /* SIGBUS averted: no room in /dev/shm */
