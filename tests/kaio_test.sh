@@ -87,13 +87,17 @@ print(sum(j["read"]["io_bytes"] for j in json.load(open(sys.argv[1]))["jobs"]))'
 		fail "fio libaio under the shim: $(head -c 400 "$work/err")"
 	fi
 	# io_uring is not served, and must still read right with the shim loaded; the files it
-	# registers (fio's registerfiles) are counted as unserved.
-	if LD_PRELOAD=$lib fio_read io_uring "$work/fio.uring" --registerfiles=1 2>"$work/err" &&
+	# registers (fio's registerfiles) are counted as unserved, and at debug each one says so.
+	if KVSHIM_SHIM_LOG=debug LD_PRELOAD=$lib fio_read io_uring "$work/fio.uring" \
+		--registerfiles=1 2>"$work/err" &&
 		[ "$(read_bytes "$work/fio.uring")" -eq "$total" ]; then
-		if [ "$(totals unserved_io_uring)" -ge 1 ]; then
-			ok "fio io_uring under the shim verifies $total bytes; its registered KV file is counted unserved"
-		else
+		if [ "$(totals unserved_io_uring)" -lt 1 ]; then
 			fail "fio io_uring under the shim: unserved_io_uring $(totals unserved_io_uring), want >= 1"
+		elif ! grep -q "debug: fd [0-9]* ($work/[^)]*): passed through: registered with an io_uring$" \
+			"$work/err"; then
+			fail "fio io_uring at debug: no 'registered with an io_uring' line: $(grep kvshim "$work/err" | head -5)"
+		else
+			ok "fio io_uring under the shim verifies $total bytes; its registered KV file is counted unserved and named at debug"
 		fi
 	elif grep -qi 'io_uring.*\(not supported\|Operation not permitted\|Function not impl\)' \
 		"$work/err"; then
