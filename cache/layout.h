@@ -60,9 +60,10 @@ struct kvs_hdr {
 	uint32_t nprocs;
 	uint32_t npins;
 	uint32_t eviction;
-	/* enum kvs_populate: written by the creator, then set to eager (never back) by a process
-	 * that starts the background walk; read for `kvshim stat` only.  It was padding before, so
-	 * a region of an older build reads as lazy. */
+	/* enum kvs_populate: written by the creator, then set by a process that starts the
+	 * background walk to its mode (eager wins over ahead; never back to lazy); read for
+	 * `kvshim stat`, by allocators (whether to wake an ahead walk) and by the walk itself.
+	 * It was padding before, so a region of an older build reads as lazy. */
 	_Atomic uint32_t populate_mode;
 	uint64_t off_procs, off_stripes, off_buckets, off_slots, off_access, off_data;
 	uint64_t created_ns;

@@ -27,10 +27,16 @@
  * index order too: the hand starts at 0).
  *
  *   eager  walks every slot at once.
- *   ahead  keeps the walk a window (KVS_AHEAD_BYTES of slots) ahead of the hand over the main
- *          share, so the pages in use exceed what the cache holds by at most that window.  It
- *          sleeps on hdr.populate_wake; an allocator that claims a FREE slot within half a
- *          window of the walk's end bumps the word and wakes it (kvs_populate_note_claim).
+ *   ahead  keeps the walk a window (KVS_AHEAD_BYTES of slots, at least one) ahead of the hand
+ *          over the main share, so the pages in use exceed what the cache holds by at most
+ *          that window.  It sleeps on hdr.populate_wake; an allocator (of any mode, while the
+ *          region's populate_mode says ahead and no error stopped the walk) that claims a FREE
+ *          slot within half a window of the walk's end bumps the word and wakes it
+ *          (kvs_populate_note_claim).  A missed wake-up costs only speed: allocators allocate
+ *          the pages of a slot they claim whatever the walk does.  The sleep ends every
+ *          KVS_WALK_IDLE_NS to see whether the region's file was removed (a reset or a
+ *          rebuild), and the walk then ends rather than keep its pages alive; it turns into an
+ *          eager walk when an eager process has set the region's mode.
  *          The bump is a release and the walker's read of it an acquire, so a walker that saw
  *          the bump sees the hand that caused it: no wake-up is lost between its look at the
  *          hand and its sleep (it sleeps only while the word still holds what it read first).
@@ -39,7 +45,9 @@
  * the end of their walk; if the walking process dies the lock drops and the next process of a
  * walking mode to attach or reap carries on.  The thread owns a descriptor and a mapping of its
  * own, so it never touches the handle that started it, which may be closed, or forgotten after
- * fork, while it runs.
+ * fork, while it runs.  That descriptor is published in walker_fd before the lock is taken, so a
+ * fork at any later point closes the child's copy and no child keeps the lock alive; one walk
+ * per process.
  *
  * The headroom check and the allocation are not atomic across processes: N processes claiming
  * at once can each pass the check and take the file system at most N slots below the headroom.
@@ -51,6 +59,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <sys/mman.h>
+#include <sys/stat.h>
 #include <sys/statvfs.h>
 #include <unistd.h>
 
@@ -71,6 +80,9 @@
 /* Slots the walk allocates with one fallocate: fewer turns of the file's lock, which the
  * allocators' own fallocates and the slot loads contend for. */
 #define KVS_WALK_CHUNK 16u
+
+/* An ahead walk with nothing to do looks this often whether its region was removed. */
+#define KVS_WALK_IDLE_NS 1000000000ull
 
 /* The walker's descriptor, for the fork child to close: O_CLOEXEC acts only at exec, and a
  * child holding a copy would keep the walker's lock after the walker's process is gone. */
@@ -210,13 +222,13 @@ int kvs_populate_control(int fd, char *base, uint64_t len)
 	return -kvs_populate_range(fd, base, 0, len);
 }
 
-/* ahead: the window in slots (at least one chunk, at most the main share). */
+/* ahead: the window in slots (at least one, at most the main share). */
 uint32_t kvs_populate_window(uint64_t shard_size, uint32_t nmain)
 {
 	uint64_t w = KVS_AHEAD_BYTES / shard_size;
 
-	if (w < KVS_WALK_CHUNK)
-		w = KVS_WALK_CHUNK;
+	if (w < 1)
+		w = 1;
 	return w < nmain ? (uint32_t)w : nmain;
 }
 
@@ -224,7 +236,9 @@ void kvs_populate_note_claim(struct kvs_cache *c, uint32_t i)
 {
 	struct kvs_hdr *h = c->hdr;
 
-	if (c->populate != KVS_POPULATE_AHEAD || i >= c->nmain)
+	/* The region's walk, not this process's setting: a lazy process wakes an ahead walk. */
+	if (i >= c->nmain || load_relaxed(&h->populate_mode) != KVS_POPULATE_AHEAD ||
+	    load_relaxed(&h->populate_err))
 		return;
 	uint32_t done = load_relaxed(&h->populated);
 	if (done >= c->nmain || i + c->ahead_window / 2 < done)
@@ -291,10 +305,20 @@ static void *populate_main(void *arg)
 		uint32_t why;
 		int err;
 
+		if (p->window && load_relaxed(&h->populate_mode) == KVS_POPULATE_EAGER) {
+			p->window = 0; /* an eager process attached: walk everything */
+			end = p->nslots;
+			continue;
+		}
 		if (done >= end)
 			break;
 		if (done >= target) {
-			kvs_futex_wait(&h->populate_wake, wake, 0, true);
+			struct stat st;
+
+			kvs_futex_wait(&h->populate_wake, wake, KVS_WALK_IDLE_NS, true);
+			/* A removed region (reset, rebuild) must not keep its pages through us. */
+			if (fstat(p->fd, &st) == 0 && st.st_nlink == 0)
+				break;
 			continue;
 		}
 		uint32_t to = done + KVS_WALK_CHUNK < target ? done + KVS_WALK_CHUNK : target;
@@ -341,11 +365,18 @@ void kvs_populate_start(struct kvs_cache *c)
 	fd = open(self, O_RDWR | O_CLOEXEC);
 	if (fd < 0)
 		return;
+	/* Published before the lock is taken, so that a fork at any point after closes the
+	 * child's copy (atfork_child): a child must never keep the walk's lock alive.  One walk
+	 * per process. */
+	int none = -1;
+	pthread_once(&atfork_once, register_atfork);
+	if (!atomic_compare_exchange_strong(&walker_fd, &none, fd))
+		goto err_close;
 	if (fcntl(fd, F_OFD_SETLK, &fl) < 0)
-		goto err_close; /* someone populates already */
+		goto err_unpublish; /* someone populates already */
 	p = calloc(1, sizeof(*p));
 	if (!p)
-		goto err_close;
+		goto err_unpublish;
 	p->fd = fd;
 	p->headroom = c->headroom;
 	p->len = c->map_len;
@@ -359,15 +390,14 @@ void kvs_populate_start(struct kvs_cache *c)
 		goto err_free;
 	/* A fork child gets neither the mapping nor (atfork_child) the descriptor. */
 	madvise(p->base, p->len, MADV_DONTFORK);
-	pthread_once(&atfork_once, register_atfork);
-	atomic_store(&walker_fd, fd);
 	p->slots = (struct kvs_slot *)(p->base + c->hdr->off_slots);
 	if (kvs_thread_start(NULL, populate_main, p) == 0)
 		return;
-	atomic_store(&walker_fd, -1);
 	munmap(p->base, p->len);
 err_free:
 	free(p);
+err_unpublish:
+	atomic_store(&walker_fd, -1);
 err_close:
 	close(fd); /* drops the lock with the last reference */
 }
