@@ -32,14 +32,14 @@
  *          that window.  It sleeps on hdr.populate_wake; an allocator (of any mode, while the
  *          region's populate_mode says ahead and no error stopped the walk) that claims a FREE
  *          slot within half a window of the walk's end bumps the word and wakes it
- *          (kvs_populate_note_claim).  A missed wake-up costs only speed: allocators allocate
- *          the pages of a slot they claim whatever the walk does.  The sleep ends every
- *          KVS_WALK_IDLE_NS to see whether the region's file was removed (a reset or a
- *          rebuild), and the walk then ends rather than keep its pages alive; it turns into an
- *          eager walk when an eager process has set the region's mode.
- *          The bump is a release and the walker's read of it an acquire, so a walker that saw
- *          the bump sees the hand that caused it: no wake-up is lost between its look at the
- *          hand and its sleep (it sleeps only while the word still holds what it read first).
+ *          (kvs_populate_note_claim).  The bump is a release and the walker's read of it an
+ *          acquire, so a walker that saw the bump sees the hand that caused it: no wake-up is
+ *          lost between its look at the hand and its sleep (it sleeps only while the word
+ *          still holds what it read first).  A missed wake-up would cost only speed anyway:
+ *          allocators allocate the pages of a slot they claim whatever the walk does.  The
+ *          sleep ends every KVS_WALK_IDLE_NS to see whether the region's file was removed (a
+ *          reset or a rebuild), and the walk then ends rather than keep its pages alive; it
+ *          turns into an eager walk when an eager process has set the region's mode.
  *
  * Both stop at the headroom, recording why in the header (populate_err, populate_why), and at
  * the end of their walk; if the walking process dies the lock drops and the next process of a
@@ -257,9 +257,10 @@ static uint32_t walk_target(const struct populator *p, const struct kvs_hdr *h)
 	return t < p->nmain ? (uint32_t)t : p->nmain;
 }
 
-/* Allocate the pages of slots [from, to): in one call when there is room for all of them, then
- * one slot at a time from the first that the call did not cover.  Returns the slots done and,
- * in *err and *why, what stopped it short. */
+/* Allocate the pages of slots [from, to): in one call when there is room for all of them, else
+ * (or when that call fails) one slot at a time from the first, so that the walk stops exactly at
+ * the first slot without room.  Returns the slots done and, in *err and *why, what stopped it
+ * short. */
 static uint32_t walk_range(struct populator *p, uint32_t from, uint32_t to, int *err, uint32_t *why)
 {
 	uint64_t off = p->off_data + from * p->shard_size, len = (to - from) * p->shard_size;
