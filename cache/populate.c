@@ -42,8 +42,11 @@
  *          turns into an eager walk when an eager process has set the region's mode.
  *
  * Both stop at the headroom, recording why in the header (populate_err, populate_why), and at
- * the end of their walk; if the walking process dies the lock drops and the next process of a
- * walking mode to attach or reap carries on.  The thread owns a descriptor and a mapping of its
+ * the end of their walk.  An ahead walk at the headroom stays, looks again every
+ * KVS_WALK_IDLE_NS, and clears populate_err once it allocates again (room came back); an eager
+ * one, or any walk after another error, ends.  If the walking process dies the lock drops and
+ * the next process of a walking mode to attach or reap carries on (an ahead walk that was
+ * waiting at the headroom too).  The thread owns a descriptor and a mapping of its
  * own, so it never touches the handle that started it, which may be closed, or forgotten after
  * fork, while it runs.  That descriptor is published in walker_fd before the lock is taken, so a
  * fork at any later point closes the child's copy and no child keeps the lock alive; one walk
@@ -292,6 +295,17 @@ static uint32_t walk_range(struct populator *p, uint32_t from, uint32_t to, int 
 	return to - from;
 }
 
+/* Sleep until an allocator asks (the word moves from wake) or KVS_WALK_IDLE_NS pass; false when
+ * the region's file was removed meanwhile (a reset, a rebuild): then the walk must end rather
+ * than keep the old region's pages alive through its own mapping. */
+static bool idle(struct populator *p, struct kvs_hdr *h, uint32_t wake)
+{
+	struct stat st;
+
+	kvs_futex_wait(&h->populate_wake, wake, KVS_WALK_IDLE_NS, true);
+	return !(fstat(p->fd, &st) == 0 && st.st_nlink == 0);
+}
+
 static void *populate_main(void *arg)
 {
 	struct populator *p = arg;
@@ -314,22 +328,26 @@ static void *populate_main(void *arg)
 		if (done >= end)
 			break;
 		if (done >= target) {
-			struct stat st;
-
-			kvs_futex_wait(&h->populate_wake, wake, KVS_WALK_IDLE_NS, true);
-			/* A removed region (reset, rebuild) must not keep its pages through us. */
-			if (fstat(p->fd, &st) == 0 && st.st_nlink == 0)
+			if (!idle(p, h, wake))
 				break;
 			continue;
 		}
 		uint32_t to = done + KVS_WALK_CHUNK < target ? done + KVS_WALK_CHUNK : target;
-		done += walk_range(p, done, to, &err, &why);
-		store_relaxed(&h->populated, done);
+		uint32_t got = walk_range(p, done, to, &err, &why);
+		store_relaxed(&h->populated, done + got);
+		if (got && load_relaxed(&h->populate_err)) {
+			/* Room came back: the walk goes on, and stat no longer says it stopped. */
+			store_release(&h->populate_err, 0);
+			store_relaxed(&h->populate_why, 0);
+		}
 		if (err) {
 			/* The reason before the errno: a reader that sees the errno sees why. */
 			store_relaxed(&h->populate_why, why);
 			store_release(&h->populate_err, err); /* pairs with kvs_cache_stat */
-			break;
+			/* ahead, at the headroom: a neighbour may free its memory, so look again
+			 * once in a while rather than leave the region lazy for good. */
+			if (!p->window || why != KVS_POPULATE_WHY_HEADROOM || !idle(p, h, wake))
+				break;
 		}
 	}
 	fcntl(p->fd, F_OFD_SETLK, &fl);
@@ -356,8 +374,11 @@ void kvs_populate_start(struct kvs_cache *c)
 	       !cas_acq_rel(&c->hdr->populate_mode, &mode, (uint32_t)c->populate))
 		;
 	uint32_t end = c->populate == KVS_POPULATE_EAGER ? c->nslots : c->nmain;
-	if (load_relaxed(&c->hdr->populated) >= end || load_relaxed(&c->hdr->populate_err))
-		return;
+	int32_t err = load_acquire(&c->hdr->populate_err); /* pairs with populate_main */
+	if (load_relaxed(&c->hdr->populated) >= end ||
+	    (err && !(c->populate == KVS_POPULATE_AHEAD &&
+		      load_relaxed(&c->hdr->populate_why) == KVS_POPULATE_WHY_HEADROOM)))
+		return; /* done, or stopped for good (an ahead walk at the headroom is resumed) */
 	/* A descriptor of our own: a new open file description of the same inode (not of the
 	 * name, which a reset may have given to another region), so the lock is the thread's and
 	 * not shared with the handle's descriptor. */

@@ -605,6 +605,57 @@ START_TEST(test_eager_stops_at_headroom)
 }
 END_TEST
 
+/* ahead at the headroom waits instead of ending: once a neighbour frees its memory the walk
+ * goes on, and stat no longer says it stopped. */
+static int ahead_headroom(void)
+{
+	struct kvs_config cfg;
+	struct kvs_cache *c = NULL, *a = NULL;
+	struct kvs_region_info info;
+	struct kvs_counters t;
+	char msg[512];
+
+	test_config(&cfg, 64, 256 << 10); /* 16 MiB, all of it in the window */
+	cfg.cache_shm_headroom = 8 << 20;
+	int r = kvs_cache_open(KVS_CACHE_PARAMS(&cfg), KVS_OPEN_CREATE, &c, msg, sizeof(msg));
+	FAIL_IF(r != 0, 2, "open: %d (%s)", r, msg);
+	int fd = fill_to((10 << 20)); /* 2 MiB above the headroom: 8 slots */
+	FAIL_IF(fd < 0, 3, "cannot fill /dev/shm");
+	cfg.cache_populate = KVS_POPULATE_AHEAD;
+	r = kvs_cache_open(KVS_CACHE_PARAMS(&cfg), 0, &a, msg, sizeof(msg));
+	FAIL_IF(r != 0, 4, "open ahead: %d (%s)", r, msg);
+	for (int i = 0; i < 3000; i++) {
+		kvs_cache_stat(c, &info, &t, NULL, 0);
+		if (info.populate_err)
+			break;
+		usleep(1000);
+	}
+	FAIL_IF(info.populate_err != ENOSPC || strcmp(info.populate_reason, "headroom"), 5,
+		"walk: err %d, reason \"%s\"", info.populate_err, info.populate_reason);
+	FAIL_IF(shm_free() < (8u << 20), 6, "free %llu below the headroom",
+		(unsigned long long)shm_free());
+	close(fd);
+	unlink("/dev/shm/filler"); /* the neighbour lets go */
+	for (int i = 0; i < 500; i++) { /* the walk looks again every second */
+		kvs_cache_stat(c, &info, &t, NULL, 0);
+		if (!info.populate_err && info.slots_populated == info.slots)
+			break;
+		usleep(10000);
+	}
+	FAIL_IF(info.populate_err || info.slots_populated != info.slots, 7,
+		"after room came back: err %d, %u of %u populated", info.populate_err,
+		info.slots_populated, info.slots);
+	kvs_cache_close(a);
+	kvs_cache_close(c);
+	return 0;
+}
+
+START_TEST(test_ahead_waits_at_headroom)
+{
+	with_small_shm("size=32M", ahead_headroom);
+}
+END_TEST
+
 /* Remove what a case that failed left behind. */
 static void teardown(void)
 {
@@ -633,6 +684,7 @@ static Suite *region_suite(void)
 	tcase_add_test(limits, test_lazy_allocates_used_slots);
 	tcase_add_test(limits, test_lazy_stops_at_headroom);
 	tcase_add_test(limits, test_eager_stops_at_headroom);
+	tcase_add_test(limits, test_ahead_waits_at_headroom);
 	tcase_add_checked_fixture(core, NULL, teardown);
 	tcase_add_checked_fixture(limits, NULL, teardown);
 	tcase_set_timeout(core, 60);
