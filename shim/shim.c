@@ -431,6 +431,47 @@ static void after_read(int64_t n)
 			     "a read went to storage directly (%s)", strerror((int)-n));
 }
 
+/* kvs_fdinfo_anchor, for calls that never run in a signal handler (cuFile, aio, kernel AIO):
+ * another thread installing this file's anchor answers -EBUSY, for the POSIX hooks' sake
+ * (they may, and must never wait); these wait for it a little. */
+static int anchor_waiting(int fd, const struct kvs_fdinfo *fi)
+{
+	int anchor;
+
+	for (int tries = 0; (anchor = kvs_fdinfo_anchor(fd, fi)) == -EBUSY && tries < 1000; tries++)
+		sched_yield();
+	return anchor;
+}
+
+/* Attach the region and take fd's anchor (waiting while another thread installs it, for
+ * callers that never run in a signal handler).  The anchor, or -1 having said why not.
+ * Caller holds guard; a position lock, if any, before attach_mu (attach never takes one). */
+static int attach_anchor(int fd, const struct kvs_fdinfo *fi, bool wait)
+{
+	if (!attach()) {
+		pass(fd, fi, KVS_WHY_NO_CACHE, 0);
+		return -1;
+	}
+	int anchor = wait ? anchor_waiting(fd, fi) : kvs_fdinfo_anchor(fd, fi);
+	if (anchor < 0)
+		pass(fd, fi, KVS_WHY_ANCHOR, -anchor);
+	return anchor;
+}
+
+/* An O_DIRECT read must be aligned as O_DIRECT needs or the real call fails: serve only what
+ * it would accept.  True when fi's read may be served; else counted and said.  Caller holds
+ * guard. */
+static bool direct_fits(int fd, const struct kvs_fdinfo *fi, const struct iovec *iov, int iovcnt,
+			off_t off)
+{
+	if (!fi->direct || direct_ok(fi, iov, iovcnt, off))
+		return true;
+	unserved(KVS_CTR_unserved_misaligned, KVS_CAUSE_UNSERVED_MISALIGNED,
+		 "an O_DIRECT read of a KV file not aligned as O_DIRECT needs");
+	pass(fd, fi, KVS_WHY_MISALIGNED, 0);
+	return false;
+}
+
 ssize_t kvs_shim_read(int fd, const struct iovec *iov, int iovcnt, off_t off, bool use_pos)
 {
 	int saved = errno, cancel_state, anchor;
@@ -464,22 +505,11 @@ ssize_t kvs_shim_read(int fd, const struct iovec *iov, int iovcnt, off_t off, bo
 	}
 	if (off < 0)
 		goto out;
-	if (fi.direct && !direct_ok(&fi, iov, iovcnt, off)) {
-		unserved(KVS_CTR_unserved_misaligned, KVS_CAUSE_UNSERVED_MISALIGNED,
-			 "an O_DIRECT read of a KV file not aligned as O_DIRECT needs");
-		pass(fd, &fi, KVS_WHY_MISALIGNED, 0);
+	if (!direct_fits(fd, &fi, iov, iovcnt, off))
 		goto out;
-	}
-	/* Lock order: a position lock before attach_mu; attach never takes a position lock. */
-	if (!attach()) {
-		pass(fd, &fi, KVS_WHY_NO_CACHE, 0);
+	anchor = attach_anchor(fd, &fi, false); /* may run in a signal handler: no waiting */
+	if (anchor < 0)
 		goto out;
-	}
-	anchor = kvs_fdinfo_anchor(fd, &fi);
-	if (anchor < 0) {
-		pass(fd, &fi, KVS_WHY_ANCHOR, -anchor);
-		goto out;
-	}
 	/* The kernel moves at most MAX_RW_COUNT bytes in one call, whatever was asked. */
 	if (len > KVS_MAX_RW_COUNT)
 		len = KVS_MAX_RW_COUNT;
@@ -506,18 +536,6 @@ out:
 	return ret;
 }
 
-/* kvs_fdinfo_anchor, for calls that never run in a signal handler (cuFile, aio, kernel AIO):
- * another thread installing this file's anchor answers -EBUSY, for the POSIX hooks' sake
- * (they may, and must never wait); these wait for it a little. */
-static int anchor_waiting(int fd, const struct kvs_fdinfo *fi)
-{
-	int anchor;
-
-	for (int tries = 0; (anchor = kvs_fdinfo_anchor(fd, fi)) == -EBUSY && tries < 1000; tries++)
-		sched_yield();
-	return anchor;
-}
-
 /*
  * A cuFile read's common part: fd a KV file (O_DIRECT or not: cuFile reads are served either
  * way), the destination classified and ready, the region attached, the anchor taken.  Fills
@@ -526,27 +544,25 @@ static int anchor_waiting(int fd, const struct kvs_fdinfo *fi)
 static int prepare_to(struct kvs_shim_async *a, int fd, uint64_t ptr, size_t size, off_t off)
 {
 	struct kvs_fdinfo fi;
-	enum kvs_why why;
-	int anchor = 0;
+	int anchor;
 
 	if (off < 0 || size == 0 || size > KVS_MAX_RW_COUNT || ptr + size < ptr)
 		return -1;
 	if (!admit(fd, kvs_fdinfo_get(fd, &fi), &fi, true))
 		return -1;
-	if (kvs_device_target(&cfg, ptr, size, &a->tg))
-		why = KVS_WHY_DEVICE;
-	else if (a->tg.host && !buffers_writable(&a->tg.iov, 1))
-		why = KVS_WHY_BUFFERS;
-	else if (!attach())
-		why = KVS_WHY_NO_CACHE;
-	else if ((anchor = anchor_waiting(fd, &fi)) < 0)
-		why = KVS_WHY_ANCHOR;
-	else if (kvs_device_begin(&a->tg, cache, &cfg))
-		why = KVS_WHY_DEVICE;
-	else
-		why = KVS_WHY_NCAUSES;
-	if (why != KVS_WHY_NCAUSES) {
-		pass(fd, &fi, why, why == KVS_WHY_ANCHOR ? -anchor : 0);
+	if (kvs_device_target(&cfg, ptr, size, &a->tg)) {
+		pass(fd, &fi, KVS_WHY_DEVICE, 0);
+		return -1;
+	}
+	if (a->tg.host && !buffers_writable(&a->tg.iov, 1)) {
+		pass(fd, &fi, KVS_WHY_BUFFERS, 0);
+		return -1;
+	}
+	anchor = attach_anchor(fd, &fi, true);
+	if (anchor < 0)
+		return -1;
+	if (kvs_device_begin(&a->tg, cache, &cfg)) {
+		pass(fd, &fi, KVS_WHY_DEVICE, 0);
 		return -1;
 	}
 	a->fd = fd;
@@ -651,25 +667,15 @@ int kvs_shim_read_start(struct kvs_shim_async *a, int fd, const struct iovec *io
 	a->done = done;
 	if (!admit(fd, kvs_fdinfo_get(fd, &fi), &fi, false))
 		goto out;
-	if (fi.direct && !direct_ok(&fi, iov, iovcnt, off)) {
-		unserved(KVS_CTR_unserved_misaligned, KVS_CAUSE_UNSERVED_MISALIGNED,
-			 "an O_DIRECT read of a KV file not aligned as O_DIRECT needs");
-		pass(fd, &fi, KVS_WHY_MISALIGNED, 0);
+	if (!direct_fits(fd, &fi, iov, iovcnt, off))
 		goto out;
-	}
 	if (!buffers_writable(iov, iovcnt)) {
 		pass(fd, &fi, KVS_WHY_BUFFERS, 0);
 		goto out;
 	}
-	if (!attach()) {
-		pass(fd, &fi, KVS_WHY_NO_CACHE, 0);
+	anchor = attach_anchor(fd, &fi, true);
+	if (anchor < 0)
 		goto out;
-	}
-	anchor = anchor_waiting(fd, &fi);
-	if (anchor < 0) {
-		pass(fd, &fi, KVS_WHY_ANCHOR, -anchor);
-		goto out;
-	}
 	a->fd = fd;
 	a->rd = make_read(&fi, anchor, (uint64_t)off, len);
 	a->rd.iov = iov;

@@ -635,7 +635,7 @@ static int ahead_headroom(void)
 	FAIL_IF(shm_free() < (8u << 20), 6, "free %llu below the headroom",
 		(unsigned long long)shm_free());
 	close(fd);
-	unlink("/dev/shm/filler"); /* the neighbour lets go */
+	unlink("/dev/shm/filler");	/* the neighbour lets go */
 	for (int i = 0; i < 500; i++) { /* the walk looks again every second */
 		kvs_cache_stat(c, &info, &t, NULL, 0);
 		if (!info.populate_err && info.slots_populated == info.slots)
