@@ -120,6 +120,17 @@ int kvs_cache_fits(const struct kvs_cache_params *cfg, char *msg, size_t msglen)
 int kvs_cache_check_config(struct kvs_cache *c, const struct kvs_cache_params *cfg, char *msg,
 			   size_t msglen);
 
+/*
+ * Give every slot of the region its pages now, on this thread, and clear them (the first touch
+ * of a fresh page, which a cold load would otherwise pay inside its storage read), so that
+ * loads begin on prepared memory: `kvshim prepare`, before the engines start.  It stops, as a
+ * walk does, where /dev/shm would go below cache.shm_headroom.  Idempotent, and harmless on a
+ * region in use: a page that holds data is left as it is.  *slots_done receives the slots that
+ * have their pages from the first on.  Returns 0, -ENOSPC (the headroom or a full /dev/shm
+ * stopped it), -EBADF for a KVS_OPEN_WATCH mapping, or another -errno of fallocate.
+ */
+int kvs_cache_prepare(struct kvs_cache *c, uint32_t *slots_done);
+
 /* Detach (fold this process's counters into the totals, free its process slot), unmap and free.
  * The caller must hold no pins.  NULL is accepted. */
 void kvs_cache_close(struct kvs_cache *c);

@@ -26,7 +26,9 @@
  * allocators, so that loads do not pay for page allocation (the allocators take FREE slots in
  * index order too: the hand starts at 0).
  *
- *   eager  walks every slot at once.
+ *   eager  walks every slot at once, and clears the pages it allocates (clear_range): the
+ *          operator has given the cache all its memory, so the first touch of each page, which
+ *          tmpfs defers past fallocate, is taken off the loads too.
  *   ahead  keeps the walk a window (KVS_AHEAD_BYTES of slots, at least one) ahead of the hand
  *          over the main share, so the pages in use exceed what the cache holds by at most
  *          that window.  It sleeps on hdr.populate_wake; an allocator (of any mode, while the
@@ -40,6 +42,10 @@
  *          sleep ends every KVS_WALK_IDLE_NS to see whether the region's file was removed (a
  *          reset or a rebuild), and the walk then ends rather than keep its pages alive; it
  *          turns into an eager walk when an eager process has set the region's mode.
+ *
+ * `kvshim prepare` runs the eager walk, clearing included, on its own thread and to the end
+ * before the engines start (kvs_cache_prepare); it takes no lock, since walks over the same
+ * slots only repeat each other's work.
  *
  * Both stop at the headroom, recording why in the header (populate_err, populate_why), and at
  * the end of their walk.  An ahead walk at the headroom stays, looks again every
@@ -114,17 +120,19 @@ struct populator {
 	uint64_t off_data, shard_size;
 	uint32_t nslots, nmain;
 	uint32_t window; /* ahead: slots to stay ahead of the hand; eager: 0 */
+	bool clear;	 /* clear the pages too (clear_range) */
 };
 
 bool kvs_populate_test_no_fallocate;
 
 /*
- * Allocate the pages of [off, off + len) of the region's file.  fallocate allocates and zeroes
- * them without mapping them; MADV_POPULATE_WRITE also maps each page into this process, one
- * fault at a time, and with 8 ranks populating at once it cost 3x the time (pages_ns, in one
- * sitting: 9.8-15.3 s against 3.1-4.7 s summed over ranks for 1 GiB), so it is only the
- * fallback for a file system without fallocate.  Either way no room is ENOSPC, never a SIGBUS
- * at the first touch.
+ * Allocate the pages of [off, off + len) of the region's file.  fallocate allocates them
+ * without mapping them (tmpfs zeroes each at its first touch: clear_range);
+ * MADV_POPULATE_WRITE also maps each page into this process, one fault at a time, and zeroes
+ * it, and with 8 ranks populating at once it cost 3x the time (pages_ns, in one sitting:
+ * 9.8-15.3 s against 3.1-4.7 s summed over ranks for 1 GiB), so on the allocators' path it is
+ * only the fallback for a file system without fallocate.  Either way no room is ENOSPC, never
+ * a SIGBUS at the first touch.
  */
 int kvs_populate_range(int fd, char *base, uint64_t off, uint64_t len)
 {
@@ -260,6 +268,28 @@ static uint32_t walk_target(const struct populator *p, const struct kvs_hdr *h)
 	return t < p->nmain ? (uint32_t)t : p->nmain;
 }
 
+/*
+ * Clear the pages of [off, off + len), which fallocate has just allocated.  tmpfs's fallocate
+ * does not zero a page: it marks it not up to date, and the first touch zeroes it, which in a
+ * cold load is the owner's O_DIRECT read (its pinning of the slot faults each page in).  That
+ * first write is also where a virtual machine's host backs the page, and on the development VM
+ * it cost 40% of all CPU in a cold demo-shape load, ahead of the read's submission (perf,
+ * clear_page_rep under pread64).  A populating fault here does it on the walk instead.  A
+ * fault clears only a page not yet up to date, under the page's lock, so a slot an allocator
+ * has claimed meanwhile keeps whatever its owner has read into it; the walk then drops its own
+ * mappings (MADV_DONTNEED on a shared mapping unmaps, the pages stay in the file), so the
+ * walking process's resident size does not grow with the region.  Best effort: a kernel without
+ * MADV_POPULATE_WRITE (before 5.14) leaves the zeroing where it was.
+ */
+static void clear_range(struct populator *p, uint64_t off, uint64_t len)
+{
+	if (!p->clear)
+		return;
+	if (madvise(p->base + off, len, MADV_POPULATE_WRITE) < 0 && errno == EINVAL)
+		p->clear = false;
+	madvise(p->base + off, len, MADV_DONTNEED);
+}
+
 /* Allocate the pages of slots [from, to): in one call when there is room for all of them, else
  * (or when that call fails) one slot at a time from the first, so that the walk stops exactly at
  * the first slot without room.  Returns the slots done and, in *err and *why, what stopped it
@@ -277,6 +307,9 @@ static uint32_t walk_range(struct populator *p, uint32_t from, uint32_t to, int 
 
 			cas_acq_rel(&p->slots[i].pages, &expect, KVS_PAGES_OK);
 		}
+		/* After OK: an allocator that found the slot UNKNOWN would fallocate it again, and
+		 * that clears the pages under the file's lock, one allocator at a time. */
+		clear_range(p, off, len);
 		return to - from;
 	}
 	for (uint32_t i = from; i < to; i++) {
@@ -322,6 +355,7 @@ static void *populate_main(void *arg)
 
 		if (p->window && load_relaxed(&h->populate_mode) == KVS_POPULATE_EAGER) {
 			p->window = 0; /* an eager process attached: walk everything */
+			p->clear = true;
 			end = p->nslots;
 			continue;
 		}
@@ -407,6 +441,7 @@ void kvs_populate_start(struct kvs_cache *c)
 	p->nslots = c->nslots;
 	p->nmain = c->nmain;
 	p->window = c->populate == KVS_POPULATE_AHEAD ? c->ahead_window : 0;
+	p->clear = !p->window;
 	p->base = mmap(NULL, p->len, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
 	if (p->base == MAP_FAILED)
 		goto err_free;
@@ -422,4 +457,40 @@ err_unpublish:
 	atomic_store(&walker_fd, -1);
 err_close:
 	close(fd); /* drops the lock with the last reference */
+}
+
+int kvs_cache_prepare(struct kvs_cache *c, uint32_t *slots_done)
+{
+	struct kvs_hdr *h = c->hdr;
+	struct populator p = {
+	    .fd = c->fd,
+	    .headroom = c->headroom,
+	    .base = c->base,
+	    .len = c->map_len,
+	    .slots = c->slots,
+	    .off_data = h->off_data,
+	    .shard_size = c->shard_size,
+	    .nslots = c->nslots,
+	    .nmain = c->nmain,
+	    .clear = true,
+	};
+	uint32_t done = 0, why = 0;
+	int err = 0;
+
+	*slots_done = 0;
+	if (c->watch)
+		return -EBADF;
+	while (done < p.nslots && !err) {
+		uint32_t to = done + KVS_WALK_CHUNK < p.nslots ? done + KVS_WALK_CHUNK : p.nslots;
+
+		done += walk_range(&p, done, to, &err, &why);
+	}
+	/* A walk that starts later begins where this one ended.  A walk running now may store
+	 * a smaller figure over it: it then goes over slots that have their pages, which costs
+	 * a fallocate each and changes nothing. */
+	uint32_t was = load_relaxed(&h->populated);
+	while (was < done && !cas_acq_rel(&h->populated, &was, done))
+		;
+	*slots_done = done;
+	return -err;
 }
