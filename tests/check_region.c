@@ -656,6 +656,106 @@ START_TEST(test_ahead_waits_at_headroom)
 }
 END_TEST
 
+/* This process's resident shared memory (RssShmem), in bytes; 0 if unknown. */
+static uint64_t rss_shmem(void)
+{
+	FILE *f = fopen("/proc/self/status", "r");
+	char line[256];
+	unsigned long long kb = 0;
+
+	while (f && fgets(line, sizeof(line), f))
+		if (sscanf(line, "RssShmem: %llu kB", &kb) == 1)
+			break;
+	if (f)
+		fclose(f);
+	return kb << 10;
+}
+
+/* prepare gives every slot its pages, keeps a cached shard's bytes, does not leave the region
+ * resident in its own process, and a second run changes nothing. */
+static int prepare_all(void)
+{
+	const uint64_t shard = 256 << 10;
+	struct kvs_key k = {0x1234, 7, 0};
+	struct kvs_config cfg;
+	struct kvs_cache *c = NULL;
+	struct kvs_region_info info;
+	struct kvs_counters t;
+	struct kvs_pin pin;
+	char msg[512], path[256];
+	uint32_t done;
+
+	test_config(&cfg, 64, shard); /* 16 MiB */
+	cfg.cache_shm_headroom = 4 << 20;
+	int r = kvs_cache_open(KVS_CACHE_PARAMS(&cfg), KVS_OPEN_CREATE, &c, msg, sizeof(msg));
+	FAIL_IF(r != 0, 2, "open: %d (%s)", r, msg);
+	FAIL_IF(kvs_cache_pin(c, &k, KVS_ALLOC_LOAD, &pin) != KVS_PIN_OWNER, 3, "pin");
+	memset(kvs_cache_data(c, &pin), 0xa5, shard);
+	kvs_cache_mark_ready(c, &pin, (uint32_t)shard);
+	kvs_cache_release(c, &pin);
+	uint64_t rss0 = rss_shmem();
+	r = kvs_cache_prepare(c, &done);
+	FAIL_IF(r != 0 || done != 64, 4, "prepare: %d, %u slots", r, done);
+	FAIL_IF(rss_shmem() > rss0 + (1 << 20), 5, "RssShmem %llu after prepare, %llu before",
+		(unsigned long long)rss_shmem(), (unsigned long long)rss0);
+	kvs_cache_stat(c, &info, &t, NULL, 0);
+	FAIL_IF(info.slots_populated != info.slots, 6, "%u of %u populated", info.slots_populated,
+		info.slots);
+	path_of(&cfg, path, sizeof(path));
+	FAIL_IF(blocks_of(path) < 64 * shard, 7, "%llu bytes allocated",
+		(unsigned long long)blocks_of(path));
+	FAIL_IF(kvs_cache_pin_ready(c, &k, &pin) != KVS_PIN_HIT, 8, "the cached shard is gone");
+	const unsigned char *d = kvs_cache_data(c, &pin);
+	for (uint64_t i = 0; i < shard; i++)
+		FAIL_IF(d[i] != 0xa5, 9, "byte %llu of the cached shard is %#x after prepare",
+			(unsigned long long)i, d[i]);
+	kvs_cache_release(c, &pin);
+	r = kvs_cache_prepare(c, &done);
+	FAIL_IF(r != 0 || done != 64, 10, "prepare again: %d, %u slots", r, done);
+	kvs_cache_close(c);
+	return 0;
+}
+
+START_TEST(test_prepare_all)
+{
+	with_small_shm("size=32M", prepare_all);
+}
+END_TEST
+
+/* prepare stops where /dev/shm would go below the headroom, says so, and says how far it got. */
+static int prepare_headroom(void)
+{
+	struct kvs_config cfg;
+	struct kvs_cache *c = NULL;
+	struct kvs_region_info info;
+	struct kvs_counters t;
+	char msg[512];
+	uint32_t done;
+
+	test_config(&cfg, 64, 256 << 10); /* 16 MiB */
+	cfg.cache_shm_headroom = 8 << 20;
+	int r = kvs_cache_open(KVS_CACHE_PARAMS(&cfg), KVS_OPEN_CREATE, &c, msg, sizeof(msg));
+	FAIL_IF(r != 0, 2, "open: %d (%s)", r, msg);
+	int fd = fill_to((10 << 20)); /* 2 MiB above the headroom: 8 slots */
+	FAIL_IF(fd < 0, 3, "cannot fill /dev/shm");
+	r = kvs_cache_prepare(c, &done);
+	FAIL_IF(r != -ENOSPC || done == 0 || done >= 64, 4, "prepare: %d, %u slots", r, done);
+	FAIL_IF(shm_free() < (8u << 20), 5, "free %llu below the headroom",
+		(unsigned long long)shm_free());
+	kvs_cache_stat(c, &info, &t, NULL, 0);
+	FAIL_IF(info.slots_populated != done, 6, "%u populated, prepare said %u",
+		info.slots_populated, done);
+	close(fd);
+	kvs_cache_close(c);
+	return 0;
+}
+
+START_TEST(test_prepare_stops_at_headroom)
+{
+	with_small_shm("size=32M", prepare_headroom);
+}
+END_TEST
+
 /* Remove what a case that failed left behind. */
 static void teardown(void)
 {
@@ -685,6 +785,8 @@ static Suite *region_suite(void)
 	tcase_add_test(limits, test_lazy_stops_at_headroom);
 	tcase_add_test(limits, test_eager_stops_at_headroom);
 	tcase_add_test(limits, test_ahead_waits_at_headroom);
+	tcase_add_test(limits, test_prepare_all);
+	tcase_add_test(limits, test_prepare_stops_at_headroom);
 	tcase_add_checked_fixture(core, NULL, teardown);
 	tcase_add_checked_fixture(limits, NULL, teardown);
 	tcase_set_timeout(core, 60);

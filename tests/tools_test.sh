@@ -134,7 +134,7 @@ stop_holder() {
 k --help
 expect_rc 0 "kvshim --help"
 grep -q '^usage: kvshim' "$OUT" || fail "--help prints no usage on stdout"
-for c in run stat config reset check ls evict exporter; do
+for c in run stat config reset check ls evict exporter prepare; do
 	grep -q "^  $c" "$OUT" || fail "--help does not list $c"
 done
 [ ! -s "$ERR" ] || fail "--help wrote to stderr"
@@ -160,7 +160,7 @@ expect_rc 2 "exporter --region with a bad name"
 k exporter --listen 127.0.0.1:99999
 expect_rc 1 "exporter --listen with a bad port"
 expect_one_err "kvshim: exporter: --listen 127.0.0.1:99999: bad port" "exporter --listen bad port"
-for c in run stat config reset check ls evict exporter; do
+for c in run stat config reset check ls evict exporter prepare; do
 	k "$c" --help
 	expect_rc 0 "$c --help"
 	grep -q "^usage: kvshim $c" "$OUT" || fail "$c --help prints no usage"
@@ -600,6 +600,29 @@ grep -qE '^populated +[0-9]+ of 64 slots, ahead; /dev/shm has ' "$OUT" || fail "
 k reset
 expect_rc 0 "reset after population"
 pass "stat shows population in text, --json and --prom"
+
+# prepare makes the region and gives every slot its pages; again, it finds nothing to do
+# wrong; an argument it does not take is bad usage.
+k prepare
+expect_rc 0 "prepare of a new region"
+grep -qE "^$REGION: 64 of 64 slots prepared \(4\.0 MiB\) in [0-9.]+ s$" "$OUT" ||
+	fail "prepare: $(cat "$OUT")"
+[ ! -s "$ERR" ] || fail "prepare wrote to stderr: $(cat "$ERR")"
+[ "$(($(stat -c %b "$REGION") * 512))" -ge $((4 << 20)) ] ||
+	fail "prepare left the data unallocated: $(stat -c %b "$REGION") blocks"
+k stat --json
+python3 -c '
+import json, sys
+r = json.load(sys.stdin)["region"]
+assert r["slots_populated"] == r["slots"] == 64, r' <"$OUT" || fail "stat after prepare: $(cat "$OUT")"
+k prepare
+expect_rc 0 "prepare again"
+grep -qE "^$REGION: 64 of 64 slots prepared" "$OUT" || fail "prepare again: $(cat "$OUT")"
+k prepare extra
+expect_rc 2 "prepare with an argument"
+k reset
+expect_rc 0 "reset after prepare"
+pass "prepare gives a new region all its pages, twice without harm"
 
 # --- region lifecycle: refused attaches, cache.on_mismatch, built_by, ls ------------------
 

@@ -30,6 +30,7 @@ int cmd_check(int argc, char **argv);
 int cmd_ls(int argc, char **argv);
 int cmd_evict(int argc, char **argv);
 int cmd_exporter(int argc, char **argv);
+int cmd_prepare(int argc, char **argv);
 
 /*
  * The checks of `kvshim check` (cmd_check.c): the KVSHIM_* environment, the configuration,

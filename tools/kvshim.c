@@ -54,6 +54,9 @@ static const char usage[] =
     "  config [--explain | --sample]\n"
     "                      print the effective configuration and where each value came from,\n"
     "                      or a sample kvshim.ini with every key and its default\n"
+    "  prepare [--config FILE]\n"
+    "                      create the region and give all its slots their memory now, before\n"
+    "                      the engines start (stops at cache.shm_headroom)\n"
     "  reset [--force]     remove the shared cache region (refused while processes are attached)\n"
     "  ls [--all] [--json] list the regions in /dev/shm: size, age, processes, state\n"
     "  evict PATH...       drop the cached shards of each file\n"
@@ -71,8 +74,9 @@ static const struct {
 	const char *name;
 	int (*fn)(int argc, char **argv);
 } commands[] = {
-    {"run", cmd_run},	  {"stat", cmd_stat}, {"config", cmd_config}, {"reset", cmd_reset},
-    {"check", cmd_check}, {"ls", cmd_ls},     {"evict", cmd_evict},   {"exporter", cmd_exporter},
+    {"run", cmd_run},	  {"stat", cmd_stat},	      {"config", cmd_config},
+    {"reset", cmd_reset}, {"check", cmd_check},	      {"ls", cmd_ls},
+    {"evict", cmd_evict}, {"exporter", cmd_exporter}, {"prepare", cmd_prepare},
 };
 
 void tool_err(const char *fmt, ...)

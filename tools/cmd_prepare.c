@@ -1,0 +1,121 @@
+/*
+ * kvshim prepare [--config FILE]: create the region if it does not exist and give every slot
+ * its memory now, before the engines start.
+ *
+ * A region's pages otherwise come as loads need them (cache.populate), and the first touch of
+ * each fresh page (the kernel zeroing it and, in a virtual machine, the host backing it) then
+ * lands inside a cold load's storage reads.  An engine allocates its own buffers at start-up;
+ * prepare lets an operator do the same for the cache, as a unit's ExecStartPre or a pod's init
+ * step.  The work is kvs_cache_prepare's: it stops where /dev/shm would go below
+ * cache.shm_headroom, is idempotent, and leaves data already cached as it is.
+ *
+ * Attaches for the duration (a process-table slot, KVS_OPEN_CREATE) with cache.populate taken
+ * as lazy, so that no background walk of its own starts beside the foreground one.  Exit
+ * status 0 when every slot was prepared or the headroom stopped it (said on stderr: the rest
+ * comes as loads need it, as without prepare); 1 when the region cannot be opened or made.
+ */
+#include <errno.h>
+#include <getopt.h>
+#include <limits.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "cache.h"
+#include "cache_params.h"
+#include "cmd_common.h"
+#include "config.h"
+
+static const char usage[] =
+    "usage: kvshim prepare [--config FILE]\n"
+    "  -c, --config FILE  use the INI file FILE (as KVSHIM_CONFIG would name it)\n"
+    "  -h, --help         print this help\n"
+    "\n"
+    "Creates the region if needed and allocates and clears the memory of all its slots now,\n"
+    "so that the first loads do not pay for it.  Stops at cache.shm_headroom.\n";
+
+static double now_s(void)
+{
+	struct timespec ts;
+
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return (double)ts.tv_sec + (double)ts.tv_nsec / 1e9;
+}
+
+int cmd_prepare(int argc, char **argv)
+{
+	static const struct option opts[] = {
+	    {"config", required_argument, NULL, 'c'},
+	    {"help", no_argument, NULL, 'h'},
+	    {NULL, 0, NULL, 0},
+	};
+	char msg[KVS_CONFIG_MSG_MAX], path[PATH_MAX], human[32];
+	struct kvs_cache_params params;
+	struct kvs_region_info info;
+	struct kvs_counters totals;
+	struct kvs_cache *c = NULL;
+	struct kvs_config *cfg;
+	int opt, r, status = KVS_EXIT_FAIL;
+	uint32_t done;
+	double t0;
+
+	opterr = 0;
+	while ((opt = getopt_long(argc, argv, "+:c:h", opts, NULL)) != -1) {
+		switch (opt) {
+		case 'c':
+			if (setenv("KVSHIM_CONFIG", optarg, 1) < 0) {
+				tool_err("cannot set KVSHIM_CONFIG: %s", strerror(errno));
+				return KVS_EXIT_FAIL;
+			}
+			break;
+		case 'h':
+			fputs(usage, stdout);
+			return KVS_EXIT_OK;
+		default:
+			return tool_bad_option("prepare", opt, argv, usage);
+		}
+	}
+	if (optind < argc) {
+		tool_err("prepare: unexpected argument %s", argv[optind]);
+		fputs(usage, stderr);
+		return KVS_EXIT_USAGE;
+	}
+	if (tool_load_config(&cfg))
+		return KVS_EXIT_FAIL;
+	if (kvs_cache_path(KVS_CACHE_PARAMS(cfg), path, sizeof(path))) {
+		tool_err("the region path is too long");
+		goto out;
+	}
+	params = kvs_cache_params_of(cfg);
+	params.populate = KVS_POPULATE_LAZY; /* the walk is ours, in the foreground */
+	r = kvs_cache_open(&params, KVS_OPEN_CREATE, &c, msg, sizeof(msg));
+	if (r) {
+		tool_err("%s", *msg ? msg : strerror(-r));
+		c = NULL;
+		goto out;
+	}
+	t0 = now_s();
+	r = kvs_cache_prepare(c, &done);
+	if (kvs_cache_stat(c, &info, &totals, NULL, 0) < 0) {
+		tool_err("cannot read the region's figures");
+		goto out;
+	}
+	printf("%s: %u of %u slots prepared (%s) in %.2f s\n", path, done, info.slots,
+	       tool_human_bytes((uint64_t)done * info.shard_size, human, sizeof(human)),
+	       now_s() - t0);
+	if (r == -ENOSPC) {
+		tool_err("prepare: stopped at slot %u of %u: /dev/shm has no more room above "
+			 "cache.shm_headroom; the other slots get their memory as loads need it",
+			 done, info.slots);
+	} else if (r) {
+		tool_err("prepare: stopped at slot %u of %u: %s", done, info.slots, strerror(-r));
+		goto out;
+	}
+	status = KVS_EXIT_OK;
+out:
+	kvs_cache_close(c);
+	free(cfg);
+	return status;
+}
