@@ -82,8 +82,11 @@ min() { printf '%s\n' "$@" | sort -g | head -1; }
 # processes (--split), and N processes copying the unique bytes each out of shared memory into
 # that shape of destination (copy).  They overlap, so the cold limit is their maximum; a warm
 # load reads no storage, so its limit is the copy alone.  Every figure is the best of $reps
-# rounds (the storage term: of both shapes' rounds, 2 x $reps); a cold kvshim round uses a new
-# region, the warm one the same region again.
+# rounds (the storage term: of both shapes' rounds, 2 x $reps).  A cold kvshim round uses a new
+# region whose memory `kvshim prepare` has given it first (untimed: the limit has no term for
+# it, as the ranks' own destinations have none), the warm one the same region again; a third
+# round, "cold, unprepared", uses a new region that allocates its pages as the loads claim them
+# (cache.populate = ahead, the default).
 ranks_sweep() {
 	local reps=3 dir=$work/ranks tsv=$work/ranks.tsv
 	mkdir -p "$dir"
@@ -92,12 +95,12 @@ ranks_sweep() {
 	local files=("$dir"/f*)
 	echo "== ranks sweep: $ranks_mib MiB unique in 16 MiB files, O_DIRECT, best of $reps" \
 		"(limit: max(storage, copy) cold, copy warm; fraction = limit / time)"
-	printf 'shape\tranks\tstorage\tcopy\tplain\tcold\twarm\n' >"$tsv"
+	printf 'shape\tranks\tstorage\tcopy\tplain\tcold\twarm\traw\n' >"$tsv"
 	for shape in reused distinct; do
 		local flag=
 		[ $shape = distinct ] && flag=--distinct
 		for n in 1 2 4 8; do
-			local s=() c=() p=() k=() w=() name
+			local s=() c=() p=() k=() w=() u=() name
 			for rep in $(seq 1 $reps); do
 				s+=("$("$bench" ranks "$n" --direct --split "${files[@]}" | seconds)")
 				c+=("$("$bench" copy "$n" $flag "$ranks_mib" | seconds)")
@@ -106,6 +109,10 @@ ranks_sweep() {
 				regions+=("$name")
 				export KVSHIM_FILES_ROOTS=$dir KVSHIM_CACHE_NAME=$name \
 					KVSHIM_CACHE_CAPACITY=$((ranks_mib + 64))M
+				u+=("$(LD_PRELOAD=$lib "$bench" ranks "$n" --direct $flag "${files[@]}" |
+					seconds)")
+				"$bin/kvshim" reset --force >/dev/null
+				"$bin/kvshim" prepare >/dev/null
 				k+=("$(LD_PRELOAD=$lib "$bench" ranks "$n" --direct $flag "${files[@]}" |
 					seconds)")
 				w+=("$(LD_PRELOAD=$lib "$bench" ranks "$n" --direct $flag "${files[@]}" |
@@ -114,9 +121,9 @@ ranks_sweep() {
 				unset KVSHIM_FILES_ROOTS KVSHIM_CACHE_NAME KVSHIM_CACHE_CAPACITY
 			done
 
-			printf '%s\t%s\t%s\t%s\t%s\t%s\t%s\n' $shape "$n" "$(min "${s[@]}")" \
+			printf '%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n' $shape "$n" "$(min "${s[@]}")" \
 				"$(min "${c[@]}")" "$(min "${p[@]}")" "$(min "${k[@]}")" \
-				"$(min "${w[@]}")" >>"$tsv"
+				"$(min "${w[@]}")" "$(min "${u[@]}")" >>"$tsv"
 		done
 	done
 	python3 "$root/scripts/bench_ranks.py" table "$tsv"

@@ -6,11 +6,14 @@
 
 TSV has one row per shape and rank count: the storage term (the unique bytes read once between
 the ranks with O_DIRECT), the copy term (each rank copies the unique bytes out of shared memory
-into its destinations), and the load's time without kvshim, with kvshim cold and warm (s).
-The storage term does not depend on the shape (its reads go into one reused buffer), so each
-rank count's is the best over both shapes' rounds.  A cold kvshim load is limited by
-max(storage, copy): the two overlap.  A warm one reads no
-storage: its limit is the copy.  A fraction is limit / measured: 1 is the limit reached.
+into its destinations), and the load's time without kvshim, with kvshim cold (an empty region
+whose memory `kvshim prepare` gave it first), warm, and cold on an unprepared region ("raw":
+its pages are allocated as the loads claim them) (s).  The storage term does not depend on the
+shape (its reads go into one reused buffer), so each rank count's is the best over both shapes'
+rounds.  A cold kvshim load is limited by max(storage, copy): the two overlap.  A warm one reads
+no storage: its limit is the copy.  A fraction is limit / measured: 1 is the limit reached.
+The limit has no term for the region's page allocation, so the fraction is stated for the
+prepared region; the unprepared one is shown beside it.
 """
 import csv
 import sys
@@ -20,7 +23,7 @@ def rows(path):
     out = []
     with open(path) as f:
         for r in csv.DictReader(f, delimiter="\t"):
-            for k in ("storage", "copy", "plain", "cold", "warm"):
+            for k in ("storage", "copy", "plain", "cold", "warm", "raw"):
                 r[k] = float(r[k])
             r["ranks"] = int(r["ranks"])
             out.append(r)
@@ -32,13 +35,14 @@ def rows(path):
 
 def table(path):
     print("| shape | ranks | storage (s) | copy (s) | limit (s) | no kvshim (s) | "
-          "kvshim cold (s) | cold / limit | kvshim warm (s) | warm / copy |")
-    print("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+          "kvshim cold (s) | cold / limit | kvshim warm (s) | warm / copy | "
+          "cold, unprepared (s) |")
+    print("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
     for r in rows(path):
         shape = "one buffer reused" if r["shape"] == "reused" else "distinct per block"
-        print("| %s | %d | %.3f | %.3f | %.3f | %.3f | %.3f | %.2f | %.3f | %.2f |" % (
+        print("| %s | %d | %.3f | %.3f | %.3f | %.3f | %.3f | %.2f | %.3f | %.2f | %.3f |" % (
             shape, r["ranks"], r["storage"], r["copy"], r["limit"], r["plain"], r["cold"],
-            r["limit"] / r["cold"], r["warm"], r["copy"] / r["warm"]))
+            r["limit"] / r["cold"], r["warm"], r["copy"] / r["warm"], r["raw"]))
 
 
 def plot(path, png, mib):
@@ -54,7 +58,10 @@ def plot(path, png, mib):
         rs = sorted((r for r in data if r["shape"] == shape), key=lambda r: r["ranks"])
         n = [r["ranks"] for r in rs]
         ax.plot(n, [r["plain"] for r in rs], "o-", color="tab:red", label="no kvshim (cold)")
-        ax.plot(n, [r["cold"] for r in rs], "s-", color="tab:blue", label="kvshim cold")
+        ax.plot(n, [r["raw"] for r in rs], "s:", color="tab:purple",
+                label="kvshim cold, region unprepared")
+        ax.plot(n, [r["cold"] for r in rs], "s-", color="tab:blue",
+                label="kvshim cold (kvshim prepare first)")
         ax.plot(n, [r["warm"] for r in rs], "^-", color="tab:green", label="kvshim warm")
         ax.plot(n, [r["limit"] for r in rs], "k--",
                 label="limit, cold: max(storage, copy)")

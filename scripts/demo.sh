@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
 # The main job: on a fresh machine, install what is needed, build, write a replicated KV store
 # (every rank reads the same files), and run 8 rank processes that load every block with
-# O_DIRECT preadv, once without kvshim and twice with it; print what changed.  Progress goes to
-# stderr (in place on a terminal, every 10% in a log); the table and a closing sentence saying
-# what kvshim won go to stdout.
+# O_DIRECT preadv, once without kvshim, then (after `kvshim prepare` has given the region its
+# memory, untimed as the ranks' own buffers are) twice with it; print what changed.  Progress
+# goes to stderr (in place on a terminal, every 10% in a log); the table and a closing sentence
+# saying what kvshim won go to stdout.
 #   scripts/demo.sh [NBLOCKS] [BLOCK_MIB] [NRANKS]      (default 256 4 8: 1 GiB unique)
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
