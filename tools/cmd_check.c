@@ -334,10 +334,8 @@ int cmd_check(int argc, char **argv)
 	while ((opt = getopt_long(argc, argv, "+:c:h", opts, NULL)) != -1) {
 		switch (opt) {
 		case 'c':
-			if (setenv("KVSHIM_CONFIG", optarg, 1) < 0) {
-				tool_err("cannot set KVSHIM_CONFIG: %s", strerror(errno));
+			if (tool_use_config(optarg))
 				return KVS_EXIT_FAIL;
-			}
 			break;
 		case 'h':
 			fputs(usage, stdout);

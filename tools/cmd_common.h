@@ -58,6 +58,10 @@ int tool_bad_option(const char *cmd, int opt, char **argv, const char *usage);
  * into a new heap object; on failure print the reason and return -EINVAL or -ENOMEM. */
 int tool_load_config(struct kvs_config **out);
 
+/* --config FILE of a subcommand: make FILE the configuration that tool_load_config reads
+ * (KVSHIM_CONFIG); 0, or -errno after saying why. */
+int tool_use_config(const char *file);
+
 /* Set to 1 by SIGINT or SIGTERM once tool_catch_stop has run (stop.c). */
 extern volatile sig_atomic_t tool_stop;
 

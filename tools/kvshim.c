@@ -104,6 +104,17 @@ int tool_bad_option(const char *cmd, int opt, char **argv, const char *cmd_usage
 	return KVS_EXIT_USAGE;
 }
 
+int tool_use_config(const char *file)
+{
+	int err;
+
+	if (setenv("KVSHIM_CONFIG", file, 1) == 0)
+		return 0;
+	err = errno;
+	tool_err("cannot set KVSHIM_CONFIG: %s", strerror(err));
+	return -err;
+}
+
 int tool_load_config(struct kvs_config **out)
 {
 	char msg[KVS_CONFIG_MSG_MAX];
