@@ -271,7 +271,7 @@ static uint32_t walk_target(const struct populator *p, const struct kvs_hdr *h)
 }
 
 /*
- * Clear the pages of [off, off + len), which fallocate has just allocated.  tmpfs's fallocate
+ * Clear the pages of slots [from, to), which have their pages (slot.pages OK).  tmpfs's fallocate
  * does not zero a page: it marks it not up to date, and the first touch zeroes it, which in a
  * cold load is the owner's O_DIRECT read (its pinning of the slot faults each page in).  That
  * first write is also where a virtual machine's host backs the page, and on the development VM
@@ -283,13 +283,16 @@ static uint32_t walk_target(const struct populator *p, const struct kvs_hdr *h)
  * walking process's resident size does not grow with the region.  Best effort: a kernel without
  * MADV_POPULATE_WRITE (before 5.14) leaves the zeroing where it was.
  */
-static void clear_range(struct populator *p, uint64_t off, uint64_t len)
+static void clear_range(struct populator *p, uint32_t from, uint32_t to)
 {
-	if (!p->clear)
+	char *at = p->base + p->off_data + from * p->shard_size;
+	size_t len = (to - from) * p->shard_size;
+
+	if (!p->clear || from == to)
 		return;
-	if (madvise(p->base + off, len, MADV_POPULATE_WRITE) < 0 && errno == EINVAL)
+	if (madvise(at, len, MADV_POPULATE_WRITE) < 0 && errno == EINVAL)
 		p->clear = false;
-	madvise(p->base + off, len, MADV_DONTNEED);
+	madvise(at, len, MADV_DONTNEED);
 }
 
 /* Allocate the pages of slots [from, to): in one call when there is room for all of them, else
@@ -309,9 +312,6 @@ static uint32_t walk_range(struct populator *p, uint32_t from, uint32_t to, int 
 
 			cas_acq_rel(&p->slots[i].pages, &expect, KVS_PAGES_OK);
 		}
-		/* After OK: an allocator that found the slot UNKNOWN would fallocate it again, and
-		 * that clears the pages under the file's lock, one allocator at a time. */
-		clear_range(p, off, len);
 		return to - from;
 	}
 	for (uint32_t i = from; i < to; i++) {
@@ -474,23 +474,41 @@ int kvs_cache_prepare(struct kvs_cache *c, uint32_t *slots_done)
 	    .nmain = c->nmain,
 	    .clear = true,
 	};
-	uint32_t done = 0, why = 0;
+	uint32_t at = 0, prepared = 0, why = 0;
 	int err = 0;
 
 	*slots_done = 0;
 	if (c->watch)
 		return -EBADF;
-	while (done < p.nslots && !err) {
-		uint32_t to = done + KVS_WALK_CHUNK < p.nslots ? done + KVS_WALK_CHUNK : p.nslots;
+	while (at < p.nslots) {
+		uint32_t to = at + KVS_WALK_CHUNK < p.nslots ? at + KVS_WALK_CHUNK : p.nslots, got;
 
-		done += walk_range(&p, done, to, &err, &why);
+		/* walk_range counts slots that have their pages already, and an earlier walk may
+		 * have allocated them without clearing them. */
+		got = walk_range(&p, at, to, &err, &why);
+		clear_range(&p, at, at + got);
+		for (uint32_t i = at; i < at + got; i++) /* not a NOROOM slot the chunk went over */
+			prepared += load_relaxed(&p.slots[i].pages) == KVS_PAGES_OK;
+		at += got;
+		if (!err)
+			continue;
+		if (load_relaxed(&p.slots[at].pages) == KVS_PAGES_NOROOM) {
+			at++; /* never used (an allocation failed for good): nothing to prepare */
+			continue;
+		}
+		break;
 	}
 	/* A walk that starts later begins where this one ended.  A walk running now may store
 	 * a smaller figure over it: it then goes over slots that have their pages, which costs
 	 * a fallocate each and changes nothing. */
 	uint32_t was = load_relaxed(&h->populated);
-	while (was < done && !cas_acq_rel(&h->populated, &was, done))
+	while (was < at && !cas_acq_rel(&h->populated, &was, at))
 		;
-	*slots_done = done;
-	return -err;
+	if (at == p.nslots && load_acquire(&h->populate_err)) { /* pairs with populate_main */
+		/* Every slot has its pages now: a walk that stopped has nothing left to say. */
+		store_release(&h->populate_err, 0);
+		store_relaxed(&h->populate_why, 0);
+	}
+	*slots_done = prepared;
+	return at == p.nslots ? 0 : -err;
 }

@@ -620,9 +620,20 @@ expect_rc 0 "prepare again"
 grep -qE "^$REGION: 64 of 64 slots prepared" "$OUT" || fail "prepare again: $(cat "$OUT")"
 k prepare extra
 expect_rc 2 "prepare with an argument"
+# A region of other dimensions: refused, or replaced with cache.on_mismatch = rebuild, which
+# prepare says once, as the shim would.
+KVSHIM_CACHE_SHARD_SIZE=128K k prepare
+expect_rc 1 "prepare of a region of other dimensions"
+grep -q "has shard_size 65536, the configuration wants 131072" "$ERR" ||
+	fail "prepare of a mismatched region: $(cat "$ERR")"
+KVSHIM_CACHE_SHARD_SIZE=128K KVSHIM_CACHE_ON_MISMATCH=rebuild k prepare
+expect_rc 0 "prepare with cache.on_mismatch = rebuild"
+[ "$(grep -c "^kvshim: cache.on_mismatch = rebuild: replaced $REGION" "$ERR")" -eq 1 ] ||
+	fail "prepare does not say once that it replaced the region: $(cat "$ERR")"
+grep -qE "^$REGION: 32 of 32 slots prepared" "$OUT" || fail "prepare after rebuild: $(cat "$OUT")"
 k reset
 expect_rc 0 "reset after prepare"
-pass "prepare gives a new region all its pages, twice without harm"
+pass "prepare gives a new region all its pages, twice without harm, and says when it rebuilds"
 
 # --- region lifecycle: refused attaches, cache.on_mismatch, built_by, ls ------------------
 

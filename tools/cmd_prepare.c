@@ -94,6 +94,9 @@ int cmd_prepare(int argc, char **argv)
 		c = NULL;
 		goto out;
 	}
+	if (*msg)
+		tool_err("%s",
+			 msg); /* a region of other dimensions was replaced, as an engine would */
 	t0 = now_s();
 	r = kvs_cache_prepare(c, &done);
 	if (kvs_cache_stat(c, &info, &totals, NULL, 0) < 0) {
@@ -104,11 +107,13 @@ int cmd_prepare(int argc, char **argv)
 	       tool_human_bytes((uint64_t)done * info.shard_size, human, sizeof(human)),
 	       now_s() - t0);
 	if (r == -ENOSPC) {
-		tool_err("prepare: stopped at slot %u of %u: /dev/shm has no more room above "
-			 "cache.shm_headroom; the other slots get their memory as loads need it",
-			 done, info.slots);
+		tool_err(
+		    "prepare: stopped with %u of %u slots prepared: /dev/shm has no more room "
+		    "above cache.shm_headroom; the other slots get their memory as loads need it",
+		    done, info.slots);
 	} else if (r) {
-		tool_err("prepare: stopped at slot %u of %u: %s", done, info.slots, strerror(-r));
+		tool_err("prepare: stopped with %u of %u slots prepared: %s", done, info.slots,
+			 strerror(-r));
 		goto out;
 	}
 	status = KVS_EXIT_OK;
