@@ -61,7 +61,9 @@
  * per process.
  *
  * The headroom check and the allocation are not atomic across processes: N processes claiming
- * at once can each pass the check and take the file system at most N slots below the headroom.
+ * at once can each pass the check and take the file system at most N slots below the headroom,
+ * and a walk or `kvshim prepare`, which check a chunk of KVS_WALK_CHUNK slots at a time, a
+ * chunk each.
  * The creator's check (region.c) is what keeps a region from being bigger than /dev/shm.
  */
 #include <errno.h>
