@@ -278,11 +278,11 @@ static uint32_t walk_target(const struct populator *p, const struct kvs_hdr *h)
  * cold load is the owner's O_DIRECT read (its pinning of the slot faults each page in).  That
  * first write is also where a virtual machine's host backs the page, and on the development VM
  * it cost 40% of all CPU in a cold demo-shape load, ahead of the read's submission (perf,
- * clear_page_rep under pread64).  A populating fault here does it on the walk instead.  A
- * fault clears only a page not yet up to date, under the page's lock, so a slot an allocator
- * has claimed meanwhile keeps whatever its owner has read into it; the walk then drops its own
- * mappings (MADV_DONTNEED on a shared mapping unmaps, the pages stay in the file), so the
- * walking process's resident size does not grow with the region.  Best effort: a kernel without
+ * clear_page_rep under pread64).  A populating fault here, in kvshim prepare, does it before
+ * the loads.  A fault clears only a page not yet up to date, under the page's lock, so a slot
+ * an allocator has claimed meanwhile keeps whatever its owner has read into it; prepare then
+ * drops its own mappings (MADV_DONTNEED on a shared mapping unmaps, the pages stay in the
+ * file), so its resident size does not grow with the region.  Best effort: a kernel without
  * MADV_POPULATE_WRITE (before 5.14) leaves the zeroing where it was.
  */
 static void clear_range(struct populator *p, uint32_t from, uint32_t to)
@@ -468,7 +468,6 @@ int kvs_cache_prepare(struct kvs_cache *c, uint32_t *slots_done)
 	    .fd = c->fd,
 	    .headroom = c->headroom,
 	    .base = c->base,
-	    .len = c->map_len,
 	    .slots = c->slots,
 	    .off_data = h->off_data,
 	    .shard_size = c->shard_size,

@@ -562,13 +562,26 @@ START_TEST(test_lazy_stops_at_headroom)
 }
 END_TEST
 
+/* Wait (at most 3 s) until the region's walk has stopped or every slot has its pages; *info
+ * holds the region's figures then. */
+static void walk_settles(struct kvs_cache *c, struct kvs_region_info *info)
+{
+	struct kvs_counters t;
+
+	for (int i = 0; i < 3000; i++) {
+		kvs_cache_stat(c, info, &t, NULL, 0);
+		if (info->populate_err || info->slots_populated == info->slots)
+			return;
+		usleep(1000);
+	}
+}
+
 /* eager: the walk stops at the headroom, and says so. */
 static int eager_headroom(void)
 {
 	struct kvs_config cfg;
 	struct kvs_cache *c = NULL, *e = NULL;
 	struct kvs_region_info info;
-	struct kvs_counters t;
 	char msg[512];
 
 	test_config(&cfg, 64, 256 << 10); /* 16 MiB */
@@ -581,12 +594,7 @@ static int eager_headroom(void)
 	cfg.cache_populate = KVS_POPULATE_EAGER;
 	r = kvs_cache_open(KVS_CACHE_PARAMS(&cfg), 0, &e, msg, sizeof(msg));
 	FAIL_IF(r != 0, 4, "open eager: %d (%s)", r, msg);
-	for (int i = 0; i < 3000; i++) {
-		kvs_cache_stat(c, &info, &t, NULL, 0);
-		if (info.populate_err || info.slots_populated == info.slots)
-			break;
-		usleep(1000);
-	}
+	walk_settles(c, &info);
 	FAIL_IF(info.populate_err != ENOSPC || strcmp(info.populate_reason, "headroom"), 5,
 		"walk: err %d, reason \"%s\", %u of %u populated", info.populate_err,
 		info.populate_reason, info.slots_populated, info.slots);
@@ -626,12 +634,7 @@ static int ahead_headroom(void)
 	cfg.cache_populate = KVS_POPULATE_AHEAD;
 	r = kvs_cache_open(KVS_CACHE_PARAMS(&cfg), 0, &a, msg, sizeof(msg));
 	FAIL_IF(r != 0, 4, "open ahead: %d (%s)", r, msg);
-	for (int i = 0; i < 3000; i++) {
-		kvs_cache_stat(c, &info, &t, NULL, 0);
-		if (info.populate_err)
-			break;
-		usleep(1000);
-	}
+	walk_settles(c, &info);
 	FAIL_IF(info.populate_err != ENOSPC || strcmp(info.populate_reason, "headroom"), 5,
 		"walk: err %d, reason \"%s\"", info.populate_err, info.populate_reason);
 	FAIL_IF(shm_free() < (8u << 20), 6, "free %llu below the headroom",
@@ -721,12 +724,7 @@ static int prepare_all(void)
 	cfg.cache_populate = KVS_POPULATE_EAGER; /* allocates the rest, clears nothing */
 	r = kvs_cache_open(KVS_CACHE_PARAMS(&cfg), 0, &e, msg, sizeof(msg));
 	FAIL_IF(r != 0, 11, "open eager: %d (%s)", r, msg);
-	for (int i = 0; i < 3000; i++) {
-		kvs_cache_stat(c, &info, &t, NULL, 0);
-		if (info.slots_populated == info.slots || info.populate_err)
-			break;
-		usleep(1000);
-	}
+	walk_settles(c, &info);
 	kvs_cache_close(e);
 	FAIL_IF(info.slots_populated != info.slots, 12, "the eager walk: %u of %u (err %d)",
 		info.slots_populated, info.slots, info.populate_err);
@@ -786,12 +784,7 @@ static int prepare_headroom(void)
 	cfg.cache_populate = KVS_POPULATE_EAGER; /* a walk that stops at the headroom */
 	r = kvs_cache_open(KVS_CACHE_PARAMS(&cfg), 0, &e, msg, sizeof(msg));
 	FAIL_IF(r != 0, 8, "open eager: %d (%s)", r, msg);
-	for (int i = 0; i < 3000; i++) {
-		kvs_cache_stat(c, &info, &t, NULL, 0);
-		if (info.populate_err)
-			break;
-		usleep(1000);
-	}
+	walk_settles(c, &info);
 	kvs_cache_close(e);
 	FAIL_IF(info.populate_err != ENOSPC, 9, "the eager walk did not stop: %u populated",
 		info.slots_populated);

@@ -21,12 +21,12 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
 
 #include "cache.h"
 #include "cache_params.h"
 #include "cmd_common.h"
 #include "config.h"
+#include "sys.h"
 
 static const char usage[] =
     "usage: kvshim prepare [--config FILE]\n"
@@ -35,14 +35,6 @@ static const char usage[] =
     "\n"
     "Creates the region if needed and allocates and clears the memory of all its slots now,\n"
     "so that the first loads do not pay for it.  Stops at cache.shm_headroom.\n";
-
-static double now_s(void)
-{
-	struct timespec ts;
-
-	clock_gettime(CLOCK_MONOTONIC, &ts);
-	return (double)ts.tv_sec + (double)ts.tv_nsec / 1e9;
-}
 
 int cmd_prepare(int argc, char **argv)
 {
@@ -59,7 +51,7 @@ int cmd_prepare(int argc, char **argv)
 	struct kvs_config *cfg;
 	int opt, r, status = KVS_EXIT_FAIL;
 	uint32_t done;
-	double t0;
+	uint64_t t0;
 
 	opterr = 0;
 	while ((opt = getopt_long(argc, argv, "+:c:h", opts, NULL)) != -1) {
@@ -97,7 +89,7 @@ int cmd_prepare(int argc, char **argv)
 	if (*msg)
 		tool_err("%s",
 			 msg); /* a region of other dimensions was replaced, as an engine would */
-	t0 = now_s();
+	t0 = kvs_mono_ns();
 	r = kvs_cache_prepare(c, &done);
 	if (kvs_cache_stat(c, &info, &totals, NULL, 0) < 0) {
 		tool_err("cannot read the region's figures");
@@ -105,7 +97,7 @@ int cmd_prepare(int argc, char **argv)
 	}
 	printf("%s: %u of %u slots prepared (%s) in %.2f s\n", path, done, info.slots,
 	       tool_human_bytes((uint64_t)done * info.shard_size, human, sizeof(human)),
-	       now_s() - t0);
+	       (double)(kvs_mono_ns() - t0) / 1e9);
 	if (r == -ENOSPC) {
 		tool_err(
 		    "prepare: stopped with %u of %u slots prepared: /dev/shm has no more room "
