@@ -77,17 +77,33 @@ START_TEST(async_copies_delayed)
 	CUstream s;
 	ck_assert_int_eq(cuMemAlloc(&d, 4096), CUDA_SUCCESS);
 	ck_assert_int_eq(cuStreamCreate(&s, CU_STREAM_NON_BLOCKING), CUDA_SUCCESS);
-	char src[64];
-	memset(src, 'a', sizeof(src));
-	ck_assert_int_eq(cuMemcpyHtoDAsync(d, src, sizeof(src), s), CUDA_SUCCESS);
+	/* A pinned source is read when the stream reaches the copy. */
+	char *src = mmap(NULL, 4096, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+	ck_assert_ptr_ne(src, MAP_FAILED);
+	ck_assert_int_eq(cuMemHostRegister(src, 4096, 0), CUDA_SUCCESS);
+	memset(src, 'a', 64);
+	ck_assert_int_eq(cuMemcpyHtoDAsync(d, src, 64, s), CUDA_SUCCESS);
 	ck_assert_int_eq(cuStreamQuery(s), CUDA_ERROR_NOT_READY);
-	unsigned char *v = fakecuda_host_view(d, sizeof(src));
+	unsigned char *v = fakecuda_host_view(d, 128);
 	ck_assert_int_eq(v[0], 0);
-	memset(src, 'b', sizeof(src)); /* the caller's bug: reusing the source too early */
+	memset(src, 'b', 64); /* the caller's bug: reusing the source too early */
 	ck_assert_int_eq(cuStreamSynchronize(s), CUDA_SUCCESS);
 	ck_assert_int_eq(cuStreamQuery(s), CUDA_SUCCESS);
 	ck_assert_int_eq(v[0], 'b'); /* the copy saw the late bytes: the bug is visible */
 	ck_assert_uint_eq(counter("stream_syncs"), 1);
+	/* A pageable source is staged at the call, as the driver documents: what the caller
+	 * writes afterwards (a host function queued before the copy, say) never reaches it. */
+	char page[64];
+	memset(page, 'c', sizeof(page));
+	ck_assert_int_eq(cuMemcpyHtoDAsync(d + 64, page, sizeof(page), s), CUDA_SUCCESS);
+	ck_assert_int_eq(cuMemcpyAsync(d + 100, (CUdeviceptr)(uintptr_t)page, 8, s), CUDA_SUCCESS);
+	memset(page, 'd', sizeof(page));
+	ck_assert_int_eq(v[64], 0); /* still asynchronous */
+	ck_assert_int_eq(cuStreamSynchronize(s), CUDA_SUCCESS);
+	ck_assert_int_eq(v[64], 'c');
+	ck_assert_int_eq(v[107], 'c');
+	ck_assert_int_eq(cuMemHostUnregister(src), CUDA_SUCCESS);
+	munmap(src, 4096);
 	ck_assert_int_eq(cuStreamDestroy(s), CUDA_SUCCESS);
 }
 END_TEST

@@ -14,8 +14,12 @@
  *    fakecuda_host_view() gives the shadow address of a device range (for a fake libcufile).
  *  - Copies on a stream other than 0 / CU_STREAM_LEGACY / CU_STREAM_PER_THREAD are really
  *    asynchronous: a worker thread per stream runs its FIFO and sleeps
- *    FAKECUDA_ASYNC_DELAY_US before each copy, and the source is read only then, so a caller
- *    that frees or rewrites the source before synchronising is caught.
+ *    FAKECUDA_ASYNC_DELAY_US before each copy.  A pinned host source (cuMemHostAlloc, or
+ *    registered with cuMemHostRegister) is read only then, so a caller that frees or rewrites
+ *    it before synchronising is caught.  A pageable host source of cuMemcpyHtoDAsync or
+ *    cuMemcpyAsync is read at the call, as the driver documents ("host memory is copied to a
+ *    staging buffer immediately"), so a caller that counts on the copy reading pageable
+ *    memory in stream order (after a host function before it has filled it) is caught too.
  *  - Managed memory (cuMemAllocManaged) is ordinary host memory; like the real driver,
  *    cuPointerGetAttribute reports it as CU_MEMORYTYPE_DEVICE with IS_MANAGED = 1.
  *  - A fork child of a process that called cuInit gets CUDA_ERROR_NOT_INITIALIZED from every
@@ -1442,7 +1446,15 @@ static CUresult copy_h2d(CUdeviceptr dst, const void *src, size_t len, CUstream 
 	if (!sh || (!src && len))
 		return CUDA_ERROR_INVALID_VALUE;
 	count_h2d(src, len);
-	return submit(s, (struct op){.type = OP_COPY, .dst = sh, .src = src, .len = len});
+	void *owned = NULL;
+	if (!sync_stream(s) && len && !host_pinned((uintptr_t)src, len)) {
+		owned = malloc(len); /* staged now: the driver reads pageable memory at the call */
+		if (!owned)
+			return CUDA_ERROR_OUT_OF_MEMORY;
+		memcpy(owned, src, len);
+	}
+	return submit(
+	    s, (struct op){.type = OP_COPY, .dst = sh, .src = src, .len = len, .owned = owned});
 }
 
 static CUresult copy_d2h(void *dst, CUdeviceptr src, size_t len, CUstream s)
@@ -1456,8 +1468,12 @@ static CUresult copy_d2h(void *dst, CUdeviceptr src, size_t len, CUstream s)
 	return submit(s, (struct op){.type = OP_COPY, .dst = dst, .src = sh, .len = len});
 }
 
-/* Unified addressing: either side may be host or device memory. */
-static CUresult copy_any(CUdeviceptr dst, CUdeviceptr src, size_t len, CUstream s, void *owned)
+/* Unified addressing: either side may be host or device memory.  owned: a buffer for a
+ * snapshot of the source taken now (the caller asked for it); stage: a pageable host source
+ * of a copy to the device is read now (cuMemcpyAsync), else in stream order (a batch whose
+ * attributes say CU_MEMCPY_SRC_ACCESS_ORDER_STREAM). */
+static CUresult copy_any(CUdeviceptr dst, CUdeviceptr src, size_t len, CUstream s, void *owned,
+			 bool stage)
 {
 	NEED_CTX();
 	CHECK_STREAM(s);
@@ -1474,6 +1490,12 @@ static CUresult copy_any(CUdeviceptr dst, CUdeviceptr src, size_t len, CUstream 
 		count_h2d(sp, len);
 	else if (!ddev && sdev)
 		count(C_d2h_bytes, len);
+	if (stage && !owned && ddev && !sdev && len && !sync_stream(s) &&
+	    !host_pinned((uintptr_t)sp, len)) {
+		owned = malloc(len); /* pageable to device: staged at the call, as in copy_h2d */
+		if (!owned)
+			return CUDA_ERROR_OUT_OF_MEMORY;
+	}
 	if (owned)
 		memcpy(owned, sp, len);
 	return submit(
@@ -1511,7 +1533,7 @@ CUresult CUDAAPI cuMemcpyDtoD(CUdeviceptr dstDevice, CUdeviceptr srcDevice, size
 	ENTER("cuMemcpyDtoD_v2");
 	if (!in_arena(dstDevice) || !in_arena(srcDevice))
 		return CUDA_ERROR_INVALID_VALUE;
-	return copy_any(dstDevice, srcDevice, ByteCount, NULL, NULL);
+	return copy_any(dstDevice, srcDevice, ByteCount, NULL, NULL, true);
 }
 
 CUresult CUDAAPI cuMemcpyDtoDAsync(CUdeviceptr dstDevice, CUdeviceptr srcDevice, size_t ByteCount,
@@ -1520,19 +1542,19 @@ CUresult CUDAAPI cuMemcpyDtoDAsync(CUdeviceptr dstDevice, CUdeviceptr srcDevice,
 	ENTER("cuMemcpyDtoDAsync_v2");
 	if (!in_arena(dstDevice) || !in_arena(srcDevice))
 		return CUDA_ERROR_INVALID_VALUE;
-	return copy_any(dstDevice, srcDevice, ByteCount, hStream, NULL);
+	return copy_any(dstDevice, srcDevice, ByteCount, hStream, NULL, true);
 }
 
 CUresult CUDAAPI cuMemcpy(CUdeviceptr dst, CUdeviceptr src, size_t ByteCount)
 {
 	ENTER("cuMemcpy");
-	return copy_any(dst, src, ByteCount, NULL, NULL);
+	return copy_any(dst, src, ByteCount, NULL, NULL, true);
 }
 
 CUresult CUDAAPI cuMemcpyAsync(CUdeviceptr dst, CUdeviceptr src, size_t ByteCount, CUstream hStream)
 {
 	ENTER("cuMemcpyAsync");
-	return copy_any(dst, src, ByteCount, hStream, NULL);
+	return copy_any(dst, src, ByteCount, hStream, NULL, true);
 }
 
 CUresult CUDAAPI cuMemsetD8(CUdeviceptr dstDevice, unsigned char uc, size_t N)
@@ -1578,7 +1600,7 @@ static CUresult batch(CUdeviceptr *dsts, CUdeviceptr *srcs, size_t *sizes, size_
 			if (!owned)
 				return CUDA_ERROR_OUT_OF_MEMORY;
 		}
-		CUresult rc = copy_any(dsts[i], srcs[i], sizes[i], hStream, owned);
+		CUresult rc = copy_any(dsts[i], srcs[i], sizes[i], hStream, owned, false);
 		if (rc != CUDA_SUCCESS) {
 			if (failIdx)
 				*failIdx = i;

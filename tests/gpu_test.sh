@@ -123,5 +123,53 @@ for api in read batch async; do
 	done
 done
 
+# cuFileReadAsync while the region is pageable (not registered yet, or never): the driver reads
+# a pageable source when the copy is enqueued, not when the stream reaches it (the fake does
+# as CUDA documents), so a copy enqueued behind a host function that waits for the load would
+# take the slot's bytes from before the load.  32 files of about 4 MiB, 8 engines at once, a
+# region too large to be registered in a moment; then the same with registration off.
+mkdir -p "$work/kv32"
+for i in $(seq 0 31); do
+	# tails of 65 KiB and more: a read under files.min_read would go to the fake libcufile
+	head -c $((4 * 1024 * 1024 + (i + 16) * 4096 + 1000)) /dev/urandom >"$work/kv32/blk$i"
+done
+files32=("$work"/kv32/blk*)
+unique32=$(cat "${files32[@]}" | wc -c)
+for reg in true false; do
+	label="api async, 32 files, 8 processes, cuda.register_host = $reg"
+	reset_region
+	cstats=$work/cstats.$reg
+	mkdir -p "$cstats"
+	pids=()
+	for r in 0 1 2 3 4 5 6 7; do
+		LD_PRELOAD=$lib LD_LIBRARY_PATH=$fakedir KVSHIM_FILES_ROOTS=$work/kv32 \
+			FAKECUDA_STATS=$cstats \
+			KVSHIM_CACHE_CAPACITY=1G KVSHIM_CUDA_REGISTER_HOST=$reg \
+			timeout 120 "$engine_dl" --api async --block $((1024 * 1024)) "${files32[@]}" \
+			>"$work/out.$r" 2>"$work/err.$r" &
+		pids+=($!)
+	done
+	bad=""
+	for r in 0 1 2 3 4 5 6 7; do
+		wait "${pids[$r]}"
+		rc=$?
+		[ $rc -eq 0 ] || bad="$bad rank $r exit $rc: $(head -c 200 "$work/err.$r");"
+	done
+	if [ -n "$bad" ]; then
+		fail "$label:$bad"
+		continue
+	fi
+	backend=$(totals backend_bytes)
+	pinned=$(fake_sum "$cstats" fakecuda h2d_bytes_registered)
+	pageable=$(fake_sum "$cstats" fakecuda h2d_bytes_pageable)
+	if [ "$backend" -ne "$unique32" ]; then
+		fail "$label: every byte right, but backend_bytes $backend (want $unique32)"
+	elif [ $reg = false ] && [ "$pinned" -ne 0 ]; then
+		fail "$label: $pinned bytes copied from pinned memory with registration off"
+	else
+		ok "$label: every byte right, storage read $backend bytes (the unique bytes); copied $pinned bytes from pinned slots, $pageable from pageable ones"
+	fi
+done
+
 echo "gpu: $fails failed"
 [ $fails -eq 0 ]
