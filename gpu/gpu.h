@@ -126,6 +126,16 @@ int kvs_gpu_host_func(struct kvs_gpu *g, void *stream, const struct kvs_gpu_ptr 
  */
 void kvs_gpu_register_region(struct kvs_gpu *g, void *base, size_t len);
 
+/*
+ * Is [p, p+len) pinned for this process's copies: inside the region given to
+ * kvs_gpu_register_region, in chunks the registration has finished (or found registered
+ * already)?  The driver reads a pinned source of an asynchronous copy when the stream reaches
+ * the copy, and a pageable one when the copy is enqueued; a caller that orders a copy after
+ * work that fills its source must wait for that work itself when this is false.  Lock-free,
+ * from any thread.
+ */
+bool kvs_gpu_pinned(const struct kvs_gpu *g, const void *p, size_t len);
+
 /* Bytes of the region registered so far. */
 uint64_t kvs_gpu_registered_bytes(const struct kvs_gpu *g);
 

@@ -56,7 +56,11 @@ struct kvs_gpu_reg {
 	char *base;   /* set before the thread starts */
 	size_t len;
 	size_t nchunks;
-	uint8_t *done;		/* chunk i registered; the thread's alone until it is joined */
+	/* chunk i: 0 not pinned yet, REG_OURS registered by the thread, REG_THEIRS registered
+	 * already by someone else; stored (release) by the thread after the driver returned,
+	 * loaded (acquire) by kvs_gpu_pinned from any thread. */
+	_Atomic uint8_t *done;
+	_Atomic bool armed; /* base, len, nchunks, done are set (release; kvs_gpu_pinned) */
 	_Atomic uint64_t bytes; /* written by the thread, read by anyone */
 	_Atomic int err;
 };

@@ -10,15 +10,24 @@
  * pointer's), so it never creates a context of its own, then registers KVS_GPU_REG_CHUNK at a
  * time with that context pushed, checking reg.stop between chunks.
  *
- * Fields: reg.started, reg.stop and g->home_ctx are under g->lock.  reg.base, len, nchunks are
- * written before the thread starts (pthread_create orders them).  reg.done[] is written by the
- * thread only and read by kvs_gpu_register_stop after the join.  reg.bytes and reg.err are
- * relaxed atomics: readers want a figure, not an ordering.
+ * Fields: reg.started, reg.stop and g->home_ctx are under g->lock.  reg.base, len, nchunks and
+ * the done[] array are written once, before the thread starts, by the one caller that set
+ * reg.started, and published to kvs_gpu_pinned by a release store of reg.armed.  done[i] is
+ * written by the thread only, with a release store once the driver has pinned the chunk, and
+ * read by kvs_gpu_pinned (acquire) and by kvs_gpu_register_stop after the join.  reg.bytes
+ * and reg.err are relaxed atomics: readers want a figure, not an ordering.
+ *
+ * Why kvs_gpu_pinned exists: the driver reads a pageable source of cuMemcpyHtoDAsync when the
+ * copy is enqueued (it stages it), and a pinned one when the stream reaches the copy.  A
+ * caller that orders a copy behind work that fills the source (cuFileReadAsync's host
+ * function) may do so only for a source that is pinned when it enqueues.
  */
 #include <errno.h>
 #include <stdlib.h>
 
 #include "internal.h"
+
+enum { REG_NOT, REG_OURS, REG_THEIRS };
 
 void kvs_gpu_set_home(struct kvs_gpu *g, kvs_cu_context c)
 {
@@ -56,9 +65,13 @@ static void *reg_thread(void *arg)
 		kvs_cu_result r =
 		    g->cu.mem_host_register(reg->base + off, n, KVS_CU_MEMHOSTREGISTER_PORTABLE);
 		if (r == KVS_CU_SUCCESS) {
-			reg->done[i] = 1;
+			atomic_store_explicit(&reg->done[i], REG_OURS,
+					      memory_order_release); /* pairs with kvs_gpu_pinned */
 			atomic_fetch_add_explicit(&reg->bytes, n, memory_order_relaxed);
-		} else if (r != KVS_CU_ERROR_HOST_MEMORY_ALREADY_REGISTERED) {
+		} else if (r == KVS_CU_ERROR_HOST_MEMORY_ALREADY_REGISTERED) {
+			atomic_store_explicit(&reg->done[i], REG_THEIRS,
+					      memory_order_release); /* pinned, not ours to undo */
+		} else {
 			/* Out of lockable memory, or not permitted: the rest would fail too. */
 			atomic_store_explicit(&reg->err, kvs_gpu_errno(r), memory_order_relaxed);
 			break;
@@ -89,7 +102,7 @@ void kvs_gpu_register_region(struct kvs_gpu *g, void *base, size_t len)
 	reg->base = base;
 	reg->len = len;
 	reg->nchunks = (len + KVS_GPU_REG_CHUNK - 1) / KVS_GPU_REG_CHUNK;
-	reg->done = calloc(reg->nchunks, 1);
+	reg->done = calloc(reg->nchunks, sizeof(*reg->done));
 	if (!reg->done) {
 		atomic_store_explicit(&reg->err, -ENOMEM, memory_order_relaxed);
 		return;
@@ -97,9 +110,29 @@ void kvs_gpu_register_region(struct kvs_gpu *g, void *base, size_t len)
 	int r = pthread_create(&reg->th, NULL, reg_thread, g);
 	if (r != 0) {
 		atomic_store_explicit(&reg->err, -r, memory_order_relaxed);
-		free(reg->done);
+		free((void *)reg->done);
 		reg->done = NULL;
+		return;
 	}
+	atomic_store_explicit(&reg->armed, true,
+			      memory_order_release); /* pairs with kvs_gpu_pinned */
+}
+
+bool kvs_gpu_pinned(const struct kvs_gpu *g, const void *p, size_t len)
+{
+	const struct kvs_gpu_reg *reg = &g->reg;
+	uintptr_t a = (uintptr_t)p, base = (uintptr_t)reg->base;
+
+	if (!atomic_load_explicit(&reg->armed, memory_order_acquire) || len == 0 || a < base ||
+	    a - base > reg->len ||
+	    len > reg->len - (a - base)) /* pairs with the store in kvs_gpu_register_region */
+		return false;
+	for (size_t i = (a - base) / KVS_GPU_REG_CHUNK;
+	     i <= (a - base + len - 1) / KVS_GPU_REG_CHUNK; i++)
+		if (atomic_load_explicit(&reg->done[i], memory_order_acquire) ==
+		    REG_NOT) /* pairs with reg_thread */
+			return false;
+	return true;
 }
 
 uint64_t kvs_gpu_registered_bytes(const struct kvs_gpu *g)
@@ -117,6 +150,8 @@ void kvs_gpu_register_stop(struct kvs_gpu *g)
 	struct kvs_gpu_reg *reg = &g->reg;
 	if (!reg->done) /* never started, or failed to */
 		return;
+	atomic_store_explicit(&reg->armed, false,
+			      memory_order_relaxed); /* no other call is in progress (gpu.h) */
 	pthread_mutex_lock(&g->lock);
 	reg->stop = true;
 	pthread_cond_broadcast(&g->cond); /* wakes the wait in reg_thread */
@@ -126,12 +161,13 @@ void kvs_gpu_register_stop(struct kvs_gpu *g)
 
 	if (ctx && g->cu.ctx_push_current(ctx) == KVS_CU_SUCCESS) {
 		for (size_t i = 0; i < reg->nchunks; i++)
-			if (reg->done[i]) /* pairs with the register in reg_thread */
+			if (atomic_load_explicit(&reg->done[i], memory_order_relaxed) ==
+			    REG_OURS) /* joined: ours alone */
 				g->cu.mem_host_unregister(reg->base + i * KVS_GPU_REG_CHUNK);
 		kvs_cu_context old;
 		g->cu.ctx_pop_current(&old); /* pairs with the push */
 	}
 	atomic_store_explicit(&reg->bytes, 0, memory_order_relaxed);
-	free(reg->done);
+	free((void *)reg->done);
 	reg->done = NULL;
 }

@@ -132,6 +132,11 @@ int kvs_device_stream_func(struct kvs_device_target *t, void *stream, void (*fn)
 	return kvs_gpu_host_func(t->cp.g, stream, &t->dst, fn, arg);
 }
 
+bool kvs_device_pinned(const struct kvs_device_target *t, const void *src, size_t len)
+{
+	return t->cp.g && kvs_gpu_pinned(t->cp.g, src, len);
+}
+
 void kvs_device_atfork_child(void)
 {
 	if (atomic_load_explicit(&state, memory_order_relaxed) == DEV_OPEN)

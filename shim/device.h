@@ -50,6 +50,11 @@ int kvs_device_stream_copy(struct kvs_device_target *t, void *stream, uint64_t p
 int kvs_device_stream_func(struct kvs_device_target *t, void *stream, void (*fn)(void *),
 			   void *arg);
 
+/* Will the driver read [src, src+len) (in the region) when the stream reaches a copy from it,
+ * rather than when the copy is enqueued?  True only for bytes the region's registration has
+ * pinned already (kvs_gpu_pinned). */
+bool kvs_device_pinned(const struct kvs_device_target *t, const void *src, size_t len);
+
 /* The fork child: forget the driver state without a call into it. */
 void kvs_device_atfork_child(void);
 

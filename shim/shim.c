@@ -722,6 +722,24 @@ static void stream_done(void *arg)
 	free(sr);
 }
 
+/* May sr's copies be ordered behind the settle host function?  Only when the driver reads
+ * every slot in stream order, that is when the region's registration has pinned all of them:
+ * "host memory is copied to a staging buffer immediately" for a pageable source, so a copy
+ * from a slot that is not pinned would take its bytes from before the load. */
+static bool stream_pinned(struct stream_read *sr)
+{
+	for (uint32_t i = 0; i < kvs_loader_nops(&sr->a.task); i++) {
+		const void *src;
+		uint64_t pos;
+		uint32_t len;
+
+		kvs_loader_op(loader, &sr->a.task, i, &src, &pos, &len);
+		if (!kvs_device_pinned(&sr->a.tg, src, len))
+			return false;
+	}
+	return true;
+}
+
 int kvs_shim_read_to_stream(int fd, uint64_t ptr, size_t size, off_t off, ssize_t *bytes_read,
 			    void *stream)
 {
@@ -739,8 +757,15 @@ int kvs_shim_read_to_stream(int fd, uint64_t ptr, size_t size, off_t off, ssize_
 	sr->bytes_read = bytes_read;
 	sr->result = (int64_t)(sr->a.task.end - sr->a.rd.off);
 	/* Once the first host function is on the stream, the last must follow it: nothing can be
-	 * taken back, so a copy that cannot be enqueued becomes the read's error. */
-	if (kvs_device_stream_func(&sr->a.tg, stream, stream_settle, sr)) {
+	 * taken back, so a copy that cannot be enqueued becomes the read's error.  A pageable
+	 * slot is read by the driver at the enqueue, so the shards must be READY before it: then
+	 * this call waits for them, and a failure still passes the read through. */
+	if (!stream_pinned(sr)) {
+		if (kvs_loader_settle(loader, &sr->a.task)) {
+			kvs_loader_unpin(loader, &sr->a.task);
+			goto out;
+		}
+	} else if (kvs_device_stream_func(&sr->a.tg, stream, stream_settle, sr)) {
 		kvs_loader_unpin(loader, &sr->a.task);
 		goto out;
 	}

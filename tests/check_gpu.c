@@ -251,10 +251,16 @@ START_TEST(register_background)
 	void *region = mmap(NULL, len, PROT_READ | PROT_WRITE,
 			    MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
 	ck_assert_ptr_ne(region, MAP_FAILED);
+	ck_assert(!kvs_gpu_pinned(g, region, 4096)); /* before the registration starts */
 	kvs_gpu_register_region(g, region, len);
 	kvs_gpu_register_region(g, region, len); /* once per process */
 	ck_assert(wait_registered(g, len));
 	ck_assert_int_eq(kvs_gpu_register_error(g), 0);
+	ck_assert(kvs_gpu_pinned(g, region, len));
+	ck_assert(kvs_gpu_pinned(g, (char *)region + len - 1, 1));
+	ck_assert(!kvs_gpu_pinned(g, (char *)region + len - 1, 2)); /* past the region */
+	ck_assert(!kvs_gpu_pinned(g, (char *)region - 1, 2));
+	ck_assert(!kvs_gpu_pinned(g, region, 0));
 	ck_assert_uint_eq(counter("registered_bytes"), len);
 	ck_assert_uint_eq(counter("host_register_calls"), 4);
 	kvs_gpu_close(g);
@@ -293,6 +299,10 @@ START_TEST(register_failure_stops)
 		usleep(10000);
 	ck_assert_int_eq(kvs_gpu_register_error(g), -ENOMEM);
 	ck_assert_uint_eq(kvs_gpu_registered_bytes(g), 64 << 20);
+	/* Only the first chunk is pinned: a copy from the rest is read when it is enqueued. */
+	ck_assert(kvs_gpu_pinned(g, region, 64 << 20));
+	ck_assert(!kvs_gpu_pinned(g, (char *)region + (64 << 20) - 4096, 8192));
+	ck_assert(!kvs_gpu_pinned(g, (char *)region + (64 << 20), 4096));
 	ck_assert_uint_eq(counter("host_register_calls"),
 			  1); /* an injected failure is not counted */
 	unsetenv("FAKECUDA_FAIL");
