@@ -166,6 +166,17 @@ bool kvs_cache_distrust(const struct stat *st, uint32_t mode, char *why, size_t 
 int kvs_cache_pin(struct kvs_cache *c, const struct kvs_key *key, enum kvs_alloc_class cls,
 		  struct kvs_pin *pin);
 
+/*
+ * kvs_cache_pin for a load whose bytes may be kept only until expires_ns (CLOCK_MONOTONIC; 0:
+ * for good, as kvs_cache_pin): when the pin elects the caller owner, the slot carries that
+ * expiry from then on.  Any lookup of the key at or after it (this process's or another's)
+ * drops the slot, READY or still loading, and finds nothing, so the next pin loads the shard
+ * again, once for the node (a READY one counts in shards_expired).  Pins held before the
+ * expiry keep their bytes.
+ */
+int kvs_cache_pin_load(struct kvs_cache *c, const struct kvs_key *key, enum kvs_alloc_class cls,
+		       uint64_t expires_ns, struct kvs_pin *pin);
+
 /* Pin key only if it is READY (KVS_PIN_HIT); never allocates or elects.  -EAGAIN otherwise,
  * or -EUCLEAN.  The calling-thread fast path of the loader. */
 int kvs_cache_pin_ready(struct kvs_cache *c, const struct kvs_key *key, struct kvs_pin *pin);
@@ -253,6 +264,15 @@ uint64_t kvs_cache_shard_size(const struct kvs_cache *c);
 
 /* The block id of a file: XXH3-128 of st_dev, st_ino, st_size, st_mtim, st_ctim (shard 0). */
 void kvs_block_id(const struct stat *st, struct kvs_key *out);
+
+/*
+ * When did this node first load a shard of block (a file identity: kvs_block_id, shard
+ * ignored)?  The time recorded in the region's seen table, or, when none is, now_ns after
+ * recording it (CLOCK_MONOTONIC ns; never later than now_ns).  Lock-free.  A record may be
+ * lost (the table is a cache): the answer is then later than the truth, never earlier.  A
+ * watcher records nothing and gets now_ns.
+ */
+uint64_t kvs_cache_first_seen(struct kvs_cache *c, const struct kvs_key *block, uint64_t now_ns);
 
 /* Figures for `kvshim stat`. */
 struct kvs_region_info {

@@ -29,6 +29,8 @@ struct kvs_cache {
 	_Atomic uint32_t *buckets;
 	struct kvs_slot *slots;
 	_Atomic uint8_t *access;
+	struct kvs_seen *seen; /* nseen entries (seen.c) */
+	uint32_t nseen;
 	char *data;
 	uint32_t nslots, nmain, nbuckets, nstripes, nprocs;
 	uint32_t ahead_window; /* cache.populate = ahead: slots the walk keeps past the hand */

@@ -3,7 +3,7 @@
  * the essay at the top of region.c.  Changing anything here changes KVS_LAYOUT_VERSION.
  *
  *   [ header | process table | stripe mutexes | bucket heads | slot metadata | access bytes |
- *     page-aligned data slots ]
+ *     identities seen | page-aligned data slots ]
  */
 #ifndef KVS_LAYOUT_H
 #define KVS_LAYOUT_H
@@ -16,7 +16,7 @@
 #include "cache.h"
 
 #define KVS_MAGIC	   0x3130594b4d485356ULL /* "VSHMKY01" little-endian */
-#define KVS_LAYOUT_VERSION 3u
+#define KVS_LAYOUT_VERSION 4u
 #define KVS_CACHELINE	   64u
 #define KVS_PAGE	   4096u
 #define KVS_NIL		   UINT32_MAX
@@ -24,6 +24,8 @@
 #define KVS_MAX_STRIPES	   1024u
 #define KVS_POPULATE_BYTE  8192u /* OFD lock byte of the populating process (past the table) */
 #define KVS_BUILT_BY_MAX   32u	 /* bytes of hdr.built_by, NUL-padded (not always terminated) */
+#define KVS_CTR_ROOM	   48u	 /* counters a process record and the totals have room for */
+#define KVS_SEEN_WAYS	   4u	 /* entries of the seen table one block id may use */
 
 /* slot.pages: a slot's data pages are allocated before the slot is first used, so that no
  * process ever touches a page /dev/shm cannot back (which would be a SIGBUS in an engine). */
@@ -83,17 +85,20 @@ struct kvs_hdr {
 	_Atomic uint32_t populate_why;
 	_Atomic uint32_t populate_wake;
 	uint8_t pad5[KVS_CACHELINE - 16];
-	/* Lines 4-: the process-table mutex (robust) and the folded totals it guards. */
+	/* Line 5: the process-table mutex (robust); lines 6-11: the folded totals it guards. */
 	pthread_mutex_t proc_lock;
 	uint8_t pad4[KVS_CACHELINE - sizeof(pthread_mutex_t)];
-	_Atomic uint64_t totals[KVS_NCOUNTERS];
-	/* Line 9: the region's history.  refused_attaches: fetch-added (relaxed) by a process of
+	_Atomic uint64_t totals[KVS_CTR_ROOM];
+	/* Line 12: the region's history.  refused_attaches: fetch-added (relaxed) by a process of
 	 * this euid whose configuration the region's geometry did not match (region.c), never
 	 * locked; read for `kvshim stat` and `kvshim ls` only.  built_by: KVS_VERSION of the
-	 * creator, truncated and NUL-padded, written before publication, then read-only. */
+	 * creator, truncated and NUL-padded, written before publication, then read-only.
+	 * off_seen, nseen: the seen table (seen.c), dimensions like those of lines 0-1. */
 	_Alignas(KVS_CACHELINE) _Atomic uint64_t refused_attaches;
 	char built_by[KVS_BUILT_BY_MAX];
-	uint8_t pad9[KVS_CACHELINE - 8 - KVS_BUILT_BY_MAX];
+	uint64_t off_seen;
+	uint32_t nseen;
+	uint8_t pad12[KVS_CACHELINE - 8 - KVS_BUILT_BY_MAX - 12];
 };
 
 struct kvs_proc {
@@ -104,9 +109,9 @@ struct kvs_proc {
 	uint32_t pad0;
 	uint64_t attach_ns;
 	uint8_t pad1[KVS_CACHELINE - 24];
-	/* Added to by the process's own threads (relaxed); folded and zeroed under proc_lock. */
-	_Atomic uint64_t ctr[KVS_NCOUNTERS];
-	uint8_t pad2[3 * KVS_CACHELINE - 8 * KVS_NCOUNTERS];
+	/* Lines 1-6: added to by the process's own threads (relaxed); folded and zeroed under
+	 * proc_lock. */
+	_Atomic uint64_t ctr[KVS_CTR_ROOM];
 	/* Pin table: slot index + 1, or 0.  An entry changes only under the stripe lock of the
 	 * slot it names, so a stripe's pins can be counted while holding that stripe. */
 	_Atomic uint32_t pin[KVS_PINS_PER_PROC];
@@ -131,7 +136,20 @@ struct kvs_slot {
 	_Atomic uint32_t length; /* valid bytes once READY */
 	uint64_t key[3];	 /* block_lo, block_hi, shard */
 	_Atomic uint32_t pages;	 /* KVS_PAGES_*: whether the data pages exist (populate.c) */
-	uint8_t pad1[KVS_CACHELINE - 52];
+	uint32_t pad1;
+	/* CLOCK_MONOTONIC ns after which a READY slot is not served but loaded again, or 0 for
+	 * never (files.settle, files.revalidate): written by the owner before its release store
+	 * of READY, with length; read under the stripe lock by pinners, and by waiters after an
+	 * acquire load of the state. */
+	_Atomic uint64_t expires;
+};
+
+/* One entry of the seen table: when this node first loaded a shard of block (lo, hi), in
+ * CLOCK_MONOTONIC ns.  A seqlock: seq is odd while a writer fills the entry (seen.c). */
+struct kvs_seen {
+	_Atomic uint32_t seq;
+	uint32_t pad;
+	_Atomic uint64_t lo, hi, t;
 };
 
 _Static_assert(offsetof(struct kvs_hdr, hand) == 128, "hand on line 2");
@@ -139,17 +157,20 @@ _Static_assert(offsetof(struct kvs_hdr, rhand) == 192, "rhand on line 3");
 _Static_assert(offsetof(struct kvs_hdr, populated) == 256, "populated on line 4");
 _Static_assert(offsetof(struct kvs_hdr, proc_lock) == 320, "proc_lock on line 5");
 _Static_assert(offsetof(struct kvs_hdr, totals) == 384, "totals on line 6");
-_Static_assert(offsetof(struct kvs_hdr, refused_attaches) == 576, "history on line 9");
-_Static_assert(offsetof(struct kvs_hdr, built_by) == 584, "built_by after refused_attaches");
-_Static_assert(sizeof(struct kvs_hdr) == 640, "header of ten lines");
+_Static_assert(offsetof(struct kvs_hdr, refused_attaches) == 768, "history on line 12");
+_Static_assert(offsetof(struct kvs_hdr, built_by) == 776, "built_by after refused_attaches");
+_Static_assert(offsetof(struct kvs_hdr, off_seen) == 808, "off_seen after built_by");
+_Static_assert(sizeof(struct kvs_hdr) == 832, "header of thirteen lines");
 _Static_assert(sizeof(pthread_mutex_t) <= KVS_CACHELINE, "mutex fits a line");
 _Static_assert(offsetof(struct kvs_proc, ctr) == 64, "counters on line 1");
-_Static_assert(offsetof(struct kvs_proc, pin) == 256, "pins after counters");
-_Static_assert(sizeof(struct kvs_proc) == 256 + 4 * KVS_PINS_PER_PROC, "proc size");
+_Static_assert(offsetof(struct kvs_proc, pin) == 448, "pins after counters");
+_Static_assert(sizeof(struct kvs_proc) == 448 + 4 * KVS_PINS_PER_PROC, "proc size");
 _Static_assert(sizeof(struct kvs_stripe) == KVS_CACHELINE, "stripe size");
 _Static_assert(offsetof(struct kvs_slot, refs) == KVS_CACHELINE, "state word alone");
 _Static_assert(offsetof(struct kvs_slot, key) == KVS_CACHELINE + 24, "key offset");
+_Static_assert(offsetof(struct kvs_slot, expires) == KVS_CACHELINE + 56, "expires on line 1");
 _Static_assert(sizeof(struct kvs_slot) == 2 * KVS_CACHELINE, "slot size");
-_Static_assert(KVS_NCOUNTERS * 8 <= 3 * KVS_CACHELINE, "counters fit three lines");
+_Static_assert(sizeof(struct kvs_seen) == 32, "seen entry size");
+_Static_assert(KVS_NCOUNTERS <= KVS_CTR_ROOM, "counters fit six lines");
 
 #endif

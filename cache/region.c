@@ -130,8 +130,8 @@ bool kvs_region_test_no_tmpfile;
 
 struct dims {
 	uint64_t shard_size, capacity, total;
-	uint32_t nslots, nreserved, nbuckets, nstripes, nprocs;
-	uint64_t off_procs, off_stripes, off_buckets, off_slots, off_access, off_data;
+	uint32_t nslots, nreserved, nbuckets, nstripes, nprocs, nseen;
+	uint64_t off_procs, off_stripes, off_buckets, off_slots, off_access, off_seen, off_data;
 };
 
 static uint64_t align_up(uint64_t v, uint64_t a)
@@ -177,7 +177,10 @@ static int dims_from(struct dims *d, uint64_t shard_size, uint64_t nslots, uint6
 	d->off_slots = off;
 	off += (uint64_t)d->nslots * sizeof(struct kvs_slot);
 	d->off_access = off;
-	off = align_up(off + d->nslots, KVS_PAGE);
+	off = align_up(off + d->nslots, KVS_CACHELINE);
+	d->off_seen = off;
+	d->nseen = d->nbuckets < 64 ? 64 : d->nbuckets; /* a power of two, >= KVS_SEEN_WAYS */
+	off = align_up(off + (uint64_t)d->nseen * sizeof(struct kvs_seen), KVS_PAGE);
 	d->off_data = off;
 	d->total = off + d->capacity;
 	return 0;
@@ -323,6 +326,8 @@ static void bind(struct kvs_cache *c, const struct dims *d)
 	c->buckets = (_Atomic uint32_t *)(b + d->off_buckets);
 	c->slots = (struct kvs_slot *)(b + d->off_slots);
 	c->access = (_Atomic uint8_t *)(b + d->off_access);
+	c->seen = (struct kvs_seen *)(b + d->off_seen);
+	c->nseen = d->nseen;
 	c->data = b + d->off_data;
 	c->nslots = d->nslots;
 	c->nmain = d->nslots - d->nreserved;
@@ -358,6 +363,8 @@ static int build(struct kvs_cache *c, const struct dims *d, const struct kvs_cac
 	h->off_slots = d->off_slots;
 	h->off_access = d->off_access;
 	h->off_data = d->off_data;
+	h->off_seen = d->off_seen;
+	h->nseen = d->nseen;
 	h->created_ns = now_ns();
 	/* NUL-padded: the file is zero from ftruncate; a longer version is cut to the field. */
 	size_t vlen = strlen(KVS_VERSION);
@@ -431,6 +438,8 @@ static int check(struct kvs_cache *c, const struct dims *d, size_t file_size, ch
 	MISMATCH("off_buckets", h->off_buckets, d->off_buckets);
 	MISMATCH("off_slots", h->off_slots, d->off_slots);
 	MISMATCH("off_access", h->off_access, d->off_access);
+	MISMATCH("off_seen", h->off_seen, d->off_seen);
+	MISMATCH("seen entries", h->nseen, d->nseen);
 	MISMATCH("off_data", h->off_data, d->off_data);
 	return 0;
 }

@@ -9,10 +9,24 @@
  * malloc).  Every later release and kvs_cache_reap_maybe retry the set bits.  A thread takes a
  * bit with an atomic and before it retries, and sets it again on failure, so one thread at a
  * time retries an entry; the entry itself is written only under the stripe, as always.
+ *
+ * Expiry.  A load may be kept for a while only (slot.expires, CLOCK_MONOTONIC ns; 0 = for
+ * good): the pin that elects the owner (kvs_cache_pin_load) stores the expiry, under the
+ * stripe, before any other pinner can find the slot owned; the last release of a FAILED slot
+ * and a return to LOADING clear it.  Every lookup that finds a key (pin, pin-if-READY, the
+ * existence query, preallocation) looks at it under the key's stripe: a READY or pinned
+ * LOADING slot whose expiry has passed is unhashed there, freed if nobody holds it or left an
+ * orphan for its last release otherwise, and the key is treated as absent, so the next pin
+ * allocates a slot for it and becomes its owner, once for the node.  Pins already held keep
+ * reading the old slot, and its owner publishes into the orphan for them.  So no pin taken at
+ * or after the expiry is served by that load, whether it was still loading or READY.  A slot
+ * kept for good costs the hit path one load of a word on the line the key compare has already
+ * read; only a slot with an expiry reads the clock.
  */
 #include <errno.h>
 
 #include "internal.h"
+#include "sys.h"
 
 /* Atomic or/and on the deferred bitmap (process-local, so relaxed). */
 #define or_relaxed(p, v)  atomic_fetch_or_explicit((p), (v), memory_order_relaxed)
@@ -70,8 +84,39 @@ static int record_pin_locked(struct kvs_cache *c, uint32_t slot, uint32_t *entry
 	return -ENOBUFS;
 }
 
-/* Pin hashed slot i; caller holds its stripe.  Elects the owner (refs 0 -> 1, not READY). */
-static int pin_found_locked(struct kvs_cache *c, uint32_t i, struct kvs_pin *pin)
+/* Take hashed slot i, just found in bucket b, out of use: unlink it, then free it if unpinned,
+ * else leave it an orphan that its last release frees.  Caller holds the stripe.  Returns 0 or
+ * -EUCLEAN (the chain is corrupt: the slot stays). */
+static int drop_locked(struct kvs_cache *c, uint32_t i, uint32_t b);
+
+/* find_locked, with an expired slot dropped and reported absent (KVS_NIL). */
+static int64_t find_fresh_locked(struct kvs_cache *c, uint32_t b, const struct kvs_key *key)
+{
+	int64_t i = find_locked(c, b, key);
+
+	if (i < 0 || i == KVS_NIL)
+		return i;
+	struct kvs_slot *s = &c->slots[i];
+	/* Written under this stripe at election; cleared under it before LOADING again. */
+	uint64_t exp = load_relaxed(&s->expires);
+	if (exp == 0 || kvs_mono_ns() < exp)
+		return i;
+	uint32_t st = st_of(load_relaxed(&s->state));
+	if (st == KVS_SLOT_FAILED || (st == KVS_SLOT_LOADING && load_relaxed(&s->refs) == 0))
+		return i; /* not a load to be served from; the next election sets a new expiry */
+	if (c->watch)
+		return KVS_NIL; /* a watcher changes nothing: gone for it, dropped by the next pin
+				 */
+	if (drop_locked(c, (uint32_t)i, b))
+		return euclean(c);
+	if (st == KVS_SLOT_READY)
+		kvs_cache_count(c, KVS_CTR_shards_expired, 1);
+	return KVS_NIL;
+}
+
+/* Pin hashed slot i; caller holds its stripe.  Elects the owner (refs 0 -> 1, not READY),
+ * whose load is kept until expires (0: for good). */
+static int pin_found_locked(struct kvs_cache *c, uint32_t i, uint64_t expires, struct kvs_pin *pin)
 {
 	struct kvs_slot *s = &c->slots[i];
 	int r = record_pin_locked(c, i, &pin->entry);
@@ -90,6 +135,7 @@ static int pin_found_locked(struct kvs_cache *c, uint32_t i, struct kvs_pin *pin
 		/* No pins, so no waiters: a plain store clears FAILED for the retry. */
 		store_relaxed(&s->owner, (uint32_t)c->self);
 		store_relaxed(&s->err, 0);
+		store_relaxed(&s->expires, expires);
 		store_release(&s->state, KVS_SLOT_LOADING);
 		return KVS_PIN_OWNER;
 	}
@@ -107,6 +153,7 @@ static void insert_locked(struct kvs_cache *c, uint32_t v, uint32_t b, const str
 	store_relaxed(&s->owner, KVS_NIL);
 	store_relaxed(&s->err, 0);
 	store_relaxed(&s->length, 0);
+	store_relaxed(&s->expires, 0);
 	store_relaxed(&s->refs, 0);
 	store_relaxed(&s->bucket, b);
 	store_release(&s->state, KVS_SLOT_LOADING);
@@ -127,7 +174,7 @@ static void unclaim(struct kvs_cache *c, uint32_t v)
  * -errno.
  */
 static int lookup_or_insert(struct kvs_cache *c, const struct kvs_key *key,
-			    enum kvs_alloc_class cls, struct kvs_pin *pin)
+			    enum kvs_alloc_class cls, uint64_t expires, struct kvs_pin *pin)
 {
 	uint32_t b = key_bucket(c, key), stripe = bucket_stripe(c, b), v = KVS_NIL;
 	int64_t i;
@@ -139,13 +186,13 @@ static int lookup_or_insert(struct kvs_cache *c, const struct kvs_key *key,
 		r = kvs_stripe_lock(c, stripe);
 		if (r)
 			goto out_unclaim;
-		i = find_locked(c, b, key);
+		i = find_fresh_locked(c, b, key);
 		if (i < 0) {
 			r = (int)i;
 			goto out_unlock;
 		}
 		if (i != KVS_NIL) {
-			r = pin ? pin_found_locked(c, (uint32_t)i, pin) : -EEXIST;
+			r = pin ? pin_found_locked(c, (uint32_t)i, expires, pin) : -EEXIST;
 			goto out_unlock;
 		}
 		if (v != KVS_NIL)
@@ -161,7 +208,7 @@ static int lookup_or_insert(struct kvs_cache *c, const struct kvs_key *key,
 	}
 	insert_locked(c, v, b, key);
 	if (pin) {
-		r = pin_found_locked(c, v, pin);
+		r = pin_found_locked(c, v, expires, pin);
 		if (r < 0) {
 			kvs_slot_unlink_locked(c, v, b);
 			store_release(&c->slots[v].state, KVS_ST_CLAIMED_BY(c->self));
@@ -184,7 +231,13 @@ out_unclaim:
 int kvs_cache_pin(struct kvs_cache *c, const struct kvs_key *key, enum kvs_alloc_class cls,
 		  struct kvs_pin *pin)
 {
-	return lookup_or_insert(c, key, cls, pin);
+	return lookup_or_insert(c, key, cls, 0, pin);
+}
+
+int kvs_cache_pin_load(struct kvs_cache *c, const struct kvs_key *key, enum kvs_alloc_class cls,
+		       uint64_t expires_ns, struct kvs_pin *pin)
+{
+	return lookup_or_insert(c, key, cls, expires_ns, pin);
 }
 
 int kvs_cache_pin_ready(struct kvs_cache *c, const struct kvs_key *key, struct kvs_pin *pin)
@@ -198,20 +251,20 @@ int kvs_cache_pin_ready(struct kvs_cache *c, const struct kvs_key *key, struct k
 	r = kvs_stripe_lock(c, stripe);
 	if (r)
 		return r;
-	i = find_locked(c, b, key);
+	i = find_fresh_locked(c, b, key);
 	if (i < 0)
 		r = (int)i;
 	else if (i == KVS_NIL || st_of(load_relaxed(&c->slots[i].state)) != KVS_SLOT_READY)
 		r = -EAGAIN;
 	else
-		r = pin_found_locked(c, (uint32_t)i, pin); /* READY: a hit, no election */
+		r = pin_found_locked(c, (uint32_t)i, 0, pin); /* READY: a hit, no election */
 	kvs_stripe_unlock(c, stripe);
 	return r;
 }
 
 int kvs_cache_prealloc(struct kvs_cache *c, const struct kvs_key *key)
 {
-	return lookup_or_insert(c, key, KVS_ALLOC_PREFETCH, NULL);
+	return lookup_or_insert(c, key, KVS_ALLOC_PREFETCH, 0, NULL);
 }
 
 /* The stripe that guards slot i (hashed or orphan), locked; re-read until stable.  Returns 0,
@@ -263,6 +316,7 @@ static void unpin_locked(struct kvs_cache *c, struct kvs_proc *pr, uint32_t e, u
 	if (b & KVS_ORPHAN) {
 		free_locked(c, s);
 	} else if (st_of(load_relaxed(&s->state)) == KVS_SLOT_FAILED) {
+		store_relaxed(&s->expires, 0); /* the retry's election sets its own */
 		store_release(&s->state, KVS_SLOT_LOADING);
 	}
 }
@@ -392,6 +446,7 @@ int kvs_cache_mark_not_ready(struct kvs_cache *c, const struct kvs_pin *pin)
 		return -EUCLEAN;
 	if (load_relaxed(&s->refs) == 1 && st_of(load_relaxed(&s->state)) == KVS_SLOT_READY) {
 		store_relaxed(&s->owner, (uint32_t)c->self);
+		store_relaxed(&s->expires, 0);
 		store_release(&s->state, KVS_SLOT_LOADING);
 	} else {
 		r = -EBUSY;
@@ -426,7 +481,7 @@ int kvs_cache_lookup(struct kvs_cache *c, const struct kvs_key *key)
 
 	if (r)
 		return r;
-	i = find_locked(c, b, key);
+	i = find_fresh_locked(c, b, key);
 	if (i < 0)
 		r = (int)i;
 	else if (i == KVS_NIL)
@@ -449,6 +504,15 @@ static void drop_unlinked_locked(struct kvs_cache *c, uint32_t i, uint32_t b)
 		free_locked(c, s);
 	else
 		store_relaxed(&s->bucket, b | KVS_ORPHAN);
+}
+
+static int drop_locked(struct kvs_cache *c, uint32_t i, uint32_t b)
+{
+	int r = kvs_slot_unlink_locked(c, i, b);
+
+	if (r == 0)
+		drop_unlinked_locked(c, i, b);
+	return r;
 }
 
 /* Invalidate shard by shard: a short range.  Returns the number removed or -EUCLEAN. */

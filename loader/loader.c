@@ -155,8 +155,7 @@ static void owner_read_done(struct kvs_bio *bio)
 		kvs_cache_count(c, KVS_CTR_backend_bytes, (uint64_t)op->size);
 		kvs_cache_count(c, KVS_CTR_shards_loaded, 1);
 		kvs_publish_loaded(c, &op->pin,
-				   kvs_check_file(bio->fd, rd->dev, rd->ino, &rd->block), rd->keep,
-				   op->size);
+				   kvs_check_file(bio->fd, rd->dev, rd->ino, &rd->block), op->size);
 	} else {
 		kvs_cache_count(c, KVS_CTR_failures, 1);
 		kvs_cache_mark_failed(c, &op->pin, bio->result < 0 ? (int)-bio->result : EIO);
@@ -286,9 +285,10 @@ static bool copy_pinned(struct kvs_loader *ld, const struct kvs_read *rd, struct
 	return r == 0;
 }
 
-/* Pin op's shard to load it, and start its storage read when the pin makes us its owner.
- * Sets op->kind; returns kvs_cache_pin's result. */
-static int pin_for_load(struct kvs_loader *ld, const struct kvs_read *rd, struct kvs_op *op)
+/* Pin op's shard to load it, and start its storage read when the pin makes us its owner (its
+ * load kept until expires).  Sets op->kind; returns kvs_cache_pin_load's result. */
+static int pin_for_load(struct kvs_loader *ld, const struct kvs_read *rd, struct kvs_op *op,
+			uint64_t expires)
 {
 	struct kvs_key key = shard_key(&rd->block, op->shard);
 	int st = kvs_cache_lookup(ld->c, &key);
@@ -299,7 +299,7 @@ static int pin_for_load(struct kvs_loader *ld, const struct kvs_read *rd, struct
 	if (st != KVS_SLOT_READY && st != KVS_SLOT_LOADING)
 		kvs_backend_wait_room(ld->be);
 	uint64_t t0 = kvs_mono_ns();
-	int r = kvs_cache_pin(ld->c, &key, KVS_ALLOC_LOAD, &op->pin);
+	int r = kvs_cache_pin_load(ld->c, &key, KVS_ALLOC_LOAD, expires, &op->pin);
 
 	kvs_cache_count(ld->c, KVS_CTR_pin_ns, kvs_mono_ns() - t0);
 	op->kind = r == KVS_PIN_HIT	? OP_HIT
@@ -343,11 +343,13 @@ static void pin_rest(struct kvs_loader *ld, struct kvs_task *t)
 	const struct kvs_read *rd = t->rd;
 
 	order_ops(ld, t);
+	/* Before any storage read of the piece starts: the expiry argument of publish.c. */
+	t->expires = kvs_keep_until(ld->c, &rd->block, &rd->fresh);
 	for (uint32_t k = 0; k < t->nops; k++) {
 		struct kvs_op *op = &t->ops[t->order[k]];
 
 		if (op->kind == OP_NONE)
-			pin_for_load(ld, rd, op);
+			pin_for_load(ld, rd, op, t->expires);
 	}
 	kvs_prefetch_note(&ld->pf, rd, t->ops[t->nops - 1].shard);
 	kvs_cache_reap_maybe(ld->c); /* dead ranks' pins come back while we are busy */
@@ -652,9 +654,10 @@ int kvs_loader_pin(struct kvs_loader *ld, struct kvs_task *t, const struct kvs_r
 	*t = (struct kvs_task){.rd = rd, .off = rd->off, .end = rd->off + (uint64_t)len};
 	plan_piece(ld, t);
 	order_ops(ld, t);
+	t->expires = kvs_keep_until(ld->c, &rd->block, &rd->fresh);
 	for (uint32_t k = 0; k < t->nops; k++) {
 		struct kvs_op *op = &t->ops[t->order[k]];
-		int r = pin_for_load(ld, rd, op);
+		int r = pin_for_load(ld, rd, op, t->expires);
 
 		if (op->kind == OP_SELF) {
 			kvs_loader_unpin(ld, t);

@@ -38,17 +38,30 @@ struct kvs_dest {
 	void *ctx;
 };
 
+/*
+ * How long shards of a file may be kept (publish.c, kvs_keep_until): what the hook's fstat
+ * said of the file's last change, and the rules for its file system.
+ */
+struct kvs_fresh {
+	uint64_t changed_ns; /* the later of st_mtim and st_ctim (CLOCK_REALTIME ns) */
+	uint64_t settle_ns;  /* files.settle for the file */
+	uint64_t
+	    revalidate_ns; /* files.revalidate: every load kept at most this long; 0 = no bound */
+	bool node_clock;   /* another machine's clock may have written the stamps: also
+			    * count how long this node has seen the identity */
+};
+
 /* One intercepted read, as the hook sees it. */
 struct kvs_read {
-	int fd;		      /* a descriptor of the file the block id was taken from (the
-			       * shim's anchor), valid until the read is over */
-	bool direct;	      /* the fd has O_DIRECT: storage reads are 4 KiB aligned */
-	bool keep;	      /* the file's times are settled: shards read now may be kept */
-	struct kvs_key block; /* the file's block id; shard ignored */
-	uint64_t dev, ino;    /* the file, for the check after each storage read */
-	uint64_t file_size;   /* st_size when the block id was taken */
-	uint64_t off;	      /* file offset of the read */
-	uint64_t len;	      /* bytes asked for */
+	int fd;			/* a descriptor of the file the block id was taken from (the
+				 * shim's anchor), valid until the read is over */
+	bool direct;		/* the fd has O_DIRECT: storage reads are 4 KiB aligned */
+	struct kvs_fresh fresh; /* how long what is loaded now may be kept */
+	struct kvs_key block;	/* the file's block id; shard ignored */
+	uint64_t dev, ino;	/* the file, for the check after each storage read */
+	uint64_t file_size;	/* st_size when the block id was taken */
+	uint64_t off;		/* file offset of the read */
+	uint64_t len;		/* bytes asked for */
 	/* The destination: dest, or when it is NULL the host buffers iov (memcpy). */
 	const struct kvs_dest *dest;
 	const struct iovec *iov;
@@ -79,6 +92,7 @@ struct kvs_task {
 	const struct kvs_read *rd;
 	uint64_t off, end; /* the piece being served, and the end of the whole read */
 	uint64_t piece_end;
+	uint64_t expires; /* loads this task owns are kept until then (0: for good) */
 	uint32_t nops;
 	int64_t result;
 	void (*done)(struct kvs_task *t, int64_t result);
@@ -99,10 +113,12 @@ int kvs_loader_create(struct kvs_cache *c, const struct kvs_config *cfg, struct 
  * call.  Safe from any number of threads at once; calls no malloc (a hooked read may come
  * from a signal handler), and neither do the loader threads it waits for.
  *
- * What is kept.  After every storage read of a shard the loader checks its descriptor again:
- * a different file (dev, ino) fails the load (-ESTALE); the same file with another identity (a
- * write began meanwhile), or rd->keep false, publishes the bytes to the readers of that load
- * only (kvs_cache_mark_ready_unkept): the next read loads them again.
+ * What is kept.  A shard this process loads is kept for good when the file's identity is
+ * settled (rd->fresh, kvs_keep_until), else until an expiry, after which one process of the
+ * node loads it again.  After every storage read of a shard the loader checks its descriptor
+ * again: a different file (dev, ino) fails the load (-ESTALE); the same file with another
+ * identity (a write began meanwhile) publishes the bytes to the readers of that load only
+ * (kvs_cache_mark_ready_unkept): the next read loads them again.
  *
  * A shard that failed, timed out (loader.wait_timeout_ms) or could not be pinned is read from
  * storage by this call when the destination is host memory (rd->dest NULL); with any other

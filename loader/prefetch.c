@@ -36,8 +36,7 @@ void kvs_prefetch_note(struct kvs_prefetcher *pf, const struct kvs_read *rd, uin
 {
 	uint64_t next = last + 1;
 
-	/* A file whose times are not settled is not worth reading ahead: it would not be kept. */
-	if (!pf->started || next * pf->shard_size >= rd->file_size || !rd->keep)
+	if (!pf->started || next * pf->shard_size >= rd->file_size)
 		return;
 	pthread_mutex_lock(&pf->mu);
 	struct kvs_recent *r = &pf->recent[pf->next++ % KVS_PREFETCH_RECENT];
@@ -47,6 +46,7 @@ void kvs_prefetch_note(struct kvs_prefetcher *pf, const struct kvs_read *rd, uin
 	r->next_shard = next;
 	r->file_size = rd->file_size;
 	r->direct = rd->direct;
+	r->fresh = rd->fresh;
 	r->fd = rd->fd;
 	r->valid = true;
 	pthread_cond_signal(&pf->cond);
@@ -62,8 +62,7 @@ static void read_ahead_done(struct kvs_bio *bio)
 	if (bio->result >= (int64_t)io->size) {
 		kvs_cache_count(c, KVS_CTR_backend_bytes, io->size);
 		kvs_publish_loaded(c, &io->pin,
-				   kvs_check_file(bio->fd, io->dev, io->ino, &io->block), true,
-				   io->size);
+				   kvs_check_file(bio->fd, io->dev, io->ino, &io->block), io->size);
 	} else {
 		kvs_cache_mark_failed(c, &io->pin, bio->result < 0 ? (int)-bio->result : EIO);
 	}
@@ -90,7 +89,8 @@ static void read_ahead(struct kvs_prefetcher *pf, const struct kvs_recent *r)
 	}
 	if (!io)
 		return; /* every read-ahead entry is in flight */
-	int res = kvs_cache_pin(pf->c, &k, KVS_ALLOC_PREFETCH, &io->pin);
+	uint64_t until = kvs_keep_until(pf->c, &r->block, &r->fresh);
+	int res = kvs_cache_pin_load(pf->c, &k, KVS_ALLOC_PREFETCH, until, &io->pin);
 	if (res != KVS_PIN_OWNER) {
 		if (res >= 0)
 			kvs_cache_release(pf->c, &io->pin);

@@ -15,10 +15,9 @@
 
 #include "backend.h"
 #include "cache.h"
+#include "loader.h"
 
 #define KVS_PREFETCH_RECENT 8
-
-struct kvs_read;
 
 /* A file recently read.  fd is the shim's anchor of it (never closed here: the anchor belongs
  * to the shim, and closing a descriptor would drop the program's record locks); read-ahead
@@ -27,6 +26,7 @@ struct kvs_recent {
 	struct kvs_key block;
 	uint64_t dev, ino;
 	uint64_t next_shard, file_size;
+	struct kvs_fresh fresh;
 	int fd;
 	bool direct, valid;
 };

@@ -9,6 +9,7 @@
 #include <stdint.h>
 
 #include "cache.h"
+#include "loader.h"
 
 enum kvs_verdict {
 	KVS_V_KEEP,	  /* the file is still (dev, ino) with the identity block */
@@ -20,8 +21,20 @@ enum kvs_verdict {
  * are another file's; kept only if its identity is still block. */
 enum kvs_verdict kvs_check_file(int fd, uint64_t dev, uint64_t ino, const struct kvs_key *block);
 
-/* Publish a loaded shard of size bytes as verdict v and keep allow (wakes its waiters). */
+/*
+ * Until when may a shard of block, whose file fr describes, be kept if its storage read
+ * starts now?  0 for good: the file's last change is files.settle old by this node's clock
+ * (and, with fr->node_clock, this node has seen the identity that long: kvs_cache_first_seen,
+ * which this call records); else CLOCK_MONOTONIC now + files.settle.  files.revalidate caps
+ * either.  Two clock reads, and a look at the seen table with node_clock: for misses only.
+ */
+uint64_t kvs_keep_until(struct kvs_cache *c, const struct kvs_key *block,
+			const struct kvs_fresh *fr);
+
+/* Publish a loaded shard of size bytes as verdict v (wakes its waiters): READY, kept until
+ * the expiry its pin was elected with (KVS_V_KEEP); READY for this load's readers only
+ * (KVS_V_HAND_OUT); FAILED with ESTALE (KVS_V_WRONG_FILE). */
 void kvs_publish_loaded(struct kvs_cache *c, const struct kvs_pin *pin, enum kvs_verdict v,
-			bool keep, uint32_t size);
+			uint32_t size);
 
 #endif

@@ -49,6 +49,7 @@ struct verdict {
 	uint32_t dio_mem, dio_off;
 	uint32_t kv, zero_tail;
 	uint64_t settle_ns;
+	uint64_t node_clock; /* the stamps may be another machine's (settle_for) */
 };
 
 #define VERDICT_WORDS (sizeof(struct verdict) / 8)
@@ -224,6 +225,30 @@ static uint64_t settle_for(unsigned long type, const struct stat *st)
 	return ms;
 }
 
+/*
+ * Are a file system's stamps written by this node's own clock?  Those of a local disk or of
+ * memory are (this kernel stamps them); those of FUSE, NFS and every other type may come from
+ * another machine (a Gluster client stamps with its own clock, an NFS server with its), so a
+ * file there counts as settled only once this node has also seen its identity for
+ * files.settle (loader/publish.c, kvs_keep_until).
+ */
+static bool stamps_local(unsigned long type)
+{
+	switch (type) {
+	case 0xEF53:	 /* ext2/3/4 */
+	case 0x58465342: /* XFS */
+	case 0x9123683E: /* btrfs */
+	case 0x01021994: /* tmpfs */
+	case 0xF2F52010: /* F2FS */
+	case 0x2FC12FC1: /* ZFS */
+	case 0x794C7630: /* overlayfs */
+	case 0xCA451A4E: /* bcachefs */
+		return true;
+	default:
+		return false;
+	}
+}
+
 /* Compute the verdict for fd from scratch. */
 static void classify(int fd, const struct stat *st, struct verdict *v)
 {
@@ -249,6 +274,7 @@ static void classify(int fd, const struct stat *st, struct verdict *v)
 	unsigned long type = fstatfs(fd, &sf) == 0 ? (unsigned long)sf.f_type : 0;
 	v->zero_tail = type == 0xEF53 || type == 0x58465342 || type == 0x9123683EUL;
 	v->settle_ns = settle_for(type, st) * 1000000ull;
+	v->node_clock = !stamps_local(type);
 #ifdef STATX_DIOALIGN
 	struct statx sx;
 	if (statx(fd, "", AT_EMPTY_PATH, STATX_DIOALIGN, &sx) == 0 &&
@@ -303,6 +329,7 @@ static int describe(int fd, struct kvs_fdinfo *out, bool known_only)
 	out->dio_off_align = fresh.dio_off;
 	out->dio_zero_tail = fresh.zero_tail;
 	out->settle_ns = fresh.settle_ns;
+	out->node_clock = fresh.node_clock;
 	return known_only && !out->kv ? -ENOENT : 0;
 }
 

@@ -34,6 +34,7 @@ struct kvs_fdinfo {
 	uint64_t size;		/* st_size now */
 	uint64_t changed_ns;	/* the later of st_mtim and st_ctim, ns since the epoch */
 	uint64_t settle_ns;	/* files.settle for this file: how long its times stay suspect */
+	bool node_clock;	/* its file system's stamps may come from another machine's clock */
 	uint32_t dio_mem_align; /* O_DIRECT alignment of buffers */
 	uint32_t dio_off_align; /* O_DIRECT alignment of offsets and lengths */
 	bool dio_zero_tail;	/* a short O_DIRECT read zeroes the rest of the buffers */

@@ -376,16 +376,6 @@ static bool buffers_writable(const struct iovec *iov, int iovcnt)
 	return true;
 }
 
-/* May shards read now from a file last changed at changed_ns be kept (design: files.settle)? */
-static bool settled(const struct kvs_fdinfo *fi)
-{
-	struct timespec ts;
-
-	clock_gettime(CLOCK_REALTIME, &ts);
-	uint64_t now = (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
-	return now >= fi->changed_ns && now - fi->changed_ns >= fi->settle_ns;
-}
-
 /* Zero the request's bytes from pos to its end, as the kernel does for a short O_DIRECT read on
  * some file systems. */
 static void zero_tail(const struct iovec *iov, int iovcnt, uint64_t pos)
@@ -408,7 +398,10 @@ static struct kvs_read make_read(const struct kvs_fdinfo *fi, int anchor, uint64
 {
 	return (struct kvs_read){.fd = anchor,
 				 .direct = fi->direct,
-				 .keep = settled(fi),
+				 .fresh = {.changed_ns = fi->changed_ns,
+					   .settle_ns = fi->settle_ns,
+					   .revalidate_ns = cfg.files_revalidate * 1000000ull,
+					   .node_clock = fi->node_clock},
 				 .block = fi->block,
 				 .dev = fi->dev,
 				 .ino = fi->ino,

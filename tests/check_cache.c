@@ -143,6 +143,8 @@ START_TEST(test_layout_pinned)
 	ck_assert_uint_eq(offsetof(struct kvs_slot, length), 84);
 	ck_assert_uint_eq(offsetof(struct kvs_slot, key), 88);
 	ck_assert_uint_eq(offsetof(struct kvs_slot, pages), 112);
+	ck_assert_uint_eq(offsetof(struct kvs_slot, expires), 120);
+	ck_assert_uint_eq(sizeof(struct kvs_seen), 32);
 	ck_assert_uint_eq(offsetof(struct kvs_hdr, magic), 0);
 	ck_assert_uint_eq(offsetof(struct kvs_hdr, nslots), 40);
 	ck_assert_uint_eq(offsetof(struct kvs_hdr, off_procs), 72);
@@ -152,13 +154,15 @@ START_TEST(test_layout_pinned)
 	ck_assert_uint_eq(offsetof(struct kvs_hdr, populated), 256);
 	ck_assert_uint_eq(offsetof(struct kvs_hdr, proc_lock), 320);
 	ck_assert_uint_eq(offsetof(struct kvs_hdr, totals), 384);
-	ck_assert_uint_eq(offsetof(struct kvs_hdr, refused_attaches), 576);
-	ck_assert_uint_eq(offsetof(struct kvs_hdr, built_by), 584);
-	ck_assert_uint_eq(sizeof(struct kvs_hdr), 640);
+	ck_assert_uint_eq(offsetof(struct kvs_hdr, refused_attaches), 768);
+	ck_assert_uint_eq(offsetof(struct kvs_hdr, built_by), 776);
+	ck_assert_uint_eq(offsetof(struct kvs_hdr, off_seen), 808);
+	ck_assert_uint_eq(offsetof(struct kvs_hdr, nseen), 816);
+	ck_assert_uint_eq(sizeof(struct kvs_hdr), 832);
 	ck_assert_uint_eq(offsetof(struct kvs_proc, ctr), 64);
-	ck_assert_uint_eq(offsetof(struct kvs_proc, pin), 256);
+	ck_assert_uint_eq(offsetof(struct kvs_proc, pin), 448);
 	ck_assert_uint_eq(sizeof(struct kvs_stripe), 64);
-	ck_assert_uint_eq(KVS_LAYOUT_VERSION, 3);
+	ck_assert_uint_eq(KVS_LAYOUT_VERSION, 4);
 
 	struct kvs_config cfg;
 	test_config(&cfg, 8, 4096);
@@ -168,7 +172,208 @@ START_TEST(test_layout_pinned)
 	ck_assert_uint_eq((uintptr_t)c->slots % 64, 0);
 	ck_assert_uint_eq(c->nbuckets, 8);
 	ck_assert_uint_eq(c->hdr->off_data % 4096, 0);
+	ck_assert_uint_eq(c->nseen, 64);
+	ck_assert_uint_ge(c->hdr->off_seen, c->hdr->off_access + 8);
+	ck_assert_uint_le(c->hdr->off_seen + 64 * sizeof(struct kvs_seen), c->hdr->off_data);
 	kvs_cache_close(c);
+	remove_region(&cfg);
+}
+END_TEST
+
+static uint64_t mono_now_ns(void)
+{
+	struct timespec ts;
+
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
+}
+
+static uint64_t counter_of(struct kvs_cache *c, enum kvs_counter_id id)
+{
+	struct kvs_region_info info;
+	struct kvs_counters tot;
+
+	ck_assert_int_ge(kvs_cache_stat(c, &info, &tot, NULL, 0), 0);
+	return tot.v[id];
+}
+
+/* A load kept with an expiry is served until then, dropped at the first look after it, and
+ * loaded again by one pinner; pins held across it keep their bytes; a reader that comes after
+ * the expiry while the load is still in flight does not join it. */
+START_TEST(test_expiry)
+{
+	struct kvs_config cfg;
+	struct kvs_pin own, w, hit, again;
+	struct kvs_key k = key_of(9, 1);
+
+	test_config(&cfg, 8, 4096);
+	struct kvs_cache *c = open_ok(&cfg), *d = open_ok(&cfg);
+	uint64_t t0 = mono_now_ns();
+	ck_assert_int_eq(kvs_cache_pin_load(c, &k, KVS_ALLOC_LOAD, t0 + 300000000ull, &own),
+			 KVS_PIN_OWNER);
+	ck_assert_int_eq(kvs_cache_pin(d, &k, KVS_ALLOC_LOAD, &w), KVS_PIN_WAIT); /* joins */
+	load_pattern(c, &own, &k);
+	ck_assert_int_eq(kvs_cache_wait(d, &w, 1000000000ull), 0);
+	ck_assert(pattern_ok(d, &w, &k));
+	kvs_cache_release(c, &own);
+	kvs_cache_release(d, &w);
+	/* Before the expiry: a hit, through both doors. */
+	ck_assert_int_eq(kvs_cache_pin_ready(d, &k, &hit), KVS_PIN_HIT);
+	ck_assert(pattern_ok(d, &hit, &k));
+	kvs_cache_release(d, &hit);
+	ck_assert_int_eq(kvs_cache_pin(c, &k, KVS_ALLOC_LOAD, &hit), KVS_PIN_HIT); /* held */
+	ck_assert_int_eq(kvs_cache_lookup(d, &k), KVS_SLOT_READY);
+	while (mono_now_ns() < t0 + 300000000ull)
+		usleep(10000);
+	/* After it: gone for a watcher, which changes nothing. */
+	struct kvs_cache *wt = NULL;
+	ck_assert_int_eq(kvs_cache_open(KVS_CACHE_PARAMS(&cfg), KVS_OPEN_WATCH, &wt, NULL, 0), 0);
+	ck_assert_int_eq(kvs_cache_lookup(wt, &k), -ENOENT);
+	ck_assert_uint_eq(counter_of(c, KVS_CTR_shards_expired), 0);
+	/* Not a hit any more; the first pin owns the reload, the next one waits for it. */
+	ck_assert_int_eq(kvs_cache_pin_ready(d, &k, &again), -EAGAIN);
+	ck_assert_uint_eq(counter_of(c, KVS_CTR_shards_expired), 1);
+	ck_assert_int_eq(kvs_cache_pin(d, &k, KVS_ALLOC_LOAD, &again), KVS_PIN_OWNER);
+	ck_assert_uint_ne(again.slot, hit.slot);
+	ck_assert_int_eq(kvs_cache_pin(c, &k, KVS_ALLOC_LOAD, &w), KVS_PIN_WAIT);
+	ck_assert(pattern_ok(c, &hit, &k)); /* the held pin keeps the old bytes */
+	kvs_cache_release(c, &hit);	    /* the orphan's last pin: it is freed */
+	load_pattern(d, &again, &k);
+	kvs_cache_release(d, &again);
+	ck_assert_int_eq(kvs_cache_wait(c, &w, 1000000000ull), 0);
+	kvs_cache_release(c, &w);
+	/* The reload was pinned with no expiry: kept for good. */
+	usleep(50000);
+	ck_assert_int_eq(kvs_cache_pin_ready(c, &k, &hit), KVS_PIN_HIT);
+	kvs_cache_release(c, &hit);
+	ck_assert_uint_eq(pinned_slots(c), 0);
+
+	/* A load still in flight at its expiry is not joined: the late reader loads anew, and
+	 * the first load's readers still get their bytes from the orphan. */
+	struct kvs_key k2 = key_of(9, 2);
+	struct kvs_pin late, first_w;
+	t0 = mono_now_ns();
+	ck_assert_int_eq(kvs_cache_pin_load(c, &k2, KVS_ALLOC_LOAD, t0 + 100000000ull, &own),
+			 KVS_PIN_OWNER);
+	ck_assert_int_eq(kvs_cache_pin(d, &k2, KVS_ALLOC_LOAD, &first_w), KVS_PIN_WAIT);
+	while (mono_now_ns() < t0 + 100000000ull)
+		usleep(10000);
+	ck_assert_int_eq(kvs_cache_pin(d, &k2, KVS_ALLOC_LOAD, &late), KVS_PIN_OWNER);
+	ck_assert_uint_ne(late.slot, own.slot);
+	load_pattern(c, &own, &k2);
+	ck_assert_int_eq(kvs_cache_wait(d, &first_w, 1000000000ull), 0);
+	ck_assert(pattern_ok(d, &first_w, &k2));
+	kvs_cache_release(c, &own);
+	kvs_cache_release(d, &first_w);
+	load_pattern(d, &late, &k2);
+	kvs_cache_release(d, &late);
+	ck_assert_int_eq(kvs_cache_pin_ready(c, &k2, &hit), KVS_PIN_HIT);
+	ck_assert_uint_eq(hit.slot, late.slot);
+	kvs_cache_release(c, &hit);
+
+	/* A failed load's expiry goes with it: the retry after the last release is not dropped
+	 * for it, and is kept as its own election says. */
+	struct kvs_key k3 = key_of(9, 3);
+	t0 = mono_now_ns();
+	ck_assert_int_eq(kvs_cache_pin_load(c, &k3, KVS_ALLOC_LOAD, t0 + 1000000ull, &own),
+			 KVS_PIN_OWNER);
+	kvs_cache_mark_failed(c, &own, EIO);
+	kvs_cache_release(c, &own);
+	usleep(5000);
+	ck_assert_int_eq(kvs_cache_pin(c, &k3, KVS_ALLOC_LOAD, &again), KVS_PIN_OWNER);
+	ck_assert_uint_eq(again.slot, own.slot);
+	load_pattern(c, &again, &k3);
+	kvs_cache_release(c, &again);
+	ck_assert_int_eq(kvs_cache_pin_ready(c, &k3, &hit), KVS_PIN_HIT);
+	kvs_cache_release(c, &hit);
+	ck_assert_uint_eq(pinned_slots(c), 0);
+	kvs_cache_close(wt);
+	kvs_cache_close(d);
+	kvs_cache_close(c);
+	remove_region(&cfg);
+}
+END_TEST
+
+/* The seen table: the first time recorded is the answer, never a later one for a block that
+ * is still there and never an earlier one for any block. */
+START_TEST(test_first_seen)
+{
+	struct kvs_config cfg;
+	struct kvs_key a = key_of(11, 0), b = key_of(12, 0);
+
+	test_config(&cfg, 8, 4096);
+	struct kvs_cache *c = open_ok(&cfg), *d = open_ok(&cfg);
+	ck_assert_uint_eq(kvs_cache_first_seen(c, &a, 1000), 1000);
+	ck_assert_uint_eq(kvs_cache_first_seen(d, &a, 5000), 1000); /* node-wide */
+	ck_assert_uint_eq(kvs_cache_first_seen(c, &a, 500), 500);   /* never after now */
+	ck_assert_uint_eq(kvs_cache_first_seen(c, &b, 7000), 7000);
+	ck_assert_uint_eq(kvs_cache_first_seen(c, &a, 9000), 1000);
+	/* A watcher records nothing. */
+	struct kvs_cache *w = NULL;
+	struct kvs_key n = key_of(13, 0);
+	ck_assert_int_eq(kvs_cache_open(KVS_CACHE_PARAMS(&cfg), KVS_OPEN_WATCH, &w, NULL, 0), 0);
+	ck_assert_uint_eq(kvs_cache_first_seen(w, &n, 3000), 3000);
+	ck_assert_uint_eq(kvs_cache_first_seen(c, &n, 4000), 4000);
+	/* Many more blocks than entries: old ones are lost, and then answer "now" (later than
+	 * the truth, never earlier); every answer is one of the block's own times. */
+	for (uint64_t i = 0; i < 1000; i++) {
+		struct kvs_key x = key_of(100 + i, 0);
+		ck_assert_uint_eq(kvs_cache_first_seen(c, &x, 10000 + i), 10000 + i);
+	}
+	for (uint64_t i = 0; i < 1000; i++) {
+		struct kvs_key x = key_of(100 + i, 0);
+		uint64_t t = kvs_cache_first_seen(c, &x, 20000);
+		ck_assert(t == 10000 + i || t == 20000);
+	}
+	/* A writer that died inside an entry (seq left odd): the entry is skipped for good. */
+	for (uint32_t e = 0; e < c->nseen; e++)
+		atomic_store(&c->seen[e].seq, 1);
+	ck_assert_uint_eq(kvs_cache_first_seen(c, &a, 30000), 30000);
+	ck_assert_uint_eq(kvs_cache_first_seen(c, &a, 31000), 31000);
+	kvs_cache_close(w);
+	kvs_cache_close(d);
+	kvs_cache_close(c);
+	remove_region(&cfg);
+}
+END_TEST
+
+/* Processes racing on the seen table never read a torn entry: every answer for block i is a
+ * time some process recorded for block i. */
+START_TEST(test_first_seen_concurrent)
+{
+	struct kvs_config cfg;
+	enum { KIDS = 4, BLOCKS = 512, ROUNDS = 40 };
+	pid_t pids[KIDS];
+
+	test_config(&cfg, 8, 4096);
+	struct kvs_cache *c = open_ok(&cfg);
+	kvs_cache_close(c);
+	for (int k = 0; k < KIDS; k++) {
+		pids[k] = fork();
+		ck_assert_int_ge(pids[k], 0);
+		if (pids[k] == 0) {
+			struct kvs_cache *m = NULL;
+			char msg[256];
+			int bad = 0;
+
+			if (kvs_cache_open(KVS_CACHE_PARAMS(&cfg), 0, &m, msg, sizeof(msg)))
+				_exit(3);
+			for (int r = 0; r < ROUNDS; r++) {
+				for (uint64_t i = 0; i < BLOCKS; i++) {
+					struct kvs_key x = key_of(1000 + i, 0);
+					/* Times of block i are i * 1e6 + a small number. */
+					uint64_t now =
+					    i * 1000000ull + 1000 + (uint64_t)(r * KIDS + k);
+					uint64_t t = kvs_cache_first_seen(m, &x, now);
+
+					if (t / 1000000ull != i || t > now)
+						bad++;
+				}
+			}
+			_exit(bad ? 1 : 0);
+		}
+	}
+	reap_children(pids, KIDS);
 	remove_region(&cfg);
 }
 END_TEST
@@ -1853,6 +2058,9 @@ static Suite *cache_suite(void)
 	TCase *crash = tcase_create("crash");
 
 	tcase_add_test(core, test_layout_pinned);
+	tcase_add_test(core, test_expiry);
+	tcase_add_test(core, test_first_seen);
+	tcase_add_test(conc, test_first_seen_concurrent);
 	tcase_add_test(core, test_create_attach_mismatch);
 	tcase_add_test(core, test_pin_owner_hit);
 	tcase_add_test(core, test_failed_then_retry);

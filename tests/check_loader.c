@@ -122,7 +122,7 @@ static void describe_file(struct kvs_read *rd, const struct stat *st)
 	kvs_block_id(st, &rd->block);
 	rd->dev = (uint64_t)st->st_dev;
 	rd->ino = (uint64_t)st->st_ino;
-	rd->keep = true;
+	rd->fresh = (struct kvs_fresh){0}; /* settle 0: kept for good */
 }
 
 static int64_t loader_read(struct env *e, int fd, void *buf, uint64_t off, uint64_t len)

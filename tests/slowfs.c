@@ -2,7 +2,8 @@
  * slowfs - a FUSE pass-through file system that makes local storage behave
  * like a slow network file system, for tests and benchmarks.
  *
- *   slowfs [--latency-us N] [--count-file PATH] SOURCE_DIR MOUNTPOINT [fuse options]
+ *   slowfs [--latency-us N] [--count-file PATH] [--attr-timeout S] [--skew-ms N]
+ *          SOURCE_DIR MOUNTPOINT [fuse options]
  *
  * Every file and directory under SOURCE_DIR is mirrored read-write at
  * MOUNTPOINT.  Each read request sleeps N microseconds and is then served
@@ -15,11 +16,15 @@
  * support it).  A 1 MiB aligned read arrives as one request when the kernel
  * allows 256 pages per request (fs.fuse.max_pages_limit, default 256).
  *
- * Attributes and entries are cached by the kernel for ATTR_TIMEOUT seconds;
- * st_ino, st_size and the timestamps are those of the source files
- * (use_ino), so a program keying on (st_dev, st_ino, st_size, st_mtim)
+ * Attributes and entries are cached by the kernel for ATTR_TIMEOUT seconds
+ * (--attr-timeout S: S, as a network file system's client that caches
+ * attributes); st_ino, st_size and the timestamps are those of the source
+ * files (use_ino), so a program keying on (st_dev, st_ino, st_size, st_mtim)
  * sees stable keys.  Changes made to SOURCE_DIR behind our back may be
- * seen up to ATTR_TIMEOUT late.
+ * seen up to that late, as another client's writes are.  --skew-ms N
+ * reports every timestamp N milliseconds earlier than the source's (a
+ * negative N: later), as a network file system does whose files were
+ * stamped by a writer whose clock is behind (or ahead of) this node's.
  *
  * With --count-file PATH, the number of read requests and of bytes served
  * are written to PATH as "reads N\nbytes N\n" before each read is answered,
@@ -29,8 +34,9 @@
  * DESIGN: libfuse runs the operations on a pool of worker threads (unless
  * -s is given), so reads from several processes sleep concurrently.  The
  * only state shared between workers is struct slowfs:
- *   - src_fd, latency, max_read, count_path: written once in main() before
- *     fuse_main() starts any thread; read-only afterwards.
+ *   - src_fd, latency, max_read, attr_timeout, skew_ns, count_path: written
+ *     once in main() before fuse_main() starts any thread; read-only
+ *     afterwards.
  *   - reads, bytes: C11 atomics, incremented by each read worker.
  *   - count_lock: serialises "snapshot counters, write PATH.tmp, rename"
  *     so that the last rename always carries the largest snapshot (the
@@ -71,6 +77,8 @@ struct slowfs {
 	int src_fd;
 	unsigned int latency;
 	unsigned int max_read;
+	double attr_timeout;
+	long long skew_ns;
 	const char *count_path;
 	atomic_uint_fast64_t reads;
 	atomic_uint_fast64_t bytes;
@@ -79,19 +87,22 @@ struct slowfs {
 
 static struct slowfs fs = {
     .src_fd = -1,
+    .attr_timeout = ATTR_TIMEOUT,
     .count_lock = PTHREAD_MUTEX_INITIALIZER,
 };
 
 struct cmdline {
 	unsigned int latency;
 	unsigned int max_read;
+	double attr_timeout;
+	long long skew_ms;
 	char *count_path;
 	char *source;
 	int nonopts;
 	int show_help;
 };
 
-enum { KEY_LATENCY, KEY_COUNT_FILE, KEY_MAX_READ, KEY_HELP };
+enum { KEY_LATENCY, KEY_COUNT_FILE, KEY_MAX_READ, KEY_ATTR_TIMEOUT, KEY_SKEW, KEY_HELP };
 
 /*
  * fuse_opt runs every template that matches, so each option has a single
@@ -99,10 +110,12 @@ enum { KEY_LATENCY, KEY_COUNT_FILE, KEY_MAX_READ, KEY_HELP };
  * strips the optional '='.
  */
 static const struct fuse_opt slowfs_opts[] = {
-    FUSE_OPT_KEY("--latency-us ", KEY_LATENCY),	   /* consumed: fs.latency */
-    FUSE_OPT_KEY("--count-file ", KEY_COUNT_FILE), /* consumed: fs.count_path */
-    FUSE_OPT_KEY("max_read=", KEY_MAX_READ),	   /* kept for the kernel, echoed in init */
-    FUSE_OPT_KEY("-h", KEY_HELP),		   /* kept: fuse_main() adds its help */
+    FUSE_OPT_KEY("--latency-us ", KEY_LATENCY),	       /* consumed: fs.latency */
+    FUSE_OPT_KEY("--count-file ", KEY_COUNT_FILE),     /* consumed: fs.count_path */
+    FUSE_OPT_KEY("--attr-timeout ", KEY_ATTR_TIMEOUT), /* consumed: fs.attr_timeout */
+    FUSE_OPT_KEY("--skew-ms ", KEY_SKEW),	       /* consumed: fs.skew_ns */
+    FUSE_OPT_KEY("max_read=", KEY_MAX_READ),	       /* kept for the kernel, echoed in init */
+    FUSE_OPT_KEY("-h", KEY_HELP),		       /* kept: fuse_main() adds its help */
     FUSE_OPT_KEY("--help", KEY_HELP),
     FUSE_OPT_END,
 };
@@ -169,8 +182,8 @@ static void *sfs_init(struct fuse_conn_info *conn, struct fuse_config *cfg)
 {
 	cfg->use_ino = 1;
 	cfg->readdir_ino = 1;
-	cfg->entry_timeout = ATTR_TIMEOUT;
-	cfg->attr_timeout = ATTR_TIMEOUT;
+	cfg->entry_timeout = fs.attr_timeout;
+	cfg->attr_timeout = fs.attr_timeout;
 	cfg->negative_timeout = 0;
 	cfg->direct_io = 1;
 	/*
@@ -193,12 +206,27 @@ static void sfs_destroy(UNUSED void *private_data)
 	count_flush();
 }
 
+/* Move a timestamp by -fs.skew_ns. */
+static void skew(struct timespec *t)
+{
+	long long ns = (long long)t->tv_sec * 1000000000ll + t->tv_nsec - fs.skew_ns;
+
+	t->tv_sec = (time_t)(ns / 1000000000ll);
+	t->tv_nsec = (long)(ns % 1000000000ll);
+}
+
 /* Stat the source object (or the open fd when the kernel passes one). */
 static int sfs_getattr(const char *path, struct stat *st, struct fuse_file_info *fi)
 {
-	if (fi)
-		return ret_errno(fstat((int)fi->fh, st));
-	return ret_errno(fstatat(fs.src_fd, rel(path), st, AT_SYMLINK_NOFOLLOW));
+	int r = fi ? ret_errno(fstat((int)fi->fh, st))
+		   : ret_errno(fstatat(fs.src_fd, rel(path), st, AT_SYMLINK_NOFOLLOW));
+
+	if (r == 0 && fs.skew_ns) {
+		skew(&st->st_atim);
+		skew(&st->st_mtim);
+		skew(&st->st_ctim);
+	}
+	return r;
 }
 
 /* List a source directory, with real inode numbers and types. */
@@ -411,6 +439,22 @@ static int opt_proc(void *data, const char *arg, int key, UNUSED struct fuse_arg
 		}
 		cl->latency = (unsigned int)v;
 		return 0;
+	case KEY_ATTR_TIMEOUT:
+		errno = 0;
+		cl->attr_timeout = strtod(opt_value(arg, "--attr-timeout"), &end);
+		if (errno || *end || !(cl->attr_timeout >= 0)) {
+			fprintf(stderr, "slowfs: bad --attr-timeout value\n");
+			return -1;
+		}
+		return 0;
+	case KEY_SKEW:
+		errno = 0;
+		cl->skew_ms = strtoll(opt_value(arg, "--skew-ms"), &end, 10);
+		if (errno || *end || cl->skew_ms > 86400000ll || cl->skew_ms < -86400000ll) {
+			fprintf(stderr, "slowfs: bad --skew-ms value\n");
+			return -1;
+		}
+		return 0;
 	case KEY_COUNT_FILE:
 		free(cl->count_path);
 		cl->count_path = strdup(opt_value(arg, "--count-file"));
@@ -438,10 +482,12 @@ static int opt_proc(void *data, const char *arg, int key, UNUSED struct fuse_arg
 static void usage(const char *prog)
 {
 	fprintf(stderr,
-		"usage: %s [--latency-us N] [--count-file PATH] SOURCE_DIR MOUNTPOINT "
-		"[fuse options]\n"
+		"usage: %s [--latency-us N] [--count-file PATH] [--attr-timeout S] [--skew-ms N] "
+		"SOURCE_DIR MOUNTPOINT [fuse options]\n"
 		"  --latency-us N    sleep N microseconds before serving each read (default 0)\n"
-		"  --count-file PATH write \"reads N\\nbytes N\\n\" to PATH after each read\n",
+		"  --count-file PATH write \"reads N\\nbytes N\\n\" to PATH after each read\n"
+		"  --attr-timeout S  the kernel caches attributes S seconds (default 1)\n"
+		"  --skew-ms N       report timestamps N ms earlier than the source's\n",
 		prog);
 }
 
@@ -449,7 +495,7 @@ static void usage(const char *prog)
 int main(int argc, char *argv[])
 {
 	struct fuse_args args = FUSE_ARGS_INIT(argc, argv);
-	struct cmdline cl = {0};
+	struct cmdline cl = {.attr_timeout = ATTR_TIMEOUT};
 	int ret = 1;
 
 	if (fuse_opt_parse(&args, &cl, slowfs_opts, opt_proc) < 0)
@@ -471,6 +517,8 @@ int main(int argc, char *argv[])
 	}
 	fs.latency = cl.latency;
 	fs.max_read = cl.max_read;
+	fs.attr_timeout = cl.attr_timeout;
+	fs.skew_ns = cl.skew_ms * 1000000ll;
 	if (cl.count_path && cl.count_path[0] != '/') {
 		/* fuse_main() daemonizes and chdir("/") unless -f: pin a relative path now. */
 		char *abs = realpath(".", NULL);

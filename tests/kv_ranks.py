@@ -1,0 +1,184 @@
+#!/usr/bin/env python3
+"""KV blocks written and loaded the way engines do, for the tests of fresh KV (fresh_test.sh).
+
+    kv_ranks.py write DIR NFILES SIZE [--gen G] [--shape SHAPE] [--prefix P]
+    kv_ranks.py load DIR NFILES SIZE [--gen G] [--ranks N] [--chunk BYTES] [--skew BYTES]
+                [--buffered] [--prefix P]
+
+Every file P<i> holds 64-bit words: word w of file i, generation G is
+(G << 56) | (i << 36) | w, so any byte read can be checked without a reference copy.
+
+write: one process writes the NFILES files of SIZE bytes in the shape of a real client:
+  tiering  vLLM's tiering fs: one O_DIRECT write of the block to NAME.tmp, then os.replace
+  ucm      UCM's PosixStore: 256 KiB pwrites to NAME.tmp, fsync, rename
+  lmcache  LMCache's local disk: one buffered write under the final name
+  sglang   SGLang's file backend: buffered writes of 64 KiB pieces under the final name
+  rename   (the default) a buffered write to NAME.tmp, close, rename: another process's save
+  inplace  an O_DIRECT rewrite in place, same size (the identity may not change)
+
+load: N ranks (forked processes, started together) each read every file with O_DIRECT preadv
+into page-aligned buffers (--buffered: without O_DIRECT), rank r starting at file r, in
+reads of --chunk bytes (default the whole file) from offset --skew (default 0; the bytes
+before it are read first as one read), so that reads need not be aligned to the cache's
+shards, as llama.cpp's tensor reads are not.  Every byte is checked.  Prints
+"load: N ranks, F files, B bytes asked, ok"; exits 1 on a wrong byte (stderr says where).
+"""
+import argparse
+import mmap
+import os
+import sys
+import time
+
+import numpy as np
+
+PAGE = 4096
+
+
+def pattern(gen, i, off, n):
+    """The n bytes of file i, generation gen, from offset off (a multiple of 8)."""
+    w0 = off // 8
+    words = np.arange(w0, w0 + (n + 7) // 8, dtype=np.uint64)
+    words |= np.uint64((gen << 56) | (i << 36))
+    return words.view(np.uint8)[:n]
+
+
+def aligned(n):
+    return mmap.mmap(-1, max(PAGE, (n + PAGE - 1) // PAGE * PAGE))
+
+
+def write_files(a):
+    os.makedirs(a.dir, exist_ok=True)
+    for i in range(a.nfiles):
+        path = os.path.join(a.dir, f"{a.prefix}{i}")
+        data = pattern(a.gen, i, 0, a.size).tobytes()
+        shape = a.shape
+        if shape == "tiering":
+            tmp = path + ".tmp"
+            buf = aligned(a.size)
+            buf[: a.size] = data
+            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_DIRECT, 0o644)
+            n = (a.size + PAGE - 1) // PAGE * PAGE
+            os.pwritev(fd, [memoryview(buf)[:n]], 0)
+            os.ftruncate(fd, a.size)
+            os.close(fd)
+            os.replace(tmp, path)
+        elif shape == "ucm":
+            tmp = path + ".tmp"
+            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+            for off in range(0, a.size, 256 << 10):
+                os.pwrite(fd, data[off : off + (256 << 10)], off)
+            os.fsync(fd)
+            os.close(fd)
+            os.rename(tmp, path)
+        elif shape == "lmcache":
+            with open(path, "wb") as f:
+                f.write(data)
+        elif shape == "sglang":
+            with open(path, "wb") as f:
+                for off in range(0, a.size, 64 << 10):
+                    f.write(data[off : off + (64 << 10)])
+        elif shape == "rename":
+            tmp = path + ".tmp"
+            with open(tmp, "wb") as f:
+                f.write(data)
+            os.rename(tmp, path)
+        elif shape == "inplace":
+            buf = aligned(a.size)
+            buf[: a.size] = data
+            fd = os.open(path, os.O_WRONLY | os.O_DIRECT)
+            os.pwritev(fd, [memoryview(buf)[: (a.size + PAGE - 1) // PAGE * PAGE]], 0)
+            os.close(fd)
+        else:
+            sys.exit(f"kv_ranks: unknown shape {shape}")
+
+
+def read_range(fd, buf, off, n, direct):
+    """Read n bytes at off into buf (O_DIRECT: a whole number of pages); return bytes got."""
+    want = (n + PAGE - 1) // PAGE * PAGE if direct else n
+    return os.preadv(fd, [memoryview(buf)[:want]], off)
+
+
+def load_rank(a, rank, go):
+    flags = os.O_RDONLY | (0 if a.buffered else os.O_DIRECT)
+    chunk = a.chunk or a.size
+    buf = aligned(max(chunk, a.skew or 0) + PAGE)
+    asked = 0
+    while go[0] == 0:  # start together
+        time.sleep(0.0005)
+    for k in range(a.nfiles):
+        i = (rank + k) % a.nfiles
+        path = os.path.join(a.dir, f"{a.prefix}{i}")
+        fd = os.open(path, flags)
+        pieces = []
+        if a.skew:
+            pieces.append((0, min(a.skew, a.size)))
+        off = a.skew or 0
+        while off < a.size:
+            pieces.append((off, min(chunk, a.size - off)))
+            off += chunk
+        for off, n in pieces:
+            got = read_range(fd, buf, off, n, not a.buffered)
+            asked += n
+            if got < n:
+                sys.exit(f"kv_ranks: rank {rank}: {path} at {off}: {got} of {n} bytes")
+            have = np.frombuffer(buf, dtype=np.uint8, count=n)
+            want = pattern(a.gen, i, off, n)
+            if not np.array_equal(have, want):
+                bad = int(np.nonzero(have != want)[0][0])
+                print(f"kv_ranks: rank {rank}: {path}: wrong byte at {off + bad}", file=sys.stderr)
+                os._exit(1)
+        os.close(fd)
+    return asked
+
+
+def load(a):
+    go = mmap.mmap(-1, PAGE)
+    done = mmap.mmap(-1, PAGE)
+    asked = np.frombuffer(done, dtype=np.uint64, count=a.ranks)
+    pids = []
+    for r in range(a.ranks):
+        pid = os.fork()
+        if pid == 0:
+            try:
+                asked[r] = load_rank(a, r, go)
+                os._exit(0)
+            except SystemExit as e:
+                print(e, file=sys.stderr)
+                os._exit(1)
+            except BaseException as e:  # noqa: BLE001 - report anything, fail the rank
+                print(f"kv_ranks: rank {r}: {e!r}", file=sys.stderr)
+                os._exit(1)
+        pids.append(pid)
+    time.sleep(0.05)
+    go[0] = 1
+    bad = 0
+    for pid in pids:
+        _, st = os.waitpid(pid, 0)
+        bad += st != 0
+    if bad:
+        sys.exit(1)
+    print(f"load: {a.ranks} ranks, {a.nfiles} files, {int(asked.sum())} bytes asked, ok")
+
+
+def main():
+    p = argparse.ArgumentParser()
+    p.add_argument("cmd", choices=["write", "load"])
+    p.add_argument("dir")
+    p.add_argument("nfiles", type=int)
+    p.add_argument("size", type=int)
+    p.add_argument("--gen", type=int, default=1)
+    p.add_argument("--shape", default="rename")
+    p.add_argument("--prefix", default="blk")
+    p.add_argument("--ranks", type=int, default=8)
+    p.add_argument("--chunk", type=int, default=0)
+    p.add_argument("--skew", type=int, default=0)
+    p.add_argument("--buffered", action="store_true")
+    a = p.parse_args()
+    if a.cmd == "write":
+        write_files(a)
+    else:
+        load(a)
+
+
+if __name__ == "__main__":
+    main()
