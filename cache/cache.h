@@ -261,6 +261,7 @@ void kvs_cache_ranks(struct kvs_cache *c, uint32_t *rank, uint32_t *nranks);
 void kvs_cache_set_rank(struct kvs_cache *c, int rank);
 
 uint64_t kvs_cache_shard_size(const struct kvs_cache *c);
+uint32_t kvs_cache_slots(const struct kvs_cache *c);
 
 /* The block id of a file: XXH3-128 of st_dev, st_ino, st_size, st_mtim, st_ctim (shard 0). */
 void kvs_block_id(const struct stat *st, struct kvs_key *out);
@@ -274,12 +275,60 @@ void kvs_block_id(const struct stat *st, struct kvs_key *out);
  */
 uint64_t kvs_cache_first_seen(struct kvs_cache *c, const struct kvs_key *block, uint64_t now_ns);
 
+/*
+ * Write-through (cache/stage.c): slots a writer fills with the bytes it writes to a KV file,
+ * which no lookup finds until the writer publishes them under the file's final identity.
+ *
+ * kvs_cache_stage_claim takes a slot for this process (CLAIMED by it, in no chain; its
+ * reclaim frees it if it dies) from the main share, evicting an unpinned slot if need be; it
+ * never waits for a load.  0 with *slot, -ENOSPC (every slot of the main share pinned or
+ * claimed, or /dev/shm at the headroom), -EPERM (a watcher), -EUCLEAN.
+ * kvs_cache_stage_data: the slot's shard_size bytes.
+ * kvs_cache_stage_publish hashes a staged slot under key as READY with length bytes, kept
+ * until expires_ns (CLOCK_MONOTONIC; 0: for good).  If key is there already (a reader loaded
+ * it meanwhile), the staged slot is freed and the other stays.  1 published, 0 key present,
+ * -EINVAL (not a slot this process staged), -EUCLEAN (freed).
+ * kvs_cache_stage_drop frees a staged slot.
+ * kvs_cache_rekey moves the READY slot of key from, unless it is pinned, to key to (a rename
+ * gave the file another identity), keeping its length and expiry.  1 moved, 0 not moved
+ * (absent, pinned, or to present: then from's slot is freed), -errno.
+ */
+int kvs_cache_stage_claim(struct kvs_cache *c, uint32_t *slot);
+void *kvs_cache_stage_data(struct kvs_cache *c, uint32_t slot);
+int kvs_cache_stage_publish(struct kvs_cache *c, uint32_t slot, const struct kvs_key *key,
+			    uint32_t length, uint64_t expires_ns);
+void kvs_cache_stage_drop(struct kvs_cache *c, uint32_t slot);
+int kvs_cache_rekey(struct kvs_cache *c, const struct kvs_key *from, const struct kvs_key *to);
+
+/*
+ * Write sequences (cache/wseq.c): did another process under the shim write the file (st_dev,
+ * st_ino) before, while or after this one did?  kvs_cache_write_begin before a write (t->foreign:
+ * another process wrote the file since this one last did, or that cannot be told: bytes this
+ * process wrote earlier may be covered), then kvs_cache_write_end after it: true when the write
+ * was clean (no other process had a write of the file in flight meanwhile).  Writes of one
+ * process may overlap in time; the caller tracks their ranges.  kvs_cache_write_last, at
+ * publication, with the token of this process's last write to end: true when no write of the
+ * file began since.  Lock-free; a dead writer or an entry shared with another file makes later
+ * writes unclean or foreign, never another's write invisible.
+ */
+struct kvs_wtok {
+	uint32_t entry, key, gen;
+	bool held;    /* begun and not ended: end must be called */
+	bool clean;   /* no other process's write seen so far */
+	bool foreign; /* at begin: another process may have written the file since our last */
+};
+void kvs_cache_write_begin(struct kvs_cache *c, uint64_t dev, uint64_t ino, struct kvs_wtok *t);
+bool kvs_cache_write_end(struct kvs_cache *c, struct kvs_wtok *t);
+bool kvs_cache_write_last(struct kvs_cache *c, const struct kvs_wtok *t);
+
 /* Figures for `kvshim stat`. */
 struct kvs_region_info {
 	uint64_t capacity_bytes, shard_size, total_bytes;
 	uint32_t slots, slots_ready, slots_loading, slots_failed, slots_pinned, reserved_slots;
 	uint32_t processes_attached, max_processes;
 	uint32_t slots_populated;    /* slots whose pages are allocated */
+	uint32_t slots_claimed;	     /* taken by a process, in no chain: being allocated, or
+				      * staged by a writer (write-through) */
 	int32_t populate_err;	     /* why the background population stopped (errno), or 0 */
 	uint32_t populate_mode;	     /* enum kvs_populate: of the walk a process started, if any */
 	const char *populate_reason; /* "headroom", "ENOSPC", ... with populate_err, else "" */

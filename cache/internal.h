@@ -29,7 +29,8 @@ struct kvs_cache {
 	_Atomic uint32_t *buckets;
 	struct kvs_slot *slots;
 	_Atomic uint8_t *access;
-	struct kvs_seen *seen; /* nseen entries (seen.c) */
+	struct kvs_seen *seen;	/* nseen entries (seen.c) */
+	_Atomic uint64_t *wseq; /* nseen write-sequence words (stage.c) */
 	uint32_t nseen;
 	char *data;
 	uint32_t nslots, nmain, nbuckets, nstripes, nprocs;
@@ -162,6 +163,11 @@ int kvs_slot_take_over(struct kvs_cache *c, uint32_t slot, uint32_t owner);
 void kvs_slot_retry_deferred(struct kvs_cache *c);
 /* slot.c: unlink slot from its chain; caller holds the stripe. */
 int kvs_slot_unlink_locked(struct kvs_cache *c, uint32_t slot, uint32_t bucket);
+/* slot.c: find key in bucket b, an expired slot dropped (KVS_NIL then), or -EUCLEAN; hash
+ * claimed slot v under key in bucket b, LOADING, unowned and unpinned.  Caller holds the
+ * stripe of b. */
+int64_t kvs_slot_find_fresh_locked(struct kvs_cache *c, uint32_t b, const struct kvs_key *key);
+void kvs_slot_insert_locked(struct kvs_cache *c, uint32_t v, uint32_t b, const struct kvs_key *key);
 
 /* slot.c, tests only: called by the publisher right after the exchange that makes state
  * (READY or FAILED) visible, before any wake: what the slot holds then is what a waiter that

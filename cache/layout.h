@@ -3,7 +3,7 @@
  * the essay at the top of region.c.  Changing anything here changes KVS_LAYOUT_VERSION.
  *
  *   [ header | process table | stripe mutexes | bucket heads | slot metadata | access bytes |
- *     identities seen | page-aligned data slots ]
+ *     identities seen | write sequences | page-aligned data slots ]
  */
 #ifndef KVS_LAYOUT_H
 #define KVS_LAYOUT_H
@@ -93,12 +93,14 @@ struct kvs_hdr {
 	 * this euid whose configuration the region's geometry did not match (region.c), never
 	 * locked; read for `kvshim stat` and `kvshim ls` only.  built_by: KVS_VERSION of the
 	 * creator, truncated and NUL-padded, written before publication, then read-only.
-	 * off_seen, nseen: the seen table (seen.c), dimensions like those of lines 0-1. */
+	 * off_seen, nseen: the seen table (seen.c); off_wseq: the write sequences (stage.c),
+	 * nseen words; dimensions like those of lines 0-1. */
 	_Alignas(KVS_CACHELINE) _Atomic uint64_t refused_attaches;
 	char built_by[KVS_BUILT_BY_MAX];
 	uint64_t off_seen;
 	uint32_t nseen;
-	uint8_t pad12[KVS_CACHELINE - 8 - KVS_BUILT_BY_MAX - 12];
+	uint32_t pad12;
+	uint64_t off_wseq;
 };
 
 struct kvs_proc {
@@ -160,6 +162,7 @@ _Static_assert(offsetof(struct kvs_hdr, totals) == 384, "totals on line 6");
 _Static_assert(offsetof(struct kvs_hdr, refused_attaches) == 768, "history on line 12");
 _Static_assert(offsetof(struct kvs_hdr, built_by) == 776, "built_by after refused_attaches");
 _Static_assert(offsetof(struct kvs_hdr, off_seen) == 808, "off_seen after built_by");
+_Static_assert(offsetof(struct kvs_hdr, off_wseq) == 824, "off_wseq last");
 _Static_assert(sizeof(struct kvs_hdr) == 832, "header of thirteen lines");
 _Static_assert(sizeof(pthread_mutex_t) <= KVS_CACHELINE, "mutex fits a line");
 _Static_assert(offsetof(struct kvs_proc, ctr) == 64, "counters on line 1");

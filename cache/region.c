@@ -131,7 +131,8 @@ bool kvs_region_test_no_tmpfile;
 struct dims {
 	uint64_t shard_size, capacity, total;
 	uint32_t nslots, nreserved, nbuckets, nstripes, nprocs, nseen;
-	uint64_t off_procs, off_stripes, off_buckets, off_slots, off_access, off_seen, off_data;
+	uint64_t off_procs, off_stripes, off_buckets, off_slots, off_access, off_seen, off_wseq;
+	uint64_t off_data;
 };
 
 static uint64_t align_up(uint64_t v, uint64_t a)
@@ -180,7 +181,9 @@ static int dims_from(struct dims *d, uint64_t shard_size, uint64_t nslots, uint6
 	off = align_up(off + d->nslots, KVS_CACHELINE);
 	d->off_seen = off;
 	d->nseen = d->nbuckets < 64 ? 64 : d->nbuckets; /* a power of two, >= KVS_SEEN_WAYS */
-	off = align_up(off + (uint64_t)d->nseen * sizeof(struct kvs_seen), KVS_PAGE);
+	off += (uint64_t)d->nseen * sizeof(struct kvs_seen);
+	d->off_wseq = off;
+	off = align_up(off + (uint64_t)d->nseen * 8, KVS_PAGE);
 	d->off_data = off;
 	d->total = off + d->capacity;
 	return 0;
@@ -327,6 +330,7 @@ static void bind(struct kvs_cache *c, const struct dims *d)
 	c->slots = (struct kvs_slot *)(b + d->off_slots);
 	c->access = (_Atomic uint8_t *)(b + d->off_access);
 	c->seen = (struct kvs_seen *)(b + d->off_seen);
+	c->wseq = (_Atomic uint64_t *)(b + d->off_wseq);
 	c->nseen = d->nseen;
 	c->data = b + d->off_data;
 	c->nslots = d->nslots;
@@ -365,6 +369,7 @@ static int build(struct kvs_cache *c, const struct dims *d, const struct kvs_cac
 	h->off_data = d->off_data;
 	h->off_seen = d->off_seen;
 	h->nseen = d->nseen;
+	h->off_wseq = d->off_wseq;
 	h->created_ns = now_ns();
 	/* NUL-padded: the file is zero from ftruncate; a longer version is cut to the field. */
 	size_t vlen = strlen(KVS_VERSION);
@@ -440,6 +445,7 @@ static int check(struct kvs_cache *c, const struct dims *d, size_t file_size, ch
 	MISMATCH("off_access", h->off_access, d->off_access);
 	MISMATCH("off_seen", h->off_seen, d->off_seen);
 	MISMATCH("seen entries", h->nseen, d->nseen);
+	MISMATCH("off_wseq", h->off_wseq, d->off_wseq);
 	MISMATCH("off_data", h->off_data, d->off_data);
 	return 0;
 }
@@ -1011,6 +1017,11 @@ uint64_t kvs_cache_shard_size(const struct kvs_cache *c)
 	return c->shard_size;
 }
 
+uint32_t kvs_cache_slots(const struct kvs_cache *c)
+{
+	return c->nslots;
+}
+
 int kvs_cache_self(const struct kvs_cache *c)
 {
 	return c->self;
@@ -1049,6 +1060,7 @@ int kvs_cache_stat(struct kvs_cache *c, struct kvs_region_info *info, struct kvs
 		info->slots_ready += st == KVS_SLOT_READY;
 		info->slots_loading += st == KVS_SLOT_LOADING;
 		info->slots_failed += st == KVS_SLOT_FAILED;
+		info->slots_claimed += st == KVS_SLOT_CLAIMED;
 		info->slots_pinned += load_relaxed(&c->slots[i].refs) != 0;
 		info->slots_populated += load_relaxed(&c->slots[i].pages) == KVS_PAGES_OK;
 	}

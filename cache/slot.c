@@ -90,7 +90,7 @@ static int record_pin_locked(struct kvs_cache *c, uint32_t slot, uint32_t *entry
 static int drop_locked(struct kvs_cache *c, uint32_t i, uint32_t b);
 
 /* find_locked, with an expired slot dropped and reported absent (KVS_NIL). */
-static int64_t find_fresh_locked(struct kvs_cache *c, uint32_t b, const struct kvs_key *key)
+int64_t kvs_slot_find_fresh_locked(struct kvs_cache *c, uint32_t b, const struct kvs_key *key)
 {
 	int64_t i = find_locked(c, b, key);
 
@@ -143,7 +143,7 @@ static int pin_found_locked(struct kvs_cache *c, uint32_t i, uint64_t expires, s
 }
 
 /* Hash claimed slot v under key in bucket b, unowned and unpinned; caller holds the stripe. */
-static void insert_locked(struct kvs_cache *c, uint32_t v, uint32_t b, const struct kvs_key *key)
+void kvs_slot_insert_locked(struct kvs_cache *c, uint32_t v, uint32_t b, const struct kvs_key *key)
 {
 	struct kvs_slot *s = &c->slots[v];
 
@@ -186,7 +186,7 @@ static int lookup_or_insert(struct kvs_cache *c, const struct kvs_key *key,
 		r = kvs_stripe_lock(c, stripe);
 		if (r)
 			goto out_unclaim;
-		i = find_fresh_locked(c, b, key);
+		i = kvs_slot_find_fresh_locked(c, b, key);
 		if (i < 0) {
 			r = (int)i;
 			goto out_unlock;
@@ -206,7 +206,7 @@ static int lookup_or_insert(struct kvs_cache *c, const struct kvs_key *key,
 		if (r)
 			return r;
 	}
-	insert_locked(c, v, b, key);
+	kvs_slot_insert_locked(c, v, b, key);
 	if (pin) {
 		r = pin_found_locked(c, v, expires, pin);
 		if (r < 0) {
@@ -251,7 +251,7 @@ int kvs_cache_pin_ready(struct kvs_cache *c, const struct kvs_key *key, struct k
 	r = kvs_stripe_lock(c, stripe);
 	if (r)
 		return r;
-	i = find_fresh_locked(c, b, key);
+	i = kvs_slot_find_fresh_locked(c, b, key);
 	if (i < 0)
 		r = (int)i;
 	else if (i == KVS_NIL || st_of(load_relaxed(&c->slots[i].state)) != KVS_SLOT_READY)
@@ -481,7 +481,7 @@ int kvs_cache_lookup(struct kvs_cache *c, const struct kvs_key *key)
 
 	if (r)
 		return r;
-	i = find_fresh_locked(c, b, key);
+	i = kvs_slot_find_fresh_locked(c, b, key);
 	if (i < 0)
 		r = (int)i;
 	else if (i == KVS_NIL)

@@ -305,6 +305,7 @@ static int describe(int fd, struct kvs_fdinfo *out, bool known_only)
 	if (fl < 0)
 		return -errno;
 	out->direct = fl & O_DIRECT;
+	out->append = fl & O_APPEND;
 	/* An O_PATH descriptor reads nothing: the kernel answers EBADF, so must we. */
 	out->readable = (fl & O_ACCMODE) != O_WRONLY && !(fl & O_PATH);
 	out->size = (uint64_t)st.st_size;

@@ -28,6 +28,7 @@
 struct kvs_fdinfo {
 	bool kv;
 	bool direct;		/* O_DIRECT is set on the descriptor now */
+	bool append;		/* O_APPEND is set on the descriptor now */
 	bool readable;		/* opened for reading (not O_WRONLY, not O_PATH) */
 	struct kvs_key block;	/* valid when kv */
 	uint64_t dev, ino;	/* st_dev, st_ino */

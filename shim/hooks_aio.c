@@ -471,24 +471,97 @@ KVS_EXPORT int aio_read64(struct aiocb64 *cb)
 	return do_read(1, (struct aiocb *)cb);
 }
 
-/* A write changes the shards it covers: drop them before it is submitted.  (After it lands
- * nothing is done: glibc completes it on its own thread; see design.md.) */
+/*
+ * Writes.  A write changes the shards it covers: they are dropped before it is submitted.
+ * glibc completes it on its own thread, so its bytes are kept for write-through (wthru.h)
+ * only once the program sees it complete: aio_error answering 0 or aio_return.  Until then
+ * it is noted in wtable (under mu; wpending, read without mu, says whether to look).
+ */
+struct wreq {
+	const struct aiocb *cb;
+	struct kvs_shim_wpend *p;
+	struct wreq *next;
+};
+static struct wreq *wtable[NBUCKETS];
+static _Atomic unsigned wpending;
+
+/* The noted write of cb, taken out of the table; NULL if none. */
+static struct kvs_shim_wpend *take_write(const struct aiocb *cb)
+{
+	struct kvs_shim_wpend *p = NULL;
+
+	if (!atomic_load_explicit(&wpending, memory_order_acquire)) /* pairs with note_write */
+		return NULL;
+	pthread_mutex_lock(&mu);
+	for (struct wreq **pp = &wtable[bucket(cb)]; *pp; pp = &(*pp)->next) {
+		if ((*pp)->cb == cb) {
+			struct wreq *w = *pp;
+
+			*pp = w->next;
+			p = w->p;
+			free(w);
+			atomic_fetch_sub_explicit(&wpending, 1, memory_order_release);
+			break;
+		}
+	}
+	pthread_mutex_unlock(&mu);
+	return p;
+}
+
 static void before_write(const struct aiocb *cb)
 {
-	if (cb && cb->aio_offset >= 0)
-		kvs_shim_invalidate(cb->aio_fildes, cb->aio_offset, cb->aio_nbytes, false, 0);
+	if (!cb || cb->aio_offset < 0)
+		return;
+	kvs_shim_invalidate(cb->aio_fildes, cb->aio_offset, cb->aio_nbytes, false, 0);
+	struct iovec v = {(void *)(uintptr_t)cb->aio_buf, cb->aio_nbytes};
+	struct kvs_shim_wpend *p =
+	    kvs_shim_write_submitted(cb->aio_fildes, &v, 1, (uint64_t)cb->aio_offset);
+	if (!p)
+		return;
+	/* An aiocb reused without its result collected: the old write is of no use now. */
+	kvs_shim_write_completed(take_write(cb), -1);
+	setup(); /* the fork handlers that keep mu sane */
+	struct wreq *w = malloc(sizeof(*w));
+	if (!w) {
+		kvs_shim_write_completed(p, -1);
+		return;
+	}
+	w->cb = cb;
+	w->p = p;
+	pthread_mutex_lock(&mu);
+	w->next = wtable[bucket(cb)];
+	wtable[bucket(cb)] = w;
+	atomic_fetch_add_explicit(&wpending, 1, memory_order_release); /* pairs with take_write */
+	pthread_mutex_unlock(&mu);
+}
+
+/* The program saw cb's write over with result n (-1: failed). */
+static void write_seen(const struct aiocb *cb, ssize_t n)
+{
+	kvs_shim_write_completed(take_write(cb), n);
+}
+
+static int do_write(int v, struct aiocb *cb)
+{
+	before_write(cb);
+	int r = real_write(v, cb);
+	if (r != 0) {
+		int saved = errno;
+
+		write_seen(cb, -1);
+		errno = saved;
+	}
+	return r;
 }
 
 KVS_EXPORT int aio_write(struct aiocb *cb)
 {
-	before_write(cb);
-	return real_write(0, cb);
+	return do_write(0, cb);
 }
 
 KVS_EXPORT int aio_write64(struct aiocb64 *cb)
 {
-	before_write((struct aiocb *)cb);
-	return real_write(1, (struct aiocb *)cb);
+	return do_write(1, (struct aiocb *)cb);
 }
 
 static int do_error(int v, const struct aiocb *cb)
@@ -500,7 +573,17 @@ static int do_error(int v, const struct aiocb *cb)
 		running = find(cb) != NULL;
 		pthread_mutex_unlock(&mu);
 	}
-	return running ? EINPROGRESS : real_error(v, cb);
+	if (running)
+		return EINPROGRESS;
+	int r = real_error(v, cb);
+	if (r != EINPROGRESS && cb && atomic_load_explicit(&wpending, memory_order_relaxed)) {
+		int saved = errno;
+
+		/* glibc's aio_return only reads the result: asking it here changes nothing. */
+		write_seen(cb, r == 0 ? real_return(v, (struct aiocb *)cb) : -1);
+		errno = saved;
+	}
+	return r;
 }
 
 KVS_EXPORT int aio_error(const struct aiocb *cb)
@@ -528,7 +611,14 @@ static ssize_t do_return(int v, struct aiocb *cb)
 		errno = EINPROGRESS;
 		return -1;
 	}
-	return real_return(v, cb);
+	ssize_t n = real_return(v, cb);
+	if (cb && atomic_load_explicit(&wpending, memory_order_relaxed)) {
+		int saved = errno;
+
+		write_seen(cb, n);
+		errno = saved;
+	}
+	return n;
 }
 
 KVS_EXPORT ssize_t aio_return(struct aiocb *cb)

@@ -164,10 +164,23 @@ static void la_resolve(void)
 /* Which door the call came through: libaio's functions, or syscall(). */
 enum via { VIA_SYSCALL, VIA_LIBAIO };
 
+/* Set while this thread is inside one of libaio's real functions: libaio makes its system
+ * calls through libc's syscall(), which is ours; those go straight to the kernel, or every
+ * kernel entry would be looked at twice (a write noted twice for write-through). */
+static __thread int in_libaio __attribute__((tls_model("initial-exec")));
+
+#define LIBAIO_CALL(call)                                                                          \
+	({                                                                                         \
+		in_libaio++;                                                                       \
+		long r_ = (call);                                                                  \
+		in_libaio--;                                                                       \
+		r_;                                                                                \
+	})
+
 static long k_submit(enum via v, aio_context_t ctx, long nr, struct iocb **p)
 {
 	if (v == VIA_LIBAIO && (pthread_once(&la_once, la_resolve), la.submit))
-		return la.submit((void *)ctx, nr, p);
+		return LIBAIO_CALL(la.submit((void *)ctx, nr, p));
 	return RAW(SYS_io_submit, ctx, nr, p, 0, 0, 0);
 }
 
@@ -182,21 +195,21 @@ static long k_getevents(enum via v, aio_context_t ctx, long min_nr, long nr, str
 		return -ENOSYS;
 #endif
 	if (v == VIA_LIBAIO && (pthread_once(&la_once, la_resolve), la.getevents))
-		return la.getevents((void *)ctx, min_nr, nr, ev, ts);
+		return LIBAIO_CALL(la.getevents((void *)ctx, min_nr, nr, ev, ts));
 	return RAW(SYS_io_getevents, ctx, min_nr, nr, ev, ts, 0);
 }
 
 static long k_cancel(enum via v, aio_context_t ctx, struct iocb *cb, struct io_event *res)
 {
 	if (v == VIA_LIBAIO && (pthread_once(&la_once, la_resolve), la.cancel))
-		return la.cancel((void *)ctx, cb, res);
+		return LIBAIO_CALL(la.cancel((void *)ctx, cb, res));
 	return RAW(SYS_io_cancel, ctx, cb, res, 0, 0, 0);
 }
 
 static long k_destroy(enum via v, aio_context_t ctx)
 {
 	if (v == VIA_LIBAIO && (pthread_once(&la_once, la_resolve), la.destroy))
-		return la.destroy((void *)ctx);
+		return LIBAIO_CALL(la.destroy((void *)ctx));
 	return RAW(SYS_io_destroy, ctx, 0, 0, 0, 0, 0);
 }
 
@@ -233,6 +246,14 @@ struct served {
 	struct served *prev, *next; /* live list, done queue or free list */
 };
 
+/* A kernel write (PWRITE, PWRITEV) of a KV file, noted for write-through (wthru.h) until its
+ * event is seen; under its context's mu. */
+struct kwrite {
+	uint64_t obj; /* the iocb */
+	struct kvs_shim_wpend *p;
+	struct kwrite *next;
+};
+
 struct kctx {
 	aio_context_t id;
 	pthread_mutex_t mu;
@@ -243,6 +264,8 @@ struct kctx {
 	struct served *live;		  /* in flight (doubly linked) */
 	struct served *dq_head, *dq_tail; /* completed, not reported yet */
 	struct served *free;
+	struct kwrite *writes; /* kernel writes noted for write-through, until their event */
+	unsigned nwrites;
 	struct kctx *next;
 };
 
@@ -477,6 +500,81 @@ static void invalidate_write(const struct iocb *cb)
 		kvs_shim_invalidate((int)cb->aio_fildes, (off_t)cb->aio_offset, len, false, 0);
 }
 
+/* Note cb for write-through when it is a write of a KV file (NULL: not noted). */
+static struct kvs_shim_wpend *note_write(const struct iocb *cb)
+{
+	if (!cb || (int64_t)cb->aio_offset < 0 || cb->aio_rw_flags)
+		return NULL;
+	if (cb->aio_lio_opcode == IOCB_CMD_PWRITE) {
+		struct iovec v = {(void *)(uintptr_t)cb->aio_buf, (size_t)cb->aio_nbytes};
+
+		return kvs_shim_write_submitted((int)cb->aio_fildes, &v, 1, cb->aio_offset);
+	}
+	if (cb->aio_lio_opcode == IOCB_CMD_PWRITEV && cb->aio_nbytes <= IOV_MAX)
+		return kvs_shim_write_submitted((int)cb->aio_fildes,
+						(const struct iovec *)(uintptr_t)cb->aio_buf,
+						(int)cb->aio_nbytes, cb->aio_offset);
+	return NULL;
+}
+
+/* The noted write of the iocb at obj, taken out; NULL if none.  Caller holds c->mu. */
+static struct kvs_shim_wpend *take_write(struct kctx *c, uint64_t obj)
+{
+	for (struct kwrite **pp = &c->writes; *pp; pp = &(*pp)->next) {
+		if ((*pp)->obj == obj) {
+			struct kwrite *w = *pp;
+			struct kvs_shim_wpend *p = w->p;
+
+			*pp = w->next;
+			c->nwrites--;
+			free(w);
+			return p;
+		}
+	}
+	return NULL;
+}
+
+/* n events came from the kernel into ev: the writes among them are over. */
+static void kernel_events(struct kctx *c, const struct io_event *ev, long n)
+{
+	for (long k = 0; k < n; k++) {
+		pthread_mutex_lock(&c->mu);
+		struct kvs_shim_wpend *p = c->nwrites ? take_write(c, ev[k].obj) : NULL;
+		pthread_mutex_unlock(&c->mu);
+		if (p)
+			kvs_shim_write_completed(p, ev[k].res < 0 ? -1 : (ssize_t)ev[k].res);
+	}
+}
+
+/* Submit a run of entries to the kernel, noting its writes for write-through first; the
+ * entries it did not take are not writes in flight. */
+static long submit_run(enum via v, struct kctx *c, aio_context_t ctx, long nr, struct iocb **p)
+{
+	struct kvs_shim_wpend *noted[64];
+	long m = nr < 64 ? nr : 64, n;
+
+	for (long k = 0; k < m; k++)
+		noted[k] = note_write(p[k]);
+	n = k_submit(v, ctx, nr, p);
+	for (long k = 0; k < m; k++) {
+		if (!noted[k])
+			continue;
+		struct kwrite *w = k < n ? malloc(sizeof(*w)) : NULL;
+		if (!w) {
+			kvs_shim_write_completed(noted[k], -1);
+			continue;
+		}
+		w->obj = (uint64_t)(uintptr_t)p[k];
+		w->p = noted[k];
+		pthread_mutex_lock(&c->mu);
+		w->next = c->writes;
+		c->writes = w;
+		c->nwrites++;
+		pthread_mutex_unlock(&c->mu);
+	}
+	return n;
+}
+
 static long do_submit(enum via v, aio_context_t ctx, long nr, struct iocb **p)
 {
 	struct kctx *c;
@@ -497,7 +595,7 @@ static long do_submit(enum via v, aio_context_t ctx, long nr, struct iocb **p)
 			j++;
 		for (long k = i; k < j; k++)
 			invalidate_write(p[k]);
-		n = k_submit(v, ctx, j - i, p + i);
+		n = submit_run(v, c, ctx, j - i, p + i);
 		if (n < 0)
 			return i ? i : n;
 		if (n > 0) {
@@ -568,8 +666,10 @@ static long do_getevents(enum via v, aio_context_t ctx, long min_nr, long nr, st
 	pthread_mutex_unlock(&c->mu);
 	if (pass) {
 		n = k_getevents(v, ctx, min_nr, nr, ev, ts, sig);
-		if (n > 0)
+		if (n > 0) {
 			reaped(c, n);
+			kernel_events(c, ev, n);
+		}
 		return n;
 	}
 	if (ts)
@@ -587,6 +687,7 @@ static long do_getevents(enum via v, aio_context_t ctx, long min_nr, long nr, st
 			n = k_getevents(v, ctx, 0, nr - got, ev + got, &zero, sig);
 			if (n < 0)
 				return got ? got : n;
+			kernel_events(c, ev + got, n);
 			got += n;
 			reaped(c, n);
 		}
@@ -603,6 +704,7 @@ static long do_getevents(enum via v, aio_context_t ctx, long min_nr, long nr, st
 			n = k_getevents(v, ctx, min_nr - got, nr - got, ev + got, &sl, sig);
 			if (n < 0)
 				return got ? got : n;
+			kernel_events(c, ev + got, n);
 			got += n;
 			reaped(c, n);
 			pthread_mutex_lock(&c->mu);
@@ -639,8 +741,11 @@ static long do_cancel(enum via v, aio_context_t ctx, struct iocb *cb, struct io_
 			return -EAGAIN; /* a read from memory: it completes, and is reported */
 	}
 	r = k_cancel(v, ctx, cb, res);
-	if (c && r == 0)
+	if (c && r == 0) {
 		reaped(c, 1); /* the old kernels' cancel: the event came back here */
+		if (res)
+			kernel_events(c, res, 1);
+	}
 	return r;
 }
 
@@ -665,6 +770,8 @@ static long do_destroy(enum via v, aio_context_t ctx)
 			next = s->next;
 			free(s);
 		}
+		while (c->writes) /* their events will never be seen: keep nothing of them */
+			kvs_shim_write_completed(take_write(c, c->writes->obj), -1);
 		pthread_cond_destroy(&c->cond);
 		pthread_mutex_destroy(&c->mu);
 		free(c);
@@ -717,7 +824,7 @@ KVS_EXPORT long syscall(long number, ...)
 	for (int i = 0; i < 6; i++)
 		a[i] = va_arg(ap, long);
 	va_end(ap);
-	switch (number) {
+	switch (in_libaio ? -1 : number) {
 	case SYS_io_submit:
 		r = do_submit(VIA_SYSCALL, (aio_context_t)a[0], a[1], (struct iocb **)a[2]);
 		break;

@@ -3,9 +3,12 @@
  *
  * Each read hook asks kvs_shim_wants() (one branch once initialised) and, for a candidate,
  * kvs_shim_read(); anything it declines goes to the real function, which then sets errno and
- * the file position exactly as it always would.  Write hooks invalidate first, then write.
+ * the file position exactly as it always would.  Write hooks invalidate first, stage the bytes
+ * for write-through, then write; close, fsync, fdatasync and the renames publish what was
+ * staged (wthru.h).
  */
 #include <errno.h>
+#include <fcntl.h>
 #include <limits.h>
 #include <pthread.h>
 #include <stdio.h>
@@ -15,6 +18,7 @@
 
 #include "real.h"
 #include "shim.h"
+#include "wthru.h"
 
 /* Serve count bytes into buf at off (or the position); -1 means "make the real call".  These
  * hooks stand for cancellation points: a cancel already pending is acted on here, where the
@@ -206,62 +210,182 @@ KVS_EXPORT size_t fread(void *ptr, size_t size, size_t nmemb, FILE *f)
 	return done / size;
 }
 
-/* Invalidate around a write: before it for the shards as they were, after it for any that
- * another process loaded while the write was landing. */
-#define AROUND_WRITE(fd, off, len, use_pos, call)                                                  \
+/* Around a write: invalidate before it the shards as they were, stage its bytes for
+ * write-through (wthru.h), make the real call, then keep what it wrote and invalidate any
+ * shard another process loaded while it was landing.  iov/iovcnt describe the bytes; off is
+ * the offset, ignored with use_pos (the file position).  errno is the real call's. */
+#define AROUND_WRITE(fd, iov, iovcnt, off, len, use_pos, call)                                     \
 	do {                                                                                       \
+		struct kvs_wthru_op op_;                                                           \
 		kvs_shim_invalidate(fd, off, len, use_pos, 0);                                     \
+		bool staged_ =                                                                     \
+		    kvs_shim_write_before(&op_, fd, iov, iovcnt, (use_pos) ? -1 : (off));          \
 		kvs_real_init();                                                                   \
 		ssize_t ret_ = (call);                                                             \
-		if (ret_ > 0) {                                                                    \
-			int saved_ = errno;                                                        \
+		int saved_ = errno;                                                                \
+		if (staged_)                                                                       \
+			kvs_shim_write_after(&op_, fd, ret_);                                      \
+		if (ret_ > 0)                                                                      \
 			kvs_shim_invalidate(fd, off, (size_t)ret_, use_pos, -(off_t)ret_);         \
-			errno = saved_;                                                            \
-		}                                                                                  \
+		errno = saved_;                                                                    \
 		return ret_;                                                                       \
 	} while (0)
 
+/* pwritev2 flags that leave a write a plain one at its offset (RWF_APPEND does not). */
+#define PLAIN_RWF (RWF_HIPRI | RWF_DSYNC | RWF_SYNC)
+
 KVS_EXPORT ssize_t write(int fd, const void *buf, size_t count)
 {
-	AROUND_WRITE(fd, 0, count, true, kvs_real.write(fd, buf, count));
+	struct iovec v = {(void *)buf, count};
+
+	AROUND_WRITE(fd, &v, 1, 0, count, true, kvs_real.write(fd, buf, count));
 }
 
 KVS_EXPORT ssize_t pwrite(int fd, const void *buf, size_t count, off_t off)
 {
-	AROUND_WRITE(fd, off, count, false, kvs_real.pwrite(fd, buf, count, off));
+	struct iovec v = {(void *)buf, count};
+
+	AROUND_WRITE(fd, &v, 1, off, count, false, kvs_real.pwrite(fd, buf, count, off));
 }
 
 KVS_EXPORT ssize_t pwrite64(int fd, const void *buf, size_t count, off64_t off)
 {
-	AROUND_WRITE(fd, (off_t)off, count, false, kvs_real.pwrite64(fd, buf, count, off));
+	struct iovec v = {(void *)buf, count};
+
+	AROUND_WRITE(fd, &v, 1, (off_t)off, count, false, kvs_real.pwrite64(fd, buf, count, off));
 }
 
 KVS_EXPORT ssize_t writev(int fd, const struct iovec *iov, int iovcnt)
 {
-	AROUND_WRITE(fd, 0, iov_len(iov, iovcnt), true, kvs_real.writev(fd, iov, iovcnt));
+	AROUND_WRITE(fd, iov, iovcnt, 0, iov_len(iov, iovcnt), true,
+		     kvs_real.writev(fd, iov, iovcnt));
 }
 
 KVS_EXPORT ssize_t pwritev(int fd, const struct iovec *iov, int iovcnt, off_t off)
 {
-	AROUND_WRITE(fd, off, iov_len(iov, iovcnt), false, kvs_real.pwritev(fd, iov, iovcnt, off));
+	AROUND_WRITE(fd, iov, iovcnt, off, iov_len(iov, iovcnt), false,
+		     kvs_real.pwritev(fd, iov, iovcnt, off));
 }
 
 KVS_EXPORT ssize_t pwritev64(int fd, const struct iovec *iov, int iovcnt, off64_t off)
 {
-	AROUND_WRITE(fd, (off_t)off, iov_len(iov, iovcnt), false,
+	AROUND_WRITE(fd, iov, iovcnt, (off_t)off, iov_len(iov, iovcnt), false,
 		     kvs_real.pwritev64(fd, iov, iovcnt, off));
 }
 
 KVS_EXPORT ssize_t pwritev2(int fd, const struct iovec *iov, int iovcnt, off_t off, int flags)
 {
-	AROUND_WRITE(fd, off, iov_len(iov, iovcnt), off == -1,
-		     kvs_real.pwritev2(fd, iov, iovcnt, off, flags));
+	/* A write with other flags is not staged (no iovecs given): only invalidated. */
+	AROUND_WRITE(fd, (flags & ~PLAIN_RWF) ? NULL : iov, iovcnt, off, iov_len(iov, iovcnt),
+		     off == -1, kvs_real.pwritev2(fd, iov, iovcnt, off, flags));
 }
 
 KVS_EXPORT ssize_t pwritev64v2(int fd, const struct iovec *iov, int iovcnt, off64_t off, int flags)
 {
-	AROUND_WRITE(fd, (off_t)off, iov_len(iov, iovcnt), off == -1,
+	AROUND_WRITE(fd, (flags & ~PLAIN_RWF) ? NULL : iov, iovcnt, (off_t)off,
+		     iov_len(iov, iovcnt), off == -1,
 		     kvs_real.pwritev64v2(fd, iov, iovcnt, off, flags));
+}
+
+/* The end of a writer's use of a descriptor publishes what it wrote through it (write-
+ * through); one load when nothing is staged. */
+KVS_EXPORT int close(int fd)
+{
+	struct wt_file *f = kvs_shim_closing(fd);
+
+	kvs_real_init();
+	int r = kvs_real.close(fd);
+	if (f) {
+		int saved = errno;
+
+		kvs_shim_closed(f, r);
+		errno = saved;
+	}
+	return r;
+}
+
+KVS_EXPORT int fsync(int fd)
+{
+	kvs_real_init();
+	int r = kvs_real.fsync(fd);
+	if (r == 0)
+		kvs_shim_synced(fd);
+	return r;
+}
+
+KVS_EXPORT int fdatasync(int fd)
+{
+	kvs_real_init();
+	int r = kvs_real.fdatasync(fd);
+	if (r == 0)
+		kvs_shim_synced(fd);
+	return r;
+}
+
+/* A writer's own truncation of a file it stages is one of its writes (wthru.h). */
+KVS_EXPORT int ftruncate(int fd, off_t len)
+{
+	struct kvs_wtok tok;
+	struct wt_file *f = kvs_shim_truncating(fd, &tok);
+
+	kvs_real_init();
+	int r = kvs_real.ftruncate(fd, len);
+	if (f) {
+		int saved = errno;
+
+		kvs_shim_truncated(f, fd, &tok, r);
+		errno = saved;
+	}
+	return r;
+}
+
+KVS_EXPORT int ftruncate64(int fd, off64_t len)
+{
+	struct kvs_wtok tok;
+	struct wt_file *f = kvs_shim_truncating(fd, &tok);
+
+	kvs_real_init();
+	int r = kvs_real.ftruncate64(fd, len);
+	if (f) {
+		int saved = errno;
+
+		kvs_shim_truncated(f, fd, &tok, r);
+		errno = saved;
+	}
+	return r;
+}
+
+/* A rename moves the file's ctime: what this process published under the old identity moves
+ * to the new one (tmp + rename, as vLLM's tiering fs, UCM and LMCache save a block). */
+KVS_EXPORT int rename(const char *from, const char *to)
+{
+	kvs_real_init();
+	int r = kvs_real.rename(from, to);
+	if (r == 0)
+		kvs_shim_renamed(AT_FDCWD, to);
+	return r;
+}
+
+KVS_EXPORT int renameat(int fromdir, const char *from, int todir, const char *to)
+{
+	kvs_real_init();
+	int r = kvs_real.renameat(fromdir, from, todir, to);
+	if (r == 0)
+		kvs_shim_renamed(todir, to);
+	return r;
+}
+
+KVS_EXPORT int renameat2(int fromdir, const char *from, int todir, const char *to,
+			 unsigned int flags)
+{
+	kvs_real_init();
+	int r = kvs_real.renameat2(fromdir, from, todir, to, flags);
+	if (r == 0) {
+		kvs_shim_renamed(todir, to);
+		if (flags & RENAME_EXCHANGE) /* the other file moved too */
+			kvs_shim_renamed(fromdir, from);
+	}
+	return r;
 }
 
 /* Mappings are not served (the kernel's page faults read the file), but one of a KV file is

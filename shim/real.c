@@ -11,6 +11,7 @@
  */
 #include <dlfcn.h>
 #include <errno.h>
+#include <fcntl.h>
 #include <stdatomic.h>
 #include <stdint.h>
 #include <sys/syscall.h>
@@ -76,6 +77,35 @@ static void *sys_mmap(void *a, size_t n, int prot, int flags, int fd, off_t o)
 	return (void *)syscall(SYS_mmap, a, n, prot, flags, fd, o);
 }
 
+static int sys_close(int fd)
+{
+	return (int)syscall(SYS_close, fd);
+}
+static int sys_fsync(int fd)
+{
+	return (int)syscall(SYS_fsync, fd);
+}
+static int sys_fdatasync(int fd)
+{
+	return (int)syscall(SYS_fdatasync, fd);
+}
+static int sys_ftruncate(int fd, off_t len)
+{
+	return (int)syscall(SYS_ftruncate, fd, len);
+}
+static int sys_renameat2(int od, const char *o, int nd, const char *n, unsigned int flags)
+{
+	return (int)syscall(SYS_renameat2, od, o, nd, n, flags);
+}
+static int sys_renameat(int od, const char *o, int nd, const char *n)
+{
+	return sys_renameat2(od, o, nd, n, 0);
+}
+static int sys_rename(const char *o, const char *n)
+{
+	return sys_renameat2(AT_FDCWD, o, AT_FDCWD, n, 0);
+}
+
 /* glibc exports fread under this name too; the fallback while RTLD_NEXT is being resolved. */
 extern size_t _IO_fread(void *ptr, size_t size, size_t n, FILE *f);
 
@@ -102,6 +132,14 @@ struct kvs_real kvs_real = {
     .pwritev64v2 = sys_pwritev2,
     .mmap = sys_mmap,
     .mmap64 = sys_mmap,
+    .close = sys_close,
+    .fsync = sys_fsync,
+    .fdatasync = sys_fdatasync,
+    .ftruncate = sys_ftruncate,
+    .ftruncate64 = sys_ftruncate,
+    .rename = sys_rename,
+    .renameat = sys_renameat,
+    .renameat2 = sys_renameat2,
 };
 
 enum { UNRESOLVED, RESOLVING, RESOLVED };
@@ -161,6 +199,14 @@ static void resolve(void)
 	RESOLVE(pwritev64v2, "pwritev64v2");
 	RESOLVE(mmap, "mmap");
 	RESOLVE(mmap64, "mmap64");
+	RESOLVE(close, "close");
+	RESOLVE(fsync, "fsync");
+	RESOLVE(fdatasync, "fdatasync");
+	RESOLVE(ftruncate, "ftruncate");
+	RESOLVE(ftruncate64, "ftruncate64");
+	RESOLVE(rename, "rename");
+	RESOLVE(renameat, "renameat");
+	RESOLVE(renameat2, "renameat2");
 }
 
 void kvs_real_init(void)

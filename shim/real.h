@@ -33,6 +33,14 @@ struct kvs_real {
 	ssize_t (*pwritev64v2)(int, const struct iovec *, int, off64_t, int);
 	void *(*mmap)(void *, size_t, int, int, int, off_t);
 	void *(*mmap64)(void *, size_t, int, int, int, off64_t);
+	int (*close)(int);
+	int (*fsync)(int);
+	int (*fdatasync)(int);
+	int (*ftruncate)(int, off_t);
+	int (*ftruncate64)(int, off64_t);
+	int (*rename)(const char *, const char *);
+	int (*renameat)(int, const char *, int, const char *);
+	int (*renameat2)(int, const char *, int, const char *, unsigned int);
 };
 
 extern struct kvs_real kvs_real;

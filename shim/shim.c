@@ -50,6 +50,7 @@
 #include "real.h"
 #include "shim.h"
 #include "why.h"
+#include "wthru.h"
 
 enum { ST_UNINIT, ST_OFF, ST_ON };
 
@@ -92,6 +93,7 @@ static void atfork_child(void)
 		kvs_cache_forget(cache);
 	kvs_fdinfo_atfork_child();
 	kvs_device_atfork_child();
+	kvs_wthru_atfork_child();
 	for (int i = 0; i < POS_LOCKS; i++)
 		pthread_mutex_init(&pos_mu[i], NULL); /* a parent's thread may have held one */
 	cache = NULL;
@@ -128,6 +130,7 @@ static void init(void)
 	}
 	min_read = cfg.files_min_read ? cfg.files_min_read : 1;
 	kvs_fdinfo_set_settle(cfg.files_settle);
+	kvs_wthru_configure(&cfg);
 	for (int i = 0; i < POS_LOCKS; i++)
 		pthread_mutex_init(&pos_mu[i], NULL);
 	if (pthread_atfork(atfork_prepare, atfork_parent, atfork_child))
@@ -798,6 +801,187 @@ out_free:
 const struct kvs_config *kvs_shim_config(void)
 {
 	return &cfg;
+}
+
+/* Is the shim on (the configuration loaded first if need be)?  Not from the shim's own code. */
+static bool shim_on(void)
+{
+	return kvs_shim_wants(0) || atomic_load_explicit(&state, memory_order_acquire) == ST_ON;
+}
+
+/* Writes this short are looked at only on a descriptor already known as a KV file, so that a
+ * program's small writes to sockets, pipes and logs cost one load, not an fstat. */
+#define KVS_WRITE_LOOK_MIN 4096u
+
+bool kvs_shim_write_before(struct kvs_wthru_op *op, int fd, const struct iovec *iov, int iovcnt,
+			   int64_t off)
+{
+	struct kvs_fdinfo fi;
+	uint64_t len = 0;
+	bool r = false;
+
+	op->f = NULL;
+	if (guard || !iov || iovcnt <= 0 || iovcnt > IOV_MAX || !shim_on() || !kvs_wthru_on())
+		return false;
+	for (int i = 0; i < iovcnt; i++) {
+		if (iov[i].iov_len > SSIZE_MAX - len)
+			return false;
+		len += iov[i].iov_len;
+	}
+	if (len == 0)
+		return false;
+	int saved = errno;
+	guard++;
+	int got = len >= KVS_WRITE_LOOK_MIN ? kvs_fdinfo_get(fd, &fi) : kvs_fdinfo_known(fd, &fi);
+	if (got == 0 && fi.kv) {
+		struct kvs_cache *c = region();
+
+		if (c)
+			r = kvs_wthru_before(c, op, fd, &fi, iov, iovcnt, len, off, false);
+	}
+	guard--;
+	errno = saved;
+	return r;
+}
+
+void kvs_shim_write_after(struct kvs_wthru_op *op, int fd, ssize_t ret)
+{
+	int saved = errno;
+
+	guard++;
+	kvs_wthru_after(cache, op, fd, ret); /* staged: the region is mapped */
+	guard--;
+	errno = saved;
+}
+
+/* An asynchronous write noted for write-through until its completion is seen. */
+struct kvs_shim_wpend {
+	int fd;
+	struct kvs_wthru_op op;
+	struct iovec iov[];
+};
+
+struct kvs_shim_wpend *kvs_shim_write_submitted(int fd, const struct iovec *iov, int iovcnt,
+						uint64_t off)
+{
+	struct kvs_shim_wpend *p = NULL;
+	struct kvs_fdinfo fi;
+	uint64_t len = 0;
+
+	if (guard || !iov || iovcnt <= 0 || iovcnt > IOV_MAX || !shim_on() || !kvs_wthru_on() ||
+	    off > (uint64_t)INT64_MAX)
+		return NULL;
+	for (int i = 0; i < iovcnt; i++) {
+		if (iov[i].iov_len > SSIZE_MAX - len)
+			return NULL;
+		len += iov[i].iov_len;
+	}
+	if (len == 0)
+		return NULL;
+	int saved = errno;
+	guard++;
+	int got = len >= KVS_WRITE_LOOK_MIN ? kvs_fdinfo_get(fd, &fi) : kvs_fdinfo_known(fd, &fi);
+	struct kvs_cache *c = got == 0 && fi.kv ? region() : NULL;
+	if (c)
+		p = malloc(sizeof(*p) + (size_t)iovcnt * sizeof(struct iovec));
+	if (p) {
+		p->fd = fd;
+		memcpy(p->iov, iov, (size_t)iovcnt * sizeof(struct iovec));
+		if (!kvs_wthru_before(c, &p->op, fd, &fi, p->iov, iovcnt, len, (int64_t)off,
+				      true)) {
+			free(p);
+			p = NULL;
+		}
+	}
+	guard--;
+	errno = saved;
+	return p;
+}
+
+void kvs_shim_write_completed(struct kvs_shim_wpend *p, ssize_t ret)
+{
+	if (!p)
+		return;
+	int saved = errno;
+	guard++;
+	kvs_wthru_after(cache, &p->op, p->fd, ret); /* staged: the region is mapped */
+	free(p);
+	guard--;
+	errno = saved;
+}
+
+struct wt_file *kvs_shim_closing(int fd)
+{
+	struct wt_file *f;
+
+	if (guard || !kvs_wthru_busy() ||
+	    atomic_load_explicit(&mapped, memory_order_acquire) != AT_OK)
+		return NULL;
+	int saved = errno;
+	guard++;
+	f = kvs_wthru_closing(cache, fd);
+	guard--;
+	errno = saved;
+	return f;
+}
+
+void kvs_shim_closed(struct wt_file *f, int ret)
+{
+	int saved = errno;
+
+	guard++;
+	kvs_wthru_closed(cache, f, ret);
+	guard--;
+	errno = saved;
+}
+
+struct wt_file *kvs_shim_truncating(int fd, struct kvs_wtok *tok)
+{
+	struct wt_file *f;
+
+	if (guard || !kvs_wthru_busy() ||
+	    atomic_load_explicit(&mapped, memory_order_acquire) != AT_OK)
+		return NULL;
+	int saved = errno;
+	guard++;
+	f = kvs_wthru_truncating(cache, fd, tok);
+	guard--;
+	errno = saved;
+	return f;
+}
+
+void kvs_shim_truncated(struct wt_file *f, int fd, struct kvs_wtok *tok, int ret)
+{
+	int saved = errno;
+
+	guard++;
+	kvs_wthru_truncated(cache, f, fd, tok, ret);
+	guard--;
+	errno = saved;
+}
+
+void kvs_shim_synced(int fd)
+{
+	if (guard || !kvs_wthru_busy() ||
+	    atomic_load_explicit(&mapped, memory_order_acquire) != AT_OK)
+		return;
+	int saved = errno;
+	guard++;
+	kvs_wthru_synced(cache, fd);
+	guard--;
+	errno = saved;
+}
+
+void kvs_shim_renamed(int dirfd, const char *path)
+{
+	if (guard || atomic_load_explicit(&mapped, memory_order_acquire) != AT_OK ||
+	    !kvs_wthru_on())
+		return;
+	int saved = errno;
+	guard++;
+	kvs_wthru_renamed(cache, dirfd, path);
+	guard--;
+	errno = saved;
 }
 
 void kvs_shim_invalidate(int fd, off_t off, size_t len, bool use_pos, off_t pos_delta)

@@ -87,6 +87,38 @@ int kvs_shim_read_to_start(struct kvs_shim_async *a, int fd, uint64_t ptr, size_
 int kvs_shim_read_to_stream(int fd, uint64_t ptr, size_t size, off_t off, ssize_t *bytes_read,
 			    void *stream);
 
+/*
+ * Write-through around a write (wthru.h): kvs_shim_write_before before the real call (off:
+ * the write's offset, or -1 at the file position); true means kvs_shim_write_after must
+ * follow with the real call's result.  kvs_shim_closing before a real close (a staged file
+ * to publish, or NULL at the cost of one load when nothing is staged), kvs_shim_closed after
+ * it; kvs_shim_synced after an fsync or fdatasync that returned 0; kvs_shim_renamed after a
+ * rename that returned 0, with the new name (relative to dirfd); kvs_shim_truncating before
+ * an ftruncate (the file to hand kvs_shim_truncated after it, or NULL).  None changes errno or
+ * fails.
+ */
+struct kvs_wthru_op;
+struct wt_file;
+bool kvs_shim_write_before(struct kvs_wthru_op *op, int fd, const struct iovec *iov, int iovcnt,
+			   int64_t off);
+void kvs_shim_write_after(struct kvs_wthru_op *op, int fd, ssize_t ret);
+struct wt_file *kvs_shim_closing(int fd);
+void kvs_shim_closed(struct wt_file *f, int ret);
+void kvs_shim_synced(int fd);
+void kvs_shim_renamed(int dirfd, const char *path);
+struct wt_file *kvs_shim_truncating(int fd, struct kvs_wtok *tok);
+
+/* An asynchronous write (aio_write, LIO_WRITE, kernel AIO PWRITE/PWRITEV) of iov to fd at off
+ * is about to be submitted: note it for write-through (NULL: not noted).  Once its result is
+ * seen (aio_error, aio_return, an io_event), kvs_shim_write_completed with it (-1: failed, or
+ * never submitted) stages what it wrote and frees p.  iov's buffers must be as written until
+ * then.  Neither changes errno. */
+struct kvs_shim_wpend;
+struct kvs_shim_wpend *kvs_shim_write_submitted(int fd, const struct iovec *iov, int iovcnt,
+						uint64_t off);
+void kvs_shim_write_completed(struct kvs_shim_wpend *p, ssize_t ret);
+void kvs_shim_truncated(struct wt_file *f, int fd, struct kvs_wtok *tok, int ret);
+
 /* What the shim sees but does not serve, counted (stat unserved_*) and said once at info:
  * a read shorter than files.min_read on a descriptor last seen as a KV file (only in a process
  * that has mapped the region; one load otherwise); a mapping of fd (mmap hook); an io_uring

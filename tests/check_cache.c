@@ -294,6 +294,158 @@ START_TEST(test_expiry)
 }
 END_TEST
 
+static uint32_t slots_in(struct kvs_cache *c, uint32_t state)
+{
+	uint32_t n = 0;
+
+	for (uint32_t i = 0; i < c->nslots; i++)
+		n += (load_relaxed(&c->slots[i].state) & KVS_ST_MASK) == state;
+	return n;
+}
+
+/* Staged slots: found by nobody until published; a publication that meets the key present
+ * gives its slot back; a rekey moves a READY slot nobody pins; a stager that dies is
+ * reclaimed. */
+START_TEST(test_stage_publish_rekey)
+{
+	struct kvs_config cfg;
+	struct kvs_key k = key_of(21, 0), k2 = key_of(22, 0), kt = key_of(23, 4);
+	struct kvs_pin p;
+	uint32_t s1, s2;
+
+	test_config(&cfg, 8, 4096);
+	struct kvs_cache *c = open_ok(&cfg), *d = open_ok(&cfg);
+	ck_assert_int_eq(kvs_cache_stage_claim(c, &s1), 0);
+	ck_assert_uint_eq(slots_in(c, KVS_SLOT_CLAIMED), 1);
+	memset(kvs_cache_stage_data(c, s1), 0x5a, 4096);
+	ck_assert_int_eq(kvs_cache_lookup(d, &k), -ENOENT); /* invisible while staged */
+	ck_assert_int_eq(kvs_cache_stage_publish(d, s1, &k, 4096, 0), -EINVAL); /* not d's */
+	ck_assert_int_eq(kvs_cache_stage_publish(c, s1, &k, 4096, 0), 1);
+	ck_assert_int_eq(kvs_cache_pin_ready(d, &k, &p), KVS_PIN_HIT);
+	ck_assert_uint_eq(p.slot, s1);
+	ck_assert_uint_eq(kvs_cache_length(d, &p), 4096);
+	ck_assert_int_eq(((unsigned char *)kvs_cache_data(d, &p))[4095], 0x5a);
+	/* A second publication of the key (a reader loaded it meanwhile) frees its slot. */
+	ck_assert_int_eq(kvs_cache_stage_claim(c, &s2), 0);
+	ck_assert_int_eq(kvs_cache_stage_publish(c, s2, &k, 4096, 0), 0);
+	ck_assert_uint_eq(load_relaxed(&c->slots[s2].state), KVS_SLOT_FREE);
+	/* A pinned slot is not moved; an unpinned one is, with its length and expiry. */
+	ck_assert_int_eq(kvs_cache_rekey(c, &k, &k2), 0);
+	kvs_cache_release(d, &p);
+	ck_assert_int_eq(kvs_cache_rekey(c, &k, &k2), 1);
+	ck_assert_int_eq(kvs_cache_lookup(d, &k), -ENOENT);
+	ck_assert_int_eq(kvs_cache_pin_ready(d, &k2, &p), KVS_PIN_HIT);
+	ck_assert_uint_eq(p.slot, s1);
+	kvs_cache_release(d, &p);
+	ck_assert_int_eq(kvs_cache_rekey(c, &kt, &k2), 0); /* nothing to move */
+	/* An expiry given at publication is kept. */
+	ck_assert_int_eq(kvs_cache_stage_claim(c, &s2), 0);
+	ck_assert_int_eq(kvs_cache_stage_publish(c, s2, &kt, 100, mono_now_ns() - 1), 1);
+	ck_assert_int_eq(kvs_cache_pin_ready(d, &kt, &p), -EAGAIN);
+	/* Dropped: free again. */
+	ck_assert_int_eq(kvs_cache_stage_claim(c, &s2), 0);
+	kvs_cache_stage_drop(d, s2); /* not d's claim: nothing happens */
+	ck_assert_uint_eq(slots_in(c, KVS_SLOT_CLAIMED), 1);
+	kvs_cache_stage_drop(c, s2);
+	ck_assert_uint_eq(slots_in(c, KVS_SLOT_CLAIMED), 0);
+	/* A stager SIGKILLed with slots staged: its reclaim frees them. */
+	int *ready = shared_anon(4096);
+	pid_t kid = fork();
+	ck_assert_int_ge(kid, 0);
+	if (kid == 0) {
+		struct kvs_cache *m = NULL;
+		uint32_t x;
+
+		if (kvs_cache_open(KVS_CACHE_PARAMS(&cfg), 0, &m, NULL, 0))
+			_exit(3);
+		for (int i = 0; i < 3; i++)
+			if (kvs_cache_stage_claim(m, &x))
+				_exit(4);
+		__atomic_store_n(ready, 1, __ATOMIC_RELEASE);
+		pause();
+		_exit(0);
+	}
+	while (!__atomic_load_n(ready, __ATOMIC_ACQUIRE))
+		usleep(1000);
+	ck_assert_uint_eq(slots_in(c, KVS_SLOT_CLAIMED), 3);
+	kill(kid, SIGKILL);
+	waitpid(kid, NULL, 0);
+	ck_assert_int_eq(kvs_cache_reap(c), 1);
+	ck_assert_uint_eq(slots_in(c, KVS_SLOT_CLAIMED), 0);
+	kvs_cache_close(d);
+	kvs_cache_close(c);
+	remove_region(&cfg);
+}
+END_TEST
+
+/* Write sequences: one process's writes, even several at once, are clean; another process's
+ * write in flight makes both unclean; another's write since ours makes ours foreign and
+ * refuses our publication. */
+START_TEST(test_write_sequences)
+{
+	struct kvs_config cfg;
+	struct kvs_wtok a, b, x;
+
+	test_config(&cfg, 8, 4096);
+	struct kvs_cache *c = open_ok(&cfg), *d = open_ok(&cfg);
+	kvs_cache_write_begin(c, 7, 100, &a);
+	ck_assert(a.held && a.clean && a.foreign); /* a new entry: no history */
+	kvs_cache_write_begin(c, 7, 100, &b);	   /* ours, at once */
+	ck_assert(b.held && b.clean && !b.foreign);
+	ck_assert(kvs_cache_write_end(c, &a));
+	ck_assert(kvs_cache_write_end(c, &b));
+	ck_assert(kvs_cache_write_last(c, &b));
+	ck_assert(!kvs_cache_write_last(d, &b)); /* not d's writes */
+	/* Another process writes after us: our publication is refused; its own is not. */
+	kvs_cache_write_begin(d, 7, 100, &x);
+	ck_assert(x.clean && x.foreign);
+	ck_assert(kvs_cache_write_end(d, &x));
+	ck_assert(!kvs_cache_write_last(c, &b));
+	ck_assert(kvs_cache_write_last(d, &x));
+	/* Our next write: foreign (what we wrote before may be under its bytes). */
+	kvs_cache_write_begin(c, 7, 100, &a);
+	ck_assert(a.clean && a.foreign);
+	/* ... and another process's write while ours is in flight: both unclean. */
+	kvs_cache_write_begin(d, 7, 100, &x);
+	ck_assert(!x.clean);
+	ck_assert(!kvs_cache_write_end(c, &a));
+	ck_assert(!kvs_cache_write_end(d, &x));
+	ck_assert(!kvs_cache_write_last(c, &a));
+	ck_assert(!kvs_cache_write_last(d, &x));
+	/* Another file's entry is not ours to count in. */
+	kvs_cache_write_begin(c, 8, 100, &a);
+	ck_assert(kvs_cache_write_end(c, &a));
+	ck_assert(kvs_cache_write_last(c, &a));
+	/* A writer that dies in flight: the file's later writes are unclean. */
+	pid_t kid = fork();
+	ck_assert_int_ge(kid, 0);
+	if (kid == 0) {
+		struct kvs_cache *m = NULL;
+		struct kvs_wtok t;
+
+		if (kvs_cache_open(KVS_CACHE_PARAMS(&cfg), 0, &m, NULL, 0))
+			_exit(3);
+		kvs_cache_write_begin(m, 9, 100, &t);
+		_exit(t.held ? 0 : 4);
+	}
+	int st;
+	waitpid(kid, &st, 0);
+	ck_assert(WIFEXITED(st) && WEXITSTATUS(st) == 0);
+	kvs_cache_write_begin(c, 9, 100, &a);
+	ck_assert(!a.clean);
+	ck_assert(!kvs_cache_write_end(c, &a));
+	/* A watcher is never clean. */
+	struct kvs_cache *w = NULL;
+	ck_assert_int_eq(kvs_cache_open(KVS_CACHE_PARAMS(&cfg), KVS_OPEN_WATCH, &w, NULL, 0), 0);
+	kvs_cache_write_begin(w, 10, 100, &a);
+	ck_assert(!a.held && !a.clean);
+	kvs_cache_close(w);
+	kvs_cache_close(d);
+	kvs_cache_close(c);
+	remove_region(&cfg);
+}
+END_TEST
+
 /* The seen table: the first time recorded is the answer, never a later one for a block that
  * is still there and never an earlier one for any block. */
 START_TEST(test_first_seen)
@@ -2060,6 +2212,8 @@ static Suite *cache_suite(void)
 	tcase_add_test(core, test_layout_pinned);
 	tcase_add_test(core, test_expiry);
 	tcase_add_test(core, test_first_seen);
+	tcase_add_test(core, test_stage_publish_rekey);
+	tcase_add_test(conc, test_write_sequences);
 	tcase_add_test(conc, test_first_seen_concurrent);
 	tcase_add_test(core, test_create_attach_mismatch);
 	tcase_add_test(core, test_pin_owner_hit);

@@ -175,7 +175,7 @@ got=$(LD_PRELOAD=$lib dd if="$work/kv/blk3" bs=1M iflag=direct status=none | sha
 
 # --- A write of several shards by an attached process drops every one of them, not only the
 # first.  Shards are kept at once (files.settle = 0); the write keeps the bytes, so only the
-# cache's own count can tell.
+# cache's own count can tell (write-through off: it would keep the new ones, below).
 reset_region
 py_write='import os,sys,mmap,subprocess,json
 env={k:v for k,v in os.environ.items() if k!="LD_PRELOAD"}
@@ -186,11 +186,24 @@ fd=os.open(sys.argv[2],os.O_RDONLY|os.O_DIRECT); b=mmap.mmap(-1,3<<20); n=os.pre
 before=ready()
 w=os.open(sys.argv[2],os.O_WRONLY); os.pwrite(w,b[:n],0); os.close(w)
 print(n, before, ready())'
-out=$(KVSHIM_FILES_SETTLE=0 LD_PRELOAD=$lib python3 -c "$py_write" "$kvshim" "$work/kv/blk0" 2>&1)
+out=$(KVSHIM_FILES_SETTLE=0 KVSHIM_FILES_WRITE_THROUGH=0 LD_PRELOAD=$lib python3 -c "$py_write" "$kvshim" "$work/kv/blk0" 2>&1)
 if [ "$out" = "3145728 3 0" ]; then
 	ok "a 3-shard write drops all 3 shards (read, slots ready before, after: $out)"
 else
 	fail "a 3-shard write: read, slots ready before, after: $out (want 3145728 3 0)"
+fi
+# With write-through (the default) the old identity's 3 shards go and the new one's 3 come:
+# the next read is served without storage.
+reset_region
+out=$(KVSHIM_FILES_SETTLE=0 LD_PRELOAD=$lib python3 -c "$py_write" "$kvshim" "$work/kv/blk0" 2>&1)
+b0=$(totals backend_bytes)
+got=$(LD_PRELOAD=$lib dd if="$work/kv/blk0" bs=1M iflag=direct status=none | sha256sum)
+want=$(dd if="$work/kv/blk0" bs=1M iflag=direct status=none | sha256sum)
+if [ "$out" = "3145728 3 3" ] && [ "$(totals backend_bytes)" = "$b0" ] && [ "$got" = "$want" ] &&
+	[ "$(totals write_through_bytes)" = 3145728 ]; then
+	ok "a 3-shard write through the shim keeps its 3 shards: the next read reads no storage"
+else
+	fail "a 3-shard write with write-through: $out (want 3145728 3 3), backend $b0 -> $(totals backend_bytes), write_through_bytes $(totals write_through_bytes), bytes right: $([ "$got" = "$want" ] && echo yes || echo no)"
 fi
 
 # A write under files.min_read reaches the shim only on a descriptor a read already found to
@@ -267,7 +280,7 @@ fi
 
 # --- The shared object exports the hooked names and nothing else.
 exports=$(nm -D --defined-only "$1" | awk '{print $3}' | sort | tr '\n' ' ')
-want="__pread64_chk __pread_chk __read_chk aio_cancel aio_cancel64 aio_error aio_error64 aio_read aio_read64 aio_return aio_return64 aio_suspend aio_suspend64 aio_write aio_write64 cuFileBatchIOCancel cuFileBatchIODestroy cuFileBatchIOGetStatus cuFileBatchIOSetUp cuFileBatchIOSubmit cuFileHandleDeregister cuFileHandleRegister cuFileRead cuFileReadAsync cuFileStreamDeregister cuFileStreamRegister cuFileWrite dlsym dlvsym fread io_cancel io_destroy io_getevents io_pgetevents io_submit lio_listio lio_listio64 mmap mmap64 pread pread64 preadv preadv2 preadv64 preadv64v2 pwrite pwrite64 pwritev pwritev2 pwritev64 pwritev64v2 read readv syscall write writev "
+want="__pread64_chk __pread_chk __read_chk aio_cancel aio_cancel64 aio_error aio_error64 aio_read aio_read64 aio_return aio_return64 aio_suspend aio_suspend64 aio_write aio_write64 close cuFileBatchIOCancel cuFileBatchIODestroy cuFileBatchIOGetStatus cuFileBatchIOSetUp cuFileBatchIOSubmit cuFileHandleDeregister cuFileHandleRegister cuFileRead cuFileReadAsync cuFileStreamDeregister cuFileStreamRegister cuFileWrite dlsym dlvsym fdatasync fread fsync ftruncate ftruncate64 io_cancel io_destroy io_getevents io_pgetevents io_submit lio_listio lio_listio64 mmap mmap64 pread pread64 preadv preadv2 preadv64 preadv64v2 pwrite pwrite64 pwritev pwritev2 pwritev64 pwritev64v2 read readv rename renameat renameat2 syscall write writev "
 if [ "$exports" = "$want" ]; then
 	ok "libkvshim.so exports only the interposed names"
 else

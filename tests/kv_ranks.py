@@ -15,6 +15,9 @@ write: one process writes the NFILES files of SIZE bytes in the shape of a real 
   sglang   SGLang's file backend: buffered writes of 64 KiB pieces under the final name
   rename   (the default) a buffered write to NAME.tmp, close, rename: another process's save
   inplace  an O_DIRECT rewrite in place, same size (the identity may not change)
+  pieces   a rewrite in place in 256 KiB pwrites (two writers racing on one file)
+  hold     the tiering write, then sleeps with the file open (a writer killed before it is
+           done: prints "holding" once written)
 
 load: N ranks (forked processes, started together) each read every file with O_DIRECT preadv
 into page-aligned buffers (--buffered: without O_DIRECT), rank r starting at file r, in
@@ -59,7 +62,8 @@ def write_files(a):
             fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_DIRECT, 0o644)
             n = (a.size + PAGE - 1) // PAGE * PAGE
             os.pwritev(fd, [memoryview(buf)[:n]], 0)
-            os.ftruncate(fd, a.size)
+            if n != a.size:
+                os.ftruncate(fd, a.size)  # the O_DIRECT write was rounded up to a page
             os.close(fd)
             os.replace(tmp, path)
         elif shape == "ucm":
@@ -82,6 +86,18 @@ def write_files(a):
             with open(tmp, "wb") as f:
                 f.write(data)
             os.rename(tmp, path)
+        elif shape == "pieces":
+            fd = os.open(path, os.O_WRONLY | os.O_CREAT, 0o644)
+            for off in range(0, a.size, 256 << 10):
+                os.pwrite(fd, data[off : off + (256 << 10)], off)
+            os.close(fd)
+        elif shape == "hold":
+            buf = aligned(a.size)
+            buf[: a.size] = data
+            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_DIRECT, 0o644)
+            os.pwritev(fd, [memoryview(buf)[: (a.size + PAGE - 1) // PAGE * PAGE]], 0)
+            print("holding", flush=True)
+            time.sleep(600)
         elif shape == "inplace":
             buf = aligned(a.size)
             buf[: a.size] = data

@@ -25,6 +25,11 @@
  *       term of the load's limit).  The copy is the shim's default (loader.copy = auto, the
  *       streaming copy of loader/copy.c); --memcpy copies with memcpy
  *
+ *   kvshim-bench-read write [--direct] [--bs BYTES] N DIR
+ *       write N files DIR/w<i> of BYTES (default 4 MiB) each, as an engine saves KV blocks:
+ *       open, one write, close (under the shim: write-through stages and publishes them);
+ *       print the time per file (us) and the rate (GB/s).  The files are left in DIR
+ *
  * Prints one line of figures; checks no thresholds (the machines are shared: compare ratios).
  */
 #include <errno.h>
@@ -196,6 +201,44 @@ static int bench_read(int argc, char **argv)
 	return 0;
 }
 
+static int bench_write(int argc, char **argv)
+{
+	bool direct = false;
+	size_t bs = 4 * MIB;
+	int i = 0;
+
+	for (; i < argc && argv[i][0] == '-'; i++) {
+		if (!strcmp(argv[i], "--direct"))
+			direct = true;
+		else if (!strcmp(argv[i], "--bs") && i + 1 < argc)
+			bs = strtoull(argv[++i], NULL, 0);
+	}
+	if (argc - i != 2 || bs == 0 || bs % 4096) {
+		fprintf(
+		    stderr,
+		    "kvshim-bench-read: write [--direct] [--bs BYTES (4 KiB multiple)] N DIR\n");
+		return 2;
+	}
+	int n = atoi(argv[i]);
+	char *buf = page_alloc(bs);
+	for (size_t k = 0; k < bs; k++)
+		buf[k] = (char)(k * 131 + 7);
+	double t0 = now();
+	for (int f = 0; f < n; f++) {
+		char path[4096];
+
+		snprintf(path, sizeof(path), "%s/w%d", argv[i + 1], f);
+		int fd = open(path, O_WRONLY | O_CREAT | O_TRUNC | (direct ? O_DIRECT : 0), 0644);
+		if (fd < 0 || write(fd, buf, bs) != (ssize_t)bs || close(fd)) {
+			fprintf(stderr, "kvshim-bench-read: %s: %s\n", path, strerror(errno));
+			return 1;
+		}
+	}
+	double dt = now() - t0;
+	printf("write %.1f us per file, %.2f GB/s\n", dt / n * 1e6, (double)bs * n / dt / 1e9);
+	return 0;
+}
+
 /* A start line for processes timed together (ranks, copy): children check in and spin until
  * go; each notes its end; the figure is the last end since go. */
 struct board {
@@ -361,9 +404,12 @@ int main(int argc, char **argv)
 		return bench_ranks(argc - 2, argv + 2);
 	if (argc >= 4 && !strcmp(argv[1], "copy"))
 		return bench_copy(argc - 2, argv + 2);
+	if (argc >= 4 && !strcmp(argv[1], "write"))
+		return bench_write(argc - 2, argv + 2);
 	fprintf(stderr, "usage: kvshim-bench-read memcpy MIB | probe MIB | read [--direct] "
 			"[--passes N] [--bs BYTES] FILE... "
 			"| ranks N [--direct] [--distinct] [--split] FILE... "
-			"| copy N [--distinct] [--memcpy] MIB\n");
+			"| copy N [--distinct] [--memcpy] MIB "
+			"| write [--direct] [--bs BYTES] N DIR\n");
 	return 2;
 }

@@ -21,7 +21,7 @@ struct gauge {
 	uint64_t v;
 };
 
-#define NGAUGES 14
+#define NGAUGES 15
 
 /* Fill g with the gauges of i, always in the same order (name, help and value side by side,
  * so that they cannot drift apart). */
@@ -36,6 +36,9 @@ static void gauges_of(const struct kvs_region_info *i, struct gauge g[NGAUGES])
 	    {"slots_loading", "slots being loaded", i->slots_loading},
 	    {"slots_failed", "slots whose load failed", i->slots_failed},
 	    {"slots_pinned", "slots pinned by at least one process", i->slots_pinned},
+	    {"slots_claimed",
+	     "slots taken by a process and in no chain: being allocated, or staged by a writer",
+	     i->slots_claimed},
 	    {"processes_attached", "live processes attached to the region", i->processes_attached},
 	    {"max_processes", "slots in the process table", i->max_processes},
 	    {"slots_populated", "slots whose pages are allocated", i->slots_populated},

@@ -1,0 +1,121 @@
+/*
+ * stage: slots a writer fills with the bytes it writes (write-through), published under the
+ * file's final identity once the writer is done with it; and moving a published shard to the
+ * identity a rename gives its file.
+ *
+ * DESIGN (the protocol of region.c, one state more in use)
+ *
+ * A staged slot is CLAIMED by its writer: taken like any allocation (kvs_evict_claim, from
+ * the main share only, so the reserve stays for loads), then left CLAIMED while the writer
+ * copies into it, for as long as the writer's file stays open.  A CLAIMED slot is in no chain,
+ * so no lookup finds it, no allocator takes it (the sweep skips CLAIMED), and no stripe
+ * repair touches it; if the writer dies, its reclaim frees every slot CLAIMED by it
+ * (proc.c), so a writer that never publishes leaves nothing behind.  Only the writer writes
+ * a staged slot's data; nothing else reads it.
+ *
+ * Publication takes the key's stripe and looks the key up (expired slots dropped, as every
+ * lookup does).  Absent: the slot is hashed as a load would be (kvs_slot_insert_locked:
+ * LOADING, unowned, unpinned), then, still under the stripe, length and expires are stored
+ * and READY with a release store; nobody can see it in between, since every lookup takes the
+ * stripe.  Present (a reader loaded the shard meanwhile, or another writer published it): the
+ * slot goes back to FREE and the one there stays.  A crash under the stripe is repaired as
+ * for any insert: the chain is rebuilt from slot metadata, and a slot caught LOADING with no
+ * owner is loaded by its next pinner.
+ *
+ *   dies ...                       leaves                          repaired by
+ *   while staging                  slots CLAIMED by it             reclaim frees them
+ *   publishing, inside the stripe  EOWNERDEAD                      stripe rebuild; a LOADING
+ *                                                                  unowned slot is reloaded
+ *   moving (rekey), between the    the slot CLAIMED by it          reclaim frees it
+ *   two stripes
+ *
+ * Moving (kvs_cache_rekey): under the old key's stripe, a READY slot nobody pins is unhashed
+ * and CLAIMED by the mover (as eviction takes a victim); then it is published under the new
+ * key as above.  No code holds two stripes at once.
+ */
+#include <errno.h>
+
+#include "internal.h"
+
+int kvs_cache_stage_claim(struct kvs_cache *c, uint32_t *slot)
+{
+	if (c->self < 0)
+		return -EPERM;
+	/* Normal class: the reserve is left to loads, which engines wait for. */
+	return kvs_evict_claim(c, KVS_ALLOC_NORMAL, slot);
+}
+
+void *kvs_cache_stage_data(struct kvs_cache *c, uint32_t slot)
+{
+	return c->data + (size_t)slot * c->shard_size;
+}
+
+void kvs_cache_stage_drop(struct kvs_cache *c, uint32_t slot)
+{
+	struct kvs_slot *s = &c->slots[slot];
+	uint32_t mine = KVS_ST_CLAIMED_BY(c->self);
+
+	if (slot < c->nslots) /* only our own claim goes back */
+		cas_acq_rel(&s->state, &mine, KVS_SLOT_FREE);
+}
+
+int kvs_cache_stage_publish(struct kvs_cache *c, uint32_t slot, const struct kvs_key *key,
+			    uint32_t length, uint64_t expires_ns)
+{
+	uint32_t b = key_bucket(c, key), stripe = bucket_stripe(c, b);
+	struct kvs_slot *s = &c->slots[slot];
+	int r;
+
+	if (slot >= c->nslots || load_relaxed(&s->state) != KVS_ST_CLAIMED_BY(c->self) ||
+	    length > c->shard_size)
+		return -EINVAL;
+	r = kvs_stripe_lock(c, stripe);
+	if (r) {
+		kvs_cache_stage_drop(c, slot);
+		return r;
+	}
+	int64_t i = kvs_slot_find_fresh_locked(c, b, key);
+	if (i != KVS_NIL) {
+		kvs_stripe_unlock(c, stripe);
+		kvs_cache_stage_drop(c, slot);
+		return i < 0 ? (int)i : 0;
+	}
+	kvs_slot_insert_locked(c, slot, b, key);
+	store_relaxed(&s->length, length);
+	store_relaxed(&s->expires, expires_ns);
+	/* No pin, so no waiter to wake; pairs with the acquire loads of pinners and waiters. */
+	store_release(&s->state, KVS_SLOT_READY);
+	kvs_stripe_unlock(c, stripe);
+	return 1;
+}
+
+int kvs_cache_rekey(struct kvs_cache *c, const struct kvs_key *from, const struct kvs_key *to)
+{
+	uint32_t b = key_bucket(c, from), stripe = bucket_stripe(c, b);
+	int r;
+
+	if (c->self < 0)
+		return -EPERM;
+	r = kvs_stripe_lock(c, stripe);
+	if (r)
+		return r;
+	int64_t i = kvs_slot_find_fresh_locked(c, b, from);
+	if (i < 0 || i == KVS_NIL) {
+		kvs_stripe_unlock(c, stripe);
+		return i < 0 ? (int)i : 0;
+	}
+	struct kvs_slot *s = &c->slots[i];
+	if (st_of(load_relaxed(&s->state)) != KVS_SLOT_READY || load_relaxed(&s->refs) != 0 ||
+	    kvs_slot_unlink_locked(c, (uint32_t)i, b)) {
+		kvs_stripe_unlock(c, stripe); /* in use under the old identity: leave it */
+		return 0;
+	}
+	/* Claimed before unhashed, as a victim: a crash in between leaves a claim reclaim frees. */
+	uint32_t length = load_relaxed(&s->length);
+	uint64_t expires = load_relaxed(&s->expires);
+	store_release(&s->state, KVS_ST_CLAIMED_BY(c->self));
+	store_relaxed(&s->bucket, KVS_NIL);
+	kvs_stripe_unlock(c, stripe);
+	r = kvs_cache_stage_publish(c, (uint32_t)i, to, length, expires);
+	return r;
+}

@@ -1,0 +1,95 @@
+/*
+ * wthru: write-through.  The bytes a process under the shim writes to a KV file are copied,
+ * as they are written, into slots of the region staged for it (invisible to readers), and
+ * published under the file's identity once the process is done with it (close of the last
+ * descriptor it wrote through, fsync, fdatasync), so that the first read after a save is a
+ * hit.  A rename of the file by the same process then moves what it published to the
+ * identity the rename gives the file (rename moves ctime): the tmp + rename of vLLM's tiering
+ * fs, UCM and LMCache.  The protocol, and what is kept, is the essay at the top of wthru.c.
+ *
+ * Every function here is called by shim.c with its recursion guard held, never fails the
+ * caller's call, and leaves errno as it found it.  c is the region (mapped by the caller).
+ */
+#ifndef KVS_SHIM_WTHRU_H
+#define KVS_SHIM_WTHRU_H
+
+#include <stdatomic.h>
+#include <stdbool.h>
+#include <stdint.h>
+#include <sys/types.h>
+#include <sys/uio.h>
+
+#include "cache.h"
+#include "fdinfo.h"
+
+struct kvs_config;
+struct wt_file;
+
+/* One write in progress (on the writer's stack), from kvs_wthru_before to kvs_wthru_after. */
+struct kvs_wthru_op {
+	struct wt_file *f; /* NULL: not staged */
+	const struct iovec *iov;
+	int iovcnt;
+	uint64_t off, len;
+	bool at_pos;   /* at the file position (write, writev) */
+	bool late;     /* the offset is known only after the write (O_APPEND): copy after it */
+	bool async;    /* copied by the copier thread during the real call */
+	bool deferred; /* seen complete only later (aio): copied then, from its buffers */
+	struct kvs_wtok tok;
+	uint64_t t0; /* CLOCK_MONOTONIC when the write began */
+	struct kvs_wthru_op *next;
+	_Atomic uint32_t copied; /* the copier is done with the op (release) */
+};
+
+/* files.write_through and what it needs of the configuration; called once by init. */
+void kvs_wthru_configure(const struct kvs_config *cfg);
+
+/* Is write-through on in this process at all (one load)? */
+bool kvs_wthru_on(void);
+
+/* Does any staged file exist now (one load, for close's fast path)? */
+bool kvs_wthru_busy(void);
+
+/*
+ * Before the real write of len bytes from iov to fd (fi: fd's description, a KV file), at
+ * off, or at the file position when off < 0: stage it, and start copying the bytes into the
+ * staged slots (on the copier thread for large writes, so that the copy overlaps the write).
+ * deferred: an asynchronous write (POSIX aio, kernel AIO; off >= 0) whose completion is seen
+ * later: its bytes are copied then, by kvs_wthru_after, and iov must stay valid until it.
+ * Returns false (nothing staged; kvs_wthru_after need not be called) or true.
+ */
+bool kvs_wthru_before(struct kvs_cache *c, struct kvs_wthru_op *op, int fd,
+		      const struct kvs_fdinfo *fi, const struct iovec *iov, int iovcnt,
+		      uint64_t len, int64_t off, bool deferred);
+
+/* After the real write returned ret (or, deferred, once its result is seen): wait for the
+ * copy (deferred: make it), then keep what was written (ret bytes), or mark what the copy
+ * overwrote and storage did not get as not kept. */
+void kvs_wthru_after(struct kvs_cache *c, struct kvs_wthru_op *op, int fd, ssize_t ret);
+
+/* close(fd) is about to be called: if fd is the last descriptor a staged file was written
+ * through, take the file (returned) for kvs_wthru_closed, which publishes it when the real
+ * close returned 0 (else drops it).  NULL: nothing to do. */
+struct wt_file *kvs_wthru_closing(struct kvs_cache *c, int fd);
+void kvs_wthru_closed(struct kvs_cache *c, struct wt_file *f, int ret);
+
+/* ftruncate(fd) is about to be called / returned ret: a truncation of a staged file by its
+ * writer is one of its writes (the identity it leaves is the one publication expects); tok
+ * lives on the caller's stack between the two.  kvs_wthru_truncating returns the staged file
+ * (NULL: nothing to do), which kvs_wthru_truncated must then get. */
+struct wt_file *kvs_wthru_truncating(struct kvs_cache *c, int fd, struct kvs_wtok *tok);
+void kvs_wthru_truncated(struct kvs_cache *c, struct wt_file *f, int fd, struct kvs_wtok *tok,
+			 int ret);
+
+/* fsync(fd) or fdatasync(fd) returned 0: publish what fd's file has staged, and go on staging
+ * its later writes. */
+void kvs_wthru_synced(struct kvs_cache *c, int fd);
+
+/* rename() returned 0 and the file is now at path (relative to dirfd): if this process
+ * published it, move what it published to the identity the rename gave it. */
+void kvs_wthru_renamed(struct kvs_cache *c, int dirfd, const char *path);
+
+/* The fork child: forget the parent's staging (its slots are the parent's) and copier. */
+void kvs_wthru_atfork_child(void);
+
+#endif
