@@ -205,6 +205,18 @@ int kvs_gpu_copy_on_stream(struct kvs_gpu *g, void *stream, const struct kvs_gpu
 	return kvs_gpu_errno(r);
 }
 
+int kvs_gpu_copy_to_host(struct kvs_gpu *g, const struct kvs_gpu_ptr *src, uint64_t src_off,
+			 void *dst, size_t len)
+{
+	if (forgotten(g))
+		return -ENODEV;
+	if (src->kind != KVS_MEM_DEVICE || !src->ctx)
+		return -EINVAL;
+	kvs_cu_result r;
+	WITH_CTX(r, g, src->ctx, g->cu.memcpy_dtoh(dst, src->dptr + src_off, len));
+	return kvs_gpu_errno(r);
+}
+
 int kvs_gpu_host_func(struct kvs_gpu *g, void *stream, const struct kvs_gpu_ptr *dst,
 		      void (*fn)(void *), void *arg)
 {

@@ -45,6 +45,7 @@ static const struct {
     E("cuStreamDestroy", "cuStreamDestroy_v2", stream_destroy),
     E("cuStreamSynchronize", "cuStreamSynchronize", stream_synchronize),
     E("cuMemcpyHtoDAsync", "cuMemcpyHtoDAsync_v2", memcpy_htod_async),
+    E("cuMemcpyDtoH", "cuMemcpyDtoH_v2", memcpy_dtoh),
     E("cuLaunchHostFunc", "cuLaunchHostFunc", launch_host_func),
     E("cuMemHostRegister", "cuMemHostRegister_v2", mem_host_register),
     E("cuMemHostUnregister", "cuMemHostUnregister", mem_host_unregister),

@@ -108,6 +108,14 @@ int kvs_gpu_copy_on_stream(struct kvs_gpu *g, void *stream, const struct kvs_gpu
 			   uint64_t dst_off, const void *src, size_t len);
 
 /*
+ * Copy len bytes of the device memory src->dptr + src_off (kind DEVICE) to host memory dst
+ * (cuMemcpyDtoH, in src's context), and return once they are there: what write-through keeps
+ * of a cuFileWrite from device memory.  Returns 0 or -errno.
+ */
+int kvs_gpu_copy_to_host(struct kvs_gpu *g, const struct kvs_gpu_ptr *src, uint64_t src_off,
+			 void *dst, size_t len);
+
+/*
  * Enqueue fn(arg) on stream (cuLaunchHostFunc): the driver runs it on a thread of its own once
  * the work before it on the stream has finished; fn must not call CUDA.  dst gives the context
  * (NULL: the calling thread's current one).  Returns 0 or -errno (fn will not run).

@@ -32,6 +32,7 @@ struct kvs_cu_fns {
 	kvs_cu_result (*stream_destroy)(kvs_cu_stream);
 	kvs_cu_result (*stream_synchronize)(kvs_cu_stream);
 	kvs_cu_result (*memcpy_htod_async)(kvs_cu_deviceptr, const void *, size_t, kvs_cu_stream);
+	kvs_cu_result (*memcpy_dtoh)(void *, kvs_cu_deviceptr, size_t);
 	kvs_cu_result (*launch_host_func)(kvs_cu_stream, kvs_cu_hostfn, void *);
 	kvs_cu_result (*mem_host_register)(void *, size_t, unsigned int);
 	kvs_cu_result (*mem_host_unregister)(void *);
@@ -60,7 +61,7 @@ struct kvs_gpu_reg {
 	 * already by someone else; stored (release) by the thread after the driver returned,
 	 * loaded (acquire) by kvs_gpu_pinned from any thread. */
 	_Atomic uint8_t *done;
-	_Atomic bool armed; /* base, len, nchunks, done are set (release; kvs_gpu_pinned) */
+	_Atomic bool armed;	/* base, len, nchunks, done are set (release; kvs_gpu_pinned) */
 	_Atomic uint64_t bytes; /* written by the thread, read by anyone */
 	_Atomic int err;
 };

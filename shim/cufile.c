@@ -213,7 +213,16 @@ KVS_EXPORT ssize_t cuFileWrite(kvs_cufile_handle_t fh, const void *buf, size_t s
 		return -KVS_CU_FILE_DRIVER_NOT_INITIALIZED;
 	if (fd >= 0 && file_offset >= 0)
 		kvs_shim_invalidate(fd, file_offset, size, false, 0);
+	/* Write-through: the bytes are copied from the buffer (through the driver for device
+	 * memory) once the real write has them, and kept when the file is closed. */
+	struct kvs_shim_cfwrite w;
+	bool staged =
+	    fd >= 0 && buf &&
+	    kvs_shim_cufile_write_before(&w, fd, (uint64_t)(uintptr_t)buf + (uint64_t)buf_offset,
+					 size, file_offset);
 	n = fn(fh, buf, size, file_offset, buf_offset);
+	if (staged)
+		kvs_shim_cufile_write_after(&w, fd, n);
 	if (fd >= 0 && file_offset >= 0)
 		kvs_shim_invalidate(fd, file_offset, size, false, 0);
 	return n;

@@ -132,6 +132,14 @@ int kvs_device_stream_func(struct kvs_device_target *t, void *stream, void (*fn)
 	return kvs_gpu_host_func(t->cp.g, stream, &t->dst, fn, arg);
 }
 
+int kvs_device_copy_to_host(const struct kvs_device_target *t, uint64_t pos, void *dst, size_t len)
+{
+	struct kvs_gpu *g =
+	    atomic_load_explicit(&state, memory_order_acquire) == DEV_OPEN ? gpu : NULL;
+
+	return g ? kvs_gpu_copy_to_host(g, &t->dst, pos, dst, len) : -ENODEV;
+}
+
 bool kvs_device_pinned(const struct kvs_device_target *t, const void *src, size_t len)
 {
 	return t->cp.g && kvs_gpu_pinned(t->cp.g, src, len);

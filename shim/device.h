@@ -55,6 +55,10 @@ int kvs_device_stream_func(struct kvs_device_target *t, void *stream, void (*fn)
  * pinned already (kvs_gpu_pinned). */
 bool kvs_device_pinned(const struct kvs_device_target *t, const void *src, size_t len);
 
+/* Copy len bytes of t's device memory at pos into host memory dst, synchronously (a
+ * cuFileWrite's bytes, for write-through).  0 or -errno. */
+int kvs_device_copy_to_host(const struct kvs_device_target *t, uint64_t pos, void *dst, size_t len);
+
 /* The fork child: forget the driver state without a call into it. */
 void kvs_device_atfork_child(void);
 

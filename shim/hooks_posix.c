@@ -210,6 +210,59 @@ KVS_EXPORT size_t fread(void *ptr, size_t size, size_t nmemb, FILE *f)
 	return done / size;
 }
 
+/*
+ * fwrite puts bytes in the stream's buffer; they reach the file at the stream's position when
+ * it flushes.  For write-through they are staged at that position (ftello, under the stream's
+ * lock) and kept once fclose has flushed them (below).  A stream in append mode is not
+ * staged: its position is not where the bytes go.
+ */
+KVS_EXPORT size_t fwrite(const void *ptr, size_t size, size_t nmemb, FILE *f)
+{
+	size_t total, done;
+	struct kvs_wthru_op op;
+	bool staged = false;
+
+	kvs_real_init();
+	kvs_shim_wants(0); /* the configuration, loaded once */
+	if (size == 0 || nmemb == 0 || __builtin_mul_overflow(size, nmemb, &total) ||
+	    !kvs_wthru_on())
+		return kvs_real.fwrite(ptr, size, nmemb, f);
+	flockfile(f);
+	int fd = fileno_unlocked(f);
+	off_t pos = fd >= 0 ? ftello(f) : -1;
+	struct iovec v = {(void *)ptr, total};
+	if (pos >= 0) {
+		kvs_shim_invalidate(fd, pos, total, false, 0);
+		staged = kvs_shim_write_before(&op, fd, &v, 1, pos);
+	}
+	done = kvs_real.fwrite(ptr, size, nmemb, f);
+	if (staged) {
+		int saved = errno;
+
+		/* Short: the stream has an error now, and fclose will say so. */
+		kvs_shim_write_after(&op, fd, done == nmemb ? (ssize_t)total : -1);
+		errno = saved;
+	}
+	funlockfile(f);
+	return done;
+}
+
+KVS_EXPORT int fclose(FILE *f)
+{
+	int dupfd;
+	struct wt_file *w = kvs_shim_fclosing(fileno(f), &dupfd);
+
+	kvs_real_init();
+	int r = kvs_real.fclose(f);
+	if (w) {
+		int saved = errno;
+
+		kvs_shim_fclosed(w, dupfd, r);
+		errno = saved;
+	}
+	return r;
+}
+
 /* Around a write: invalidate before it the shards as they were, stage its bytes for
  * write-through (wthru.h), make the real call, then keep what it wrote and invalidate any
  * shard another process loaded while it was landing.  iov/iovcnt describe the bytes; off is

@@ -106,8 +106,11 @@ static int sys_rename(const char *o, const char *n)
 	return sys_renameat2(AT_FDCWD, o, AT_FDCWD, n, 0);
 }
 
-/* glibc exports fread under this name too; the fallback while RTLD_NEXT is being resolved. */
+/* glibc exports fread, fwrite and fclose under these names too; the fallbacks while RTLD_NEXT
+ * is being resolved. */
 extern size_t _IO_fread(void *ptr, size_t size, size_t n, FILE *f);
+extern size_t _IO_fwrite(const void *ptr, size_t size, size_t n, FILE *f);
+extern int _IO_fclose(FILE *f);
 
 struct kvs_real kvs_real = {
     .read = sys_read,
@@ -122,6 +125,8 @@ struct kvs_real kvs_real = {
     .pread_chk = sys_pread_chk,
     .pread64_chk = sys_pread_chk,
     .fread = _IO_fread, /* stdio has no system call: glibc's own alias until resolved */
+    .fwrite = _IO_fwrite,
+    .fclose = _IO_fclose,
     .write = sys_write,
     .pwrite = sys_pwrite,
     .pwrite64 = sys_pwrite,
@@ -189,6 +194,8 @@ static void resolve(void)
 	RESOLVE(pread_chk, "__pread_chk");
 	RESOLVE(pread64_chk, "__pread64_chk");
 	RESOLVE(fread, "fread");
+	RESOLVE(fwrite, "fwrite");
+	RESOLVE(fclose, "fclose");
 	RESOLVE(write, "write");
 	RESOLVE(pwrite, "pwrite");
 	RESOLVE(pwrite64, "pwrite64");

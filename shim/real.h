@@ -23,6 +23,8 @@ struct kvs_real {
 	ssize_t (*pread_chk)(int, void *, size_t, off_t, size_t);
 	ssize_t (*pread64_chk)(int, void *, size_t, off64_t, size_t);
 	size_t (*fread)(void *, size_t, size_t, FILE *);
+	size_t (*fwrite)(const void *, size_t, size_t, FILE *);
+	int (*fclose)(FILE *);
 	ssize_t (*write)(int, const void *, size_t);
 	ssize_t (*pwrite)(int, const void *, size_t, off_t);
 	ssize_t (*pwrite64)(int, const void *, size_t, off64_t);

@@ -27,6 +27,7 @@
  * walker's descriptor is closed (cache/populate.c), and the child attaches anew.
  */
 #include <errno.h>
+#include <fcntl.h>
 #include <linux/futex.h>
 #include <limits.h>
 #include <pthread.h>
@@ -809,9 +810,17 @@ static bool shim_on(void)
 	return kvs_shim_wants(0) || atomic_load_explicit(&state, memory_order_acquire) == ST_ON;
 }
 
-/* Writes this short are looked at only on a descriptor already known as a KV file, so that a
- * program's small writes to sockets, pipes and logs cost one load, not an fstat. */
+/* Writes this short are looked at only on a descriptor already known as a KV file, or at
+ * offset 0 (a file's header, written before the blocks: the shard would never be whole
+ * otherwise), so that a program's small writes to sockets, pipes and logs cost one load, not
+ * an fstat. */
 #define KVS_WRITE_LOOK_MIN 4096u
+
+static int write_look(int fd, uint64_t len, int64_t off, struct kvs_fdinfo *fi)
+{
+	return len >= KVS_WRITE_LOOK_MIN || off == 0 ? kvs_fdinfo_get(fd, fi)
+						     : kvs_fdinfo_known(fd, fi);
+}
 
 bool kvs_shim_write_before(struct kvs_wthru_op *op, int fd, const struct iovec *iov, int iovcnt,
 			   int64_t off)
@@ -832,7 +841,7 @@ bool kvs_shim_write_before(struct kvs_wthru_op *op, int fd, const struct iovec *
 		return false;
 	int saved = errno;
 	guard++;
-	int got = len >= KVS_WRITE_LOOK_MIN ? kvs_fdinfo_get(fd, &fi) : kvs_fdinfo_known(fd, &fi);
+	int got = write_look(fd, len, off, &fi);
 	if (got == 0 && fi.kv) {
 		struct kvs_cache *c = region();
 
@@ -880,7 +889,7 @@ struct kvs_shim_wpend *kvs_shim_write_submitted(int fd, const struct iovec *iov,
 		return NULL;
 	int saved = errno;
 	guard++;
-	int got = len >= KVS_WRITE_LOOK_MIN ? kvs_fdinfo_get(fd, &fi) : kvs_fdinfo_known(fd, &fi);
+	int got = write_look(fd, len, (int64_t)off, &fi);
 	struct kvs_cache *c = got == 0 && fi.kv ? region() : NULL;
 	if (c)
 		p = malloc(sizeof(*p) + (size_t)iovcnt * sizeof(struct iovec));
@@ -910,6 +919,42 @@ void kvs_shim_write_completed(struct kvs_shim_wpend *p, ssize_t ret)
 	errno = saved;
 }
 
+static int device_src_copy(void *ctx, uint64_t pos, void *dst, size_t n)
+{
+	return kvs_device_copy_to_host(ctx, pos, dst, n);
+}
+
+bool kvs_shim_cufile_write_before(struct kvs_shim_cfwrite *w, int fd, uint64_t ptr, size_t size,
+				  off_t off)
+{
+	struct kvs_fdinfo fi;
+	bool r = false;
+
+	w->op.f = NULL;
+	if (guard || off < 0 || size == 0 || size > KVS_MAX_RW_COUNT || ptr + size < ptr ||
+	    !shim_on() || !kvs_wthru_on())
+		return false;
+	int saved = errno;
+	guard++;
+	struct kvs_cache *c = kvs_fdinfo_get(fd, &fi) == 0 && fi.kv ? region() : NULL;
+	if (c && kvs_device_target(&cfg, ptr, size, &w->tg) == 0) {
+		w->iov = (struct iovec){(void *)(uintptr_t)ptr, size};
+		r = kvs_wthru_before(c, &w->op, fd, &fi, &w->iov, 1, size, off, true);
+		if (r && !w->tg.host) {
+			w->op.src_copy = device_src_copy; /* the bytes are in device memory */
+			w->op.src_ctx = &w->tg;
+		}
+	}
+	guard--;
+	errno = saved;
+	return r;
+}
+
+void kvs_shim_cufile_write_after(struct kvs_shim_cfwrite *w, int fd, ssize_t ret)
+{
+	kvs_shim_write_after(&w->op, fd, ret);
+}
+
 struct wt_file *kvs_shim_closing(int fd)
 {
 	struct wt_file *f;
@@ -923,6 +968,34 @@ struct wt_file *kvs_shim_closing(int fd)
 	guard--;
 	errno = saved;
 	return f;
+}
+
+struct wt_file *kvs_shim_fclosing(int fd, int *dupfd)
+{
+	struct wt_file *f;
+
+	*dupfd = -1;
+	if (fd < 0 || guard || !kvs_wthru_busy() ||
+	    atomic_load_explicit(&mapped, memory_order_acquire) != AT_OK)
+		return NULL;
+	int saved = errno;
+	guard++;
+	f = kvs_wthru_closing(cache, fd);
+	if (f)
+		*dupfd = (int)syscall(SYS_fcntl, fd, F_DUPFD_CLOEXEC, 0);
+	guard--;
+	errno = saved;
+	return f;
+}
+
+void kvs_shim_fclosed(struct wt_file *f, int dupfd, int ret)
+{
+	int saved = errno;
+
+	guard++;
+	kvs_wthru_stream_closed(cache, f, dupfd, ret);
+	guard--;
+	errno = saved;
 }
 
 void kvs_shim_closed(struct wt_file *f, int ret)

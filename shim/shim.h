@@ -19,6 +19,7 @@
 
 #include "device.h"
 #include "loader.h"
+#include "wthru.h"
 
 #define KVS_EXPORT __attribute__((visibility("default")))
 
@@ -107,6 +108,23 @@ void kvs_shim_closed(struct wt_file *f, int ret);
 void kvs_shim_synced(int fd);
 void kvs_shim_renamed(int dirfd, const char *path);
 struct wt_file *kvs_shim_truncating(int fd, struct kvs_wtok *tok);
+/* fclose of a stream on fd: kvs_shim_fclosing before the real fclose (the staged file, and a
+ * descriptor of it in *dupfd that outlives the stream), kvs_shim_fclosed after it. */
+struct wt_file *kvs_shim_fclosing(int fd, int *dupfd);
+void kvs_shim_fclosed(struct wt_file *f, int dupfd, int ret);
+
+/* cuFileWrite of size bytes from ptr (device or host memory) to fd at off: stage it for
+ * write-through (true: kvs_shim_cufile_write_after must follow with the real call's byte
+ * count, or -1), its bytes copied after the real call (through the driver for device
+ * memory).  w lives on the caller's stack between the two. */
+struct kvs_shim_cfwrite {
+	struct kvs_wthru_op op;
+	struct kvs_device_target tg;
+	struct iovec iov;
+};
+bool kvs_shim_cufile_write_before(struct kvs_shim_cfwrite *w, int fd, uint64_t ptr, size_t size,
+				  off_t off);
+void kvs_shim_cufile_write_after(struct kvs_shim_cfwrite *w, int fd, ssize_t ret);
 
 /* An asynchronous write (aio_write, LIO_WRITE, kernel AIO PWRITE/PWRITEV) of iov to fd at off
  * is about to be submitted: note it for write-through (NULL: not noted).  Once its result is

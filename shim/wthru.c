@@ -57,6 +57,7 @@
 #include <string.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
+#include <sys/syscall.h>
 #include <unistd.h>
 
 #include "atomics.h"
@@ -312,9 +313,35 @@ static struct wt_file *file_for_locked(const struct kvs_fdinfo *fi, int fd)
 
 /* ------------------------------------------------------------------ copies */
 
+/* Copy the op's bytes [0, to) from its source (src_copy, for device memory) into their staged
+ * slots: shard by shard. */
+static void copy_src(struct kvs_cache *c, struct kvs_wthru_op *op, uint64_t to)
+{
+	uint64_t S = kvs_cache_shard_size(c);
+
+	for (uint64_t pos = 0; pos < to && !op->copy_failed;) {
+		uint64_t at = op->off + pos, sh = at / S, within = at - sh * S;
+		uint64_t n = S - within < to - pos ? S - within : to - pos;
+
+		pthread_mutex_lock(&wt_mu);
+		struct wt_shard *e = shard_locked(op->f, sh, false);
+		uint32_t slot = e && !e->holey ? e->slot : KVS_WT_NIL;
+		pthread_mutex_unlock(&wt_mu);
+		if (slot != KVS_WT_NIL &&
+		    op->src_copy(op->src_ctx, pos, (char *)kvs_cache_stage_data(c, slot) + within,
+				 n))
+			op->copy_failed = true;
+		pos += n;
+	}
+}
+
 /* Copy the op's bytes [from, to) of the request into their staged slots. */
 static void copy_op(struct kvs_cache *c, struct kvs_wthru_op *op, uint64_t to)
 {
+	if (op->src_copy) {
+		copy_src(c, op, to);
+		return;
+	}
 	uint64_t S = kvs_cache_shard_size(c), pos = 0;
 	int v = 0;
 	uint64_t in_v = 0; /* bytes of iov[v] already used */
@@ -581,7 +608,7 @@ static void end_write(struct kvs_cache *c, struct kvs_wthru_op *op, int fd, ssiz
 	fly_remove_locked(f, op);
 	if (op->len)
 		account_locked(c, f, op->off, op->len, ret);
-	if (!clean || !stat_ok)
+	if (!clean || !stat_ok || op->copy_failed)
 		f->poisoned = true;
 	if (stat_ok)
 		ident_of(&st, &f->after);
@@ -768,6 +795,27 @@ void kvs_wthru_closed(struct kvs_cache *c, struct wt_file *f, int ret)
 	pthread_mutex_lock(&wt_mu);
 	if (ret == 0) /* a failed close (NFS reports a write error there) keeps nothing */
 		publish_locked(c, f, &f->close_st);
+	free_file_locked(c, f);
+	pthread_mutex_unlock(&wt_mu);
+}
+
+void kvs_wthru_stream_closed(struct kvs_cache *c, struct wt_file *f, int dupfd, int ret)
+{
+	struct stat st;
+	struct wt_ident before;
+	bool ok = ret == 0 && dupfd >= 0 && fstat(dupfd, &st) == 0;
+
+	if (dupfd >= 0)
+		syscall(SYS_close, dupfd); /* ours: the program's descriptor is closed already */
+	if (!f)
+		return;
+	pthread_mutex_lock(&wt_mu);
+	ident_of(&f->close_st, &before);
+	/* Only the flush may have moved the identity since the last fwrite. */
+	if (ok && ident_eq(&before, &f->after) && (uint64_t)st.st_ino == f->ino) {
+		ident_of(&st, &f->after);
+		publish_locked(c, f, &st);
+	}
 	free_file_locked(c, f);
 	pthread_mutex_unlock(&wt_mu);
 }

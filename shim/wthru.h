@@ -39,6 +39,11 @@ struct kvs_wthru_op {
 	uint64_t t0; /* CLOCK_MONOTONIC when the write began */
 	struct kvs_wthru_op *next;
 	_Atomic uint32_t copied; /* the copier is done with the op (release) */
+	/* Where the bytes come from when not iov (device memory, cuFileWrite): copies n bytes at
+	 * byte pos of the write to dst, returns 0 or -errno; set by the caller after before(). */
+	int (*src_copy)(void *ctx, uint64_t pos, void *dst, size_t n);
+	void *src_ctx;
+	bool copy_failed; /* a src_copy failed: the file keeps nothing */
 };
 
 /* files.write_through and what it needs of the configuration; called once by init. */
@@ -80,6 +85,12 @@ void kvs_wthru_closed(struct kvs_cache *c, struct wt_file *f, int ret);
 struct wt_file *kvs_wthru_truncating(struct kvs_cache *c, int fd, struct kvs_wtok *tok);
 void kvs_wthru_truncated(struct kvs_cache *c, struct wt_file *f, int fd, struct kvs_wtok *tok,
 			 int ret);
+
+/* The stream fclose is about to close was written through fd (fwrite: its bytes reach the
+ * file only at fclose's flush): as kvs_wthru_closing, but publication sees the identity the
+ * flush leaves, through dupfd (a descriptor of the file the caller took before the real
+ * fclose, closed here), as long as nothing but the flush moved it since the last fwrite. */
+void kvs_wthru_stream_closed(struct kvs_cache *c, struct wt_file *f, int dupfd, int ret);
 
 /* fsync(fd) or fdatasync(fd) returned 0: publish what fd's file has staged, and go on staging
  * its later writes. */

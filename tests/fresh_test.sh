@@ -16,7 +16,9 @@
 # Cases 3 and 4 skip without FUSE.
 # Write-through, files saved by a writer under the shim:
 #  - the four ways real clients save a block (vLLM's tiering fs, UCM's PosixStore, LMCache's
-#    local disk, SGLang's file backend), then 8 ranks load them: storage at most 5%;
+#    local disk, SGLang's file backend), and llama.cpp's stdio save (fwrite, fclose), then 8
+#    ranks load them: storage at most 5%;
+#  - fio saves through libaio and POSIX aio, then reads them back verifying every block;
 #  - two writers racing on one file: the cache never serves the loser's bytes;
 #  - a writer SIGKILLed before it is done: nothing published, no slot left staged;
 #  - a save that fails with ENOSPC: nothing kept beyond what storage got.
@@ -87,7 +89,7 @@ fi
 
 # 3. Write-through: each real client's way of saving a block, under the shim, then 8 ranks
 #    load what was saved: storage at most 5% of the unique bytes.
-for shape in tiering ucm lmcache sglang; do
+for shape in tiering ucm lmcache sglang stdio; do
 	reset_region
 	rm -rf "$work/kv"/*
 	shim_ranks write "$work/kv" 16 $size --shape $shape --gen 6 2>"$work/err" &&

@@ -5,7 +5,11 @@
  *   kvshim-gpu-engine-ln  links libcufile (NEEDED), built with KVS_ENGINE_LINKED.
  * Both dlopen("libcuda.so.1") for the driver API (names as cuda.h binds them: cuMemAlloc_v2,
  * cuMemcpyDtoH_v2, ...), so the fakes of tests/fake/ or the real libraries serve them alike.
- *   kvshim-gpu-engine [--api read|batch|async] [--block BYTES] [--dest device|unknown] FILE...
+ *   kvshim-gpu-engine [--api read|batch|async|write] [--block BYTES] [--dest device|unknown]
+ *                     FILE...
+ * --api write saves instead, as an engine offloads KV from the GPU: each FILE's bytes are put
+ * in device memory, then written back over it with one cuFileWrite per block from there
+ * (the file keeps its bytes; its identity is new).
  * Exit 0 when every byte matches, 1 on the first mismatch (file and offset on stderr), 2 on
  * any other failure.  stdout carries one line: "engine: N files, B bytes, api A, ok".
  * --dest unknown (for fault tests) makes one cuFileRead of the first block of each file into a
@@ -43,6 +47,7 @@ static struct {
 	int (*mem_alloc)(cu_deviceptr *dptr, size_t size);
 	int (*mem_free)(cu_deviceptr dptr);
 	int (*memcpy_dtoh)(void *dst, cu_deviceptr src, size_t size);
+	int (*memcpy_htod)(cu_deviceptr dst, const void *src, size_t size);
 	int (*stream_create)(kvs_cu_stream_t *stream, unsigned flags);
 	int (*stream_synchronize)(kvs_cu_stream_t stream);
 } cu;
@@ -97,6 +102,7 @@ static void cuda_setup(void)
 	SYM(mem_alloc, "cuMemAlloc_v2");
 	SYM(mem_free, "cuMemFree_v2");
 	SYM(memcpy_dtoh, "cuMemcpyDtoH_v2");
+	SYM(memcpy_htod, "cuMemcpyHtoD_v2");
 	SYM(stream_create, "cuStreamCreate");
 	SYM(stream_synchronize, "cuStreamSynchronize");
 #undef SYM
@@ -297,6 +303,37 @@ static int verify(const char *path, cu_deviceptr d, size_t size)
 	return 0;
 }
 
+/* Save path: its bytes into device memory at d, then one cuFileWrite per block from there. */
+static void write_blocks(const char *path, cu_deviceptr d, size_t size)
+{
+	kvs_cufile_descr_t descr = {.type = KVS_CU_FILE_HANDLE_TYPE_OPAQUE_FD};
+	kvs_cufile_handle_t fh;
+	char *host = malloc(size ? size : 1);
+	int in = open(path, O_RDONLY), fd, rc;
+
+	if (!host || in < 0 || pread(in, host, size, 0) != (ssize_t)size)
+		die(2, "read %s: %s", path, strerror(errno));
+	close(in);
+	if ((rc = cu.memcpy_htod(d, host, size)) != 0)
+		die(2, "cuMemcpyHtoD %s: CUresult %d", path, rc);
+	fd = open(path, O_WRONLY | O_DIRECT);
+	if (fd < 0)
+		die(2, "open %s for writing: %s", path, strerror(errno));
+	descr.handle.fd = fd;
+	cf_check(cf.cuFileHandleRegister(&fh, &descr), "cuFileHandleRegister", path);
+	for (off_t off = 0; (size_t)off < size; off += (off_t)block) {
+		size_t len = block_len(off, size);
+		ssize_t n = cf.cuFileWrite(fh, (void *)(uintptr_t)d, len, off, off);
+
+		if (n < 0 || (size_t)n != len)
+			die(2, "cuFileWrite %s at %lld: %zd", path, (long long)off, n);
+	}
+	cf.cuFileHandleDeregister(fh);
+	if (close(fd))
+		die(2, "close %s: %s", path, strerror(errno));
+	free(host);
+}
+
 int main(int argc, char **argv)
 {
 	unsigned long long total = 0;
@@ -315,14 +352,15 @@ int main(int argc, char **argv)
 		else
 			die(2, "unknown option %s", argv[i]);
 	}
-	if (strcmp(api, "read") && strcmp(api, "batch") && strcmp(api, "async"))
-		die(2, "--api is read, batch or async");
+	if (strcmp(api, "read") && strcmp(api, "batch") && strcmp(api, "async") &&
+	    strcmp(api, "write"))
+		die(2, "--api is read, batch, async or write");
 	if (strcmp(dest, "device") && strcmp(dest, "unknown"))
 		die(2, "--dest is device or unknown");
 	if (block == 0 || i >= argc)
 		die(2,
-		    "usage: %s [--api read|batch|async] [--block BYTES] [--dest device|unknown] "
-		    "FILE...",
+		    "usage: %s [--api read|batch|async|write] [--block BYTES] "
+		    "[--dest device|unknown] FILE...",
 		    argv[0]);
 	nfiles = argc - i;
 
@@ -342,8 +380,19 @@ int main(int argc, char **argv)
 		kvs_cufile_handle_t fh;
 		cu_deviceptr d = 0;
 		struct stat st;
-		int fd = open(path, O_RDONLY | O_DIRECT), rc;
+		int fd, rc;
 
+		if (strcmp(api, "write") == 0) {
+			if (stat(path, &st) != 0)
+				die(2, "stat %s: %s", path, strerror(errno));
+			if ((rc = cu.mem_alloc(&d, st.st_size ? (size_t)st.st_size : 1)) != 0)
+				die(2, "cuMemAlloc %s: CUresult %d", path, rc);
+			write_blocks(path, d, (size_t)st.st_size);
+			cu.mem_free(d);
+			total += (unsigned long long)st.st_size;
+			continue;
+		}
+		fd = open(path, O_RDONLY | O_DIRECT);
 		if (fd < 0 || fstat(fd, &st) != 0)
 			die(2, "open %s: %s", path, strerror(errno));
 		descr.handle.fd = fd;

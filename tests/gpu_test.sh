@@ -171,5 +171,34 @@ for reg in true false; do
 	fi
 done
 
+# cuFileWrite from device memory under the shim (an engine saving KV), then 8 engines read the
+# files with cuFileRead: the save's bytes were kept (write-through), storage is read 0 times.
+reset_region
+if LD_PRELOAD=$lib LD_LIBRARY_PATH=$fakedir timeout 120 "$engine_dl" --api write \
+	--block $((1024 * 1024)) "${files[@]}" >"$work/out.w" 2>"$work/err.w"; then
+	kept=$(totals write_through_bytes)
+	pids=()
+	for r in 0 1 2 3 4 5 6 7; do
+		LD_PRELOAD=$lib LD_LIBRARY_PATH=$fakedir \
+			timeout 120 "$engine_dl" --api read --block $((1024 * 1024)) "${files[@]}" \
+			>"$work/out.$r" 2>"$work/err.$r" &
+		pids+=($!)
+	done
+	bad=""
+	for r in 0 1 2 3 4 5 6 7; do
+		wait "${pids[$r]}" || bad="$bad rank $r: $(head -c 200 "$work/err.$r");"
+	done
+	backend=$(totals backend_bytes)
+	if [ -n "$bad" ]; then
+		fail "cuFileWrite then 8 cuFileRead engines:$bad"
+	elif [ "$kept" -eq "$unique" ] && [ "$backend" -eq 0 ]; then
+		ok "cuFileWrite from device memory kept $kept bytes; 8 cuFileRead engines then read storage 0 times, every byte right"
+	else
+		fail "cuFileWrite then 8 cuFileRead engines: write_through_bytes $kept (want $unique), backend_bytes $backend (want 0)"
+	fi
+else
+	fail "cuFileWrite save: $(head -c 300 "$work/err.w")"
+fi
+
 echo "gpu: $fails failed"
 [ $fails -eq 0 ]

@@ -16,6 +16,8 @@ write: one process writes the NFILES files of SIZE bytes in the shape of a real 
   rename   (the default) a buffered write to NAME.tmp, close, rename: another process's save
   inplace  an O_DIRECT rewrite in place, same size (the identity may not change)
   pieces   a rewrite in place in 256 KiB pwrites (two writers racing on one file)
+  stdio    llama.cpp's slot save: libc's fopen, a 100-byte header fwrite, then 600 KiB
+           fwrites, fclose
   hold     the tiering write, then sleeps with the file open (a writer killed before it is
            done: prints "holding" once written)
 
@@ -27,6 +29,7 @@ shards, as llama.cpp's tensor reads are not.  Every byte is checked.  Prints
 "load: N ranks, F files, B bytes asked, ok"; exits 1 on a wrong byte (stderr says where).
 """
 import argparse
+import ctypes
 import mmap
 import os
 import sys
@@ -86,6 +89,21 @@ def write_files(a):
             with open(tmp, "wb") as f:
                 f.write(data)
             os.rename(tmp, path)
+        elif shape == "stdio":
+            libc = ctypes.CDLL(None, use_errno=True)
+            libc.fopen.restype = ctypes.c_void_p
+            libc.fopen.argtypes = [ctypes.c_char_p, ctypes.c_char_p]
+            libc.fwrite.argtypes = [ctypes.c_char_p, ctypes.c_size_t, ctypes.c_size_t, ctypes.c_void_p]
+            libc.fclose.argtypes = [ctypes.c_void_p]
+            fp = libc.fopen(path.encode(), b"wb")
+            if not fp:
+                sys.exit(f"kv_ranks: fopen {path}: errno {ctypes.get_errno()}")
+            pieces = [(0, min(100, a.size))] + [(o, min(600 << 10, a.size - o)) for o in range(100, a.size, 600 << 10)]
+            for off, n in pieces:
+                if libc.fwrite(data[off : off + n], 1, n, fp) != n:
+                    sys.exit(f"kv_ranks: fwrite {path}: errno {ctypes.get_errno()}")
+            if libc.fclose(fp) != 0:
+                sys.exit(f"kv_ranks: fclose {path}: errno {ctypes.get_errno()}")
         elif shape == "pieces":
             fd = os.open(path, os.O_WRONLY | os.O_CREAT, 0o644)
             for off in range(0, a.size, 256 << 10):
