@@ -6,13 +6,18 @@ into a page-aligned buffer), checks every byte against the manifest written with
 and reports its load time.  The orchestrator runs the ranks once without the shim, then
 prepares the region's memory with `kvshim prepare` (untimed, as each rank faults its own buffer
 in before its clock starts), then runs them twice under `kvshim run`: the first run finds the
-region empty, the second warm.  It reads `kvshim stat --json`, prints a table and one sentence
-saying what kvshim won.  Progress goes to stderr: one line rewritten in place on a terminal, a
+region empty, the second warm.  Then an engine saves a new store of the same size through the
+shim (vLLM's tiering fs: an O_DIRECT write of each block to NAME.tmp, then os.replace; timed
+against the same save without the shim), and the ranks load what it saved: write-through kept
+it, so that reload should read nothing from storage.  It reads `kvshim stat --json`, prints a
+table and one sentence saying what kvshim won.  Progress goes to stderr: one line rewritten in place on a terminal, a
 plain line every 10% otherwise (a log file), so stdout holds only the table and the sentence.
 
   demo.py store  DIR NBLOCKS BLOCK_BYTES      write a KV store and its manifest
+  demo.py save   DIR NBLOCKS BLOCK_BYTES      save one as an engine does (tmp + os.replace)
   demo.py rank   DIR                          one rank (used by `run`)
-  demo.py run    DIR NRANKS KVSHIM CONFIG     both runs and the table
+  demo.py run    DIR NRANKS KVSHIM CONFIG SAVED   the runs and the table; SAVED: where the
+                                                  engine saves (under the config's roots)
 """
 import hashlib
 import json
@@ -74,6 +79,34 @@ def write_store(d, nblocks, block_bytes):
     with open(os.path.join(d, "manifest.json"), "w") as f:
         json.dump(manifest, f)
     os.sync()
+
+
+def save_store(d, nblocks, block_bytes):
+    """Save a store as vLLM's tiering fs saves a block: one O_DIRECT write of it to NAME.tmp,
+    then os.replace; print the seconds the saving took (the data is made before the clock)."""
+    os.makedirs(d, exist_ok=True)
+    blocks = [os.urandom(block_bytes) for _ in range(nblocks)]
+    span = (block_bytes + 4095) // 4096 * 4096
+    buf = mmap.mmap(-1, span)
+    manifest = []
+    t0 = time.perf_counter()
+    for i, data in enumerate(blocks):
+        name = "block-%05d.kv" % i
+        path = os.path.join(d, name)
+        buf[:block_bytes] = data
+        fd = os.open(path + ".tmp", os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_DIRECT, 0o644)
+        try:
+            os.pwritev(fd, [memoryview(buf)[:span]], 0)
+            if span != block_bytes:
+                os.ftruncate(fd, block_bytes)
+        finally:
+            os.close(fd)
+        os.replace(path + ".tmp", path)
+        manifest.append([name, block_bytes, hashlib.blake2b(data, digest_size=16).hexdigest()])
+    save_s = time.perf_counter() - t0
+    with open(os.path.join(d, "manifest.json"), "w") as f:
+        json.dump(manifest, f)
+    print(json.dumps({"save_s": save_s}))
 
 
 def rank(d):
@@ -170,27 +203,44 @@ def limits(d, manifest, nranks, kvshim):
     return storage, seconds(["copy", str(nranks), str(mib)])
 
 
-def run(d, nranks, kvshim, config):
+def timed_save(prefix, d, nblocks, block_bytes, label):
+    print("demo: %s: saving %d blocks to %s" % (label, nblocks, d), file=sys.stderr)
+    out = subprocess.run(prefix + [sys.executable, __file__, "save", d, str(nblocks),
+                                   str(block_bytes)], check=True, stdout=subprocess.PIPE).stdout
+    return json.loads(out)["save_s"]
+
+
+def run(d, nranks, kvshim, config, saved):
     with open(os.path.join(d, "manifest.json")) as f:
         manifest = json.load(f)
     unique = sum(size for _, size, _ in manifest)
     env_cfg = dict(os.environ, KVSHIM_CONFIG=config)
     subprocess.run([kvshim, "reset", "--force"], env=env_cfg, stderr=subprocess.DEVNULL)
     storage_s, copy_s = limits(d, manifest, nranks, kvshim)
-    wall0, outs0 = run_ranks(d, nranks, [], "run 1/3 (without kvshim)")
+    wall0, outs0 = run_ranks(d, nranks, [], "run 1/4 (without kvshim)")
     # The region's memory, before the clock, as the ranks' own buffers are (see rank()): an
     # operator runs `kvshim prepare` before the engines start.
     t = time.perf_counter()
     subprocess.run([kvshim, "prepare", "--config", config], check=True, stdout=sys.stderr)
     prepare_s = time.perf_counter() - t
     shim = [kvshim, "run", "--config", config, "--"]
-    wall1, outs1 = run_ranks(d, nranks, shim, "run 2/3 (kvshim, region empty)")
+    wall1, outs1 = run_ranks(d, nranks, shim, "run 2/4 (kvshim, region empty)")
     t1 = stat(kvshim, config)["totals"]
     # the cache outlives its processes
-    wall2, outs2 = run_ranks(d, nranks, shim, "run 3/3 (kvshim, region warm)")
-    t2 = stat(kvshim, config)["totals"]
-    t2 = {k: t2[k] - t1[k] for k in t2}
-    bad = sum(o["bad_blocks"] for o in outs0 + outs1 + outs2)
+    wall2, outs2 = run_ranks(d, nranks, shim, "run 3/4 (kvshim, region warm)")
+    t2a = stat(kvshim, config)["totals"]
+    t2 = {k: t2a[k] - t1[k] for k in t2a}
+    # An engine saves new KV through the shim, then the ranks load it back.
+    nblocks, block_bytes = len(manifest), manifest[0][1]
+    save_plain_s = timed_save([], saved + "-plain", nblocks, block_bytes, "save without kvshim")
+    shutil.rmtree(saved + "-plain")
+    save_s = timed_save(shim, saved, nblocks, block_bytes, "save through kvshim")
+    t3a = stat(kvshim, config)["totals"]
+    wall3, outs3 = run_ranks(saved, nranks, shim, "run 4/4 (kvshim, after the save)")
+    t3b = stat(kvshim, config)["totals"]
+    t3 = {k: t3b[k] - t3a[k] for k in t3b}
+    kept = t3a["write_through_bytes"] - t2a["write_through_bytes"]
+    bad = sum(o["bad_blocks"] for o in outs0 + outs1 + outs2 + outs3)
     mib = 1 << 20
 
     def slowest(outs):
@@ -203,37 +253,48 @@ def run(d, nranks, kvshim, config):
         return "%d / %d / %d" % (t["shards_loaded"], t["shards_waited"], t["shards_hit"])
 
     rows = [
-        ("wall time, all ranks loaded (s)", "%.2f" % wall0, "%.2f" % wall1, "%.2f" % wall2),
-        ("  speed-up over no kvshim", "", "%.2fx" % (wall0 / wall1), "%.2fx" % (wall0 / wall2)),
-        ("slowest rank's load time (s)", slowest(outs0), slowest(outs1), slowest(outs2)),
-        ("ranks' CPU while loading (s)", cpu(outs0), cpu(outs1), cpu(outs2)),
-        ("region memory prepared before (s)", "-", "%.2f" % prepare_s, "-"),
-        ("limit: storage once (s) [m]", "", "%.2f" % storage_s, "-"),
-        ("limit: copy (s) [m]", "", "%.2f" % copy_s, "%.2f" % copy_s),
+        ("wall time, all ranks loaded (s)", "%.2f" % wall0, "%.2f" % wall1, "%.2f" % wall2,
+         "%.2f" % wall3),
+        ("  speed-up over no kvshim", "", "%.2fx" % (wall0 / wall1), "%.2fx" % (wall0 / wall2),
+         "%.2fx" % (wall0 / wall3)),
+        ("slowest rank's load time (s)", slowest(outs0), slowest(outs1), slowest(outs2),
+         slowest(outs3)),
+        ("ranks' CPU while loading (s)", cpu(outs0), cpu(outs1), cpu(outs2), cpu(outs3)),
+        ("region memory prepared before (s)", "-", "%.2f" % prepare_s, "-", "-"),
+        ("the engine's save (s) [m]", "%.2f" % save_plain_s, "", "", "%.2f" % save_s),
+        ("limit: storage once (s) [m]", "", "%.2f" % storage_s, "-", "-"),
+        ("limit: copy (s) [m]", "", "%.2f" % copy_s, "%.2f" % copy_s, "%.2f" % copy_s),
         ("  wall time / limit [c]", "", "%.2fx" % (wall1 / max(storage_s, copy_s)),
-         "%.2fx" % (wall2 / copy_s)),
+         "%.2fx" % (wall2 / copy_s), "%.2fx" % (wall3 / copy_s)),
         ("bytes read from storage (MiB)", "%d" % (nranks * unique // mib),
-         "%d" % (t1["backend_bytes"] // mib), "%d" % (t2["backend_bytes"] // mib)),
+         "%d" % (t1["backend_bytes"] // mib), "%d" % (t2["backend_bytes"] // mib),
+         "%d" % (t3["backend_bytes"] // mib)),
         ("  per unique byte", "%.3f" % nranks, "%.3f" % (t1["backend_bytes"] / unique),
-         "%.3f" % (t2["backend_bytes"] / unique)),
+         "%.3f" % (t2["backend_bytes"] / unique), "%.3f" % (t3["backend_bytes"] / unique)),
+        ("bytes kept at the save (MiB)", "-", "-", "-", "%d" % (kept // mib)),
         ("bytes delivered to ranks (MiB)", "%d" % (sum(o["bytes"] for o in outs0) // mib),
          "%d" % (sum(o["bytes"] for o in outs1) // mib),
-         "%d" % (sum(o["bytes"] for o in outs2) // mib)),
-        ("shards loaded / waited / hit", "-", shards(t1), shards(t2)),
+         "%d" % (sum(o["bytes"] for o in outs2) // mib),
+         "%d" % (sum(o["bytes"] for o in outs3) // mib)),
+        ("shards loaded / waited / hit", "-", shards(t1), shards(t2), shards(t3)),
         ("fallbacks / failures", "-", "%d / %d" % (t1["fallbacks"], t1["failures"]),
-         "%d / %d" % (t2["fallbacks"], t2["failures"])),
+         "%d / %d" % (t2["fallbacks"], t2["failures"]),
+         "%d / %d" % (t3["fallbacks"], t3["failures"])),
         ("blocks with wrong bytes", "%d" % sum(o["bad_blocks"] for o in outs0),
-         "%d" % sum(o["bad_blocks"] for o in outs1), "%d" % sum(o["bad_blocks"] for o in outs2)),
+         "%d" % sum(o["bad_blocks"] for o in outs1), "%d" % sum(o["bad_blocks"] for o in outs2),
+         "%d" % sum(o["bad_blocks"] for o in outs3)),
     ]
     print("\n%d ranks, %d blocks, %d MiB unique (O_DIRECT preadv, every byte checked)\n" %
           (nranks, len(manifest), unique // mib))
-    print("%-36s %14s %16s %16s" % ("", "without kvshim", "kvshim, 1st run", "kvshim, 2nd run"))
-    print("%-36s %14s %16s %16s" % ("", "", "(region empty)", "(region warm)"))
+    fmt = "%-36s %14s %15s %15s %15s"
+    print(fmt % ("", "without kvshim", "kvshim, 1st", "kvshim, 2nd", "kvshim, reload"))
+    print(fmt % ("", "", "(region empty)", "(region warm)", "(after a save)"))
     for r in rows:
-        print("%-36s %14s %16s %16s" % r)
-    print("\n[m] measured without kvshim just before (kvshim-bench-read); [c] computed.  The limit"
-          " of a\nload from an empty region is max(storage, copy): the two overlap; a warm"
-          " load only copies.")
+        print(fmt % r)
+    print("\n[m] measured without kvshim just before (kvshim-bench-read), or timed by the saving"
+          " process; [c]\ncomputed.  The limit of a load from an empty region is max(storage,"
+          " copy): the two overlap;\na warm load, and a reload of what was saved through"
+          " kvshim, only copy.")
     # reset says what it removed: housekeeping, so stderr, and the sentence follows the table
     subprocess.run([kvshim, "reset", "--force"], env=env_cfg, stdout=sys.stderr)
     if bad:
@@ -244,8 +305,10 @@ def run(d, nranks, kvshim, config):
                 "%.1fx slower" % (wall / wall0))
 
     print("\nkvshim read %s from storage instead of %s, and the ranks loaded %s on the first"
-          " run and %s with the region warm." %
-          (human(t1["backend_bytes"]), human(nranks * unique), pace(wall1), pace(wall2)))
+          " run and %s with the region warm; reloading what the engine had just saved through"
+          " kvshim read %s from storage, %s." %
+          (human(t1["backend_bytes"]), human(nranks * unique), pace(wall1), pace(wall2),
+           human(t3["backend_bytes"]), pace(wall3)))
 
 
 def main():
@@ -254,8 +317,10 @@ def main():
         write_store(sys.argv[2], int(sys.argv[3]), int(sys.argv[4]))
     elif cmd == "rank" and len(sys.argv) == 3:
         rank(sys.argv[2])
-    elif cmd == "run" and len(sys.argv) == 6:
-        run(sys.argv[2], int(sys.argv[3]), sys.argv[4], sys.argv[5])
+    elif cmd == "save" and len(sys.argv) == 5:
+        save_store(sys.argv[2], int(sys.argv[3]), int(sys.argv[4]))
+    elif cmd == "run" and len(sys.argv) == 7:
+        run(sys.argv[2], int(sys.argv[3]), sys.argv[4], sys.argv[5], sys.argv[6])
     else:
         sys.exit(__doc__)
 
