@@ -13,6 +13,7 @@
 
 struct kvs_cache {
 	int fd;
+	uint64_t fd_dev, fd_ino; /* the region file fd was opened on */
 	int mismatch_fd; /* region.c, inside kvs_cache_open: the last region refused, or -1 */
 	bool watch;
 	int wait_mode;	   /* enum kvs_wait_mode */

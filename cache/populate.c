@@ -100,14 +100,16 @@
 /* The walker's descriptor, for the fork child to close: O_CLOEXEC acts only at exec, and a
  * child holding a copy would keep the walker's lock after the walker's process is gone. */
 static _Atomic int walker_fd = -1;
+static uint64_t walker_dev, walker_ino; /* its file: written before walker_fd is published */
 static pthread_once_t atfork_once = PTHREAD_ONCE_INIT;
 
 static void atfork_child(void)
 {
 	int fd = atomic_exchange(&walker_fd, -1);
 
-	if (fd >= 0)
-		close(fd); /* the child's copy only: the parent's lock stays */
+	/* The child's copy only (the parent's lock stays), and only if the number is still
+	 * ours: the program may have closed and reused it. */
+	kvs_close_if_ours(fd, walker_dev, walker_ino);
 }
 
 static void register_atfork(void)
@@ -429,6 +431,8 @@ void kvs_populate_start(struct kvs_cache *c)
 	 * per process. */
 	int none = -1;
 	pthread_once(&atfork_once, register_atfork);
+	walker_dev = c->fd_dev;
+	walker_ino = c->fd_ino;
 	if (!atomic_compare_exchange_strong(&walker_fd, &none, fd))
 		goto err_close;
 	if (fcntl(fd, F_OFD_SETLK, &fl) < 0)

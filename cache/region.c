@@ -122,6 +122,7 @@
 
 #include "config.h"
 #include "internal.h"
+#include "sys.h"
 
 /* capacity = auto refuses a region of fewer slots than this. */
 #define KVS_AUTO_MIN_SLOTS 8u
@@ -908,6 +909,11 @@ int kvs_cache_open(const struct kvs_cache_params *cfg, int flags, struct kvs_cac
 	c->mismatch_fd = -1;
 	if (r)
 		goto err_free;
+	struct stat fst;
+	if (fstat(c->fd, &fst) == 0) { /* what a fork child checks before it closes c->fd */
+		c->fd_dev = (uint64_t)fst.st_dev;
+		c->fd_ino = (uint64_t)fst.st_ino;
+	}
 	if (!c->watch) {
 		kvs_populate_start(c);
 		r = kvs_proc_attach(c);
@@ -951,8 +957,9 @@ void kvs_cache_forget(struct kvs_cache *c)
 		return;
 	if (c->base)
 		munmap(c->base, c->map_len);
-	if (c->fd >= 0)
-		close(c->fd);
+	/* Only if the number is still ours: a program that closed it (closing every descriptor
+	 * from 3 up, as daemons do) may have reused it for its own. */
+	kvs_close_if_ours(c->fd, c->fd_dev, c->fd_ino);
 	/* The reclaim mutex may have been held by a thread that does not exist in the child:
 	 * do not touch it; the handle's memory is abandoned with it. */
 }

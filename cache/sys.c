@@ -1,7 +1,9 @@
 /*
  * sys: see sys.h.
  */
+#include <fcntl.h>
 #include <signal.h>
+#include <sys/stat.h>
 
 #include "sys.h"
 
@@ -22,4 +24,17 @@ int kvs_thread_start(pthread_t *th, void *(*fn)(void *), void *arg)
 	pthread_attr_destroy(&a);
 	pthread_sigmask(SIG_SETMASK, &old, NULL);
 	return -r;
+}
+
+void kvs_close_if_ours(int fd, uint64_t dev, uint64_t ino)
+{
+	struct stat st;
+	int fl;
+
+	if (fd < 0)
+		return;
+	fl = (int)syscall(SYS_fcntl, fd, F_GETFD);
+	if (fl >= 0 && (fl & FD_CLOEXEC) && fstat(fd, &st) == 0 && (uint64_t)st.st_dev == dev &&
+	    (uint64_t)st.st_ino == ino)
+		syscall(SYS_close, fd);
 }

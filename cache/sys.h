@@ -46,6 +46,11 @@ static inline uint64_t kvs_mono_ns(void)
 	return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
 }
 
+/* Close fd only if it is still a descriptor of ours: O_CLOEXEC (every descriptor the cache
+ * opens has it) and of the file (dev, ino).  A program may have closed our number and reused
+ * it; then it is left alone.  A raw close: never the program's hooked one. */
+void kvs_close_if_ours(int fd, uint64_t dev, uint64_t ino);
+
 /* Start fn(arg) with every signal blocked and a 64 KiB stack; detached if th is NULL.
  * Returns 0 or -errno. */
 int kvs_thread_start(pthread_t *th, void *(*fn)(void *), void *arg);

@@ -24,6 +24,7 @@
 #include <time.h>
 
 #include "cufile.h"
+#include "deadline.h"
 #include "shim.h"
 
 enum { E_FREE, E_RESERVED, E_RUNNING, E_DONE };
@@ -281,14 +282,6 @@ static unsigned harvest(struct batch *b, kvs_cufile_io_events_t *ev, unsigned ro
 	return n;
 }
 
-static uint64_t now_ns(void)
-{
-	struct timespec ts;
-
-	clock_gettime(CLOCK_MONOTONIC, &ts);
-	return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
-}
-
 KVS_EXPORT kvs_cufile_error_t cuFileBatchIOGetStatus(kvs_cufile_batch_handle_t batch_idp,
 						     unsigned min_nr, unsigned *nr,
 						     kvs_cufile_io_events_t *iocbp,
@@ -306,9 +299,7 @@ KVS_EXPORT kvs_cufile_error_t cuFileBatchIOGetStatus(kvs_cufile_batch_handle_t b
 	if (!b || !nr || !iocbp)
 		return fn(batch_idp, min_nr, nr, iocbp, timeout);
 	max = *nr;
-	if (timeout)
-		deadline = now_ns() + (uint64_t)timeout->tv_sec * 1000000000ull +
-			   (uint64_t)timeout->tv_nsec;
+	deadline = kvs_deadline_ns(timeout);
 	pthread_mutex_lock(&b->mu);
 	for (;;) {
 		got += harvest(b, iocbp + got, max - got);
@@ -327,7 +318,8 @@ KVS_EXPORT kvs_cufile_error_t cuFileBatchIOGetStatus(kvs_cufile_batch_handle_t b
 					want = pending;
 				ts = timeout;
 				if (timeout) {
-					uint64_t t = now_ns(), l = deadline > t ? deadline - t : 0;
+					uint64_t t = kvs_now_ns(),
+						 l = deadline > t ? deadline - t : 0;
 
 					left = (struct timespec){(time_t)(l / 1000000000ull),
 								 (long)(l % 1000000000ull)};
@@ -349,7 +341,7 @@ KVS_EXPORT kvs_cufile_error_t cuFileBatchIOGetStatus(kvs_cufile_batch_handle_t b
 		}
 		if (got >= min_nr || got >= max || (!b->running && !b->real_pending))
 			break;
-		uint64_t t = now_ns();
+		uint64_t t = kvs_now_ns();
 		if (t >= deadline)
 			break;
 		/* Sleep until a served entry completes; poll the real batch every millisecond. */

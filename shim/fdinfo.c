@@ -6,16 +6,7 @@
  * KV file never maps it.  Each entry is guarded by a sequence counter: a writer makes it odd
  * (CAS, so concurrent writers skip rather than wait), writes, then makes it even again; a
  * reader retries or recomputes when it sees an odd or changed counter.  A torn read can
- * therefore never pass for a match.
- *
- * Anchors (fdinfo.h).  entry.anchor holds our dup of the program's descriptor plus one (0:
- * none), with the (dev, ino) it was made for.  Readers load it without a lock and trust it only
- * after an fstat of it matches the identity they want, so a stale number (closed by a fork
- * child's cleanup, say) is harmless: it fails the check.  Installing and retiring anchors is
- * serialised by anchor_mu, taken with trylock only (a signal handler must never wait for it:
- * it passes through instead).  An anchor leaves the table by exchange, so exactly one thread
- * retires it: closed when no program descriptor names its file, else parked and retried at
- * later retirements.
+ * therefore never pass for a match.  The anchors the loader reads through are anchor.c's.
  */
 #include <errno.h>
 #include <fcntl.h>
@@ -34,9 +25,8 @@
 
 #include "fdinfo.h"
 
-#define FD_SLOTS   65536
-#define MAX_ROOTS  16
-#define MAX_PARKED 64
+#define FD_SLOTS  65536
+#define MAX_ROOTS 16
 
 struct ident {
 	uint64_t dev, ino, size, mtime_s, mtime_ns, ctime_s, ctime_ns;
@@ -61,13 +51,6 @@ struct entry {
 	_Atomic uint32_t seq;
 	_Atomic uint32_t kv_hint; /* the last verdict's kv, for kvs_fdinfo_known's quick test */
 	_Atomic uint64_t w[VERDICT_WORDS];
-	_Atomic int32_t anchor;		 /* our descriptor + 1, or 0; see the essay above */
-	uint64_t anchor_dev, anchor_ino; /* written under anchor_mu before anchor (release) */
-};
-
-struct parked {
-	int fd;
-	uint64_t dev, ino;
 };
 
 static char roots[MAX_ROOTS][PATH_MAX];
@@ -75,10 +58,6 @@ static size_t root_len[MAX_ROOTS];
 static int nroots;
 static int64_t settle_ms = -1;
 static struct entry *_Atomic table;
-static pthread_mutex_t anchor_mu = PTHREAD_MUTEX_INITIALIZER;
-static struct parked parked[MAX_PARKED]; /* under anchor_mu */
-static int nparked;
-static _Atomic uint64_t ours[FD_SLOTS / 64]; /* descriptors that are anchors, parked or not */
 
 void kvs_fdinfo_set_settle(int64_t ms)
 {
@@ -350,184 +329,4 @@ bool kvs_fdinfo_hint_kv(int fd)
 
 	return t && fd >= 0 && fd < FD_SLOTS &&
 	       atomic_load_explicit(&t[fd].kv_hint, memory_order_relaxed);
-}
-
-/* ------------------------------------------------------------------ anchors */
-
-static void mark_ours(int fd, bool on)
-{
-	if (fd < 0 || fd >= FD_SLOTS)
-		return;
-	uint64_t bit = 1ull << (fd % 64);
-	if (on)
-		atomic_fetch_or(&ours[fd / 64], bit);
-	else
-		atomic_fetch_and(&ours[fd / 64], ~bit);
-}
-
-static bool is_ours(int fd)
-{
-	return fd >= 0 && fd < FD_SLOTS && (atomic_load(&ours[fd / 64]) >> (fd % 64)) & 1;
-}
-
-static bool same_ident(const struct stat *a, const struct kvs_fdinfo *fi)
-{
-	struct kvs_key k;
-
-	kvs_block_id(a, &k);
-	return k.block_lo == fi->block.block_lo && k.block_hi == fi->block.block_hi;
-}
-
-/* Does any descriptor of the program (not an anchor) name (dev, ino)?  On any doubt, yes. */
-static bool program_holds(uint64_t dev, uint64_t ino)
-{
-	char buf[4096];
-	bool held = false;
-	int dir = open("/proc/self/fd", O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-
-	if (dir < 0)
-		return true;
-	for (;;) {
-		long n = syscall(SYS_getdents64, dir, buf, sizeof(buf));
-
-		if (n < 0)
-			held = true;
-		if (n <= 0)
-			break;
-		for (long off = 0; off < n && !held;) {
-			struct {
-				uint64_t ino;
-				int64_t off;
-				unsigned short reclen;
-				unsigned char type;
-				char name[];
-			} *d = (void *)(buf + off);
-			struct stat st;
-			char *end;
-			long fd = strtol(d->name, &end, 10);
-
-			off += d->reclen;
-			if (*end || end == d->name || fd == dir || is_ours((int)fd))
-				continue;
-			if (fstat((int)fd, &st) == 0 && (uint64_t)st.st_dev == dev &&
-			    (uint64_t)st.st_ino == ino)
-				held = true;
-		}
-		if (held)
-			break;
-	}
-	close(dir);
-	return held;
-}
-
-/* Close anchor fd (made for dev, ino) if nothing of the program needs the file's locks kept;
- * else park it.  Caller holds anchor_mu. */
-static void retire_locked(int fd, uint64_t dev, uint64_t ino)
-{
-	struct stat st;
-
-	/* Still ours?  A program that closed our number may have reused it. */
-	if (fstat(fd, &st) < 0 || (uint64_t)st.st_dev != dev || (uint64_t)st.st_ino != ino) {
-		mark_ours(fd, false);
-		return;
-	}
-	if (!program_holds(dev, ino)) {
-		mark_ours(fd, false);
-		close(fd);
-		return;
-	}
-	if (nparked < MAX_PARKED)
-		parked[nparked++] = (struct parked){fd, dev, ino};
-	/* else: kept open for the life of the process, which costs a descriptor, never a lock */
-}
-
-/* Retry the parked anchors whose files the program no longer holds.  Caller holds anchor_mu. */
-static void unpark_locked(void)
-{
-	int n = nparked;
-
-	nparked = 0;
-	for (int i = 0; i < n; i++) {
-		struct parked p = parked[i];
-
-		retire_locked(p.fd, p.dev, p.ino);
-	}
-}
-
-/* Does anchor a serve fi?  a (a descriptor of ours, or -1); the anchor when it names fi's file
- * with fi's identity; -ESTALE when it names fi's file but the file changed since fi was taken
- * (a write landed between the two looks: pass through); -ENOENT when a new anchor is needed (none,
- * not ours any more, or another file: the program's number now names something else).  A
- * rewritten file keeps its anchor: an anchor is a descriptor of an inode, whatever its times. */
-static int anchor_fits(int a, const struct kvs_fdinfo *fi)
-{
-	struct stat st;
-
-	if (a < 0 || !is_ours(a) || fstat(a, &st) < 0 || (uint64_t)st.st_dev != fi->dev ||
-	    (uint64_t)st.st_ino != fi->ino)
-		return -ENOENT;
-	return same_ident(&st, fi) ? a : -ESTALE;
-}
-
-int kvs_fdinfo_anchor(int fd, const struct kvs_fdinfo *fi)
-{
-	struct entry *t = table_get(false);
-	struct stat st;
-	int a, d, r;
-
-	if (!t || fd < 0 || fd >= FD_SLOTS)
-		return -EBADF;
-	struct entry *e = &t[fd];
-	a = atomic_load_explicit(&e->anchor, memory_order_acquire) - 1; /* pairs below */
-	r = anchor_fits(a, fi);
-	if (r != -ENOENT)
-		return r;
-	if (pthread_mutex_trylock(&anchor_mu))
-		return -EBUSY;
-	a = atomic_load_explicit(&e->anchor, memory_order_relaxed) - 1;
-	r = anchor_fits(a, fi); /* another thread may have installed one meanwhile */
-	if (r != -ENOENT)
-		goto out;
-	if (a >= 0 && !is_ours(a))
-		a = -1; /* a number a fork child dropped, or a retired one: not ours to close */
-	d = fcntl(fd, F_DUPFD_CLOEXEC, 0);
-	if (d < 0) {
-		r = -errno;
-		goto out;
-	}
-	mark_ours(d, true);
-	if (fstat(d, &st) < 0 || (uint64_t)st.st_dev != fi->dev || (uint64_t)st.st_ino != fi->ino) {
-		/* fd names another file than a moment ago: retire d by the rules, never a bare
-		 * close (it may be the program's only other descriptor of that file's locks). */
-		retire_locked(d, (uint64_t)st.st_dev, (uint64_t)st.st_ino);
-		r = -ESTALE;
-		goto out;
-	}
-	if (a >= 0)
-		retire_locked(a, e->anchor_dev, e->anchor_ino);
-	unpark_locked();
-	e->anchor_dev = (uint64_t)st.st_dev;
-	e->anchor_ino = (uint64_t)st.st_ino;
-	atomic_store_explicit(&e->anchor, d + 1, memory_order_release); /* pairs above */
-	r = same_ident(&st, fi) ? d : -ESTALE; /* a write landed between the looks: next time */
-out:
-	pthread_mutex_unlock(&anchor_mu);
-	return r;
-}
-
-void kvs_fdinfo_atfork_child(void)
-{
-	/* The child runs one thread; a parent thread may have held anchor_mu. */
-	pthread_mutex_init(&anchor_mu, NULL);
-	/* Close every anchor (the child holds no record locks yet: nothing to lose).  The table's
-	 * entries may still name them; is_ours() is false from now on, so they are never used or
-	 * closed again, and the verdicts stay right: the child has the parent's descriptors. */
-	for (int w = 0; w < FD_SLOTS / 64; w++) {
-		uint64_t bits = atomic_exchange(&ours[w], 0);
-
-		for (int b = 0; bits; b++, bits >>= 1)
-			if (bits & 1)
-				close(w * 64 + b);
-	}
-	nparked = 0;
 }

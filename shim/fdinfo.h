@@ -8,14 +8,7 @@
  * computed for (st_dev, st_ino, st_size, st_mtim, st_ctim); every call re-runs fstat and
  * recomputes on any difference, so dup, close, descriptor reuse and fork need no hooks.
  *
- * Anchors.  The loader reads storage on other threads, later than the hook ran: through the
- * program's descriptor number it could read another file that a dup2 put there meanwhile, and
- * publish those bytes under this file's key.  So it reads through an anchor: the shim's own
- * dup of the program's descriptor, whose identity is checked against the key before each use
- * and again after each storage read.  Closing any descriptor of a file drops the process's
- * POSIX record locks on it, so an anchor is closed only when no descriptor of the program
- * names its file any more (checked over /proc/self/fd); until then it is kept.  Anchors are
- * O_CLOEXEC, and a fork child closes them all (a child holds no record locks yet).
+ * The descriptors the loader reads through are anchor.h's.
  */
 #ifndef KVS_SHIM_FDINFO_H
 #define KVS_SHIM_FDINFO_H
@@ -59,16 +52,5 @@ int kvs_fdinfo_known(int fd, struct kvs_fdinfo *out);
 /* Did the last look at fd find a KV file?  One load, no system call: a hint for counting reads
  * the shim passes through (stale after a close or dup2 until the next look). */
 bool kvs_fdinfo_hint_kv(int fd);
-
-/* The anchor of fd, a KV file that kvs_fdinfo_get just described as fi: a descriptor of the
- * shim's own whose file has exactly fi's identity.  Creates it on first use.  Returns the
- * descriptor, or -errno (-EBADF: fd out of the table's range; -ESTALE: the file changed between
- * the two looks; -EBUSY: another thread is replacing anchors) and the caller passes through.
- * Never blocks; async-signal-safe (no malloc, no lock waits). */
-int kvs_fdinfo_anchor(int fd, const struct kvs_fdinfo *fi);
-
-/* The fork child: close every anchor the parent's shim held (without touching the program's
- * descriptors) and forget the table's verdicts. */
-void kvs_fdinfo_atfork_child(void);
 
 #endif

@@ -35,6 +35,7 @@
 #include <dlfcn.h>
 #include <errno.h>
 #include <fcntl.h>
+#include <limits.h>
 #include <pthread.h>
 #include <signal.h>
 #include <stdatomic.h>
@@ -46,6 +47,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "deadline.h"
 #include "dlsym.h"
 #include "real.h"
 #include "shim.h"
@@ -252,7 +254,14 @@ static void fork_parent(void)
 }
 static void fork_child(void)
 {
+	pthread_condattr_t ca;
+
 	pthread_mutex_unlock(&mu);
+	/* A parent thread may have been waiting on cond: its state is the parent's. */
+	pthread_condattr_init(&ca);
+	pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
+	pthread_cond_init(&cond, &ca);
+	pthread_condattr_destroy(&ca);
 }
 
 /* Once, before the first served request: cond on the monotonic clock, the fork handlers. */
@@ -326,11 +335,14 @@ static void notify(const struct sigevent *sev, pid_t pid)
 		pthread_sigmask(SIG_SETMASK, &all, &old);
 		int r = pthread_create(&t, attr, note_thread, n);
 		pthread_sigmask(SIG_SETMASK, &old, NULL);
+		int state = PTHREAD_CREATE_DETACHED;
+		if (attr != &def && pthread_attr_getdetachstate(attr, &state) != 0)
+			state = PTHREAD_CREATE_DETACHED; /* cannot tell: never detach twice */
 		if (r)
 			free(n);
-		else if (attr != &def)
-			pthread_detach(
-			    t); /* the caller's attributes may say joinable: nobody can */
+		else if (state == PTHREAD_CREATE_JOINABLE)
+			pthread_detach(t); /* joinable by the caller's attributes, but nobody can:
+					      a thread created detached may be gone already */
 		if (attr == &def)
 			pthread_attr_destroy(&def);
 	}
@@ -631,19 +643,6 @@ KVS_EXPORT ssize_t aio_return64(struct aiocb64 *cb)
 	return do_return(1, (struct aiocb *)cb);
 }
 
-static uint64_t now_ns(void)
-{
-	struct timespec ts;
-
-	clock_gettime(CLOCK_MONOTONIC, &ts);
-	return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
-}
-
-static struct timespec ns_ts(uint64_t ns)
-{
-	return (struct timespec){(time_t)(ns / 1000000000ull), (long)(ns % 1000000000ull)};
-}
-
 #define SLICE_NS 500000ull /* a mixed aio_suspend alternates glibc's wait and ours */
 #define SPINS	 20	   /* yields before the first sleep on cond */
 
@@ -667,9 +666,13 @@ static int do_suspend(int v, const struct aiocb *const list[], int nent,
 	rest = malloc((size_t)nent * sizeof(*rest));
 	if (!rest)
 		return real_suspend(v, list, nent, timeout);
-	if (timeout)
-		deadline = now_ns() + (uint64_t)timeout->tv_sec * 1000000000ull +
-			   (uint64_t)timeout->tv_nsec;
+	deadline = kvs_deadline_ns(timeout);
+	/* glibc adds the timeout to the monotonic clock's seconds, and one that overflows time_t
+	 * ({LONG_MAX, 0}) fails the wait at once: EAGAIN unless a listed request is over already.
+	 * The same here, where a served read is listed. */
+	struct timespec mono;
+	clock_gettime(CLOCK_MONOTONIC, &mono);
+	bool glibc_overflows = timeout && timeout->tv_sec > LONG_MAX - mono.tv_sec - 1;
 	for (;;) {
 		int nreal = 0, served = 0;
 
@@ -682,12 +685,22 @@ static int do_suspend(int v, const struct aiocb *const list[], int nent,
 			else
 				rest[nreal++] = list[i];
 		}
+		if (served && glibc_overflows) {
+			pthread_mutex_unlock(&mu);
+			struct timespec zero = {0, 0};
+			ret = nreal && real_suspend(v, rest, nreal, &zero) == 0 ? 0 : -1;
+			err = EAGAIN;
+			break;
+		}
 		if (served == 0) {
 			pthread_mutex_unlock(&mu);
 			struct timespec left, *tp = NULL;
-			if (timeout) {
-				uint64_t t = now_ns();
-				left = ns_ts(deadline > t ? deadline - t : 0);
+			if (timeout && glibc_overflows) {
+				left = *timeout; /* glibc's answer to it, whatever that is */
+				tp = &left;
+			} else if (timeout) {
+				uint64_t t = kvs_now_ns();
+				left = kvs_ns_ts(deadline > t ? deadline - t : 0);
 				tp = &left;
 			}
 			/* A served one that completed meanwhile is now glibc-like: 0 at once. */
@@ -695,7 +708,7 @@ static int do_suspend(int v, const struct aiocb *const list[], int nent,
 			err = errno;
 			break;
 		}
-		uint64_t t = now_ns();
+		uint64_t t = kvs_now_ns();
 		if (t >= deadline) {
 			pthread_mutex_unlock(&mu);
 			break;
@@ -710,13 +723,13 @@ static int do_suspend(int v, const struct aiocb *const list[], int nent,
 		uint64_t until = nreal ? t + SLICE_NS : deadline;
 		if (until > deadline)
 			until = deadline;
-		struct timespec abs = ns_ts(until == UINT64_MAX ? t + 3600000000000ull : until);
+		struct timespec abs = kvs_ns_ts(until == UINT64_MAX ? t + 3600000000000ull : until);
 		pthread_cond_timedwait(&cond, &mu, &abs);
 		pthread_mutex_unlock(&mu); /* a served completion is seen at the top */
 		if (nreal) {
-			t = now_ns();
+			t = kvs_now_ns();
 			struct timespec slice =
-			    ns_ts(deadline - t < SLICE_NS ? deadline - t : SLICE_NS);
+			    kvs_ns_ts(deadline - t < SLICE_NS ? deadline - t : SLICE_NS);
 			if (t < deadline && real_suspend(v, rest, nreal, &slice) == 0) {
 				ret = 0;
 				break;

@@ -35,6 +35,7 @@
  */
 #include <dlfcn.h>
 #include <errno.h>
+#include <fcntl.h>
 #include <limits.h>
 #include <linux/aio_abi.h>
 #include <pthread.h>
@@ -43,12 +44,14 @@
 #include <stdatomic.h>
 #include <stdbool.h>
 #include <stdint.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/syscall.h>
 #include <time.h>
 #include <unistd.h>
 
+#include "deadline.h"
 #include "dlsym.h"
 #include "shim.h"
 
@@ -238,7 +241,8 @@ struct served {
 	struct kvs_shim_async a; /* a.arg: this entry */
 	struct kctx *c;
 	struct io_event ev; /* data and obj at submit, res at completion */
-	uint32_t flags, resfd;
+	uint32_t flags;
+	int resfd; /* our descriptor of the eventfd (IOCB_FLAG_RESFD), or -1 */
 	off_t off;
 	int iovcnt;
 	struct iovec *iov; /* inl, or malloc'd for a long PREADV */
@@ -363,7 +367,8 @@ static void served_done(struct kvs_shim_async *a, int64_t result)
 {
 	struct served *s = a->arg;
 	struct kctx *c = s->c;
-	uint32_t flags = s->flags, resfd = s->resfd;
+	uint32_t flags = s->flags;
+	int resfd = s->resfd;
 	uint64_t one = 1;
 
 	if (result < 0) {
@@ -387,21 +392,40 @@ static void served_done(struct kvs_shim_async *a, int64_t result)
 	pthread_cond_broadcast(&c->cond);
 	pthread_mutex_unlock(&c->mu);
 	/* s may be reported and reused from here on: only the copies above are used. */
-	if (flags & IOCB_FLAG_RESFD)
+	if ((flags & IOCB_FLAG_RESFD) && resfd >= 0) {
 		RAW(SYS_write, resfd, &one, sizeof(one), 0, 0, 0);
+		RAW(SYS_close, resfd, 0, 0, 0, 0, 0);
+	}
 	pthread_mutex_lock(&c->mu);
 	c->running--;
 	pthread_cond_broadcast(&c->cond); /* io_destroy waits for running == 0 */
 	pthread_mutex_unlock(&c->mu);
 }
 
-/* Bytes cb reads if the shim could serve it; 0 if it is not a read the shim takes. */
+/* Is fd an eventfd?  The kernel refuses an IOCB_FLAG_RESFD that is not (EINVAL). */
+static bool is_eventfd(int fd)
+{
+	char link[64], target[32];
+	long n;
+
+	snprintf(link, sizeof(link), "/proc/self/fd/%d", fd);
+	n = RAW(SYS_readlink, (long)link, (long)target, sizeof(target) - 1, 0, 0, 0);
+	if (n <= 0)
+		return false;
+	target[n] = '\0';
+	return strcmp(target, "anon_inode:[eventfd]") == 0;
+}
+
+/* Bytes cb reads if the shim could serve it; 0 if it is not a read the shim takes.  One with
+ * a RESFD that is not an eventfd is the kernel's to refuse. */
 static size_t candidate(const struct iocb *cb)
 {
 	size_t len = 0;
 
 	if (!cb || cb->aio_rw_flags || cb->aio_reserved2 || (int64_t)cb->aio_offset < 0 ||
 	    (cb->aio_flags & ~(uint32_t)(IOCB_FLAG_RESFD | IOCB_FLAG_IOPRIO)))
+		return 0;
+	if ((cb->aio_flags & IOCB_FLAG_RESFD) && !is_eventfd((int)cb->aio_resfd))
 		return 0;
 	if (cb->aio_lio_opcode == IOCB_CMD_PREAD) {
 		len = (size_t)cb->aio_nbytes;
@@ -448,7 +472,12 @@ static int start(struct kctx *c, struct iocb *cb)
 	s->a.arg = s;
 	s->ev = (struct io_event){.data = cb->aio_data, .obj = (uint64_t)(uintptr_t)cb};
 	s->flags = cb->aio_flags;
-	s->resfd = cb->aio_resfd;
+	/* The kernel holds the eventfd from submission: so do we, by a descriptor of our own
+	 * (the program may close or reuse its number before the completion). */
+	s->resfd = -1;
+	if ((s->flags & IOCB_FLAG_RESFD) &&
+	    (s->resfd = (int)RAW(SYS_fcntl, cb->aio_resfd, F_DUPFD_CLOEXEC, 0, 0, 0, 0)) < 0)
+		goto refused;
 	s->off = (off_t)cb->aio_offset;
 	s->iovcnt = n;
 	pthread_mutex_lock(&c->mu);
@@ -465,6 +494,8 @@ static int start(struct kctx *c, struct iocb *cb)
 		served_done(&s->a, s->a.result); /* a hit, over already: its event now */
 	if (r >= 0)
 		return 0;
+	if (s->resfd >= 0)
+		RAW(SYS_close, s->resfd, 0, 0, 0, 0, 0);
 	pthread_mutex_lock(&c->mu);
 	live_unlink(c, s);
 	c->running--;
@@ -627,19 +658,6 @@ static long harvest(struct kctx *c, struct io_event *ev, long room)
 	return n;
 }
 
-static uint64_t now_ns(void)
-{
-	struct timespec ts;
-
-	clock_gettime(CLOCK_MONOTONIC, &ts);
-	return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
-}
-
-static struct timespec ns_ts(uint64_t ns)
-{
-	return (struct timespec){(time_t)(ns / 1000000000ull), (long)(ns % 1000000000ull)};
-}
-
 #define SLICE_KERNEL_NS 1000000ull  /* a wait on served entries looks at the kernel this often */
 #define SLICE_WAIT_NS	10000000ull /* any wait looks at the other side at least this often */
 
@@ -672,8 +690,7 @@ static long do_getevents(enum via v, aio_context_t ctx, long min_nr, long nr, st
 		}
 		return n;
 	}
-	if (ts)
-		deadline = now_ns() + (uint64_t)ts->tv_sec * 1000000000ull + (uint64_t)ts->tv_nsec;
+	deadline = kvs_deadline_ns(ts);
 	pthread_mutex_lock(&c->mu);
 	for (;;) {
 		got += harvest(c, ev + got, nr - got);
@@ -693,13 +710,13 @@ static long do_getevents(enum via v, aio_context_t ctx, long min_nr, long nr, st
 		}
 		if (got >= min_nr || got >= nr)
 			return got;
-		uint64_t t = now_ns();
+		uint64_t t = kvs_now_ns();
 		if (t >= deadline)
 			return got;
 		uint64_t left = deadline - t;
 		if (!ours) {
 			/* Nothing of ours can complete: wait in the kernel. */
-			struct timespec sl = ns_ts(left < SLICE_WAIT_NS ? left : SLICE_WAIT_NS);
+			struct timespec sl = kvs_ns_ts(left < SLICE_WAIT_NS ? left : SLICE_WAIT_NS);
 
 			n = k_getevents(v, ctx, min_nr - got, nr - got, ev + got, &sl, sig);
 			if (n < 0)
@@ -716,7 +733,7 @@ static long do_getevents(enum via v, aio_context_t ctx, long min_nr, long nr, st
 		struct timespec rt;
 		clock_gettime(CLOCK_REALTIME, &rt);
 		uint64_t abs = (uint64_t)rt.tv_sec * 1000000000ull + (uint64_t)rt.tv_nsec + slice;
-		rt = ns_ts(abs);
+		rt = kvs_ns_ts(abs);
 		pthread_mutex_lock(&c->mu);
 		if (!c->dq_head && c->running)
 			pthread_cond_timedwait(&c->cond, &c->mu, &rt);

@@ -11,11 +11,13 @@
 #include <fcntl.h>
 #include <limits.h>
 #include <pthread.h>
+#include <stdarg.h>
 #include <stdio.h>
 #include <sys/mman.h>
 #include <sys/uio.h>
 #include <unistd.h>
 
+#include "anchor.h"
 #include "real.h"
 #include "shim.h"
 #include "wthru.h"
@@ -341,10 +343,13 @@ KVS_EXPORT ssize_t pwritev64v2(int fd, const struct iovec *iov, int iovcnt, off6
 }
 
 /* The end of a writer's use of a descriptor publishes what it wrote through it (write-
- * through); one load when nothing is staged. */
+ * through), and retires the descriptor's anchor (anchor.h); a load or two when there is
+ * neither. */
 KVS_EXPORT int close(int fd)
 {
 	struct wt_file *f = kvs_shim_closing(fd);
+
+	kvs_anchor_closing(fd);
 
 	kvs_real_init();
 	int r = kvs_real.close(fd);
@@ -373,6 +378,62 @@ KVS_EXPORT int fdatasync(int fd)
 	if (r == 0)
 		kvs_shim_synced(fd);
 	return r;
+}
+
+/* A POSIX record lock taken by the program: the shim must not close a descriptor of that file
+ * behind its back (closing any drops them all), so it notes the file (anchor.h).  Every other
+ * command goes straight through.  Like glibc's, the hooks read one argument of pointer size. */
+static bool locks(int cmd)
+{
+	return cmd == F_SETLK || cmd == F_SETLKW;
+}
+
+static void note_lock(int fd, int cmd, void *arg)
+{
+	const struct flock *fl = arg;
+
+	if (locks(cmd) && fl && fl->l_type != F_UNLCK)
+		kvs_anchor_note_lock(fd);
+}
+
+KVS_EXPORT int fcntl(int fd, int cmd, ...)
+{
+	va_list ap;
+
+	va_start(ap, cmd);
+	void *arg = va_arg(ap, void *);
+	va_end(ap);
+	note_lock(fd, cmd, arg);
+	kvs_real_init();
+	return kvs_real.fcntl(fd, cmd, arg);
+}
+
+KVS_EXPORT int fcntl64(int fd, int cmd, ...)
+{
+	va_list ap;
+
+	va_start(ap, cmd);
+	void *arg = va_arg(ap, void *);
+	va_end(ap);
+	note_lock(fd, cmd, arg);
+	kvs_real_init();
+	return kvs_real.fcntl64(fd, cmd, arg);
+}
+
+KVS_EXPORT int lockf(int fd, int cmd, off_t len)
+{
+	if (cmd == F_LOCK || cmd == F_TLOCK)
+		kvs_anchor_note_lock(fd);
+	kvs_real_init();
+	return kvs_real.lockf(fd, cmd, len);
+}
+
+KVS_EXPORT int lockf64(int fd, int cmd, off64_t len)
+{
+	if (cmd == F_LOCK || cmd == F_TLOCK)
+		kvs_anchor_note_lock(fd);
+	kvs_real_init();
+	return kvs_real.lockf64(fd, cmd, len);
 }
 
 /* A writer's own truncation of a file it stages is one of its writes (wthru.h). */

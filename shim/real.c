@@ -12,6 +12,7 @@
 #include <dlfcn.h>
 #include <errno.h>
 #include <fcntl.h>
+#include <stdarg.h>
 #include <stdatomic.h>
 #include <stdint.h>
 #include <sys/syscall.h>
@@ -81,6 +82,44 @@ static int sys_close(int fd)
 {
 	return (int)syscall(SYS_close, fd);
 }
+static int sys_fcntl(int fd, int cmd, ...)
+{
+	va_list ap;
+
+	va_start(ap, cmd);
+	void *arg = va_arg(ap, void *); /* glibc's own fcntl reads every argument so */
+	va_end(ap);
+	return (int)syscall(SYS_fcntl, fd, cmd, arg);
+}
+/* lockf has no system call: F_TEST/F_TLOCK/F_LOCK/F_ULOCK are fcntl record locks of
+ * [position, position + len), as glibc builds them. */
+static int sys_lockf(int fd, int cmd, off_t len)
+{
+	struct flock fl = {.l_whence = SEEK_CUR, .l_start = 0, .l_len = len};
+
+	switch (cmd) {
+	case F_TEST:
+		fl.l_type = F_RDLCK;
+		if (syscall(SYS_fcntl, fd, F_GETLK, &fl) < 0)
+			return -1;
+		if (fl.l_type == F_UNLCK || fl.l_pid == getpid())
+			return 0;
+		errno = EACCES;
+		return -1;
+	case F_ULOCK:
+		fl.l_type = F_UNLCK;
+		return (int)syscall(SYS_fcntl, fd, F_SETLK, &fl);
+	case F_TLOCK:
+		fl.l_type = F_WRLCK;
+		return (int)syscall(SYS_fcntl, fd, F_SETLK, &fl);
+	case F_LOCK:
+		fl.l_type = F_WRLCK;
+		return (int)syscall(SYS_fcntl, fd, F_SETLKW, &fl);
+	default:
+		errno = EINVAL;
+		return -1;
+	}
+}
 static int sys_fsync(int fd)
 {
 	return (int)syscall(SYS_fsync, fd);
@@ -138,6 +177,10 @@ struct kvs_real kvs_real = {
     .mmap = sys_mmap,
     .mmap64 = sys_mmap,
     .close = sys_close,
+    .fcntl = sys_fcntl,
+    .fcntl64 = sys_fcntl,
+    .lockf = sys_lockf,
+    .lockf64 = sys_lockf,
     .fsync = sys_fsync,
     .fdatasync = sys_fdatasync,
     .ftruncate = sys_ftruncate,
@@ -207,6 +250,10 @@ static void resolve(void)
 	RESOLVE(mmap, "mmap");
 	RESOLVE(mmap64, "mmap64");
 	RESOLVE(close, "close");
+	RESOLVE(fcntl, "fcntl");
+	RESOLVE(fcntl64, "fcntl64");
+	RESOLVE(lockf, "lockf");
+	RESOLVE(lockf64, "lockf64");
 	RESOLVE(fsync, "fsync");
 	RESOLVE(fdatasync, "fdatasync");
 	RESOLVE(ftruncate, "ftruncate");

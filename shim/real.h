@@ -36,6 +36,10 @@ struct kvs_real {
 	void *(*mmap)(void *, size_t, int, int, int, off_t);
 	void *(*mmap64)(void *, size_t, int, int, int, off64_t);
 	int (*close)(int);
+	int (*fcntl)(int, int, ...);
+	int (*fcntl64)(int, int, ...);
+	int (*lockf)(int, int, off_t);
+	int (*lockf64)(int, int, off64_t);
 	int (*fsync)(int);
 	int (*fdatasync)(int);
 	int (*ftruncate)(int, off_t);

@@ -23,7 +23,7 @@
  *
  * Fork.  Every resource has a rule in the child: the region's mapping and descriptor are
  * dropped (kvs_cache_forget), the loader's threads do not exist and its io_uring is closed
- * (kvs_loader_forget), the anchors are closed (kvs_fdinfo_atfork_child), the populating
+ * (kvs_loader_forget), the anchors are closed (kvs_anchor_atfork_child), the populating
  * walker's descriptor is closed (cache/populate.c), and the child attaches anew.
  */
 #include <errno.h>
@@ -45,6 +45,7 @@
 #include "config.h"
 #include "cufile_types.h"
 #include "device.h"
+#include "anchor.h"
 #include "fdinfo.h"
 #include "loader.h"
 #include "log.h"
@@ -92,7 +93,7 @@ static void atfork_child(void)
 		kvs_loader_forget(loader); /* its threads are gone; its memory is abandoned */
 	if (cache)
 		kvs_cache_forget(cache);
-	kvs_fdinfo_atfork_child();
+	kvs_anchor_atfork_child();
 	kvs_device_atfork_child();
 	kvs_wthru_atfork_child();
 	for (int i = 0; i < POS_LOCKS; i++)
@@ -428,20 +429,21 @@ static void after_read(int64_t n)
 			     "a read went to storage directly (%s)", strerror((int)-n));
 }
 
-/* kvs_fdinfo_anchor, for calls that never run in a signal handler (cuFile, aio, kernel AIO):
+/* kvs_anchor_get, for calls that never run in a signal handler (cuFile, aio, kernel AIO):
  * another thread installing this file's anchor answers -EBUSY, for the POSIX hooks' sake
  * (they may, and must never wait); these wait for it a little. */
 static int anchor_waiting(int fd, const struct kvs_fdinfo *fi)
 {
 	int anchor;
 
-	for (int tries = 0; (anchor = kvs_fdinfo_anchor(fd, fi)) == -EBUSY && tries < 1000; tries++)
+	for (int tries = 0; (anchor = kvs_anchor_get(fd, fi)) == -EBUSY && tries < 1000; tries++)
 		sched_yield();
 	return anchor;
 }
 
 /* Attach the region and take fd's anchor (waiting while another thread installs it, for
- * callers that never run in a signal handler).  The anchor, or -1 having said why not.
+ * callers that never run in a signal handler).  The anchor, referenced (kvs_anchor_put it
+ * once the read is over), or -1 having said why not.
  * Caller holds guard; a position lock, if any, before attach_mu (attach never takes one). */
 static int attach_anchor(int fd, const struct kvs_fdinfo *fi, bool wait)
 {
@@ -449,7 +451,7 @@ static int attach_anchor(int fd, const struct kvs_fdinfo *fi, bool wait)
 		pass(fd, fi, KVS_WHY_NO_CACHE, 0);
 		return -1;
 	}
-	int anchor = wait ? anchor_waiting(fd, fi) : kvs_fdinfo_anchor(fd, fi);
+	int anchor = wait ? anchor_waiting(fd, fi) : kvs_anchor_get(fd, fi);
 	if (anchor < 0)
 		pass(fd, fi, KVS_WHY_ANCHOR, -anchor);
 	return anchor;
@@ -514,6 +516,7 @@ ssize_t kvs_shim_read(int fd, const struct iovec *iov, int iovcnt, off_t off, bo
 	rd.iov = iov;
 	rd.iovcnt = iovcnt;
 	int64_t n = kvs_loader_read(loader, &rd);
+	kvs_anchor_put(anchor); /* the loader is done with it */
 	after_read(n);
 	if (n < 0) {
 		pass(fd, &fi, KVS_WHY_FALLBACK, (int)-n);
@@ -535,8 +538,9 @@ out:
 
 /*
  * A cuFile read's common part: fd a KV file (O_DIRECT or not: cuFile reads are served either
- * way), the destination classified and ready, the region attached, the anchor taken.  Fills
- * *rd and a->tg.  Returns 0, or -1 to pass through.  Caller holds guard.
+ * way), the destination classified and ready, the region attached, the anchor taken (in
+ * a->rd.fd: the caller puts it once the read is over).  Fills *rd and a->tg.  Returns 0, or -1
+ * to pass through (nothing held).  Caller holds guard.
  */
 static int prepare_to(struct kvs_shim_async *a, int fd, uint64_t ptr, size_t size, off_t off)
 {
@@ -559,6 +563,7 @@ static int prepare_to(struct kvs_shim_async *a, int fd, uint64_t ptr, size_t siz
 	if (anchor < 0)
 		return -1;
 	if (kvs_device_begin(&a->tg, cache, &cfg)) {
+		kvs_anchor_put(anchor);
 		pass(fd, &fi, KVS_WHY_DEVICE, 0);
 		return -1;
 	}
@@ -584,6 +589,7 @@ ssize_t kvs_shim_read_to(int fd, uint64_t ptr, size_t size, off_t off)
 	if (prepare_to(&a, fd, ptr, size, off))
 		goto out;
 	int64_t n = kvs_loader_read(loader, &a.rd);
+	kvs_anchor_put(a.rd.fd);
 	after_read(n);
 	if (n < 0)
 		kvs_why(fd, a.rd.dev, a.rd.ino, KVS_WHY_FALLBACK, (int)-n);
@@ -598,27 +604,45 @@ out:
 	return ret;
 }
 
+/* A served asynchronous POSIX read that stopped short at the end of the file: zero the rest
+ * of its buffers where the kernel would (a short O_DIRECT read on ext4, XFS, btrfs), as the
+ * synchronous path does. */
+static void async_tail(struct kvs_shim_async *a, int64_t result)
+{
+	if (a->posix && a->zero_tail && result >= 0 && (uint64_t)result < a->rd.len)
+		zero_tail(a->rd.iov, a->rd.iovcnt, (uint64_t)result);
+}
+
 static void async_done(struct kvs_task *t, int64_t result)
 {
 	struct kvs_shim_async *a = t->arg;
 
+	async_tail(a, result);
 	after_read(result);
 	if (result < 0)
 		kvs_why(a->fd, a->rd.dev, a->rd.ino, KVS_WHY_FALLBACK, (int)-result);
 	if (result >= 0 && !a->posix)
 		kvs_cache_count(cache, KVS_CTR_cufile_requests, 1);
-	a->done(a, result);
+	int anchor = a->rd.fd;
+	a->done(a, result); /* may read again through the anchor (kernel AIO), then reuse a */
+	kvs_anchor_put(anchor);
 }
 
-/* kvs_loader_start for a prepared a: 0 (a->done will be called), 1 (over already:
- * a->result), -1 (not started). */
+/* kvs_loader_start for a prepared a: 0 (a->done will be called, and the anchor put after
+ * it), 1 (over already: a->result), -1 (not started).  The anchor is put here for the last
+ * two. */
 static int start_async(struct kvs_shim_async *a)
 {
 	int r = kvs_loader_start(loader, &a->task, &a->rd, async_done, a);
 
-	if (r != 1)
+	if (r != 1) {
+		if (r != 0)
+			kvs_anchor_put(a->rd.fd);
 		return r == 0 ? 0 : -1;
+	}
+	kvs_anchor_put(a->rd.fd); /* a hit: the loader read nothing through it */
 	a->result = a->task.result;
+	async_tail(a, a->result);
 	after_read(a->result);
 	if (!a->posix)
 		kvs_cache_count(cache, KVS_CTR_cufile_requests, 1);
@@ -662,6 +686,7 @@ int kvs_shim_read_start(struct kvs_shim_async *a, int fd, const struct iovec *io
 	pthread_setcancelstate(PTHREAD_CANCEL_DISABLE, &cancel_state);
 	memset(&a->tg, 0, sizeof(a->tg));
 	a->done = done;
+	a->zero_tail = false;
 	if (!admit(fd, kvs_fdinfo_get(fd, &fi), &fi, false))
 		goto out;
 	if (!direct_fits(fd, &fi, iov, iovcnt, off))
@@ -678,6 +703,7 @@ int kvs_shim_read_start(struct kvs_shim_async *a, int fd, const struct iovec *io
 	a->rd.iov = iov;
 	a->rd.iovcnt = iovcnt;
 	a->posix = true;
+	a->zero_tail = fi.direct && fi.dio_zero_tail;
 	ret = start_async(a);
 out:
 	pthread_setcancelstate(cancel_state, NULL);
@@ -709,6 +735,7 @@ static void stream_done(void *arg)
 	struct stream_read *sr = arg;
 
 	kvs_loader_unpin(loader, &sr->a.task);
+	kvs_anchor_put(sr->a.rd.fd); /* a failed shard was read through it by stream_settle */
 	if (sr->result >= 0) {
 		kvs_cache_count(cache, KVS_CTR_h2d_bytes, (uint64_t)sr->result);
 		kvs_cache_count(cache, KVS_CTR_cufile_requests, 1);
@@ -740,16 +767,17 @@ static bool stream_pinned(struct stream_read *sr)
 int kvs_shim_read_to_stream(int fd, uint64_t ptr, size_t size, off_t off, ssize_t *bytes_read,
 			    void *stream)
 {
-	int saved = errno, cancel_state, ret = -1;
+	int saved = errno, cancel_state, ret = -1, anchor = -1;
 	struct stream_read *sr = calloc(1, sizeof(*sr));
 
 	if (!sr || !bytes_read)
 		goto out_free;
 	guard++;
 	pthread_setcancelstate(PTHREAD_CANCEL_DISABLE, &cancel_state);
-	if (prepare_to(&sr->a, fd, ptr, size, off) || sr->a.tg.host)
+	if (prepare_to(&sr->a, fd, ptr, size, off))
 		goto out;
-	if (kvs_loader_pin(loader, &sr->a.task, &sr->a.rd))
+	anchor = sr->a.rd.fd; /* held until stream_done, or put on the way out */
+	if (sr->a.tg.host || kvs_loader_pin(loader, &sr->a.task, &sr->a.rd))
 		goto out;
 	sr->bytes_read = bytes_read;
 	sr->result = (int64_t)(sr->a.task.end - sr->a.rd.off);
@@ -786,11 +814,14 @@ int kvs_shim_read_to_stream(int fd, uint64_t ptr, size_t size, off_t off, ssize_
 			     "cuFileReadAsync: the driver refused a host function; pins kept");
 		sr = NULL;
 		ret = 0;
+		anchor = -1; /* kept with the pins */
 		goto out;
 	}
 	sr = NULL;
 	ret = 0;
+	anchor = -1; /* stream_done puts it */
 out:
+	kvs_anchor_put(anchor);
 	pthread_setcancelstate(cancel_state, NULL);
 	guard--;
 out_free:

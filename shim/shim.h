@@ -46,6 +46,7 @@ struct kvs_shim_async {
 	void (*done)(struct kvs_shim_async *a, int64_t result);
 	void *arg;	/* the caller's */
 	bool posix;	/* a POSIX or kernel AIO read (kvs_shim_read_start), not a cuFile one */
+	bool zero_tail; /* posix: a short O_DIRECT read zeroes the rest, as the kernel's would */
 	int fd;		/* the program's descriptor (for the debug line of a fallback) */
 	int64_t result; /* the byte count, when a start returned 1 */
 };

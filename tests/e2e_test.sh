@@ -280,7 +280,7 @@ fi
 
 # --- The shared object exports the hooked names and nothing else.
 exports=$(nm -D --defined-only "$1" | awk '{print $3}' | sort | tr '\n' ' ')
-want="__pread64_chk __pread_chk __read_chk aio_cancel aio_cancel64 aio_error aio_error64 aio_read aio_read64 aio_return aio_return64 aio_suspend aio_suspend64 aio_write aio_write64 close cuFileBatchIOCancel cuFileBatchIODestroy cuFileBatchIOGetStatus cuFileBatchIOSetUp cuFileBatchIOSubmit cuFileHandleDeregister cuFileHandleRegister cuFileRead cuFileReadAsync cuFileStreamDeregister cuFileStreamRegister cuFileWrite dlsym dlvsym fclose fdatasync fread fsync ftruncate ftruncate64 fwrite io_cancel io_destroy io_getevents io_pgetevents io_submit lio_listio lio_listio64 mmap mmap64 pread pread64 preadv preadv2 preadv64 preadv64v2 pwrite pwrite64 pwritev pwritev2 pwritev64 pwritev64v2 read readv rename renameat renameat2 syscall write writev "
+want="__pread64_chk __pread_chk __read_chk aio_cancel aio_cancel64 aio_error aio_error64 aio_read aio_read64 aio_return aio_return64 aio_suspend aio_suspend64 aio_write aio_write64 close cuFileBatchIOCancel cuFileBatchIODestroy cuFileBatchIOGetStatus cuFileBatchIOSetUp cuFileBatchIOSubmit cuFileHandleDeregister cuFileHandleRegister cuFileRead cuFileReadAsync cuFileStreamDeregister cuFileStreamRegister cuFileWrite dlsym dlvsym fclose fcntl fcntl64 fdatasync fread fsync ftruncate ftruncate64 fwrite io_cancel io_destroy io_getevents io_pgetevents io_submit lio_listio lio_listio64 lockf lockf64 mmap mmap64 pread pread64 preadv preadv2 preadv64 preadv64v2 pwrite pwrite64 pwritev pwritev2 pwritev64 pwritev64v2 read readv rename renameat renameat2 syscall write writev "
 if [ "$exports" = "$want" ]; then
 	ok "libkvshim.so exports only the interposed names"
 else

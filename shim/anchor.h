@@ -1,0 +1,52 @@
+/*
+ * anchor: the shim's own descriptors of the KV files it reads.
+ *
+ * The loader reads storage on other threads, later than the hook ran: through the program's
+ * descriptor number it could read another file that a dup2 (or a close and an open) put there
+ * meanwhile, and publish those bytes under this file's key.  So it reads through an anchor:
+ * the shim's own dup of the program's descriptor, taken at the first served read of that
+ * number, checked against the read's file identity (fstat) before each use, and again after
+ * each storage read.  A read holds a reference on its anchor from kvs_anchor_get to
+ * kvs_anchor_put, and an anchor is never closed while one is held: a read whose program
+ * descriptor was closed and reused meanwhile still reads its own file, and a failed load can
+ * be read again through the anchor (kernel AIO's rule: the kernel holds the file).
+ *
+ * Closing any descriptor of a file drops the process's POSIX record locks on it.  So an anchor
+ * of a file the program may have locked (it called fcntl F_SETLK/F_SETLKW or lockf on it:
+ * kvs_anchor_note_lock) is closed only once no descriptor of the program names the file any
+ * more (a scan of /proc/self/fd); any other is closed as soon as it is retired: when the
+ * program closes the number, or the number names another file at its next served read.
+ * Anchors are O_CLOEXEC; a fork child closes those it still holds.
+ *
+ * Every function is async-signal-safe (no malloc, no lock waits) and leaves errno alone.
+ */
+#ifndef KVS_SHIM_ANCHOR_H
+#define KVS_SHIM_ANCHOR_H
+
+#include "fdinfo.h"
+
+/* The anchor of fd, a KV file kvs_fdinfo_get just described as fi: a descriptor of the
+ * shim's own whose file has exactly fi's identity, made on first use, with a reference taken
+ * (kvs_anchor_put it).  Returns the descriptor, or -errno (-EBADF: fd out of range; -ESTALE:
+ * the file changed between the two looks; -EBUSY: another thread is installing an anchor; or
+ * dup's error) and the caller passes through, holding nothing. */
+int kvs_anchor_get(int fd, const struct kvs_fdinfo *fi);
+
+/* Drop the reference kvs_anchor_get took; the last one on a retired anchor closes it.
+ * A negative anchor is ignored. */
+void kvs_anchor_put(int anchor);
+
+/* The program is about to close fd: retire its anchor, if any (closed now, or parked while the
+ * program may hold locks on the file, or when the last reference goes).  One load when fd has
+ * none. */
+void kvs_anchor_closing(int fd);
+
+/* The program takes a POSIX record lock on fd's file (fcntl F_SETLK/F_SETLKW, lockf): from now
+ * on its anchors are kept while the program has a descriptor of it. */
+void kvs_anchor_note_lock(int fd);
+
+/* The fork child: close every anchor it still holds (what the program has taken over since
+ * is left alone) and forget them. */
+void kvs_anchor_atfork_child(void);
+
+#endif
