@@ -25,6 +25,10 @@
  *       term of the load's limit).  The copy is the shim's default (loader.copy = auto, the
  *       streaming copy of loader/copy.c); --memcpy copies with memcpy
  *
+ *   kvshim-bench-read files [--fds K] [--rounds R] FILE...
+ *       with K other descriptors open (of /dev/null), R rounds of: for each FILE, open it
+ *       O_DIRECT, one pread of its first 64 KiB, close; the time per file of the best round
+ *       after the first (us): what a program that opens one file per block pays per block
  *   kvshim-bench-read write [--direct] [--bs BYTES] N DIR
  *       write N files DIR/w<i> of BYTES (default 4 MiB) each, as an engine saves KV blocks:
  *       open, one write, close (under the shim: write-through stages and publishes them);
@@ -198,6 +202,47 @@ static int bench_read(int argc, char **argv)
 		}
 	}
 	printf("read %.2f GB/s, %.2f us per pread\n", best, best_us);
+	return 0;
+}
+
+static int bench_files(int argc, char **argv)
+{
+	int i = 0, fds = 0, rounds = 5;
+	double best = 0;
+
+	for (; i < argc && argv[i][0] == '-'; i++) {
+		if (!strcmp(argv[i], "--fds") && i + 1 < argc)
+			fds = atoi(argv[++i]);
+		else if (!strcmp(argv[i], "--rounds") && i + 1 < argc)
+			rounds = atoi(argv[++i]);
+	}
+	if (i >= argc || rounds < 2) {
+		fprintf(stderr, "kvshim-bench-read: files [--fds K] [--rounds R >= 2] FILE...\n");
+		return 2;
+	}
+	for (int k = 0; k < fds; k++)
+		if (open("/dev/null", O_RDONLY) < 0) {
+			perror("kvshim-bench-read: /dev/null");
+			return 1;
+		}
+	char *buf = page_alloc(64 << 10);
+	for (int r = 0; r < rounds; r++) {
+		double t0 = now();
+
+		for (int f = i; f < argc; f++) {
+			int fd = open_file(argv[f], true);
+
+			if (pread(fd, buf, 64 << 10, 0) < 0) {
+				perror("kvshim-bench-read: pread");
+				return 1;
+			}
+			close(fd);
+		}
+		double us = (now() - t0) / (argc - i) * 1e6;
+		if (r > 0 && (best == 0 || us < best))
+			best = us;
+	}
+	printf("files %.1f us per file with %d other descriptors\n", best, fds);
 	return 0;
 }
 
@@ -406,10 +451,13 @@ int main(int argc, char **argv)
 		return bench_copy(argc - 2, argv + 2);
 	if (argc >= 4 && !strcmp(argv[1], "write"))
 		return bench_write(argc - 2, argv + 2);
+	if (argc >= 3 && !strcmp(argv[1], "files"))
+		return bench_files(argc - 2, argv + 2);
 	fprintf(stderr, "usage: kvshim-bench-read memcpy MIB | probe MIB | read [--direct] "
 			"[--passes N] [--bs BYTES] FILE... "
 			"| ranks N [--direct] [--distinct] [--split] FILE... "
 			"| copy N [--distinct] [--memcpy] MIB "
-			"| write [--direct] [--bs BYTES] N DIR\n");
+			"| write [--direct] [--bs BYTES] N DIR "
+			"| files [--fds K] [--rounds R] FILE...\n");
 	return 2;
 }
