@@ -73,6 +73,9 @@ static bool seen_write(struct kvs_seen *e, uint32_t s, const struct kvs_key *blo
 {
 	if (!cas_acq_rel(&e->seq, &s, s + 1))
 		return false;
+	/* The odd seq before the fields: a reader that sees a new field then sees seq moved
+	 * (pairs with the acquire fence in seen_read). */
+	atomic_thread_fence(memory_order_release);
 	store_relaxed(&e->lo, block->block_lo);
 	store_relaxed(&e->hi, block->block_hi);
 	store_relaxed(&e->t, t);

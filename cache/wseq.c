@@ -50,6 +50,7 @@
 #define W_FLY_ONE   (1ull << W_FLY_SHIFT)
 #define W_GEN_MASK  0xfffffull
 #define W_MANY	    0xfffu
+/* Owners are process-table slots + 1, below W_MANY: cache.max_processes is at most 1024. */
 
 static uint32_t w_key(uint64_t w)
 {

@@ -49,6 +49,8 @@
 
 #include "deadline.h"
 #include "dlsym.h"
+#include "elfsym.h"
+#include "hooks_aio.h"
 #include "real.h"
 #include "shim.h"
 
@@ -71,9 +73,13 @@ static __thread int resolving_here;
 
 /*
  * Find glibc's functions (libc since 2.34, librt before), once.  No pthread_once, for the
- * reason real.c gives; but there is no raw system call to fall back on, so a thread that finds
- * another resolving waits for it (a re-entry on the resolving thread itself finds NULL and
- * fails with ENOSYS).  A pointer into the shim is refused: calling it would loop.
+ * reason real.c gives.  There is no raw system call to fall back on, and a thread that finds
+ * another resolving must not wait for it either: the resolver is in dlsym, which takes the
+ * loader's lock, and the waiter may hold that lock (a dlopen whose constructor submits aio).
+ * So the waiter takes libc's own definition from libc's symbol table (kvs_elf_symbol: no
+ * lock) for its call, or waits only where libc has none (glibc before 2.34: librt).  A
+ * re-entry on the resolving thread itself finds NULL and fails with ENOSYS.  A pointer into
+ * the shim is refused: calling it would loop.
  */
 static void real_resolve(void)
 {
@@ -94,13 +100,20 @@ static void real_resolve(void)
 		atomic_store_explicit(&real_state, RESOLVED, memory_order_release);
 		return;
 	}
-	while (atomic_load_explicit(&real_state, memory_order_acquire) != RESOLVED)
-		sched_yield(); /* another thread is in dlsym: microseconds */
 }
 
 static void *real_fn(int v, int i)
 {
 	real_resolve();
+	if (atomic_load_explicit(&real_state, memory_order_acquire) == RESOLVED) /* pairs above */
+		return real_fns[v][i];
+	if (resolving_here)
+		return NULL;
+	void *p = kvs_elf_symbol("libc.so.", real_names[v][i], NULL);
+	if (p)
+		return p; /* libc's own, while another thread resolves */
+	while (atomic_load_explicit(&real_state, memory_order_acquire) != RESOLVED)
+		sched_yield(); /* librt's: only dlsym finds it; another thread is in it */
 	return real_fns[v][i];
 }
 
@@ -205,6 +218,17 @@ static struct req *table[NBUCKETS];
 static _Atomic unsigned inflight; /* served requests in the table; written under mu */
 static _Atomic int setup_state;	  /* 0, 1 being set up, 2 done */
 
+/* Writes to KV files noted for write-through until the program sees them over (below,
+ * "Writes"); under mu, wpending read without it. */
+struct wreq {
+	const struct aiocb *cb;
+	int fd; /* cb's descriptor at submission (the aiocb itself is not read again) */
+	struct kvs_shim_wpend *p;
+	struct wreq *next;
+};
+static struct wreq *wtable[NBUCKETS];
+static _Atomic unsigned wpending;
+
 static unsigned bucket(const struct aiocb *cb)
 {
 	uintptr_t h = (uintptr_t)cb;
@@ -256,6 +280,11 @@ static void fork_child(void)
 {
 	pthread_condattr_t ca;
 
+	/* The noted writes are the parent's (their staged files are forgotten in the child):
+	 * drop them without a look, as glibc's requests are not the child's either. */
+	for (int i = 0; i < NBUCKETS; i++)
+		wtable[i] = NULL;
+	atomic_store(&wpending, 0);
 	pthread_mutex_unlock(&mu);
 	/* A parent thread may have been waiting on cond: its state is the parent's. */
 	pthread_condattr_init(&ca);
@@ -489,13 +518,6 @@ KVS_EXPORT int aio_read64(struct aiocb64 *cb)
  * only once the program sees it complete: aio_error answering 0 or aio_return.  Until then
  * it is noted in wtable (under mu; wpending, read without mu, says whether to look).
  */
-struct wreq {
-	const struct aiocb *cb;
-	struct kvs_shim_wpend *p;
-	struct wreq *next;
-};
-static struct wreq *wtable[NBUCKETS];
-static _Atomic unsigned wpending;
 
 /* The noted write of cb, taken out of the table; NULL if none. */
 static struct kvs_shim_wpend *take_write(const struct aiocb *cb)
@@ -525,9 +547,9 @@ static void before_write(const struct aiocb *cb)
 	if (!cb || cb->aio_offset < 0)
 		return;
 	kvs_shim_invalidate(cb->aio_fildes, cb->aio_offset, cb->aio_nbytes, false, 0);
-	struct iovec v = {(void *)(uintptr_t)cb->aio_buf, cb->aio_nbytes};
+	struct iovec io = {(void *)(uintptr_t)cb->aio_buf, cb->aio_nbytes};
 	struct kvs_shim_wpend *p =
-	    kvs_shim_write_submitted(cb->aio_fildes, &v, 1, (uint64_t)cb->aio_offset);
+	    kvs_shim_write_submitted(cb->aio_fildes, &io, 1, (uint64_t)cb->aio_offset);
 	if (!p)
 		return;
 	/* An aiocb reused without its result collected: the old write is of no use now. */
@@ -539,6 +561,7 @@ static void before_write(const struct aiocb *cb)
 		return;
 	}
 	w->cb = cb;
+	w->fd = cb->aio_fildes;
 	w->p = p;
 	pthread_mutex_lock(&mu);
 	w->next = wtable[bucket(cb)];
@@ -551,6 +574,48 @@ static void before_write(const struct aiocb *cb)
 static void write_seen(const struct aiocb *cb, ssize_t n)
 {
 	kvs_shim_write_completed(take_write(cb), n);
+}
+
+/* cb's write, if it is over by glibc's account (aio_error != EINPROGRESS), seen now. */
+static void write_seen_if_over(int v, const struct aiocb *cb)
+{
+	int r = real_error(v, cb);
+
+	if (r != EINPROGRESS)
+		write_seen(cb, r == 0 ? real_return(v, (struct aiocb *)cb) : -1);
+}
+
+void kvs_aio_closing(int fd)
+{
+	if (!atomic_load_explicit(&wpending, memory_order_acquire)) /* pairs with before_write */
+		return;
+	int saved = errno;
+	/* Writes of fd the program never asked about: whether they are over is not known here
+	 * (their aiocbs may be gone), so they keep nothing, and the close finds the file free. */
+	for (;;) {
+		struct kvs_shim_wpend *p = NULL;
+
+		pthread_mutex_lock(&mu);
+		for (int i = 0; i < NBUCKETS && !p; i++) {
+			for (struct wreq **pp = &wtable[i]; *pp; pp = &(*pp)->next) {
+				if ((*pp)->fd == fd) {
+					struct wreq *w = *pp;
+
+					*pp = w->next;
+					p = w->p;
+					free(w);
+					atomic_fetch_sub_explicit(&wpending, 1,
+								  memory_order_release);
+					break;
+				}
+			}
+		}
+		pthread_mutex_unlock(&mu);
+		if (!p)
+			break;
+		kvs_shim_write_completed(p, -1);
+	}
+	errno = saved;
 }
 
 static int do_write(int v, struct aiocb *cb)
@@ -804,6 +869,14 @@ KVS_EXPORT int aio_cancel64(int fd, struct aiocb64 *cb)
 	return do_cancel(1, fd, (struct aiocb *)cb);
 }
 
+/* The writes of a LIO_WAIT list, over when the call returns: seen now. */
+static void lio_writes_seen(int v, struct aiocb *const list[], int nent)
+{
+	for (int i = 0; i < nent && atomic_load(&wpending); i++)
+		if (list[i] && list[i]->aio_lio_opcode == LIO_WRITE)
+			write_seen_if_over(v, list[i]);
+}
+
 /*
  * lio_listio: see the top of the file.  Entries' own sigevents are honoured (glibc 2.4 and
  * later do: individual events as well as the list's).  LIO_WAIT returns -1 with the real
@@ -832,7 +905,14 @@ static int do_lio(int v, int mode, struct aiocb *const list[], int nent, struct 
 		for (i = 0; i < nent; i++)
 			if (list[i] && list[i]->aio_lio_opcode == LIO_WRITE)
 				before_write(list[i]);
-		return real_lio(v, mode, list, nent, sig);
+		int r = real_lio(v, mode, list, nent, sig);
+		if (mode == LIO_WAIT) {
+			int saved = errno;
+
+			lio_writes_seen(v, list, nent); /* over: the program may reuse them now */
+			errno = saved;
+		}
+		return r;
 	}
 	g->left = 1; /* the caller's hold */
 	g->pid = getpid();
@@ -855,6 +935,9 @@ static int do_lio(int v, int mode, struct aiocb *const list[], int nent, struct 
 	if (nrest) {
 		if (mode == LIO_WAIT) {
 			ret = real_lio(v, LIO_WAIT, rest, nrest, NULL);
+			int e = errno;
+			lio_writes_seen(v, rest, nrest);
+			errno = e;
 		} else if (g->notify) {
 			struct sigevent s;
 

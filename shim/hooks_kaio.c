@@ -134,7 +134,16 @@ static struct {
 	la_cancel_fn cancel;
 	la_destroy_fn destroy;
 } la;
-static pthread_once_t la_once = PTHREAD_ONCE_INIT;
+
+/* Resolved once, without pthread_once: the resolving thread calls dlsym and dlopen, which take
+ * the loader's lock, and a thread inside a dlopen (holding that lock, running a constructor
+ * that submits) must not wait for it.  A thread that finds libaio's functions not resolved
+ * yet makes the raw system calls instead, which is all libaio makes. */
+enum { LA_UNRESOLVED, LA_RESOLVING, LA_RESOLVED };
+static _Atomic int la_state = LA_UNRESOLVED;
+
+/* True once la is filled (acquire: pairs with the release in la_ready). */
+static bool la_ready(void);
 
 /* The next definition past the shim (libaio is a NEEDED library of its callers), or, for a
  * libaio loaded privately by a dlopen'ed plugin, the one in the loaded libaio.so.1. */
@@ -164,6 +173,19 @@ static void la_resolve(void)
 		dlclose(h); /* RTLD_NOLOAD took a reference; the library stays loaded */
 }
 
+static bool la_ready(void)
+{
+	int s = atomic_load_explicit(&la_state, memory_order_acquire); /* pairs below */
+
+	if (s == LA_UNRESOLVED && atomic_compare_exchange_strong(&la_state, &s, LA_RESOLVING)) {
+		la_resolve();
+		atomic_store_explicit(&la_state, LA_RESOLVED,
+				      memory_order_release); /* pairs above */
+		return true;
+	}
+	return s == LA_RESOLVED;
+}
+
 /* Which door the call came through: libaio's functions, or syscall(). */
 enum via { VIA_SYSCALL, VIA_LIBAIO };
 
@@ -182,7 +204,7 @@ static __thread int in_libaio __attribute__((tls_model("initial-exec")));
 
 static long k_submit(enum via v, aio_context_t ctx, long nr, struct iocb **p)
 {
-	if (v == VIA_LIBAIO && (pthread_once(&la_once, la_resolve), la.submit))
+	if (v == VIA_LIBAIO && la_ready() && la.submit)
 		return LIBAIO_CALL(la.submit((void *)ctx, nr, p));
 	return RAW(SYS_io_submit, ctx, nr, p, 0, 0, 0);
 }
@@ -197,21 +219,21 @@ static long k_getevents(enum via v, aio_context_t ctx, long min_nr, long nr, str
 #else
 		return -ENOSYS;
 #endif
-	if (v == VIA_LIBAIO && (pthread_once(&la_once, la_resolve), la.getevents))
+	if (v == VIA_LIBAIO && la_ready() && la.getevents)
 		return LIBAIO_CALL(la.getevents((void *)ctx, min_nr, nr, ev, ts));
 	return RAW(SYS_io_getevents, ctx, min_nr, nr, ev, ts, 0);
 }
 
 static long k_cancel(enum via v, aio_context_t ctx, struct iocb *cb, struct io_event *res)
 {
-	if (v == VIA_LIBAIO && (pthread_once(&la_once, la_resolve), la.cancel))
+	if (v == VIA_LIBAIO && la_ready() && la.cancel)
 		return LIBAIO_CALL(la.cancel((void *)ctx, cb, res));
 	return RAW(SYS_io_cancel, ctx, cb, res, 0, 0, 0);
 }
 
 static long k_destroy(enum via v, aio_context_t ctx)
 {
-	if (v == VIA_LIBAIO && (pthread_once(&la_once, la_resolve), la.destroy))
+	if (v == VIA_LIBAIO && la_ready() && la.destroy)
 		return LIBAIO_CALL(la.destroy((void *)ctx));
 	return RAW(SYS_io_destroy, ctx, 0, 0, 0, 0, 0);
 }
@@ -577,31 +599,44 @@ static void kernel_events(struct kctx *c, const struct io_event *ev, long n)
 	}
 }
 
-/* Submit a run of entries to the kernel, noting its writes for write-through first; the
- * entries it did not take are not writes in flight. */
+/* Submit a run of entries to the kernel, noting its writes for write-through first (their
+ * bytes are copied now, and their notes are in the list before the kernel has them: another
+ * thread may reap their events before io_submit returns); the entries it did not take are not
+ * writes in flight. */
 static long submit_run(enum via v, struct kctx *c, aio_context_t ctx, long nr, struct iocb **p)
 {
 	struct kvs_shim_wpend *noted[64];
 	long m = nr < 64 ? nr : 64, n;
 
-	for (long k = 0; k < m; k++)
-		noted[k] = note_write(p[k]);
-	n = k_submit(v, ctx, nr, p);
 	for (long k = 0; k < m; k++) {
-		if (!noted[k])
-			continue;
-		struct kwrite *w = k < n ? malloc(sizeof(*w)) : NULL;
-		if (!w) {
+		noted[k] = note_write(p[k]);
+		struct kwrite *w = noted[k] ? malloc(sizeof(*w)) : NULL;
+		if (noted[k] && !w) {
 			kvs_shim_write_completed(noted[k], -1);
-			continue;
+			noted[k] = NULL;
 		}
+		if (!w)
+			continue;
 		w->obj = (uint64_t)(uintptr_t)p[k];
 		w->p = noted[k];
 		pthread_mutex_lock(&c->mu);
+		/* A note left on this iocb (its event was reaped where the shim does not look):
+		 * that write is of no use now. */
+		struct kvs_shim_wpend *stale = take_write(c, w->obj);
 		w->next = c->writes;
 		c->writes = w;
 		c->nwrites++;
 		pthread_mutex_unlock(&c->mu);
+		kvs_shim_write_completed(stale, -1);
+	}
+	n = k_submit(v, ctx, nr, p);
+	for (long k = n < 0 ? 0 : n; k < m; k++) {
+		if (!noted[k])
+			continue;
+		pthread_mutex_lock(&c->mu);
+		struct kvs_shim_wpend *gone = take_write(c, (uint64_t)(uintptr_t)p[k]);
+		pthread_mutex_unlock(&c->mu);
+		kvs_shim_write_completed(gone, -1); /* never submitted */
 	}
 	return n;
 }

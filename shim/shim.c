@@ -2,8 +2,13 @@
  * shim: configuration, lazy attach, fork, and the serve-or-pass-through decision.
  *
  * DESIGN.  Global state, and who writes it:
- *   cfg, min_read         written once inside pthread_once (init), read-only afterwards.
- *   state                 OFF/ON, written once in init (release), read by every hook (acquire).
+ *   cfg, min_read         written once by the thread that runs init, read-only afterwards.
+ *   state                 UNINIT, then INITING (taken by one thread with a CAS), then OFF/ON,
+ *                         written once at the end of init (release), read by every hook
+ *                         (acquire).  Not pthread_once: init calls dlsym and dlopen, which
+ *                         take the loader's lock, and a thread inside a dlopen (holding it,
+ *                         running a constructor that reads) must not wait for init; while
+ *                         another thread initialises, a hook makes the real call.
  *   attached, cache, loader
  *                         written under attach_mu by the first cacheable read (attach) and by
  *                         the fork child handler (single-threaded then); read by hooks after
@@ -54,7 +59,7 @@
 #include "why.h"
 #include "wthru.h"
 
-enum { ST_UNINIT, ST_OFF, ST_ON };
+enum { ST_UNINIT, ST_INITING, ST_OFF, ST_ON };
 
 #define KVS_MAX_RW_COUNT 0x7ffff000ull /* Linux's MAX_RW_COUNT: INT_MAX rounded down to a page */
 enum { AT_NONE, AT_OK, AT_FAILED };
@@ -62,7 +67,6 @@ enum { AT_NONE, AT_OK, AT_FAILED };
 static struct kvs_config cfg;
 static uint64_t min_read = UINT64_MAX;
 static _Atomic int state = ST_UNINIT;
-static pthread_once_t once = PTHREAD_ONCE_INIT;
 static pthread_mutex_t attach_mu = PTHREAD_MUTEX_INITIALIZER;
 static _Atomic int attached = AT_NONE; /* the loader */
 static _Atomic int mapped = AT_NONE;   /* the region */
@@ -147,10 +151,11 @@ bool kvs_shim_wants(size_t len)
 {
 	if (guard)
 		return false;
-	if (atomic_load_explicit(&state, memory_order_acquire) == ST_UNINIT) {
+	int st = atomic_load_explicit(&state, memory_order_acquire); /* pairs with init's store */
+	if (st == ST_UNINIT && atomic_compare_exchange_strong(&state, &st, ST_INITING)) {
 		int saved = errno; /* a hook that passes through must leave errno as libc would */
 
-		pthread_once(&once, init);
+		init();
 		errno = saved;
 	}
 	return atomic_load_explicit(&state, memory_order_acquire) == ST_ON && len >= min_read;
@@ -861,23 +866,33 @@ bool kvs_shim_write_before(struct kvs_wthru_op *op, int fd, const struct iovec *
 	bool r = false;
 
 	op->f = NULL;
-	if (guard || !iov || iovcnt <= 0 || iovcnt > IOV_MAX || !shim_on() || !kvs_wthru_on())
+	op->tok_only = false;
+	if (guard || iovcnt <= 0 || iovcnt > IOV_MAX || !shim_on())
 		return false;
-	for (int i = 0; i < iovcnt; i++) {
+	for (int i = 0; iov && i < iovcnt; i++) {
 		if (iov[i].iov_len > SSIZE_MAX - len)
 			return false;
 		len += iov[i].iov_len;
 	}
-	if (len == 0)
+	if (iov && len == 0)
 		return false;
 	int saved = errno;
 	guard++;
-	int got = write_look(fd, len, off, &fi);
-	if (got == 0 && fi.kv) {
-		struct kvs_cache *c = region();
-
-		if (c)
-			r = kvs_wthru_before(c, op, fd, &fi, iov, iovcnt, len, off, false);
+	int got = write_look(fd, iov ? len : KVS_WRITE_LOOK_MIN, off, &fi);
+	/* With write-through on, the region is mapped for it; off, a write of a process that
+	 * has mapped it (a reader) is still counted in the write sequences below. */
+	struct kvs_cache *c = got || !fi.kv    ? NULL
+			      : kvs_wthru_on() ? region()
+			      : atomic_load_explicit(&mapped, memory_order_acquire) == AT_OK ? cache
+											     : NULL;
+	if (c && iov)
+		r = kvs_wthru_before(c, op, fd, &fi, iov, iovcnt, len, off, false, NULL, NULL);
+	if (c && !r) {
+		/* Not staged (write-through off, pools spent, flags it cannot follow): the write
+		 * still moves the file's write sequence, so that another process's staged copy of
+		 * the file is never published over it. */
+		kvs_cache_write_begin(c, fi.dev, fi.ino, &op->tok);
+		op->tok_only = r = op->tok.held;
 	}
 	guard--;
 	errno = saved;
@@ -889,7 +904,10 @@ void kvs_shim_write_after(struct kvs_wthru_op *op, int fd, ssize_t ret)
 	int saved = errno;
 
 	guard++;
-	kvs_wthru_after(cache, op, fd, ret); /* staged: the region is mapped */
+	if (op->tok_only)
+		kvs_cache_write_end(cache, &op->tok); /* the region is mapped */
+	else
+		kvs_wthru_after(cache, op, fd, ret); /* staged: the region is mapped */
 	guard--;
 	errno = saved;
 }
@@ -927,8 +945,8 @@ struct kvs_shim_wpend *kvs_shim_write_submitted(int fd, const struct iovec *iov,
 	if (p) {
 		p->fd = fd;
 		memcpy(p->iov, iov, (size_t)iovcnt * sizeof(struct iovec));
-		if (!kvs_wthru_before(c, &p->op, fd, &fi, p->iov, iovcnt, len, (int64_t)off,
-				      true)) {
+		if (!kvs_wthru_before(c, &p->op, fd, &fi, p->iov, iovcnt, len, (int64_t)off, true,
+				      NULL, NULL)) {
 			free(p);
 			p = NULL;
 		}
@@ -970,11 +988,9 @@ bool kvs_shim_cufile_write_before(struct kvs_shim_cfwrite *w, int fd, uint64_t p
 	struct kvs_cache *c = kvs_fdinfo_get(fd, &fi) == 0 && fi.kv ? region() : NULL;
 	if (c && kvs_device_target(&cfg, ptr, size, &w->tg) == 0) {
 		w->iov = (struct iovec){(void *)(uintptr_t)ptr, size};
-		r = kvs_wthru_before(c, &w->op, fd, &fi, &w->iov, 1, size, off, true);
-		if (r && !w->tg.host) {
-			w->op.src_copy = device_src_copy; /* the bytes are in device memory */
-			w->op.src_ctx = &w->tg;
-		}
+		/* Device memory: the bytes come through the driver; host memory: a plain copy. */
+		r = kvs_wthru_before(c, &w->op, fd, &fi, &w->iov, 1, size, off, true,
+				     w->tg.host ? NULL : device_src_copy, &w->tg);
 	}
 	guard--;
 	errno = saved;

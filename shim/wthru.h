@@ -31,16 +31,19 @@ struct kvs_wthru_op {
 	const struct iovec *iov;
 	int iovcnt;
 	uint64_t off, len;
-	bool at_pos;   /* at the file position (write, writev) */
-	bool late;     /* the offset is known only after the write (O_APPEND): copy after it */
-	bool async;    /* copied by the copier thread during the real call */
-	bool deferred; /* seen complete only later (aio): copied then, from its buffers */
+	bool at_pos;	/* at the file position (write, writev) */
+	bool late;	/* the offset is known only after the write (O_APPEND): copy after it */
+	bool async;	/* copied by the copier thread during the real call */
+	bool deferred;	/* seen complete only later (aio): copied at submission */
+	bool late_copy; /* copied after the real call, of what it wrote (no safe copy here) */
+	bool trusted;	/* the bytes to copy were just read by the kernel: a plain copy */
+	bool tok_only;	/* not staged: only the write sequence moves (shim.c) */
 	struct kvs_wtok tok;
 	uint64_t t0; /* CLOCK_MONOTONIC when the write began */
 	struct kvs_wthru_op *next;
 	_Atomic uint32_t copied; /* the copier is done with the op (release) */
 	/* Where the bytes come from when not iov (device memory, cuFileWrite): copies n bytes at
-	 * byte pos of the write to dst, returns 0 or -errno; set by the caller after before(). */
+	 * byte pos of the write to dst, returns 0 or -errno. */
 	int (*src_copy)(void *ctx, uint64_t pos, void *dst, size_t n);
 	void *src_ctx;
 	bool copy_failed; /* a src_copy failed: the file keeps nothing */
@@ -60,16 +63,20 @@ bool kvs_wthru_busy(void);
  * off, or at the file position when off < 0: stage it, and start copying the bytes into the
  * staged slots (on the copier thread for large writes, so that the copy overlaps the write).
  * deferred: an asynchronous write (POSIX aio, kernel AIO; off >= 0) whose completion is seen
- * later: its bytes are copied then, by kvs_wthru_after, and iov must stay valid until it.
+ * later: its bytes are copied now, before it is submitted, and accounted by kvs_wthru_after
+ * once its result is seen.  Copies never crash on a bad buffer: they fail, and the file keeps
+ * nothing.  src_copy (NULL: iov is host memory) copies the bytes from elsewhere (device memory,
+ * cuFileWrite), with src_ctx.
  * Returns false (nothing staged; kvs_wthru_after need not be called) or true.
  */
 bool kvs_wthru_before(struct kvs_cache *c, struct kvs_wthru_op *op, int fd,
 		      const struct kvs_fdinfo *fi, const struct iovec *iov, int iovcnt,
-		      uint64_t len, int64_t off, bool deferred);
+		      uint64_t len, int64_t off, bool deferred,
+		      int (*src_copy)(void *ctx, uint64_t pos, void *dst, size_t n), void *src_ctx);
 
 /* After the real write returned ret (or, deferred, once its result is seen): wait for the
- * copy (deferred: make it), then keep what was written (ret bytes), or mark what the copy
- * overwrote and storage did not get as not kept. */
+ * copy, then keep what was written (ret bytes), or mark what the copy overwrote and storage
+ * did not get as not kept. */
 void kvs_wthru_after(struct kvs_cache *c, struct kvs_wthru_op *op, int fd, ssize_t ret);
 
 /* close(fd) is about to be called: if fd is the last descriptor a staged file was written

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Fresh KV: blocks written moments before the readers start, as engines save and reload them.
-#   fresh_test.sh LIBKVSHIM KVSHIM SLOWFS
+#   fresh_test.sh LIBKVSHIM KVSHIM WEDGE [SLOWFS]
 # Every load checks every byte (tests/kv_ranks.py); the figures are `kvshim stat` totals.
 #  1. A store written by a process not under the shim, loaded twice in a row by 8 ranks
 #     within a second: storage at most 1.05x the unique bytes (shards of files younger than
@@ -21,9 +21,14 @@
 #  - fio saves through libaio and POSIX aio, then reads them back verifying every block;
 #  - two writers racing on one file: the cache never serves the loser's bytes;
 #  - a writer SIGKILLed before it is done: nothing published, no slot left staged;
-#  - a save that fails with ENOSPC: nothing kept beyond what storage got.
+#  - a save that fails with ENOSPC: nothing kept beyond what storage got;
+#  - the edges (tests/wedge.c): buffers reused once lio_listio(LIO_WAIT) returns, a write no
+#    hook sees between the writer's own, a file truncated and grown again, writes from
+#    buffers the kernel cannot read (answers as without the shim), a fork child asking after
+#    its parent's aio_write: every byte served is the byte stored.
 set -uo pipefail
-slowfs=${3:-}
+wedge=$3
+slowfs=${4:-}
 PREFIX=fresh
 source "$(dirname "$0")/preload_lib.sh" # lib (sanitizer runtime first), work, name, ok, fail
 ranks_py="$(dirname "$0")/kv_ranks.py"
@@ -206,6 +211,26 @@ os.close(fd)' "$work/kv/small/f" >"$work/enospc" 2>&1
 else
 	echo "skip - a save that hits ENOSPC: needs root, mkfs.ext4 and a loop device"
 fi
+
+# 7. The edges of write-through (tests/wedge.c): every byte served after the save is the byte
+#    stored; the answers the program gets are those it gets without the shim; and what the
+#    shim can keep, it keeps (the least kept, in bytes, after each case's name: a write no hook
+#    saw, or one from a buffer the kernel could not read, leaves its file unkept).
+for case in liowait:4194304 foreign:0 regrow:1048576 badwrite:0 forkaio:4194304; do
+	c=${case%:*} least=${case#*:}
+	rm -rf "$work/kv"/*
+	want=$("$wedge" $c "$work/kv/$c" 2>&1)
+	reset_region
+	rm -rf "$work/kv"/*
+	got=$(LD_PRELOAD=$lib "$wedge" $c "$work/kv/$c" 2>&1)
+	wt=$(totals write_through_bytes)
+	hit=$(totals shards_hit)
+	if [ "$want" = "$got" ] && [ "$wt" -ge "$least" ]; then
+		ok "write-through edge $c: as without the shim, $wt bytes kept, $hit shards hit ($(echo "$got" | tr '\n' ';' | head -c 240))"
+	else
+		fail "write-through edge $c: kept $wt (at least $least wanted); without the shim: $(echo "$want" | tr '\n' ';'); with it: $(echo "$got" | tr '\n' ';')"
+	fi
+done
 
 # FUSE cases: slowfs over $work/src, mounted at $work/mnt.
 mnt_up() { # SLOWFS_OPTIONS...

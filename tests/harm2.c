@@ -17,6 +17,9 @@
  *                                   attributes, then a join of an unrelated thread
  *   harm2 forkfds FILE              after reading FILE, close every descriptor from 3 up, open
  *                                   pipes on those numbers, fork: the child finds every pipe
+ *   harm2 initlock LIB FILE         a thread dlopen()s LIB, whose constructor reads FILE while
+ *                                   the loader's lock is held; meanwhile the main thread makes
+ *                                   the process's first hooked call: neither waits for ever
  *
  * Each prints one line per check; the test compares them, or looks for "ok".  Exit 0 unless the
  * command could not run (2).  The syscall door of kernel AIO is used (libaio makes the same
@@ -26,6 +29,7 @@
 #define _GNU_SOURCE
 #endif
 #include <aio.h>
+#include <dlfcn.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <limits.h>
@@ -355,8 +359,34 @@ static int cmd_forkfds(const char *path)
 	return 0;
 }
 
+static void *opener(void *lib)
+{
+	return dlopen(lib, RTLD_NOW | RTLD_LOCAL);
+}
+
+/* Nothing hooked may run before the main thread's pread: the shim's first call is that one. */
+static int cmd_initlock(const char *lib, const char *path)
+{
+	static char buf[1 << 20] __attribute__((aligned(4096)));
+	pthread_t t;
+	void *h = NULL;
+
+	setenv("KVS_HARM2_FILE", path, 1);
+	if (pthread_create(&t, NULL, opener, (void *)lib))
+		return 2;
+	usleep(100000); /* the opener is in the constructor now, holding the loader's lock */
+	int fd = open(path, O_RDONLY | O_DIRECT);
+	ssize_t n = fd >= 0 ? pread(fd, buf, sizeof(buf), 0) : -1;
+	pthread_join(t, &h);
+	int *ctor = h ? dlsym(h, "harm2_ctor_result") : NULL;
+	printf("initlock: main read %zd, constructor read %d\n", n, ctor ? *ctor : -2);
+	return 0;
+}
+
 int main(int argc, char **argv)
 {
+	if (argc == 4 && !strcmp(argv[1], "initlock"))
+		return cmd_initlock(argv[2], argv[3]); /* before anything that could be hooked */
 	setvbuf(stdout, NULL, _IOLBF, 0);
 	if (argc == 5 && !strcmp(argv[1], "retired"))
 		return cmd_retired(argv[2], argv[3], argv[4]);

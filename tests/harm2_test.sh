@@ -1,12 +1,13 @@
 #!/usr/bin/env bash
 # "Never harm the host, part 2": the asynchronous and fork paths give the kernel's answers
 # under the shim (tests/harm2.c); each case runs with and without LD_PRELOAD and compares.
-#   harm2_test.sh LIBKVSHIM KVSHIM HARM2 SLOWFS
+#   harm2_test.sh LIBKVSHIM KVSHIM HARM2 CTORLIB [SLOWFS]
 # The cases that need a read still in flight use slowfs (FUSE, 300 ms a read); without FUSE
 # they skip, the others run.
 set -uo pipefail
 h=$3
-slowfs=${4:-}
+ctorlib=$4
+slowfs=${5:-}
 PREFIX=harm2
 source "$(dirname "$0")/preload_lib.sh" # lib (sanitizer runtime first), work, name, ok, fail
 
@@ -51,6 +52,15 @@ rm -f "$work"/resfd.*
 same "SIGEV_THREAD with detached attributes" "$h" sigev "$work/kv/f" 3000
 # 8. A fork child after the program closed and reused the shim's descriptor numbers.
 same "fork after the program reused the shim's descriptors" "$h" forkfds "$work/kv/f"
+
+# 13. The first hooked call initialises the shim while another thread, inside a dlopen (the
+#     loader's lock held), reads from a constructor: neither waits for the other.
+reset_region
+out=$(LD_PRELOAD=$lib timeout 20 "$h" initlock "$ctorlib" "$work/kv/f" 2>&1)
+st=$?
+[ $st = 0 ] && [ "$out" = "initlock: main read 1048576, constructor read 1048576" ] &&
+	ok "first call during a dlopen's constructor: $out" ||
+	fail "first call during a dlopen's constructor: status $st (124: deadlocked), $out"
 
 # The cases with a read in flight: slowfs.
 mnt_down() {
