@@ -340,7 +340,8 @@ struct kvs_region_info {
 	char built_by[33];	     /* the version of kvshim that built it */
 };
 struct kvs_proc_info {
-	int32_t pid;
+	int32_t pid;	/* in the process's own PID namespace */
+	uint64_t pidns; /* that namespace: the inode of its /proc/self/ns/pid, 0 if unknown */
 	int32_t rank;
 	bool alive;
 	struct kvs_counters ctr;

@@ -16,7 +16,7 @@
 #include "cache.h"
 
 #define KVS_MAGIC	   0x3130594b4d485356ULL /* "VSHMKY01" little-endian */
-#define KVS_LAYOUT_VERSION 4u
+#define KVS_LAYOUT_VERSION 5u
 #define KVS_CACHELINE	   64u
 #define KVS_PAGE	   4096u
 #define KVS_NIL		   UINT32_MAX
@@ -85,9 +85,11 @@ struct kvs_hdr {
 	_Atomic uint32_t populate_why;
 	_Atomic uint32_t populate_wake;
 	uint8_t pad5[KVS_CACHELINE - 16];
-	/* Line 5: the process-table mutex (robust); lines 6-11: the folded totals it guards. */
+	/* Line 5: the process-table mutex (robust) and its holder word (lock.c); lines 6-11: the
+	 * folded totals it guards. */
 	pthread_mutex_t proc_lock;
-	uint8_t pad4[KVS_CACHELINE - sizeof(pthread_mutex_t)];
+	_Atomic uint32_t proc_holder;
+	uint8_t pad4[KVS_CACHELINE - sizeof(pthread_mutex_t) - 4];
 	_Atomic uint64_t totals[KVS_CTR_ROOM];
 	/* Line 12: the region's history.  refused_attaches: fetch-added (relaxed) by a process of
 	 * this euid whose configuration the region's geometry did not match (region.c), never
@@ -106,11 +108,12 @@ struct kvs_hdr {
 struct kvs_proc {
 	/* Written under hdr->proc_lock by the attaching, detaching or reclaiming process. */
 	_Atomic uint32_t state;
-	int32_t pid;
+	int32_t pid;	      /* in the process's own PID namespace */
 	_Atomic int32_t rank; /* written by the process itself */
 	uint32_t pad0;
 	uint64_t attach_ns;
-	uint8_t pad1[KVS_CACHELINE - 24];
+	uint64_t pidns; /* inode of its /proc/self/ns/pid, 0 if unknown */
+	uint8_t pad1[KVS_CACHELINE - 32];
 	/* Lines 1-6: added to by the process's own threads (relaxed); folded and zeroed under
 	 * proc_lock. */
 	_Atomic uint64_t ctr[KVS_CTR_ROOM];
@@ -120,8 +123,9 @@ struct kvs_proc {
 };
 
 struct kvs_stripe {
-	pthread_mutex_t mu; /* process-shared, robust */
-	uint8_t pad[KVS_CACHELINE - sizeof(pthread_mutex_t)];
+	pthread_mutex_t mu;	 /* process-shared, robust */
+	_Atomic uint32_t holder; /* who is inside mu, by the region's names (lock.c) */
+	uint8_t pad[KVS_CACHELINE - sizeof(pthread_mutex_t) - 4];
 };
 
 struct kvs_slot {
@@ -164,7 +168,7 @@ _Static_assert(offsetof(struct kvs_hdr, built_by) == 776, "built_by after refuse
 _Static_assert(offsetof(struct kvs_hdr, off_seen) == 808, "off_seen after built_by");
 _Static_assert(offsetof(struct kvs_hdr, off_wseq) == 824, "off_wseq last");
 _Static_assert(sizeof(struct kvs_hdr) == 832, "header of thirteen lines");
-_Static_assert(sizeof(pthread_mutex_t) <= KVS_CACHELINE, "mutex fits a line");
+_Static_assert(sizeof(pthread_mutex_t) + 4 <= KVS_CACHELINE, "mutex and holder fit a line");
 _Static_assert(offsetof(struct kvs_proc, ctr) == 64, "counters on line 1");
 _Static_assert(offsetof(struct kvs_proc, pin) == 448, "pins after counters");
 _Static_assert(sizeof(struct kvs_proc) == 448 + 4 * KVS_PINS_PER_PROC, "proc size");

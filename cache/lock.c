@@ -29,14 +29,32 @@
  * value costs one storage read, never a wrong byte) with the word that held it; until this
  * process takes that lock again, a locker that finds the same word gives up at once, so a
  * stuck stripe costs every later read nothing but its storage read.  Callers treat -EUCLEAN as
- * "read storage yourself".  A TID is a number in the holder's PID namespace: a holder in
- * another namespace that holds a lock for two slices is taken for dead (the region is per
- * user and node; namespaces that share /dev/shm but not PIDs are not supported).
+ * "read storage yourself".
+ *
+ * Holders in other PID namespaces.  Pods that share /dev/shm have PID namespaces of their
+ * own (Kubernetes' default), and the TID in glibc's word is a number in the holder's
+ * namespace: kill() from another one asks about some other thread, or none.  So each lock has
+ * a holder word beside it (stripe.holder, hdr.proc_holder) that names the thread inside by
+ * the region's names: (process-table slot + 1) << 16 | a per-thread number of that process
+ * (never 0).  The locker writes it right after it has the mutex and clears it right before
+ * it unlocks, relaxed (a peek, like the TID's: only its value over whole slices matters).  A
+ * waiter that finds the lock word steady for two slices asks the holder word first:
+ *   - it names a slot: the holder is gone if that slot's liveness lock (an OFD lock on the
+ *     region file, proc.c) is free; the kernel's file locks answer alike in every
+ *     namespace.  A slot of this process is alive, except the caller's own thread number
+ *     (corruption, as above); a slot past the table is corruption.
+ *   - it is 0: a holder between its lock and its store, or its clear and its unlock (a few
+ *     instructions), a watcher (no slot), or corruption: the TID is asked as before.  Only a
+ *     holder stopped inside those instructions, in another namespace, is taken for dead early,
+ *     and that costs a storage read, never a wrong byte.
+ * The whole wait is bounded by the lock timeout in every case, so a live holder in another
+ * namespace is waited for exactly as one in this namespace.
  */
 #include <errno.h>
 #include <linux/futex.h>
 #include <pthread.h>
 #include <signal.h>
+#include <stdatomic.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -70,20 +88,49 @@ static uint32_t lock_word(pthread_mutex_t *mu)
 	return (uint32_t)__atomic_load_n(&mu->__data.__lock, __ATOMIC_RELAXED) & ~FUTEX_WAITERS;
 }
 
-/* Whether no thread can ever unlock a mutex whose word names tid. */
-static bool holder_gone(uint32_t tid)
+/* This thread's number for holder words: 1 to 0xffff, taken at its first lock. */
+static __thread uint32_t thread_no;
+static _Atomic uint32_t threads_numbered;
+
+/* The holder word this thread writes in c's locks; 0 for a watcher (no process slot). */
+static uint32_t my_holder(struct kvs_cache *c)
+{
+	if (c->self < 0)
+		return 0;
+	if (!thread_no)
+		thread_no = atomic_fetch_add_explicit(&threads_numbered, 1, memory_order_relaxed) %
+				0xffffu +
+			    1;
+	return ((uint32_t)(c->self + 1) << 16) | thread_no;
+}
+
+/* Whether no thread can ever unlock a mutex whose lock word names tid and whose holder word
+ * is h (see the essay). */
+static bool holder_gone(struct kvs_cache *c, uint32_t tid, uint32_t h)
 {
 	int saved = errno;
-	bool gone =
-	    tid == 0 || (pid_t)tid == gettid() || (kill((pid_t)tid, 0) < 0 && errno == ESRCH);
+	bool gone;
 
+	if (h) {
+		uint32_t p = (h >> 16) - 1;
+
+		if (h == my_holder(c) || h >> 16 == 0 || p >= c->nprocs)
+			gone = true; /* corruption */
+		else
+			gone = (int)p != c->self && !kvs_proc_alive(c, p);
+	} else {
+		gone = tid == 0 || (pid_t)tid == gettid() ||
+		       (kill((pid_t)tid, 0) < 0 && errno == ESRCH);
+	}
 	errno = saved;
 	return gone;
 }
 
 /* Lock mu, giving up as the essay says.  Returns 0, EOWNERDEAD (locked, repair it),
- * ENOTRECOVERABLE, or ETIMEDOUT (not locked: stuck).  *stuck is mu's remembered word. */
-static int lock_bounded(struct kvs_cache *c, pthread_mutex_t *mu, _Atomic uint32_t *stuck)
+ * ENOTRECOVERABLE, or ETIMEDOUT (not locked: stuck).  *stuck is mu's remembered word,
+ * *holder its holder word, written here once mu is locked. */
+static int lock_bounded(struct kvs_cache *c, pthread_mutex_t *mu, _Atomic uint32_t *stuck,
+			_Atomic uint32_t *holder)
 {
 	uint64_t limit = c->lock_timeout_ns ? c->lock_timeout_ns : KVS_LOCK_TIMEOUT_WATCH_NS;
 	uint32_t known = load_relaxed(stuck), seen;
@@ -109,15 +156,26 @@ static int lock_bounded(struct kvs_cache *c, pthread_mutex_t *mu, _Atomic uint32
 		still = w == seen ? still + 1 : 0;
 		seen = w;
 		now = kvs_mono_ns();
-		if ((still >= 2 && holder_gone(w & FUTEX_TID_MASK)) || now - start >= limit) {
+		if ((still >= 2 && holder_gone(c, w & FUTEX_TID_MASK, load_relaxed(holder))) ||
+		    now - start >= limit) {
 			store_relaxed(stuck, w);
 			return ETIMEDOUT;
 		}
 	}
 out:
-	if ((r == 0 || r == EOWNERDEAD) && known)
-		store_relaxed(stuck, 0); /* it moved: forget it */
+	if (r == 0 || r == EOWNERDEAD) {
+		store_relaxed(holder, my_holder(c));
+		if (known)
+			store_relaxed(stuck, 0); /* it moved: forget it */
+	}
 	return r;
+}
+
+/* Unlock mu, clearing its holder word first. */
+static void unlock_held(pthread_mutex_t *mu, _Atomic uint32_t *holder)
+{
+	store_relaxed(holder, 0);
+	pthread_mutex_unlock(mu);
 }
 
 static bool slot_in_stripe(struct kvs_cache *c, uint32_t bucket, uint32_t stripe)
@@ -167,13 +225,13 @@ static void repair_stripe(struct kvs_cache *c, uint32_t s)
 
 int kvs_stripe_lock(struct kvs_cache *c, uint32_t stripe)
 {
-	pthread_mutex_t *mu = &c->stripes[stripe].mu;
-	int r = lock_bounded(c, mu, &c->stuck[stripe]);
+	struct kvs_stripe *st = &c->stripes[stripe];
+	int r = lock_bounded(c, &st->mu, &c->stuck[stripe], &st->holder);
 
 	if (r == EOWNERDEAD) {
 		repair_stripe(c, stripe);
-		if (pthread_mutex_consistent(mu)) {
-			pthread_mutex_unlock(mu);
+		if (pthread_mutex_consistent(&st->mu)) {
+			unlock_held(&st->mu, &st->holder);
 			return euclean(c);
 		}
 		return 0;
@@ -183,16 +241,17 @@ int kvs_stripe_lock(struct kvs_cache *c, uint32_t stripe)
 
 void kvs_stripe_unlock(struct kvs_cache *c, uint32_t stripe)
 {
-	pthread_mutex_unlock(&c->stripes[stripe].mu);
+	unlock_held(&c->stripes[stripe].mu, &c->stripes[stripe].holder);
 }
 
 int kvs_proc_lock(struct kvs_cache *c)
 {
-	int r = lock_bounded(c, &c->hdr->proc_lock, &c->stuck_proc);
+	struct kvs_hdr *h = c->hdr;
+	int r = lock_bounded(c, &h->proc_lock, &c->stuck_proc, &h->proc_holder);
 
 	if (r == EOWNERDEAD) {
-		if (pthread_mutex_consistent(&c->hdr->proc_lock)) {
-			pthread_mutex_unlock(&c->hdr->proc_lock);
+		if (pthread_mutex_consistent(&h->proc_lock)) {
+			unlock_held(&h->proc_lock, &h->proc_holder);
 			return euclean(c);
 		}
 		return 0;
@@ -202,5 +261,5 @@ int kvs_proc_lock(struct kvs_cache *c)
 
 void kvs_proc_unlock(struct kvs_cache *c)
 {
-	pthread_mutex_unlock(&c->hdr->proc_lock);
+	unlock_held(&c->hdr->proc_lock, &c->hdr->proc_holder);
 }

@@ -14,6 +14,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -44,6 +45,7 @@ bool kvs_proc_alive(struct kvs_cache *c, uint32_t p)
 int kvs_proc_attach(struct kvs_cache *c)
 {
 	struct timespec ts;
+	struct stat ns;
 	int r;
 
 	kvs_cache_reap(c);
@@ -62,6 +64,7 @@ int kvs_proc_attach(struct kvs_cache *c)
 		for (int k = 0; k < KVS_NCOUNTERS; k++)
 			store_relaxed(&p->ctr[k], 0);
 		p->pid = (int32_t)getpid();
+		p->pidns = stat("/proc/self/ns/pid", &ns) == 0 ? (uint64_t)ns.st_ino : 0;
 		store_relaxed(&p->rank, -1);
 		clock_gettime(CLOCK_REALTIME, &ts);
 		p->attach_ns = (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
@@ -83,6 +86,7 @@ static void retire_locked(struct kvs_cache *c, struct kvs_proc *p)
 		store_relaxed(&p->ctr[k], 0);
 	}
 	p->pid = 0;
+	p->pidns = 0;
 	store_release(&p->state, KVS_PROC_FREE);
 }
 

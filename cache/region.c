@@ -1088,6 +1088,7 @@ int kvs_cache_stat(struct kvs_cache *c, struct kvs_region_info *info, struct kvs
 			totals->v[k] += load_relaxed(&p->ctr[k]);
 		if (procs && n < nprocs) {
 			procs[n].pid = p->pid;
+			procs[n].pidns = p->pidns;
 			procs[n].rank = load_relaxed(&p->rank);
 			procs[n].alive = alive;
 			for (int k = 0; k < KVS_NCOUNTERS; k++)

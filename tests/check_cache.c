@@ -162,7 +162,7 @@ START_TEST(test_layout_pinned)
 	ck_assert_uint_eq(offsetof(struct kvs_proc, ctr), 64);
 	ck_assert_uint_eq(offsetof(struct kvs_proc, pin), 448);
 	ck_assert_uint_eq(sizeof(struct kvs_stripe), 64);
-	ck_assert_uint_eq(KVS_LAYOUT_VERSION, 4);
+	ck_assert_uint_eq(KVS_LAYOUT_VERSION, 5);
 
 	struct kvs_config cfg;
 	test_config(&cfg, 8, 4096);
@@ -1646,6 +1646,112 @@ START_TEST(test_stopped_lock_holder)
 }
 END_TEST
 
+/* What the holder thread of test_other_namespace_holder does: attach, take the key's stripe,
+ * say so, hold it for 1.5 s (a throttled or stopped pod), let go. */
+struct ns_holder {
+	const struct kvs_config *cfg;
+	struct kvs_key k;
+	int say;
+};
+
+static void *ns_hold(void *arg)
+{
+	struct ns_holder *h = arg;
+	struct kvs_cache *cc = NULL;
+	char ok = 'L';
+
+	if (kvs_cache_open(KVS_CACHE_PARAMS(h->cfg), 0, &cc, NULL, 0) ||
+	    kvs_cache_test_lock_key(cc, &h->k))
+		ok = 'E';
+	if (write(h->say, &ok, 1) != 1 || ok != 'L')
+		return NULL;
+	usleep(1500000);
+	kvs_stripe_unlock(cc, bucket_stripe(cc, key_bucket(cc, &h->k)));
+	return NULL;
+}
+
+/* Pods that share /dev/shm each have a PID namespace of their own.  A live holder of a stripe
+ * in another namespace, whose TID names no thread of this one, holds it for 1.5 s: a pin here
+ * waits for it, as for a holder in its own namespace, and finds the slot (not -EUCLEAN after
+ * two slices); stat tells the two processes' namespaces apart. */
+START_TEST(test_other_namespace_holder)
+{
+	struct kvs_config cfg;
+	struct kvs_key k = key_of(23, 0);
+	struct kvs_pin p, q;
+	int say[2], st;
+	char got = 0;
+
+	test_config(&cfg, 16, 4096);
+	cfg.loader_wait_timeout_ms = 5000;
+	struct kvs_cache *c = open_ok(&cfg);
+	ck_assert_int_eq(kvs_cache_pin(c, &k, KVS_ALLOC_LOAD, &p), KVS_PIN_OWNER);
+	load_pattern(c, &p, &k);
+	kvs_cache_release(c, &p);
+	ck_assert_int_eq(pipe(say), 0);
+	/* A TID for the holder that no thread of this namespace has. */
+	long pid_max = 0;
+	FILE *pm = fopen("/proc/sys/kernel/pid_max", "r");
+	ck_assert(pm && fscanf(pm, "%ld", &pid_max) == 1);
+	fclose(pm);
+	long tid = pid_max - 2;
+	while (tid > 300 && !(kill((pid_t)tid, 0) < 0 && errno == ESRCH))
+		tid--;
+	pid_t pid = fork();
+	ck_assert(pid >= 0);
+	if (pid == 0) {
+		kvs_cache_forget(c);
+		if (unshare(CLONE_NEWPID)) {
+			got = 'S';
+			_exit(write(say[1], &got, 1) == 1 ? 0 : 2);
+		}
+		pid_t g = fork(); /* pid 1 of the new namespace */
+		if (g == 0) {
+			FILE *f = fopen("/proc/sys/kernel/ns_last_pid", "w");
+			struct ns_holder h = {&cfg, k, say[1]};
+			pthread_t t;
+
+			if (!f || fprintf(f, "%ld", tid - 1) < 0 || fclose(f)) {
+				got = 'N';
+				_exit(write(say[1], &got, 1) == 1 ? 0 : 2);
+			}
+			if (pthread_create(&t, NULL, ns_hold, &h))
+				_exit(2);
+			pthread_join(t, NULL);
+			_exit(0);
+		}
+		_exit(g > 0 && waitpid(g, &st, 0) == g && WIFEXITED(st) ? WEXITSTATUS(st) : 2);
+	}
+	ck_assert_int_eq(read(say[0], &got, 1), 1);
+	if (got == 'S' || got == 'N') {
+		fprintf(stderr, "test_other_namespace_holder: SKIP: %s\n",
+			got == 'S' ? "unshare(CLONE_NEWPID) is not allowed here"
+				   : "cannot set ns_last_pid in a new PID namespace");
+	} else {
+		ck_assert_int_eq(got, 'L');
+		struct kvs_region_info info;
+		struct kvs_counters totals;
+		struct kvs_proc_info procs[4];
+		int n = kvs_cache_stat(c, &info, &totals, procs, 4);
+		ck_assert_int_eq(n, 2);
+		ck_assert(procs[0].pidns && procs[1].pidns && procs[0].pidns != procs[1].pidns);
+		ck_assert(procs[0].pid == 1 || procs[1].pid == 1);
+		uint64_t t0 = mono_ms();
+		ck_assert_int_eq(kvs_cache_pin(c, &k, KVS_ALLOC_LOAD, &q), KVS_PIN_HIT);
+		uint64_t took = mono_ms() - t0;
+		ck_assert_uint_ge(took, 1000);
+		ck_assert(pattern_ok(c, &q, &k));
+		kvs_cache_release(c, &q);
+	}
+	ck_assert_int_eq(waitpid(pid, &st, 0), pid);
+	ck_assert(WIFEXITED(st) && WEXITSTATUS(st) == 0);
+	close(say[0]);
+	close(say[1]);
+	kvs_cache_close(c);
+	remove_region(&cfg);
+}
+END_TEST
+
 /* A LOADING slot with pins and no live owner (garbage index, KVS_NIL, a FREE table entry) is
  * failed by its first waiter at once, and the next pin owns the retry. */
 START_TEST(test_ownerless_load_taken_over)
@@ -2244,6 +2350,7 @@ static Suite *cache_suite(void)
 	tcase_add_test(core, test_deferred_release_retried);
 	tcase_add_test(limits, test_lock_word_of_no_thread);
 	tcase_add_test(crash, test_stopped_lock_holder);
+	tcase_add_test(crash, test_other_namespace_holder);
 	tcase_add_test(crash, test_ownerless_load_taken_over);
 	tcase_add_test(core, test_publish_order);
 	tcase_add_test(conc, test_pin_between_look_and_lock);

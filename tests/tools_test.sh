@@ -267,10 +267,10 @@ assert totals["backend_bytes"] == int(requests) // 3 * 4096, totals["backend_byt
 procs = obj["processes"]
 assert isinstance(procs, list) and len(procs) == int(nprocs), procs
 for p in procs:
-    for key in ["pid", "rank", "alive"] + counters:
+    for key in ["pid", "pidns", "rank", "alive"] + counters:
         assert key in p, "process lacks " + key
     assert type(p["alive"]) is bool
-    assert type(p["pid"]) is int and type(p["rank"]) is int
+    assert type(p["pid"]) is int and type(p["rank"]) is int and type(p["pidns"]) is int
 if procs:
     assert procs[0]["alive"] == (alive == "true"), procs[0]
     assert procs[0]["rank"] == 5 and procs[0]["requests"] == 3, procs[0]

@@ -101,8 +101,10 @@ static void print_json(FILE *f, const struct tool_snapshot *s)
 	for (int p = 0; p < s->nprocs; p++) {
 		const struct kvs_proc_info *pi = &s->procs[p];
 
-		fprintf(f, "%s{\"pid\":%" PRId32 ",\"rank\":%" PRId32 ",\"alive\":%s,",
-			p ? "," : "", pi->pid, pi->rank, pi->alive ? "true" : "false");
+		fprintf(f,
+			"%s{\"pid\":%" PRId32 ",\"pidns\":%" PRIu64 ",\"rank\":%" PRId32
+			",\"alive\":%s,",
+			p ? "," : "", pi->pid, pi->pidns, pi->rank, pi->alive ? "true" : "false");
 		json_counters(f, &pi->ctr);
 		fputc('}', f);
 	}
@@ -253,6 +255,8 @@ static void print_text(FILE *f, const struct tool_snapshot *s, struct rates *rt)
 		int n = snprintf(head, sizeof(head), "pid %" PRId32, s->procs[p].pid);
 
 		w = n > w ? n : w;
+		n = snprintf(head, sizeof(head), "%" PRIu64, s->procs[p].pidns);
+		w = n > w ? n : w;
 	}
 
 	fprintf(f, "%-*s  %*s", namew, "counter", w, "total");
@@ -272,6 +276,15 @@ static void print_text(FILE *f, const struct tool_snapshot *s, struct rates *rt)
 		fprintf(f, "\n%-*s  %*s", namew, "alive", w, "");
 		for (int p = 0; p < s->nprocs; p++)
 			fprintf(f, "  %*s", w, s->procs[p].alive ? "yes" : "no");
+		/* Pods that share /dev/shm have PID namespaces of their own: a pid means
+		 * something only beside its namespace. */
+		fprintf(f, "\n%-*s  %*s", namew, "pid namespace", w, "");
+		for (int p = 0; p < s->nprocs; p++) {
+			if (s->procs[p].pidns)
+				fprintf(f, "  %*" PRIu64, w, s->procs[p].pidns);
+			else
+				fprintf(f, "  %*s", w, "-");
+		}
 		fputc('\n', f);
 	}
 	for (int k = 0; k < KVS_NCOUNTERS; k++) {
