@@ -12,6 +12,12 @@
  * under the response.  Every connection has one deadline, CONN_TIMEOUT_MS after accept, for
  * all of that; a client that is too slow gets 408 (if nothing was written yet) and is closed.
  * A slow client therefore delays no one: the others are served by the same loop meanwhile.
+ * Nor do idle ones: the listening socket is always polled, and a connection that finds every
+ * slot taken takes the slot of the oldest connection that has its response already (draining)
+ * or, failing that, of the oldest one still reading its request (it gets 503): a scraper
+ * sends its request at once, an idle client may never.  A request line that cannot be one
+ * (no method, path and version, or a NUL byte anywhere in the head) is answered 400 as soon
+ * as it is seen, not at the blank line that may never come.
  * SIGINT and SIGTERM are let in only inside ppoll (stop.c) and end the loop with status 0.
  */
 #include <errno.h>
@@ -51,6 +57,7 @@ enum conn_state { C_FREE, C_READ, C_WRITE, C_DRAIN };
 struct conn {
 	enum conn_state state;
 	int fd;
+	uint64_t accepted; /* CLOCK_MONOTONIC ms */
 	uint64_t deadline; /* CLOCK_MONOTONIC ms */
 	size_t len;	   /* bytes of req read */
 	char req[REQ_MAX + 1];
@@ -326,6 +333,26 @@ static void conn_close(struct conn *c)
 	c->state = C_FREE;
 }
 
+/* Whether the head read so far, req, may still be a request: its first line, once whole,
+ * is three words (METHOD PATH VERSION) of printable characters, the version "HTTP/". */
+static bool line_may_be_request(const char *req)
+{
+	const char *eol = strpbrk(req, "\r\n"), *last = NULL;
+	int spaces = 0;
+
+	if (!eol)
+		return true; /* not whole yet: the length limit bounds it */
+	for (const char *p = req; p < eol; p++) {
+		if (*p == ' ') {
+			spaces++;
+			last = p;
+		} else if ((unsigned char)*p < 0x21 || (unsigned char)*p > 0x7e) {
+			return false;
+		}
+	}
+	return spaces == 2 && eol - last > 5 && !strncmp(last + 1, "HTTP/", 5);
+}
+
 /* Read what c's client sent; when the request head is complete (or can no longer be), set
  * the response. */
 static void on_read(struct exporter *ex, struct conn *c)
@@ -338,10 +365,16 @@ static void on_read(struct exporter *ex, struct conn *c)
 		conn_close(c);
 		return;
 	}
+	if (memchr(c->req + c->len, '\0', (size_t)n)) {
+		respond_text(c, "400 Bad Request", NULL, false); /* no HTTP head has one */
+		return;
+	}
 	c->len += (size_t)n;
 	c->req[c->len] = '\0';
 	if (strstr(c->req, "\r\n\r\n") || strstr(c->req, "\n\n"))
 		handle(ex, c);
+	else if (!line_may_be_request(c->req))
+		respond_text(c, "400 Bad Request", NULL, false);
 	else if (c->len == REQ_MAX)
 		respond_text(c, "431 Request Header Fields Too Large", NULL, false);
 }
@@ -393,15 +426,48 @@ static void on_timeout(struct conn *c)
 	conn_close(c);
 }
 
-/* Accept what waits on lfd while there is a free connection. */
-static void on_accept(struct exporter *ex, int lfd)
+/* A slot for a new connection: a free one, else the oldest draining one, else the oldest
+ * still reading its request (told 503); NULL if every one is writing a response. */
+static struct conn *slot_for_new(struct exporter *ex)
 {
+	struct conn *drain = NULL, *read = NULL;
+
 	for (int i = 0; i < MAX_CONNS; i++) {
 		struct conn *c = &ex->conns[i];
+
+		if (c->state == C_FREE)
+			return c;
+		if (c->state == C_DRAIN && (!drain || c->accepted < drain->accepted))
+			drain = c;
+		if (c->state == C_READ && (!read || c->accepted < read->accepted))
+			read = c;
+	}
+	if (drain) {
+		conn_close(drain);
+		return drain;
+	}
+	if (read) {
+		static const char r503[] = "HTTP/1.1 503 Service Unavailable\r\nContent-Type: "
+					   "text/plain; charset=utf-8\r\nContent-Length: 24\r\n"
+					   "Connection: close\r\n\r\n503 Service Unavailable\n";
+
+		/* Best effort, non-blocking: an idle client may not be reading. */
+		(void)send(read->fd, r503, sizeof(r503) - 1, MSG_NOSIGNAL);
+		conn_close(read);
+		return read;
+	}
+	return NULL;
+}
+
+/* Accept what waits on lfd, making room as slot_for_new says. */
+static void on_accept(struct exporter *ex, int lfd)
+{
+	for (int k = 0; k < MAX_CONNS; k++) {
+		struct conn *c = slot_for_new(ex);
 		int fd;
 
-		if (c->state != C_FREE)
-			continue;
+		if (!c)
+			return; /* every slot is sending a response: the next loop comes back */
 		fd = accept4(lfd, NULL, NULL, SOCK_NONBLOCK | SOCK_CLOEXEC);
 		if (fd < 0) {
 			if (errno != EAGAIN && errno != EINTR && errno != ECONNABORTED)
@@ -412,7 +478,8 @@ static void on_accept(struct exporter *ex, int lfd)
 		c->state = C_READ;
 		c->len = 0;
 		c->out = NULL;
-		c->deadline = now_ms() + CONN_TIMEOUT_MS;
+		c->accepted = now_ms();
+		c->deadline = c->accepted + CONN_TIMEOUT_MS;
 	}
 }
 
@@ -433,7 +500,7 @@ static int serve(struct exporter *ex, int lfd)
 	while (!tool_stop) {
 		uint64_t now = now_ms(), next = UINT64_MAX;
 		struct timespec wait;
-		int n = 0, busy = 0;
+		int n = 0, writing = 0;
 
 		for (int i = 0; i < MAX_CONNS; i++) {
 			struct conn *c = &ex->conns[i];
@@ -444,13 +511,13 @@ static int serve(struct exporter *ex, int lfd)
 				on_timeout(c);
 				continue;
 			}
-			busy++;
+			writing += c->state == C_WRITE;
 			next = c->deadline < next ? c->deadline : next;
 			pfd[n] = (struct pollfd){.fd = c->fd,
 						 .events = c->state == C_WRITE ? POLLOUT : POLLIN};
 			slot[n++] = i;
 		}
-		if (busy < MAX_CONNS) {
+		if (writing < MAX_CONNS) { /* a slot can be had (slot_for_new) */
 			pfd[n] = (struct pollfd){.fd = lfd, .events = POLLIN};
 			slot[n++] = -1;
 		}
