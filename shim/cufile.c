@@ -3,11 +3,20 @@
  * cufile_batch.c.
  *
  * DESIGN.  Shared state:
- *   real[]    the real library's functions, found on first use.  Stored with a CAS from NULL,
- *             so the first finder wins and every reader sees a whole pointer; loaded relaxed
- *             (a function pointer carries no data we depend on).
+ *   real[]    the real library's functions, found on first use, in this order: the library
+ *             handle a caller looked cuFile names up in (lib), the next object after the shim
+ *             (a NEEDED libcufile), a libcufile loaded anywhere (a plugin linked to it and
+ *             loaded RTLD_LOCAL, which no lookup through the global scope finds: NIXL's GDS
+ *             plugin), and last cuda.cufile_library, opened by the shim.  A pointer into the
+ *             shim itself is refused at every step (calling it would be a loop).  Stored
+ *             with a CAS from NULL, so the first finder wins and every reader sees a whole
+ *             pointer; loaded relaxed (a function pointer carries no data we depend on).  A
+ *             dlsym through another libcufile's handle replaces the entry it looks up.
  *   lib       the libcufile handle a caller looked cuFile names up in (the one that caller
- *             uses), else the one the shim opened.  Set once, by CAS.
+ *             uses), else the one the shim opened (lib_ours: it holds a reference).
+ *   Unloading: the shim's dlclose runs the real one and then drops every entry of real[]
+ *             that no loaded object contains any more, and lib with them unless it is ours:
+ *             a library unloaded and loaded again at another address is found again.
  *   handles[] fh -> fd for OPAQUE_FD handles registered through the shim.  Under handles_mu:
  *             a lookup per cuFile read costs one uncontended lock against milliseconds of I/O.
  *             A handle the table has no room for is simply not served.
@@ -16,6 +25,7 @@
 #include <dlfcn.h>
 #include <errno.h>
 #include <link.h>
+#include <stdbool.h>
 #include <pthread.h>
 #include <stdatomic.h>
 #include <stdint.h>
@@ -24,6 +34,7 @@
 #include "config.h"
 #include "cufile.h"
 #include "dlsym.h"
+#include "elfsym.h"
 #include "log.h"
 #include "shim.h"
 
@@ -37,6 +48,7 @@ static const char *const names[KVS_CF_N] = {
 
 static void *_Atomic real[KVS_CF_N];
 static void *_Atomic lib;
+static _Atomic bool lib_ours;
 
 static pthread_mutex_t handles_mu = PTHREAD_MUTEX_INITIALIZER;
 static struct {
@@ -67,6 +79,74 @@ static void remember(enum kvs_cufile_fn fn, void *p)
 	atomic_compare_exchange_strong(&real[fn], &none, p);
 }
 
+/* p, unless it is NULL or in the shim. */
+static void *not_shim(void *p)
+{
+	return p && !kvs_dlsym_in_shim(p) ? p : NULL;
+}
+
+struct find {
+	const char *name;
+	void *found;	  /* found_symbol: the function */
+	const void *addr; /* contains: the address looked for */
+	bool inside;	  /* contains: some loaded object maps it */
+};
+
+static bool is_cufile_name(const char *path)
+{
+	const char *base = path ? strrchr(path, '/') : NULL;
+
+	base = base ? base + 1 : path;
+	return base && strncmp(base, "libcufile.so", 12) == 0;
+}
+
+/* dl_iterate_phdr holds the loader's list lock (not the lock dlopen holds across
+ * constructors) while each object is looked at, so none is unloaded under the lookup. */
+static int found_symbol(struct dl_phdr_info *info, size_t size, void *arg)
+{
+	struct find *f = arg;
+
+	(void)size;
+	if (!is_cufile_name(info->dlpi_name))
+		return 0;
+	for (int i = 0; i < info->dlpi_phnum; i++) {
+		if (info->dlpi_phdr[i].p_type != PT_DYNAMIC)
+			continue;
+		f->found = not_shim(kvs_elf_object_symbol(
+		    info->dlpi_addr, (const void *)(info->dlpi_addr + info->dlpi_phdr[i].p_vaddr),
+		    f->name, NULL));
+		return f->found != NULL;
+	}
+	return 0;
+}
+
+static int contains(struct dl_phdr_info *info, size_t size, void *arg)
+{
+	struct find *f = arg;
+	uintptr_t a = (uintptr_t)f->addr;
+
+	(void)size;
+	for (int i = 0; i < info->dlpi_phnum; i++) {
+		const ElfW(Phdr) *ph = &info->dlpi_phdr[i];
+		uintptr_t lo = info->dlpi_addr + ph->p_vaddr;
+
+		if (ph->p_type == PT_LOAD && a >= lo && a - lo < ph->p_memsz) {
+			f->inside = true;
+			return 1;
+		}
+	}
+	return 0;
+}
+
+/* name in a libcufile loaded anywhere in the process (RTLD_LOCAL too), or NULL. */
+static void *loaded_symbol(const char *name)
+{
+	struct find f = {.name = name};
+
+	dl_iterate_phdr(found_symbol, &f);
+	return f.found;
+}
+
 void *kvs_cufile_real(enum kvs_cufile_fn fn)
 {
 	void *p = atomic_load_explicit(&real[fn], memory_order_relaxed);
@@ -76,15 +156,13 @@ void *kvs_cufile_real(enum kvs_cufile_fn fn)
 		return p;
 	h = atomic_load(&lib);
 	if (h)
-		p = kvs_dlsym_real(h, names[fn]);
-	if (!p) {
-		/* A NEEDED libcufile is the next object after the shim. */
-		p = kvs_dlsym_real(RTLD_NEXT, names[fn]);
-		if (kvs_dlsym_in_shim(p))
-			p = NULL;
-	}
+		p = not_shim(kvs_dlsym_real(h, names[fn]));
+	if (!p) /* a NEEDED libcufile is the next object after the shim */
+		p = not_shim(kvs_dlsym_real(RTLD_NEXT, names[fn]));
+	if (!p)
+		p = loaded_symbol(names[fn]);
 	if (!p && !h) {
-		const char *path = kvs_shim_config()->cuda_cufile_library;
+		const char *path = kvs_shim_cufile_library();
 
 		h = dlopen(path, RTLD_NOW | RTLD_LOCAL | RTLD_NOLOAD);
 		if (!h)
@@ -92,9 +170,11 @@ void *kvs_cufile_real(enum kvs_cufile_fn fn)
 		if (h && !atomic_compare_exchange_strong(&lib, &none, h)) {
 			dlclose(h);
 			h = none;
+		} else if (h) {
+			atomic_store(&lib_ours, true);
 		}
 		if (h)
-			p = kvs_dlsym_real(h, names[fn]);
+			p = not_shim(kvs_dlsym_real(h, names[fn]));
 		if (!p)
 			kvs_log_once(KVS_CAUSE_CUFILE, KVS_LOG_WARN,
 				     "no real libcufile has %s (cuda.cufile_library = %s)",
@@ -103,6 +183,61 @@ void *kvs_cufile_real(enum kvs_cufile_fn fn)
 	if (p)
 		remember(fn, p);
 	return p;
+}
+
+/* After a dlclose: forget what no loaded object maps any more. */
+static void forget_unloaded(void)
+{
+	bool gone = false;
+
+	for (int i = 0; i < KVS_CF_N; i++) {
+		void *p = atomic_load_explicit(&real[i], memory_order_relaxed);
+		struct find f = {.addr = p};
+
+		if (!p)
+			continue;
+		dl_iterate_phdr(contains, &f);
+		if (!f.inside && atomic_compare_exchange_strong(&real[i], &p, NULL))
+			gone = true;
+	}
+	if (gone && !atomic_load(&lib_ours))
+		atomic_store(&lib, NULL); /* a handle of the library that went */
+}
+
+/* glibc's dlclose, from libc's symbol table (2.34 and later) or libdl's; never dlsym. */
+static int (*real_dlclose(void))(void *)
+{
+	static int (*_Atomic fn)(void *);
+	int (*f)(void *) = atomic_load_explicit(&fn, memory_order_relaxed);
+
+	if (!f) {
+		f = (int (*)(void *))kvs_elf_symbol("libc.so.", "dlclose", NULL);
+		if (!f)
+			f = (int (*)(void *))kvs_elf_symbol("libdl.so.", "dlclose", NULL);
+		if (!f)
+			f = (int (*)(void *))not_shim(kvs_dlsym_real(RTLD_NEXT, "dlclose"));
+		atomic_store_explicit(&fn, f, memory_order_relaxed);
+	}
+	return f;
+}
+
+KVS_EXPORT int dlclose(void *handle)
+{
+	int (*f)(void *) = real_dlclose();
+	bool remembered = false;
+
+	for (int i = 0; i < KVS_CF_N && !remembered; i++)
+		remembered = atomic_load_explicit(&real[i], memory_order_relaxed) != NULL;
+	if (!f)
+		return -1; /* no glibc dlclose anywhere: nothing the shim can call */
+	int r = f(handle);
+	if (remembered && r == 0) {
+		int saved = errno;
+
+		forget_unloaded();
+		errno = saved;
+	}
+	return r;
 }
 
 /* ------------------------------------------------------------------ handles */
@@ -353,18 +488,17 @@ static void *hook_of(enum kvs_cufile_fn fn)
  * libcufile must not load it by asking). */
 static void *loaded_real(enum kvs_cufile_fn fn)
 {
-	const char *path = kvs_shim_config()->cuda_cufile_library;
 	void *p = atomic_load_explicit(&real[fn], memory_order_relaxed), *h;
 
 	if (p)
 		return p;
-	p = kvs_dlsym_real(RTLD_NEXT, names[fn]);
-	if (kvs_dlsym_in_shim(p))
-		p = NULL;
+	p = not_shim(kvs_dlsym_real(RTLD_NEXT, names[fn]));
+	if (!p)
+		p = loaded_symbol(names[fn]);
 	if (!p) {
-		h = dlopen(path[0] ? path : "libcufile.so.0", RTLD_NOW | RTLD_LOCAL | RTLD_NOLOAD);
+		h = dlopen(kvs_shim_cufile_library(), RTLD_NOW | RTLD_LOCAL | RTLD_NOLOAD);
 		if (h) {
-			p = kvs_dlsym_real(h, names[fn]);
+			p = not_shim(kvs_dlsym_real(h, names[fn]));
 			dlclose(h); /* drops the reference RTLD_NOLOAD took; the library stays */
 		}
 	}
@@ -403,8 +537,11 @@ void *kvs_cufile_dlsym(void *handle, const char *name, const char *version)
 				: kvs_dlsym_real(handle, name);
 	if (!p)
 		return KVS_DLSYM_NULL; /* the library lacks it: dlerror says so, as it would */
-	void *none = NULL;
-	atomic_compare_exchange_strong(&lib, &none, handle);
-	remember(fn, p);
+	/* The handle the caller uses, and its function: another libcufile than the one looked
+	 * up before (loaded again, elsewhere) replaces it. */
+	if (atomic_load(&lib) != handle && !atomic_load(&lib_ours))
+		atomic_store(&lib, handle);
+	if (!kvs_dlsym_in_shim(p))
+		atomic_store_explicit(&real[fn], p, memory_order_relaxed);
 	return hook_of(fn);
 }

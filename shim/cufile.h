@@ -28,8 +28,9 @@ enum kvs_cufile_fn {
 };
 
 /* The real libcufile's function, found on first use: the library a caller looked names up in,
- * else the next object after the shim (a NEEDED link), else cuda.cufile_library opened by the
- * shim.  NULL when there is none. */
+ * else the next object after the shim (a NEEDED link), else a libcufile loaded anywhere
+ * (RTLD_LOCAL), else cuda.cufile_library opened by the shim; never one of the shim's own.
+ * NULL when there is none.  Forgotten when its library is unloaded (the shim's dlclose). */
 void *kvs_cufile_real(enum kvs_cufile_fn fn);
 
 /* The descriptor registered for fh (OPAQUE_FD handles registered through the shim), or -1. */

@@ -181,3 +181,11 @@ void *kvs_elf_symbol(const char *lib, const char *name, const char *version)
 	}
 	return NULL;
 }
+
+void *kvs_elf_object_symbol(uintptr_t base, const void *dynamic, const char *name,
+			    const char *version)
+{
+	struct want w = {.lib = "", .name = name, .version = version};
+
+	return in_object((ElfW(Addr))base, dynamic, &w);
+}

@@ -835,9 +835,13 @@ out_free:
 	return ret;
 }
 
-const struct kvs_config *kvs_shim_config(void)
+const char *kvs_shim_cufile_library(void)
 {
-	return &cfg;
+	kvs_shim_wants(0); /* the configuration, loaded once */
+	int st = atomic_load_explicit(&state, memory_order_acquire); /* pairs with init's */
+	if ((st == ST_ON || st == ST_OFF) && cfg.cuda_cufile_library[0])
+		return cfg.cuda_cufile_library;
+	return "libcufile.so.0"; /* being loaded by another thread, or empty: the default */
 }
 
 /* Is the shim on (the configuration loaded first if need be)?  Not from the shim's own code. */

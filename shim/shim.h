@@ -146,8 +146,9 @@ void kvs_shim_note_small(int fd, size_t len);
 void kvs_shim_note_mmap(int fd);
 void kvs_shim_note_io_uring(const int *fds, unsigned n);
 
-/* The configuration the shim runs with (loaded by the first kvs_shim_wants). */
-const struct kvs_config *kvs_shim_config(void);
+/* cuda.cufile_library, the configuration loaded first if need be; "libcufile.so.0" while
+ * another thread loads it, or when the key is empty (never "": dlopen("") is the program). */
+const char *kvs_shim_cufile_library(void);
 
 /* True when a read of len bytes could be served (the shim is on and len >= files.min_read);
  * the cheap test every hook makes before anything else. */

@@ -82,7 +82,18 @@ kvs_plain(dlsym_sem_lib)
 add_executable(kvshim-dlsym-sem ${CMAKE_CURRENT_LIST_DIR}/dlsym_sem.c)
 target_link_libraries(kvshim-dlsym-sem PRIVATE dlsym_sem_lib ${CMAKE_DL_LIBS})
 kvs_plain(kvshim-dlsym-sem)
+# A plugin linked to libcufile, loaded RTLD_LOCAL (NIXL's GDS plugin), and the program that
+# loads it or reloads libcufile itself.
+add_library(cfplug_lib MODULE ${CMAKE_CURRENT_LIST_DIR}/cfplug_lib.c)
+target_include_directories(cfplug_lib PRIVATE ${CMAKE_SOURCE_DIR}/shim)
+target_link_libraries(cfplug_lib PRIVATE fakecufile)
+kvs_plain(cfplug_lib)
+add_executable(kvshim-cfplug ${CMAKE_CURRENT_LIST_DIR}/cfplug.c)
+target_include_directories(kvshim-cfplug PRIVATE ${CMAKE_SOURCE_DIR}/shim)
+target_link_libraries(kvshim-cfplug PRIVATE ${CMAKE_DL_LIBS})
+kvs_plain(kvshim-cfplug)
 add_test(NAME gpu_faults COMMAND bash ${CMAKE_CURRENT_LIST_DIR}/gpu_faults_test.sh
   $<TARGET_FILE:kvshim> $<TARGET_FILE:kvshim-cli> $<TARGET_FILE:kvshim-gpu-engine-dl>
-  $<TARGET_FILE:kvshim-gpu-prereg> $<TARGET_FILE:kvshim-dlsym-sem> ${KVS_FAKE_DIR})
+  $<TARGET_FILE:kvshim-gpu-prereg> $<TARGET_FILE:kvshim-dlsym-sem> ${KVS_FAKE_DIR}
+  $<TARGET_FILE:kvshim-cfplug> $<TARGET_FILE:cfplug_lib>)
 set_tests_properties(gpu_faults PROPERTIES SKIP_RETURN_CODE 77 TIMEOUT 300)

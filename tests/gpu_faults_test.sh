@@ -4,16 +4,19 @@
 # byte right, because on any failure inside the shim the real cuFile function is called.  Each
 # case also checks what the counters say happened (kvshim stat --json totals, and the fakes'
 # stats files).  Then the shim's dlsym/dlvsym answers are compared with glibc's own.
-#   gpu_faults_test.sh LIBKVSHIM KVSHIM ENGINE_DL PREREG DLSYM_SEM FAKEDIR
+#   gpu_faults_test.sh LIBKVSHIM KVSHIM ENGINE_DL PREREG DLSYM_SEM FAKEDIR CFPLUG CFPLUG_LIB
 # FAKEDIR holds the fakes libcufile.so.0 and libcuda.so.1; without them the test skips.
 # Cases: driver missing; cuMemcpyHtoDAsync failing; cuMemHostRegister failing (and working);
 # a destination the driver does not know; a handle registered behind the shim's back; a process
-# SIGKILLed while its device copy is in flight; dlsym semantics.
+# SIGKILLed while its device copy is in flight; dlsym semantics; libcufile reached through a
+# plugin loaded RTLD_LOCAL, and unloaded then loaded again at another address.
 set -uo pipefail
 engine=$3
 prereg=$4
 dlsym_sem=$5
 fakedir=$6
+cfplug=$7
+cfplug_lib=$8
 
 for f in "$fakedir/libcufile.so.0" "$fakedir/libcuda.so.1"; do
 	if [ ! -e "$f" ]; then
@@ -243,6 +246,44 @@ dlsym_case() { # LABEL LD_LIBRARY_PATH [ENV=VALUE...]
 dlsym_case "dlsym semantics, no libcufile on the search path" ""
 dlsym_case "dlsym semantics, libcufile on the search path but not loaded" "$fakedir"
 dlsym_case "dlsym semantics, shim disabled (KVSHIM_ENABLE=0)" "" KVSHIM_ENABLE=0
+
+# --- 8. libcufile where the global scope does not have it: a plugin linked to it, loaded
+# RTLD_LOCAL (NIXL's GDS plugin), makes the process's first hooked call through cuFile; with
+# the default configuration, cuda.cufile_library empty, and a wrong path: registration and the
+# read work as without the shim (they recursed until the stack overflowed, or failed).
+plug_case() { # LABEL [ENV=VALUE...]
+	local label=$1 out r
+	shift
+	"$kvshim" reset --force >/dev/null 2>&1
+	out=$(env "$@" LD_PRELOAD="$lib" LD_LIBRARY_PATH="$fakedir" timeout 60 "$cfplug" local \
+		"$cfplug_lib" "${files[0]}" 2>"$work/plug.err")
+	r=$?
+	if [ $r -eq 0 ] && [ "$out" = "$(printf 'plugin: cuFileHandleRegister 0, cuFileRead %s\nlocal: ok' $block)" ]; then
+		ok "$label: $(echo "$out" | tr '\n' ';')$([ -s "$work/plug.err" ] && echo " shim stderr: $(head -c 200 "$work/plug.err")")"
+	else
+		fail "$label: exit $r (139: SIGSEGV), $(echo "$out" | tr '\n' ';') $(head -c 300 "$work/plug.err")"
+	fi
+}
+plug_case "cuFile first, from a plugin loaded RTLD_LOCAL, default configuration"
+plug_case "the same with cuda.cufile_library empty" KVSHIM_CUDA_CUFILE_LIBRARY=
+plug_case "the same with cuda.cufile_library wrong" KVSHIM_CUDA_CUFILE_LIBRARY=/nonexistent/libcufile.so.0
+
+# --- 9. libcufile dlclose()d (it unloads), then the same library loaded from another path, at
+# another address: the shim forgets the first one's functions (it called them: SIGSEGV).
+mkdir -p "$work/cf2"
+cp "$fakedir/libcufile.so.0" "$work/cf2/libcufile.so.0"
+"$kvshim" reset --force >/dev/null 2>&1
+want_reload=$(LD_LIBRARY_PATH="$fakedir" timeout 60 "$cfplug" reload "$fakedir/libcufile.so.0" \
+	"$work/cf2/libcufile.so.0" "${files[0]}" 2>&1)
+got_reload=$(LD_PRELOAD="$lib" LD_LIBRARY_PATH="$fakedir" timeout 60 "$cfplug" reload \
+	"$fakedir/libcufile.so.0" "$work/cf2/libcufile.so.0" "${files[0]}" 2>&1)
+r=$?
+if [ $r -eq 0 ] && [ "$want_reload" = "$got_reload" ] && [ "$(echo "$got_reload" | grep -c ', ok$')" = 2 ] &&
+	[ "$(echo "$got_reload" | grep -c 'unloaded$')" = 2 ]; then
+	ok "libcufile unloaded and loaded again elsewhere: as without the shim ($(echo "$got_reload" | tr '\n' ';'))"
+else
+	fail "libcufile unloaded and loaded again elsewhere: exit $r (139: SIGSEGV); without the shim: $(echo "$want_reload" | tr '\n' ';'); with it: $(echo "$got_reload" | tr '\n' ';')"
+fi
 
 echo "gpu_faults: $fails failed"
 [ $fails -eq 0 ]
