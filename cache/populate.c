@@ -454,7 +454,7 @@ void kvs_populate_start(struct kvs_cache *c)
 	/* A fork child gets neither the mapping nor (atfork_child) the descriptor. */
 	madvise(p->base, p->len, MADV_DONTFORK);
 	p->slots = (struct kvs_slot *)(p->base + c->hdr->off_slots);
-	if (kvs_thread_start(NULL, populate_main, p) == 0)
+	if (kvs_thread_start(NULL, populate_main, p, KVS_STACK_OWN) == 0)
 		return;
 	munmap(p->base, p->len);
 err_free:

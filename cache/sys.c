@@ -7,7 +7,7 @@
 
 #include "sys.h"
 
-int kvs_thread_start(pthread_t *th, void *(*fn)(void *), void *arg)
+int kvs_thread_start(pthread_t *th, void *(*fn)(void *), void *arg, size_t stack)
 {
 	pthread_attr_t a;
 	sigset_t all, old;
@@ -17,7 +17,8 @@ int kvs_thread_start(pthread_t *th, void *(*fn)(void *), void *arg)
 	sigfillset(&all);
 	pthread_sigmask(SIG_SETMASK, &all, &old);
 	pthread_attr_init(&a);
-	pthread_attr_setstacksize(&a, 64 * 1024);
+	if (stack)
+		pthread_attr_setstacksize(&a, stack);
 	if (!th)
 		pthread_attr_setdetachstate(&a, PTHREAD_CREATE_DETACHED);
 	r = pthread_create(th ? th : &ignored, &a, fn, arg);

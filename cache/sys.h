@@ -6,7 +6,8 @@
  *                    so every caller loops on its own condition.
  *   kvs_mono_ns      CLOCK_MONOTONIC in nanoseconds.
  *   kvs_thread_start a thread started with every signal blocked (the host's signals are not
- *                    ours to take), small stack, optionally detached.
+ *                    ours to take), optionally detached, with a small stack or the one a
+ *                    thread of the program gets.
  */
 #ifndef KVS_SYS_H
 #define KVS_SYS_H
@@ -51,8 +52,15 @@ static inline uint64_t kvs_mono_ns(void)
  * it; then it is left alone.  A raw close: never the program's hooked one. */
 void kvs_close_if_ours(int fd, uint64_t dev, uint64_t ino);
 
-/* Start fn(arg) with every signal blocked and a 64 KiB stack; detached if th is NULL.
- * Returns 0 or -errno. */
-int kvs_thread_start(pthread_t *th, void *(*fn)(void *), void *arg);
+/* Stacks for kvs_thread_start.  KVS_STACK_OWN: a thread that runs only the shim's code and
+ * system calls.  KVS_STACK_FOREIGN: one that calls into other libraries (the CUDA driver,
+ * libcufile), whose call chains are theirs to size: it gets the stack a thread the program
+ * creates gets (pthread_getattr_default_np; 8 MiB by default, reserved, not committed). */
+#define KVS_STACK_OWN	  (64u * 1024)
+#define KVS_STACK_FOREIGN 0u
+
+/* Start fn(arg) with every signal blocked and a stack of stack bytes (KVS_STACK_*); detached
+ * if th is NULL.  Returns 0 or -errno. */
+int kvs_thread_start(pthread_t *th, void *(*fn)(void *), void *arg, size_t stack);
 
 #endif

@@ -176,7 +176,7 @@ static int start_threads(struct kvs_backend *be, unsigned n, void *(*fn)(void *)
 		if (kvs_backend_test_fail_thread && --kvs_backend_test_fail_thread == 0)
 			r = -EAGAIN;
 		else
-			r = kvs_thread_start(&be->threads[be->nthreads], fn, be);
+			r = kvs_thread_start(&be->threads[be->nthreads], fn, be, KVS_STACK_OWN);
 	}
 	return r;
 }

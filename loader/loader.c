@@ -612,7 +612,7 @@ int kvs_loader_start(struct kvs_loader *ld, struct kvs_task *t, const struct kvs
 	}
 	pthread_mutex_lock(&ld->mu);
 	if (!ld->completer_started && !ld->stop) {
-		r = kvs_thread_start(&ld->completer, completer_main, ld);
+		r = kvs_thread_start(&ld->completer, completer_main, ld, KVS_STACK_FOREIGN);
 		ld->completer_started = r == 0;
 	}
 	while (!r && ld->aq_len >= ld->aq_max && !ld->stop)

@@ -157,7 +157,7 @@ int kvs_prefetch_start(struct kvs_prefetcher *pf, struct kvs_cache *c, struct kv
 		pf->recent[i].fd = -1;
 	if (mode == KVS_PREFETCH_OFF)
 		return 0;
-	int r = kvs_thread_start(&pf->thread, prefetch_main, pf);
+	int r = kvs_thread_start(&pf->thread, prefetch_main, pf, KVS_STACK_OWN);
 	if (r == 0)
 		pf->started = true;
 	return r;

@@ -452,7 +452,8 @@ static bool copy_async(struct kvs_cache *c, struct kvs_wthru_op *op)
 	pthread_mutex_lock(&copy_mu);
 	if (!copier_started && !copier_failed) {
 		copy_cache = c;
-		copier_started = kvs_thread_start(&copier, copier_main, NULL) == 0;
+		copier_started =
+		    kvs_thread_start(&copier, copier_main, NULL, KVS_STACK_FOREIGN) == 0;
 		copier_failed = !copier_started;
 	}
 	ok = copier_started && copy_cache == c;

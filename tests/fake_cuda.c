@@ -38,6 +38,9 @@
  *                              matches its versions.  Read at every call: a changed value
  *                              starts the counts again.
  *                              Example: "cuMemcpyHtoDAsync_v2,cuMemHostRegister_v2:3=2".
+ *  FAKECUDA_STACK_KB=KB        every entry point uses KB KiB of its caller's stack first (a
+ *                              real driver's call chains are deep): a thread with a small stack
+ *                              faults
  *  FAKECUDA_STATS=DIR          at exit, write DIR/fakecuda.<pid>: one "name value" per counter
  *
  * Exported helpers (dlsym them): fakecuda_host_view(dptr, len), fakecuda_counter(name, &v).
@@ -53,6 +56,7 @@
  * thread-local.  Lock order: lk before a stream's lock (never the other way).  A memory range
  * freed while a copy into it is in flight is the caller's bug, as on a GPU.
  */
+#include <limits.h>
 #include <cuda.h>
 
 #include <errno.h>
@@ -224,9 +228,29 @@ static bool rule_matches(const char *rule, const char *fn)
 	return fn[n] == 0 || (fn[n] == '_' && fn[n + 1] == 'v');
 }
 
-/* The common prologue: fork child, initialisation, injected failure. */
+static unsigned long long env_ull(const char *name, unsigned long long def);
+
+/* Use kb KiB of the calling thread's stack, as a real driver's entry points may (they
+ * run deep call chains, create threads, take locks): a thread with a small stack faults. */
+static __attribute__((noinline)) unsigned deep(unsigned kb)
+{
+	volatile unsigned char a[1024];
+
+	a[0] = (unsigned char)kb;
+	a[sizeof(a) - 1] = a[0];
+	return kb > 1 ? deep(kb - 1) + a[sizeof(a) - 1] : a[0];
+}
+
+/* The common prologue: the driver's stack use, fork child, initialisation, injected
+ * failure. */
 static CUresult enter(const char *fn, bool need_init)
 {
+	static unsigned stack_kb = UINT_MAX;
+
+	if (stack_kb == UINT_MAX) /* racy but idempotent: every thread reads the same value */
+		stack_kb = (unsigned)env_ull("FAKECUDA_STACK_KB", 0);
+	if (stack_kb)
+		(void)deep(stack_kb);
 	if (forked) {
 		count(C_forked_calls, 1);
 		return CUDA_ERROR_NOT_INITIALIZED;

@@ -9,7 +9,8 @@
 # Cases: driver missing; cuMemcpyHtoDAsync failing; cuMemHostRegister failing (and working);
 # a destination the driver does not know; a handle registered behind the shim's back; a process
 # SIGKILLed while its device copy is in flight; dlsym semantics; libcufile reached through a
-# plugin loaded RTLD_LOCAL, and unloaded then loaded again at another address.
+# plugin loaded RTLD_LOCAL, and unloaded then loaded again at another address; a driver
+# that needs a deep stack.
 set -uo pipefail
 engine=$3
 prereg=$4
@@ -284,6 +285,20 @@ if [ $r -eq 0 ] && [ "$want_reload" = "$got_reload" ] && [ "$(echo "$got_reload"
 else
 	fail "libcufile unloaded and loaded again elsewhere: exit $r (139: SIGSEGV); without the shim: $(echo "$want_reload" | tr '\n' ';'); with it: $(echo "$got_reload" | tr '\n' ';')"
 fi
+
+# --- 10. A driver whose entry points use 512 KiB of their caller's stack (a real driver's call
+# chains are deep): every thread of the shim that calls into the driver or libcufile has the
+# stack of a thread the program would create (64 KiB ones faulted).
+for api in read batch async write; do
+	label="a driver that uses 512 KiB of stack, api $api"
+	run_engine stack.$api $api FAKECUDA_STACK_KB=512
+	if [ $api = write ]; then
+		[ $rc -eq 0 ] && ok "$label: exit 0 ($(cat "$work/out.stack.$api"))" ||
+			fail "$label: exit $rc (139: SIGSEGV), $(head -c 300 "$work/err.stack.$api")"
+	elif engine_ok "$label" stack.$api $api; then
+		ok "$label: every byte right, h2d_bytes $(totals h2d_bytes)"
+	fi
+done
 
 echo "gpu_faults: $fails failed"
 [ $fails -eq 0 ]
