@@ -511,7 +511,8 @@ ssize_t kvs_shim_read(int fd, const struct iovec *iov, int iovcnt, off_t off, bo
 		goto out;
 	if (!direct_fits(fd, &fi, iov, iovcnt, off))
 		goto out;
-	anchor = attach_anchor(fd, &fi, false); /* may run in a signal handler: no waiting */
+	/* Attached (admit): from here on this may run in a signal handler, so no waiting. */
+	anchor = attach_anchor(fd, &fi, false);
 	if (anchor < 0)
 		goto out;
 	/* The kernel moves at most MAX_RW_COUNT bytes in one call, whatever was asked. */

@@ -28,6 +28,14 @@
  * position, as read/readv do; else read at off, as pread does.  Returns the byte count the
  * real call would return, or -1 when the caller must make the real call (nothing was changed:
  * not the buffers' promised content, not the position, not errno).
+ *
+ * Signal handlers.  Once the process is attached (its first cacheable read), a served read
+ * allocates nothing and waits on no lock a handler could have interrupted on the same thread
+ * (the guard sends a handler's read to the real call while the shim runs there): a read from
+ * a signal handler is served.  The attach itself maps the region, allocates the loader and
+ * starts its threads (malloc, pthread_create): not async-signal-safe.  A process whose first
+ * cacheable read comes from a signal handler that interrupted malloc or pthread_create on the
+ * same thread can deadlock there (design.md, Limitations).
  */
 ssize_t kvs_shim_read(int fd, const struct iovec *iov, int iovcnt, off_t off, bool use_pos);
 
