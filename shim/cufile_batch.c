@@ -147,7 +147,10 @@ static int servable(const kvs_cufile_io_params_t *io)
 	return kvs_cufile_fd(io->fh);
 }
 
-/* Start io as entry slot i of b; false if the loader would not take it. */
+/* Start io as entry slot i of b (reserved by the caller); false if the loader would not take
+ * it, and then the slot stays reserved: the caller gives it back once the real library has
+ * answered for the entry, so no other Submit can take it meanwhile (a failing real submit
+ * reports the entry failed in that slot). */
 static bool start(struct batch *b, unsigned i, int fd, const kvs_cufile_io_params_t *io)
 {
 	struct entry *en = &b->e[i];
@@ -168,7 +171,7 @@ static bool start(struct batch *b, unsigned i, int fd, const kvs_cufile_io_param
 	if (r >= 0)
 		return true;
 	pthread_mutex_lock(&b->mu);
-	en->state = E_FREE;
+	en->state = E_RESERVED;
 	b->running--;
 	pthread_mutex_unlock(&b->mu);
 	return false;
@@ -241,9 +244,11 @@ KVS_EXPORT kvs_cufile_error_t cuFileBatchIOSubmit(kvs_cufile_batch_handle_t batc
 	for (unsigned i = 0; i < nr && nserve; i++) {
 		if (slot[i] < 0 || start(b, (unsigned)slot[i], fds[i], &iocbp[i]))
 			continue;
-		/* The loader would not take it: the real batch reads it after all. */
+		/* The loader would not take it: the real batch reads it after all.  Its slot is
+		 * still reserved, and free once the real library has it. */
 		if (fn(batch_idp, 1, &iocbp[i], flags).err == KVS_CU_FILE_SUCCESS) {
 			pthread_mutex_lock(&b->mu);
+			b->e[slot[i]].state = E_FREE;
 			b->real_pending++;
 			pthread_mutex_unlock(&b->mu);
 		} else {

@@ -92,8 +92,12 @@ add_executable(kvshim-cfplug ${CMAKE_CURRENT_LIST_DIR}/cfplug.c)
 target_include_directories(kvshim-cfplug PRIVATE ${CMAKE_SOURCE_DIR}/shim)
 target_link_libraries(kvshim-cfplug PRIVATE ${CMAKE_DL_LIBS})
 kvs_plain(kvshim-cfplug)
+add_executable(kvshim-cfbatch ${CMAKE_CURRENT_LIST_DIR}/cfbatch.c)
+target_include_directories(kvshim-cfbatch PRIVATE ${CMAKE_SOURCE_DIR}/shim)
+target_link_libraries(kvshim-cfbatch PRIVATE Threads::Threads ${CMAKE_DL_LIBS})
+kvs_plain(kvshim-cfbatch)
 add_test(NAME gpu_faults COMMAND bash ${CMAKE_CURRENT_LIST_DIR}/gpu_faults_test.sh
   $<TARGET_FILE:kvshim> $<TARGET_FILE:kvshim-cli> $<TARGET_FILE:kvshim-gpu-engine-dl>
   $<TARGET_FILE:kvshim-gpu-prereg> $<TARGET_FILE:kvshim-dlsym-sem> ${KVS_FAKE_DIR}
-  $<TARGET_FILE:kvshim-cfplug> $<TARGET_FILE:cfplug_lib>)
+  $<TARGET_FILE:kvshim-cfplug> $<TARGET_FILE:cfplug_lib> $<TARGET_FILE:kvshim-cfbatch>)
 set_tests_properties(gpu_faults PROPERTIES SKIP_RETURN_CODE 77 TIMEOUT 300)

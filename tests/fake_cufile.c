@@ -32,6 +32,8 @@
  *                            stream_register cuFileStreamRegister: CU_FILE_INVALID_VALUE
  *                            corrupt         any read succeeds with its first byte inverted
  *                                            (for tests that the caller's check can fail)
+ *   FAKECUFILE_SUBMIT_DELAY_US=US  cuFileBatchIOSubmit sleeps US microseconds before it
+ *                          answers (to widen a race for a test)
  *   FAKECUFILE_POSIX=1     move file data with libc's pread/pwrite, which an LD_PRELOAD
  *                          interposer sees (as in cuFile's compatibility mode).  By default
  *                          they are raw system calls, as GPUDirect's DMA is invisible to libc
@@ -62,6 +64,7 @@
 #include <string.h>
 #include <sys/stat.h>
 #include <sys/syscall.h>
+#include <stdbool.h>
 #include <unistd.h>
 
 #define API __attribute__((visibility("default")))
@@ -142,7 +145,8 @@ static const char *const fail_names[F_N] = {
     "batch_submit", "batch_io",	       "async",	       "async_io", "stream_register", "corrupt"};
 static unsigned long fail_from[F_N]; /* 0: never; set once under env_once */
 static atomic_ulong fail_uses[F_N];
-static int posix_io; /* FAKECUFILE_POSIX=1; set once under env_once */
+static int posix_io;		      /* FAKECUFILE_POSIX=1; set once under env_once */
+static unsigned long submit_delay_us; /* FAKECUFILE_SUBMIT_DELAY_US; set once under env_once */
 static pthread_once_t env_once = PTHREAD_ONCE_INIT;
 
 /* Read FAKECUFILE_POSIX and parse FAKECUFILE_FAIL (once); a bad item is reported and skipped. */
@@ -152,7 +156,10 @@ static void env_parse(void)
 	const char *posix = getenv("FAKECUFILE_POSIX");
 	char *copy, *save = NULL;
 
+	const char *delay = getenv("FAKECUFILE_SUBMIT_DELAY_US");
+
 	posix_io = posix && strcmp(posix, "1") == 0;
+	submit_delay_us = delay ? strtoul(delay, NULL, 10) : 0;
 	if (!env || !*env || !(copy = strdup(env)))
 		return;
 	for (char *item = strtok_r(copy, ",", &save); item; item = strtok_r(NULL, ",", &save)) {
@@ -779,7 +786,10 @@ API kvs_cufile_error_t cuFileBatchIOSubmit(kvs_cufile_batch_handle_t batch_idp, 
 		    p->u.batch.devPtr_offset < 0 || handle_get(p->fh, &fd, &direct) != 0)
 			return cf_err(KVS_CU_FILE_INVALID_VALUE);
 	}
-	if (should_fail(F_BATCH_SUBMIT))
+	bool fails = should_fail(F_BATCH_SUBMIT); /* parses the environment first */
+	if (submit_delay_us)
+		usleep((useconds_t)submit_delay_us);
+	if (fails)
 		return cf_err(KVS_CU_FILE_BATCH_SUBMIT_FAILED);
 	if (!(b = batch_lock(batch_idp)))
 		return cf_err(KVS_CU_FILE_INVALID_VALUE);

@@ -4,13 +4,13 @@
 # byte right, because on any failure inside the shim the real cuFile function is called.  Each
 # case also checks what the counters say happened (kvshim stat --json totals, and the fakes'
 # stats files).  Then the shim's dlsym/dlvsym answers are compared with glibc's own.
-#   gpu_faults_test.sh LIBKVSHIM KVSHIM ENGINE_DL PREREG DLSYM_SEM FAKEDIR CFPLUG CFPLUG_LIB
+#   gpu_faults_test.sh LIBKVSHIM KVSHIM ENGINE_DL PREREG DLSYM_SEM FAKEDIR CFPLUG CFPLUG_LIB CFBATCH
 # FAKEDIR holds the fakes libcufile.so.0 and libcuda.so.1; without them the test skips.
 # Cases: driver missing; cuMemcpyHtoDAsync failing; cuMemHostRegister failing (and working);
 # a destination the driver does not know; a handle registered behind the shim's back; a process
 # SIGKILLed while its device copy is in flight; dlsym semantics; libcufile reached through a
 # plugin loaded RTLD_LOCAL, and unloaded then loaded again at another address; a driver
-# that needs a deep stack.
+# that needs a deep stack; two batch submits racing for one entry.
 set -uo pipefail
 engine=$3
 prereg=$4
@@ -18,6 +18,7 @@ dlsym_sem=$5
 fakedir=$6
 cfplug=$7
 cfplug_lib=$8
+cfbatch=$9
 
 for f in "$fakedir/libcufile.so.0" "$fakedir/libcuda.so.1"; do
 	if [ ! -e "$f" ]; then
@@ -299,6 +300,21 @@ for api in read batch async write; do
 		ok "$label: every byte right, h2d_bytes $(totals h2d_bytes)"
 	fi
 done
+
+# --- 11. A batch of one entry: a submit the shim's loader refuses (host memory) goes to the real
+# library alone, slowly, and fails; meanwhile another thread submits a read the shim serves.
+# The refused entry keeps its slot until the real answer is in: every entry whose submit
+# succeeded is reported once, with its own cookie (the second one took the slot and was
+# written over before).
+"$kvshim" reset --force >/dev/null 2>&1
+out=$(LD_PRELOAD="$lib" LD_LIBRARY_PATH="$fakedir" FAKECUFILE_FAIL=batch_submit \
+	FAKECUFILE_SUBMIT_DELAY_US=300000 timeout 60 "$cfbatch" "${files[0]}" 2>&1)
+r=$?
+if [ $r -eq 0 ] && [ "$(echo "$out" | tail -1)" = consistent ]; then
+	ok "two batch submits racing for one entry: $(echo "$out" | tr '\n' ';')"
+else
+	fail "two batch submits racing for one entry: exit $r, $(echo "$out" | tr '\n' ';')"
+fi
 
 echo "gpu_faults: $fails failed"
 [ $fails -eq 0 ]
