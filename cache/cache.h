@@ -218,6 +218,9 @@ void *kvs_cache_data(struct kvs_cache *c, const struct kvs_pin *pin);
 uint32_t kvs_cache_length(struct kvs_cache *c, const struct kvs_pin *pin);
 /* The data slots, all of them: what a process copying to a device registers with the driver. */
 void kvs_cache_data_region(const struct kvs_cache *c, void **base, size_t *len);
+/* Whether every slot [off, off+len) of that region overlaps has its pages already (pinning
+ * them for a device, kvs_gpu_register_region, then allocates nothing).  Lock-free. */
+bool kvs_cache_data_ready(const struct kvs_cache *c, size_t off, size_t len);
 
 /* Existence query: the state of key's slot (enum kvs_slot_state; ALLOCATED for a LOADING slot
  * nobody owns yet, which the next pin will own), -ENOENT or -EUCLEAN.  Works on a

@@ -466,6 +466,18 @@ void kvs_cache_data_region(const struct kvs_cache *c, void **base, size_t *len)
 	*len = (size_t)c->nslots * c->shard_size;
 }
 
+bool kvs_cache_data_ready(const struct kvs_cache *c, size_t off, size_t len)
+{
+	uint64_t S = c->shard_size;
+
+	if (len == 0 || off + len > (size_t)c->nslots * S)
+		return false;
+	for (uint64_t i = off / S; i <= (off + len - 1) / S; i++)
+		if (atomic_load_explicit(&c->slots[i].pages, memory_order_acquire) != KVS_PAGES_OK)
+			return false; /* pairs with the store once the pages exist (populate.c) */
+	return true;
+}
+
 uint32_t kvs_cache_length(struct kvs_cache *c, const struct kvs_pin *pin)
 {
 	uint32_t len = load_relaxed(&c->slots[pin->slot].length);

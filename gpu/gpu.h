@@ -123,16 +123,25 @@ int kvs_gpu_copy_to_host(struct kvs_gpu *g, const struct kvs_gpu_ptr *src, uint6
 int kvs_gpu_host_func(struct kvs_gpu *g, void *stream, const struct kvs_gpu_ptr *dst,
 		      void (*fn)(void *), void *arg);
 
+/* Whether every page of [off, off+len) of a registered region has its memory already, so
+ * that pinning it allocates nothing; called from the registration thread. */
+typedef bool (*kvs_gpu_ready_fn)(void *ctx, size_t off, size_t len);
+
 /*
  * Register [base, base+len) with the driver (cuMemHostRegister, PORTABLE) chunk by chunk on a
  * background thread, so that copies from it run at pinned speed; copies never wait for it.
- * The first call in a process starts it, later calls and params.register_host false do
- * nothing.  The thread needs a context: the calling thread's current one, else that of the
- * first device pointer classified, so it never creates one (no context on device 0 for every
- * rank).  A chunk someone else registered already is skipped; any other failure stops the
- * registration (kvs_gpu_register_error says which).
+ * Pinning faults in every page, so only chunks that ready() says have their memory are
+ * registered (ready NULL: all): registration follows the pages the region has (what
+ * cache.populate and cache.shm_headroom allowed) and never allocates one; the thread looks
+ * again every KVS_GPU_REG_RESCAN_MS until every chunk is registered or stop.  The first call
+ * in a process starts it, later calls and params.register_host false do nothing.  The thread
+ * needs a context: the calling thread's current one, else that of the first device pointer
+ * classified, so it never creates one (no context on device 0 for every rank).  A chunk
+ * someone else registered already is skipped; any other failure stops the registration
+ * (kvs_gpu_register_error says which).
  */
-void kvs_gpu_register_region(struct kvs_gpu *g, void *base, size_t len);
+void kvs_gpu_register_region(struct kvs_gpu *g, void *base, size_t len, kvs_gpu_ready_fn ready,
+			     void *ready_ctx);
 
 /*
  * Is [p, p+len) pinned for this process's copies: inside the region given to

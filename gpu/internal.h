@@ -12,10 +12,11 @@
 #include "cuda_types.h"
 #include "gpu.h"
 
-#define KVS_GPU_MAX_CTX	     64
-#define KVS_GPU_MAX_DEVICES  64
-#define KVS_GPU_REG_CHUNK    (64ull << 20)
-#define KVS_GPU_PROC_VERSION 12000 /* the ABI the typedefs below describe */
+#define KVS_GPU_MAX_CTX	      64
+#define KVS_GPU_MAX_DEVICES   64
+#define KVS_GPU_REG_CHUNK     (64ull << 20)
+#define KVS_GPU_REG_RESCAN_MS 500   /* a look for chunks that have their pages now */
+#define KVS_GPU_PROC_VERSION  12000 /* the ABI the typedefs below describe */
 
 /* Entry points, each with the signature of the version gpu/ asks for. */
 struct kvs_cu_fns {
@@ -57,6 +58,8 @@ struct kvs_gpu_reg {
 	char *base;   /* set before the thread starts */
 	size_t len;
 	size_t nchunks;
+	kvs_gpu_ready_fn ready; /* which chunks have their pages (NULL: all); set before too */
+	void *ready_ctx;
 	/* chunk i: 0 not pinned yet, REG_OURS registered by the thread, REG_THEIRS registered
 	 * already by someone else; stored (release) by the thread after the driver returned,
 	 * loaded (acquire) by kvs_gpu_pinned from any thread. */

@@ -8,7 +8,11 @@
  * pageable speed.  The thread waits (g->cond) until the module knows a context to register in
  * (g->home_ctx: the context current on the thread that asked, else the first device
  * pointer's), so it never creates a context of its own, then registers KVS_GPU_REG_CHUNK at a
- * time with that context pushed, checking reg.stop between chunks.
+ * time with that context pushed, checking reg.stop between chunks.  Only chunks whose pages
+ * the region has (reg.ready) are pinned: cuMemHostRegister faults in every page it pins, and
+ * the cache gives a slot its pages only as cache.populate and cache.shm_headroom allow.  After
+ * a pass that left chunks without their pages, the thread sleeps KVS_GPU_REG_RESCAN_MS on
+ * g->cond (stop wakes it) and passes again, until every chunk is registered.
  *
  * Fields: reg.started, reg.stop and g->home_ctx are under g->lock.  reg.base, len, nchunks and
  * the done[] array are written once, before the thread starts, by the one caller that set
@@ -24,6 +28,7 @@
  */
 #include <errno.h>
 #include <stdlib.h>
+#include <time.h>
 
 #include "internal.h"
 
@@ -54,35 +59,62 @@ static void *reg_thread(void *arg)
 	if (!ctx || g->cu.ctx_push_current(ctx) != KVS_CU_SUCCESS)
 		return NULL;
 
-	for (size_t i = 0; i < reg->nchunks; i++) {
-		pthread_mutex_lock(&g->lock);
-		bool stop = reg->stop;
-		pthread_mutex_unlock(&g->lock);
-		if (stop)
-			break;
-		size_t off = i * KVS_GPU_REG_CHUNK;
-		size_t n = reg->len - off < KVS_GPU_REG_CHUNK ? reg->len - off : KVS_GPU_REG_CHUNK;
-		kvs_cu_result r =
-		    g->cu.mem_host_register(reg->base + off, n, KVS_CU_MEMHOSTREGISTER_PORTABLE);
-		if (r == KVS_CU_SUCCESS) {
-			atomic_store_explicit(&reg->done[i], REG_OURS,
-					      memory_order_release); /* pairs with kvs_gpu_pinned */
-			atomic_fetch_add_explicit(&reg->bytes, n, memory_order_relaxed);
-		} else if (r == KVS_CU_ERROR_HOST_MEMORY_ALREADY_REGISTERED) {
-			atomic_store_explicit(&reg->done[i], REG_THEIRS,
-					      memory_order_release); /* pinned, not ours to undo */
-		} else {
-			/* Out of lockable memory, or not permitted: the rest would fail too. */
-			atomic_store_explicit(&reg->err, kvs_gpu_errno(r), memory_order_relaxed);
-			break;
+	for (bool failed = false, stop = false; !failed && !stop;) {
+		size_t left = 0;
+
+		for (size_t i = 0; i < reg->nchunks && !failed; i++) {
+			pthread_mutex_lock(&g->lock);
+			stop = reg->stop;
+			pthread_mutex_unlock(&g->lock);
+			if (stop)
+				break;
+			if (atomic_load_explicit(&reg->done[i], memory_order_relaxed) != REG_NOT)
+				continue;
+			size_t off = i * KVS_GPU_REG_CHUNK;
+			size_t n =
+			    reg->len - off < KVS_GPU_REG_CHUNK ? reg->len - off : KVS_GPU_REG_CHUNK;
+			if (reg->ready && !reg->ready(reg->ready_ctx, off, n)) {
+				left++; /* its pages are not all there: pinning would allocate them
+					 */
+				continue;
+			}
+			kvs_cu_result r = g->cu.mem_host_register(reg->base + off, n,
+								  KVS_CU_MEMHOSTREGISTER_PORTABLE);
+			if (r == KVS_CU_SUCCESS) {
+				atomic_store_explicit(&reg->done[i], REG_OURS,
+						      memory_order_release); /* pairs with pinned */
+				atomic_fetch_add_explicit(&reg->bytes, n, memory_order_relaxed);
+			} else if (r == KVS_CU_ERROR_HOST_MEMORY_ALREADY_REGISTERED) {
+				atomic_store_explicit(&reg->done[i], REG_THEIRS,
+						      memory_order_release); /* not ours to undo */
+			} else {
+				/* Out of lockable memory, or not permitted: the rest would fail
+				 * too. */
+				atomic_store_explicit(&reg->err, kvs_gpu_errno(r),
+						      memory_order_relaxed);
+				failed = true;
+			}
 		}
+		if (!left || failed || stop)
+			break;
+		struct timespec until;
+		clock_gettime(CLOCK_REALTIME, &until); /* g->cond's clock */
+		until.tv_nsec += (long)KVS_GPU_REG_RESCAN_MS * 1000000L;
+		until.tv_sec += until.tv_nsec / 1000000000L;
+		until.tv_nsec %= 1000000000L;
+		pthread_mutex_lock(&g->lock);
+		while (!reg->stop && pthread_cond_timedwait(&g->cond, &g->lock, &until) == 0)
+			;
+		stop = reg->stop;
+		pthread_mutex_unlock(&g->lock);
 	}
 	kvs_cu_context old;
 	g->cu.ctx_pop_current(&old); /* pairs with the push above */
 	return NULL;
 }
 
-void kvs_gpu_register_region(struct kvs_gpu *g, void *base, size_t len)
+void kvs_gpu_register_region(struct kvs_gpu *g, void *base, size_t len, kvs_gpu_ready_fn ready,
+			     void *ready_ctx)
 {
 	if (!g->register_host || !base || len == 0 ||
 	    atomic_load_explicit(&g->forgotten, memory_order_relaxed))
@@ -102,6 +134,8 @@ void kvs_gpu_register_region(struct kvs_gpu *g, void *base, size_t len)
 	reg->base = base;
 	reg->len = len;
 	reg->nchunks = (len + KVS_GPU_REG_CHUNK - 1) / KVS_GPU_REG_CHUNK;
+	reg->ready = ready;
+	reg->ready_ctx = ready_ctx;
 	reg->done = calloc(reg->nchunks, sizeof(*reg->done));
 	if (!reg->done) {
 		atomic_store_explicit(&reg->err, -ENOMEM, memory_order_relaxed);

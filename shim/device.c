@@ -100,6 +100,11 @@ static int device_fence(void *ctx)
 	return r;
 }
 
+static bool data_ready(void *c, size_t off, size_t len)
+{
+	return kvs_cache_data_ready(c, off, len);
+}
+
 int kvs_device_begin(struct kvs_device_target *t, struct kvs_cache *c, const struct kvs_config *cfg)
 {
 	struct kvs_gpu *g = driver(cfg);
@@ -116,7 +121,8 @@ int kvs_device_begin(struct kvs_device_target *t, struct kvs_cache *c, const str
 	if (r)
 		return r;
 	kvs_cache_data_region(c, &base, &len);
-	kvs_gpu_register_region(g, base, len); /* once per process; never waited for */
+	/* Once per process; never waited for; only the pages the region has. */
+	kvs_gpu_register_region(g, base, len, data_ready, c);
 	t->dest = (struct kvs_dest){.copy = device_copy, .fence = device_fence, .ctx = t};
 	return 0;
 }

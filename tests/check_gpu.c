@@ -8,6 +8,7 @@
 #include <cuda.h>
 #include <errno.h>
 #include <pthread.h>
+#include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
@@ -252,8 +253,8 @@ START_TEST(register_background)
 			    MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
 	ck_assert_ptr_ne(region, MAP_FAILED);
 	ck_assert(!kvs_gpu_pinned(g, region, 4096)); /* before the registration starts */
-	kvs_gpu_register_region(g, region, len);
-	kvs_gpu_register_region(g, region, len); /* once per process */
+	kvs_gpu_register_region(g, region, len, NULL, NULL);
+	kvs_gpu_register_region(g, region, len, NULL, NULL); /* once per process */
 	ck_assert(wait_registered(g, len));
 	ck_assert_int_eq(kvs_gpu_register_error(g), 0);
 	ck_assert(kvs_gpu_pinned(g, region, len));
@@ -268,6 +269,47 @@ START_TEST(register_background)
 }
 END_TEST
 
+/* Which 64 MiB chunks of register_follows_pages's region "have their pages". */
+static _Atomic bool chunk_ready[4];
+
+static bool ready_chunks(void *ctx, size_t off, size_t len)
+{
+	(void)ctx;
+	for (size_t i = off / (64 << 20); i <= (off + len - 1) / (64 << 20); i++)
+		if (!atomic_load(&chunk_ready[i]))
+			return false;
+	return true;
+}
+
+/* Pinning faults in every page: only chunks whose pages the region has are registered, and
+ * the registration follows as more get theirs. */
+START_TEST(register_follows_pages)
+{
+	struct kvs_gpu *g = setup(true);
+	size_t len = 4 * (64 << 20);
+	void *region = mmap(NULL, len, PROT_READ | PROT_WRITE,
+			    MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+	ck_assert_ptr_ne(region, MAP_FAILED);
+	atomic_store(&chunk_ready[0], true);
+	atomic_store(&chunk_ready[2], true);
+	kvs_gpu_register_region(g, region, len, ready_chunks, NULL);
+	ck_assert(wait_registered(g, 2 * (64 << 20)));
+	usleep(700000); /* a rescan finds nothing new */
+	ck_assert_uint_eq(kvs_gpu_registered_bytes(g), 2 * (64 << 20));
+	ck_assert_uint_eq(counter("host_register_calls"), 2);
+	ck_assert(kvs_gpu_pinned(g, region, 64 << 20));
+	ck_assert(!kvs_gpu_pinned(g, (char *)region + (64 << 20), 4096));
+	ck_assert(kvs_gpu_pinned(g, (char *)region + 2 * (64 << 20), 4096));
+	atomic_store(&chunk_ready[1], true);
+	atomic_store(&chunk_ready[3], true);
+	ck_assert(wait_registered(g, len)); /* within a rescan or two */
+	ck_assert(kvs_gpu_pinned(g, region, len));
+	ck_assert_int_eq(kvs_gpu_register_error(g), 0);
+	kvs_gpu_close(g);
+	ck_assert_uint_eq(counter("registered_bytes"), 0);
+}
+END_TEST
+
 /* The registration thread waits for a context rather than make one. */
 START_TEST(register_waits_for_context)
 {
@@ -277,7 +319,7 @@ START_TEST(register_waits_for_context)
 			    MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
 	CUdeviceptr d = dev_alloc(4096);
 	ck_assert_int_eq(cuCtxSetCurrent(NULL), CUDA_SUCCESS);
-	kvs_gpu_register_region(g, region, len);
+	kvs_gpu_register_region(g, region, len, NULL, NULL);
 	usleep(100000);
 	ck_assert_uint_eq(kvs_gpu_registered_bytes(g), 0);
 	struct kvs_gpu_ptr ptr;
@@ -294,7 +336,7 @@ START_TEST(register_failure_stops)
 	size_t len = 4 * (64 << 20);
 	void *region = mmap(NULL, len, PROT_READ | PROT_WRITE,
 			    MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
-	kvs_gpu_register_region(g, region, len);
+	kvs_gpu_register_region(g, region, len, NULL, NULL);
 	for (int i = 0; i < 500 && kvs_gpu_register_error(g) == 0; i++)
 		usleep(10000);
 	ck_assert_int_eq(kvs_gpu_register_error(g), -ENOMEM);
@@ -319,7 +361,7 @@ START_TEST(forget_after_fork)
 	size_t len = 64 << 20;
 	void *region = mmap(NULL, len, PROT_READ | PROT_WRITE,
 			    MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
-	kvs_gpu_register_region(g, region, len);
+	kvs_gpu_register_region(g, region, len, NULL, NULL);
 	CUdeviceptr d = dev_alloc(4096);
 	struct kvs_gpu_ptr dst;
 	struct kvs_gpu_copy cp;
@@ -447,6 +489,7 @@ static Suite *gpu_suite(void)
 	tcase_add_test(core, failed_copy_still_fenced);
 	tcase_add_test(core, caller_stream);
 	tcase_add_test(core, register_background);
+	tcase_add_test(core, register_follows_pages);
 	tcase_add_test(core, register_waits_for_context);
 	tcase_add_test(core, register_failure_stops);
 	tcase_add_test(core, streams_per_context);

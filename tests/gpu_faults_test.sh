@@ -56,12 +56,14 @@ export KVSHIM_CONFIG=$work/kvshim.ini
 
 want_line() { echo "engine: 4 files, $unique bytes, api $1, ok"; }
 
-# run_engine TAG API [ENV=VALUE...]: a fresh region, one engine under the shim with fresh stats
+# run_engine TAG API [ENV=VALUE...]: a fresh region (prepared first with prep=1), one engine
+# under the shim with fresh stats
 # folders $work/st.TAG; rc in $rc.  Its stdout is in $work/out.TAG, stderr in $work/err.TAG.
 run_engine() {
 	local tag=$1 api=$2
 	shift 2
 	"$kvshim" reset --force >/dev/null 2>&1
+	[ -n "${prep:-}" ] && env "$@" "$kvshim" prepare >/dev/null 2>&1 # every slot's pages now
 	mkdir -p "$work/st.$tag"
 	env "$@" LD_PRELOAD="$lib" LD_LIBRARY_PATH="$fakedir" FAKECUFILE_STATS="$work/st.$tag" \
 		FAKECUDA_STATS="$work/st.$tag" timeout 120 "$engine" --api "$api" --block $block \
@@ -114,7 +116,7 @@ done
 # --- 3. registration: failing, the reads are still served (from pageable memory); working,
 # the background thread registers the region in the engine's context (current on its thread).
 label="cuMemHostRegister failing"
-run_engine noreg read FAKECUDA_FAIL=cuMemHostRegister_v2
+prep=1 run_engine noreg read FAKECUDA_FAIL=cuMemHostRegister_v2
 if engine_ok "$label" noreg read; then
 	h2d=$(totals h2d_bytes)
 	reg=$(totals registered_bytes)
@@ -126,8 +128,8 @@ if engine_ok "$label" noreg read; then
 		fail "$label: h2d_bytes $h2d (want $unique), registered_bytes $reg (want 0), fake read_bytes $fake (want 0)"
 	fi
 fi
-label="cuMemHostRegister working"
-run_engine reg read
+label="cuMemHostRegister working, on a prepared region"
+prep=1 run_engine reg read
 if engine_ok "$label" reg read; then
 	h2d=$(totals h2d_bytes)
 	reg=$(totals registered_bytes)
@@ -136,6 +138,20 @@ if engine_ok "$label" reg read; then
 		ok "$label: served (h2d_bytes $h2d), registered_bytes $reg ($from_reg bytes copied from registered memory)"
 	else
 		fail "$label: h2d_bytes $h2d (want $unique), registered_bytes $reg (want > 0)"
+	fi
+fi
+# Registration pins only pages the region has: with cache.populate = lazy, a 16 MiB load
+# gives 16 of the 64 slots their pages, and the one 64 MiB chunk is not pinned (pinning it
+# would allocate the other 48 MiB of /dev/shm, past what populate and the headroom allow).
+label="cuMemHostRegister on a lazy region"
+run_engine lazy read KVSHIM_CACHE_POPULATE=lazy
+if engine_ok "$label" lazy read; then
+	reg=$(totals registered_bytes)
+	populated=$(region slots_populated)
+	if [ "$reg" -le $((populated * block)) ] && [ "$populated" -lt 64 ]; then
+		ok "$label: registered_bytes $reg, no more than the $populated slots with pages hold"
+	else
+		fail "$label: registered_bytes $reg, more than the $populated slots with pages hold"
 	fi
 fi
 
