@@ -13,6 +13,7 @@
 #include <pthread.h>
 #include <stdarg.h>
 #include <stdio.h>
+#include <string.h>
 #include <sys/mman.h>
 #include <sys/uio.h>
 #include <unistd.h>
@@ -173,14 +174,21 @@ KVS_EXPORT ssize_t __pread64_chk(int fd, void *buf, size_t count, off64_t off, s
 }
 
 /*
- * glibc's fread reads through its own buffer, not through read().  We serve it only when that
- * buffer is empty and nothing is pending to write, at the descriptor's position, then move the
- * stream there with fseeko (which discards the buffer state and keeps glibc's offset right).
- * A short count (end of file) lets the real fread finish, so the EOF flag is set as usual.
+ * glibc's fread reads through its own buffer, not through read().  A large fread is served
+ * around it, as glibc would read: the bytes buffered already ([_IO_read_ptr, _IO_read_end))
+ * are copied out and consumed, the rest is served from the descriptor's position (glibc keeps
+ * it at the end of what it buffered), and the stream is moved there with fseeko (which drops
+ * the buffer and keeps glibc's offset right).  A short count (end of file) or a read the cache
+ * refuses lets the real fread go on from there, so the EOF and error flags are set as usual.
+ * Not served, and counted (unserved_stdio): a stream with bytes waiting to be written, one
+ * reading back ungetc'd bytes (glibc's backup area), a wide-oriented one.  A read that the
+ * buffer holds, or whose rest is below files.min_read, is glibc's own.
  */
+#define KVS_IO_IN_BACKUP 0x100 /* glibc's _IO_IN_BACKUP (libio.h): reading ungetc'd bytes */
+
 KVS_EXPORT size_t fread(void *ptr, size_t size, size_t nmemb, FILE *f)
 {
-	size_t total, done = 0;
+	size_t total, done = 0, have;
 	ssize_t n = -1;
 	off_t pos;
 
@@ -189,24 +197,33 @@ KVS_EXPORT size_t fread(void *ptr, size_t size, size_t nmemb, FILE *f)
 	    !kvs_shim_wants(total))
 		return kvs_real.fread(ptr, size, nmemb, f);
 	flockfile(f);
-	if (f->_IO_read_ptr == f->_IO_read_end && f->_IO_write_ptr == f->_IO_write_base) {
+	have = f->_IO_read_end > f->_IO_read_ptr ? (size_t)(f->_IO_read_end - f->_IO_read_ptr) : 0;
+	if (f->_IO_write_ptr > f->_IO_write_base || (f->_flags & KVS_IO_IN_BACKUP) ||
+	    f->_mode > 0) {
+		kvs_shim_note_stdio(fileno_unlocked(f));
+	} else if (have < total && kvs_shim_wants(total - have)) {
 		int fd = fileno_unlocked(f);
 
 		pos = fd >= 0 ? lseek(fd, 0, SEEK_CUR) : -1;
 		if (pos >= 0) {
-			struct iovec v = {ptr, total};
+			struct iovec v = {(char *)ptr + have, total - have};
 
+			memcpy(ptr, f->_IO_read_ptr, have);
+			f->_IO_read_ptr = f->_IO_read_end; /* consumed, as glibc's copy would */
+			done = have;
 			n = kvs_shim_read(fd, &v, 1, pos, false);
+			if (n >= 0 && fseeko(f, pos + n, SEEK_SET) != 0)
+				n = -1; /* cannot happen; the real call rereads the rest */
 		}
-		if (n >= 0 && fseeko(f, pos + n, SEEK_SET) != 0)
-			n = -1; /* cannot happen; the bytes are in ptr and the real call rereads */
 	}
 	if (n < 0) {
-		done = kvs_real.fread(ptr, size, nmemb, f);
+		/* From where the copy above left the stream: its buffer is consumed, the
+		 * descriptor's position is the next byte. */
+		done += kvs_real.fread((char *)ptr + done, 1, total - done, f);
 		funlockfile(f);
-		return done;
+		return done / size;
 	}
-	done = (size_t)n;
+	done += (size_t)n;
 	if (done < total)
 		done += kvs_real.fread((char *)ptr + done, 1, total - done, f);
 	funlockfile(f);

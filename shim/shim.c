@@ -314,6 +314,24 @@ void kvs_shim_note_mmap(int fd)
 	errno = saved;
 }
 
+void kvs_shim_note_stdio(int fd)
+{
+	struct kvs_fdinfo fi;
+
+	if (fd < 0 || !kvs_shim_wants(SIZE_MAX))
+		return;
+	int saved = errno;
+	guard++;
+	if (kvs_fdinfo_get(fd, &fi) == 0 && fi.kv) {
+		unserved(KVS_CTR_unserved_stdio, KVS_CAUSE_UNSERVED_STDIO,
+			 "an fread of a KV file on a stream with bytes to write, ungetc'd bytes or "
+			 "wide characters");
+		pass(fd, &fi, KVS_WHY_STDIO, 0);
+	}
+	guard--;
+	errno = saved;
+}
+
 void kvs_shim_note_io_uring(const int *fds, unsigned n)
 {
 	struct kvs_fdinfo fi;

@@ -153,6 +153,9 @@ void kvs_shim_truncated(struct wt_file *f, int fd, struct kvs_wtok *tok, int ret
 void kvs_shim_note_small(int fd, size_t len);
 void kvs_shim_note_mmap(int fd);
 void kvs_shim_note_io_uring(const int *fds, unsigned n);
+/* An fread of fd's stream that cannot be served (bytes to write, ungetc'd bytes, wide): counted
+ * as unserved_stdio when fd is a KV file.  Never changes errno. */
+void kvs_shim_note_stdio(int fd);
 
 /* cuda.cufile_library, the configuration loaded first if need be; "libcufile.so.0" while
  * another thread loads it, or when the key is empty (never "": dlopen("") is the program). */

@@ -23,6 +23,7 @@ enum kvs_why {
 	KVS_WHY_FALLBACK,   /* the cache failed this read; storage answered */
 	KVS_WHY_MMAP,	    /* mapped with mmap: its reads are page faults */
 	KVS_WHY_IO_URING,   /* registered with an io_uring */
+	KVS_WHY_STDIO,	    /* fread on a stream with bytes to write, ungetc'd bytes, or wide */
 	KVS_WHY_NCAUSES
 };
 

@@ -5,6 +5,7 @@
 #   e2e_test.sh LIBKVSHIM KVSHIM
 set -uo pipefail
 reader=${3:-}
+stdio_reader=${4:-}
 PREFIX=e2e
 source "$(dirname "$0")/preload_lib.sh" # lib (sanitizer runtime first), work, name, ok, fail
 
@@ -125,6 +126,34 @@ for buffered in false true; do
 	fi
 done
 unset KVSHIM_FILES_BUFFERED
+
+# --- llama.cpp's slot restore through stdio (tests/stdio_reader.c): small header freads that
+# leave bytes in the stream's buffer, then about 600 KB freads, with fseek, ftell, fgetc,
+# ungetc and a read across the end.  Every answer as glibc alone gives it; the large reads
+# served (most of the bytes copied from the cache), storage at most 1.1x the file.
+if [ -n "$stdio_reader" ]; then
+	export KVSHIM_FILES_BUFFERED=true
+	f=$work/kv/blk2
+	size=$(stat -c %s "$f")
+	want=$("$stdio_reader" "$f" 2>&1)
+	for pass in cold warm; do
+		[ $pass = cold ] && reset_region
+		c0=$(totals copy_bytes)
+		b0=$(totals backend_bytes)
+		got=$(LD_PRELOAD=$lib "$stdio_reader" "$f" 2>"$work/err")
+		copied=$(($(totals copy_bytes) - c0))
+		stored=$(($(totals backend_bytes) - b0))
+		read_total=$(echo "$want" | awk '$1 != "fseek" && $1 != "fgetc" && $1 != "ungetc" {print}' | wc -l)
+		if [ "$want" != "$got" ]; then
+			fail "stdio restore ($pass): differs from glibc alone: $(diff <(echo "$want") <(echo "$got") | grep '^[<>]' | head -4 | tr '\n' ';')"
+		elif [ $((copied * 10)) -lt $((size * 9 * 2)) ] || [ $((stored * 10)) -gt $((size * 11)) ]; then
+			fail "stdio restore ($pass): $copied bytes copied from the cache (want at least 90% of the $((2 * size)) the reader reads), $stored from storage (file $size)"
+		else
+			ok "stdio restore ($pass): every answer as glibc's, $copied bytes from the cache, $stored from storage (file $size), unserved_stdio $(totals unserved_stdio)"
+		fi
+	done
+	unset KVSHIM_FILES_BUFFERED
+fi
 
 # --- 8 processes at once on the same files: every byte right, storage read once.
 reset_region
