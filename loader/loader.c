@@ -18,8 +18,10 @@
  *           order waits for each shard on its state word, copies it to the destination and
  *           releases the pin, or keeps the pin until the destination's fence when the copy
  *           is asynchronous.  A shard that failed, timed out or could not be pinned is read
- *           into a bounce buffer and copied (host destinations), or fails the task (others:
- *           the caller makes the real call).
+ *           by the loader, only its wanted bytes, into the host buffers or a bounce buffer
+ *           (host destinations), or fails the task (others: the caller makes the real call).
+ *           A read whose first piece the cache takes nothing of goes back to the caller at
+ *           once (-ENOBUFS), holding nothing: its real call reads only what was asked.
  *
  * Owners never wait for other processes before publishing (publication happens on the backend
  * thread), so two ranks each waiting for a shard the other owns cannot deadlock; and a miss
@@ -355,6 +357,19 @@ static void pin_rest(struct kvs_loader *ld, struct kvs_task *t)
 	kvs_cache_reap_maybe(ld->c); /* dead ranks' pins come back while we are busy */
 }
 
+/* Did the cache take none of t's first piece (no shard READY, owned, or loading elsewhere: no
+ * slot could be had)?  Then nothing is held and nothing copied, and the caller makes the real
+ * call: the kernel reads what was asked, with the program's own depth, as without the shim. */
+static bool none_taken(const struct kvs_task *t)
+{
+	if (t->off != t->rd->off || t->result)
+		return false;
+	for (uint32_t i = 0; i < t->nops; i++)
+		if (t->ops[i].kind != OP_SELF)
+			return false;
+	return true;
+}
+
 /* The first half of a piece, on the calling thread: serve what is READY now, then pin the rest
  * in rotated order and submit the storage reads this process owns.  Returns true if every op
  * is served already (no wait, no finish needed beyond the fence). */
@@ -392,28 +407,92 @@ static void bounce_put(struct kvs_loader *ld, int i)
 	pthread_mutex_unlock(&ld->bounce_mu);
 }
 
-/* Read op's shard ourselves and copy the wanted part (host destinations only).  Returns 0 or
- * -errno. */
+/* Can rd's host buffers take [pos, pos+len) of the request straight from a read at foff?
+ * Always without O_DIRECT; with it, when every piece is page aligned (as the program's own
+ * O_DIRECT read is, except its last piece at a file's end). */
+static bool iov_direct_ok(const struct kvs_read *rd, uint64_t pos, uint64_t len, uint64_t foff)
+{
+	if (!rd->direct)
+		return true;
+	if (foff % KVS_PAGE_SZ || len % KVS_PAGE_SZ)
+		return false;
+	for (int i = 0; i < rd->iovcnt && len; i++) {
+		uint64_t l = rd->iov[i].iov_len;
+
+		if (pos >= l) {
+			pos -= l;
+			continue;
+		}
+		uint64_t n = l - pos < len ? l - pos : len;
+		if (((uintptr_t)rd->iov[i].iov_base + pos) % KVS_PAGE_SZ || n % KVS_PAGE_SZ)
+			return false;
+		len -= n;
+		pos = 0;
+	}
+	return true;
+}
+
+/* Read [foff, foff+len) of the file into [pos, pos+len) of rd's host buffers.  Returns the
+ * bytes read or -errno. */
+static int64_t read_into_iov(const struct kvs_read *rd, uint64_t pos, uint64_t len, uint64_t foff)
+{
+	uint64_t got = 0;
+
+	for (int i = 0; i < rd->iovcnt && got < len; i++) {
+		uint64_t l = rd->iov[i].iov_len;
+
+		if (pos >= l) {
+			pos -= l;
+			continue;
+		}
+		uint64_t n = l - pos < len - got ? l - pos : len - got;
+		int64_t r = kvs_read_full(rd->fd, (char *)rd->iov[i].iov_base + pos, n, foff + got);
+		if (r < 0)
+			return got ? (int64_t)got : r;
+		got += (uint64_t)r;
+		if ((uint64_t)r < n)
+			break; /* the end of the file */
+		pos = 0;
+	}
+	return (int64_t)got;
+}
+
+/* Read op's wanted bytes ourselves, and only those: straight into host buffers when they can
+ * take them, else through a bounce buffer (from the page the wanted bytes start in) and
+ * copied.  Never the whole shard: a fallback costs storage what the program's own read would.
+ * Returns 0 or -errno. */
 static int read_self(struct kvs_loader *ld, const struct kvs_read *rd, struct kvs_op *op)
 {
-	uint32_t want = op->from + op->len;
-	uint32_t len = rd->direct ? round_page(want) : want;
+	uint64_t foff = op->shard * ld->shard_size + op->from;
 	int64_t got;
 	int b, r = 0;
 
 	if (!copies_sync(rd))
 		return -EAGAIN; /* a bounce buffer cannot be held until another's fence */
 	kvs_cache_count(ld->c, KVS_CTR_fallbacks, 1);
+	if (!rd->dest && iov_direct_ok(rd, op->pos, op->len, foff)) {
+		got = read_into_iov(rd, op->pos, op->len, foff);
+		kvs_cache_count(ld->c, KVS_CTR_backend_reads, 1);
+		if (got < (int64_t)op->len)
+			return got < 0 ? (int)got : -EIO;
+		kvs_cache_count(ld->c, KVS_CTR_backend_bytes, (uint64_t)got);
+		if (kvs_check_file(rd->fd, rd->dev, rd->ino, &rd->block) == KVS_V_WRONG_FILE)
+			return -ESTALE;
+		return 0;
+	}
+	uint32_t want = op->from + op->len;
+	uint32_t start = rd->direct ? op->from & ~(KVS_PAGE_SZ - 1) : op->from;
+	uint32_t len = (rd->direct ? round_page(want) : want) - start;
 	b = bounce_get(ld);
-	got = kvs_read_full(rd->fd, ld->bounce[b], len, op->shard * ld->shard_size);
+	got = kvs_read_full(rd->fd, ld->bounce[b], len, op->shard * ld->shard_size + start);
 	kvs_cache_count(ld->c, KVS_CTR_backend_reads, 1);
-	if (got < (int64_t)want)
+	if (got < (int64_t)(want - start))
 		r = got < 0 ? (int)got : -EIO;
 	else if (kvs_check_file(rd->fd, rd->dev, rd->ino, &rd->block) == KVS_V_WRONG_FILE)
 		r = -ESTALE;
 	if (r == 0) {
 		kvs_cache_count(ld->c, KVS_CTR_backend_bytes, (uint64_t)got);
-		r = copy_to(ld, rd, op->pos, (char *)ld->bounce[b] + op->from, op->len);
+		r = copy_to(ld, rd, op->pos, (char *)ld->bounce[b] + (op->from - start), op->len);
 	}
 	bounce_put(ld, b);
 	return r;
@@ -537,7 +616,14 @@ int64_t kvs_loader_read(struct kvs_loader *ld, const struct kvs_read *rd)
 	kvs_cache_count(ld->c, KVS_CTR_requests, 1);
 	t.end = rd->off + (uint64_t)len;
 	for (t.off = rd->off; t.off < t.end; t.off = t.piece_end) {
-		int r = serve_piece(ld, &t);
+		t.result = 0;
+		bool all = submit_piece(ld, &t);
+		if (!all && none_taken(&t)) {
+			kvs_cache_count(ld->c, KVS_CTR_fallbacks, 1);
+			return -ENOBUFS; /* the cache is full of pinned slots: the real call reads
+					  */
+		}
+		int r = all && copies_sync(rd) ? (int)t.result : finish_piece(ld, &t);
 
 		if (r) {
 			kvs_cache_count(ld->c, KVS_CTR_fallbacks, 1);
@@ -629,6 +715,15 @@ int kvs_loader_start(struct kvs_loader *ld, struct kvs_task *t, const struct kvs
 	}
 	if (left && !t->result)
 		pin_rest(ld, t);
+	if (none_taken(t)) {
+		/* Nothing held: give the queue place back, and let the caller submit it. */
+		pthread_mutex_lock(&ld->mu);
+		ld->aq_len--;
+		pthread_cond_broadcast(&ld->cond);
+		pthread_mutex_unlock(&ld->mu);
+		kvs_cache_count(ld->c, KVS_CTR_fallbacks, 1);
+		return -ENOBUFS;
+	}
 	pthread_mutex_lock(&ld->mu);
 	if (ld->aq_tail)
 		ld->aq_tail->next = t;
@@ -713,12 +808,14 @@ int kvs_loader_settle(struct kvs_loader *ld, struct kvs_task *t)
 			if (r || kvs_cache_length(ld->c, &op->pin) < want) {
 				/* Failed: our pin keeps the slot FAILED and ours; load it here. */
 				char *dst = kvs_cache_data(ld->c, &op->pin);
-				uint32_t n = rd->direct ? round_page(want) : want;
-				int64_t got =
-				    kvs_read_full(rd->fd, dst, n, op->shard * ld->shard_size);
+				uint32_t start =
+				    rd->direct ? op->from & ~(KVS_PAGE_SZ - 1) : op->from;
+				uint32_t n = (rd->direct ? round_page(want) : want) - start;
+				int64_t got = kvs_read_full(rd->fd, dst + start, n,
+							    op->shard * ld->shard_size + start);
 
 				kvs_cache_count(ld->c, KVS_CTR_fallbacks, 1);
-				if (got < (int64_t)want && !result)
+				if (got < (int64_t)(want - start) && !result)
 					result = got < 0 ? (int)got : -EIO;
 				else if (kvs_check_file(rd->fd, rd->dev, rd->ino, &rd->block) ==
 					     KVS_V_WRONG_FILE &&

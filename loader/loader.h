@@ -121,8 +121,10 @@ int kvs_loader_create(struct kvs_cache *c, const struct kvs_config *cfg, struct 
  * (kvs_cache_mark_ready_unkept): the next read loads them again.
  *
  * A shard that failed, timed out (loader.wait_timeout_ms) or could not be pinned is read from
- * storage by this call when the destination is host memory (rd->dest NULL); with any other
- * destination the call returns its error.
+ * storage by this call, only its wanted bytes, when the destination is host memory (rd->dest
+ * NULL); with any other destination the call returns its error.  When the cache can take none
+ * of the read's first piece (every slot it could use is pinned), nothing is held or copied
+ * and the call returns -ENOBUFS: the caller's real call reads it (so does kvs_loader_start).
  */
 int64_t kvs_loader_read(struct kvs_loader *ld, const struct kvs_read *rd);
 

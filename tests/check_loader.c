@@ -431,11 +431,15 @@ END_TEST
 
 /* ------------------------------------------------------------------ limits */
 
+/* Every slot pinned: the cache can take none of a read, holds nothing, reads nothing, and
+ * hands it back (-ENOBUFS) for the caller's real call, which reads what was asked with the
+ * program's own depth. */
 START_TEST(test_all_pinned_reads_itself)
 {
 	struct env e;
 	char path[300];
 	struct kvs_pin p[2];
+	void *buf;
 
 	config(&e.cfg, KVS_IO_AUTO);
 	e.cfg.cache_capacity = 2 * SHARD;
@@ -447,12 +451,65 @@ START_TEST(test_all_pinned_reads_itself)
 	}
 	make_file("full", 4 * SHARD, path, sizeof(path));
 	int fd = open(path, O_RDONLY);
-	check_range(&e, fd, 0, 4 * SHARD);
-	ck_assert_uint_eq(totals(&e).v[KVS_CTR_fallbacks], 4);
+	ck_assert_int_eq(posix_memalign(&buf, 4096, 4 * SHARD), 0);
+	ck_assert_int_eq(loader_read(&e, fd, buf, 0, 4 * SHARD), -ENOBUFS);
+	ck_assert_uint_eq(totals(&e).v[KVS_CTR_backend_bytes], 0);
+	ck_assert_uint_eq(totals(&e).v[KVS_CTR_fallbacks], 1);
+	ck_assert_uint_eq(pinned(&e), 2);
 	kvs_cache_release(e.c, &p[0]);
 	kvs_cache_release(e.c, &p[1]);
 	ck_assert_uint_eq(pinned(&e), 0);
+	check_range(&e, fd, 0, 4 * SHARD); /* with room again, served */
+	free(buf);
 	close(fd);
+	env_done(&e);
+}
+END_TEST
+
+/* A shard the cache cannot take within a read it takes in part is read by the loader, and
+ * only its wanted bytes: shard 1 of the file is READY and held, every other slot pinned; a
+ * read from the middle of shard 0 into shard 1 hits shard 1 and reads [from, end of shard 0)
+ * itself, not shard 0 from its start (buffered, and O_DIRECT straight into the aligned
+ * buffer). */
+START_TEST(test_fallback_reads_what_was_asked)
+{
+	struct env e;
+	char path[300];
+	struct kvs_pin p[2], held;
+	struct stat st;
+	struct kvs_read rd = {0};
+
+	config(&e.cfg, KVS_IO_AUTO);
+	e.cfg.cache_capacity = 3 * SHARD;
+	env_open(&e);
+	make_file("asked", 4 * SHARD, path, sizeof(path));
+	for (int direct = 0; direct < 2; direct++) {
+		int fd = open(path, O_RDONLY | (direct ? O_DIRECT : 0));
+		ck_assert_int_ge(fd, 0);
+		check_range(&e, fd, SHARD, SHARD); /* shard 1 READY */
+		ck_assert_int_eq(fstat(fd, &st), 0);
+		describe_file(&rd, &st);
+		struct kvs_key k1 = {rd.block.block_lo, rd.block.block_hi, 1};
+		ck_assert_int_eq(kvs_cache_pin(e.c, &k1, KVS_ALLOC_LOAD, &held), KVS_PIN_HIT);
+		for (int i = 0; i < 2; i++) {
+			struct kvs_key k = {78, 78, (uint64_t)(2 * direct + i)};
+			ck_assert_int_eq(kvs_cache_pin(e.c, &k, KVS_ALLOC_LOAD, &p[i]),
+					 KVS_PIN_OWNER);
+			kvs_cache_mark_ready(e.c, &p[i], 1);
+		}
+		uint64_t off = SHARD / 2 + (direct ? 0 : 100), len = SHARD;
+		uint64_t before = totals(&e).v[KVS_CTR_backend_bytes];
+		check_range(&e, fd, off, len);
+		uint64_t got = totals(&e).v[KVS_CTR_backend_bytes] - before;
+		ck_assert_msg(got == SHARD - off, "%s: %lu storage bytes, want %lu",
+			      direct ? "O_DIRECT" : "buffered", (unsigned long)got,
+			      (unsigned long)(SHARD - off));
+		kvs_cache_release(e.c, &held);
+		kvs_cache_release(e.c, &p[0]);
+		kvs_cache_release(e.c, &p[1]);
+		kvs_cache_invalidate(e.c, &rd.block, 0, 3); /* the next pass starts cold */
+		close(fd);
+	}
 	env_done(&e);
 }
 END_TEST
@@ -1033,6 +1090,7 @@ static Suite *loader_suite(void)
 	tcase_add_test(core, test_backend_only);
 	tcase_add_test(core, test_copy_stream);
 	tcase_add_test(limits, test_all_pinned_reads_itself);
+	tcase_add_test(limits, test_fallback_reads_what_was_asked);
 	tcase_add_test(limits, test_file_shrank_falls_back);
 	tcase_add_test(limits, test_settle_hits_and_failures);
 	tcase_add_test(limits, test_idle_burns_no_cpu);
