@@ -88,3 +88,4 @@ pip_client() { # python-module pip-package...
 }
 pip_client kvikio kvikio-cu13 libkvikio-cu13 cuda-pathfinder rapids-logger numpy packaging
 pip_client cufile cufile-python
+pip_client nixl_cu13 nixl-cu13

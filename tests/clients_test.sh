@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Third-party cuFile clients on the fakes, under LD_PRELOAD=libkvshim.so: kvikio (its C++
+# Third-party clients under LD_PRELOAD=libkvshim.so.  cuFile clients on the fakes: kvikio (its C++
 # core dlopen()s libcufile.so.0 and libcuda.so.1 and dlsym()s every name; run with
 # KVIKIO_COMPAT_MODE=OFF so that it calls cuFileRead and never falls back to POSIX) and
 # cufile-python (ctypes.CDLL("libcufile.so") and attribute lookup, i.e. dlsym on the handle).
@@ -41,8 +41,16 @@ for c in kvikio:kvikio-cu13 cufile:cufile-python; do
 			"install it with: python3 -m pip install ${c#*:} (scripts/deps.sh)"
 	fi
 done
-if ((${#clients[@]} == 0)); then
-	echo "SKIP: neither kvikio nor cufile-python is installed"
+# NIXL (nixl-cu13, with --no-deps): its POSIX plugin reads files into host memory, no GPU.
+nixl=""
+if why=$(python3 -c "import nixl_cu13" 2>&1); then
+	nixl=yes
+else
+	echo "skip - nixl-cu13 does not import ($(echo "$why" | tail -n 1))," \
+		"install it with: python3 -m pip install --no-deps nixl-cu13 (scripts/deps.sh)"
+fi
+if ((${#clients[@]} == 0)) && [ -z "$nixl" ]; then
+	echo "SKIP: none of kvikio, cufile-python and nixl-cu13 is installed"
 	exit 77
 fi
 
@@ -167,6 +175,58 @@ for client in "${clients[@]}"; do
 		fail "$label: backend_bytes $backend (want $unique)," \
 			"h2d_bytes $h2d (want $((nproc * unique))), cufile_requests $requests," \
 			"fake libcufile read $fake_bytes (want 0)"
+	fi
+done
+
+# NIXL's POSIX plugin (tests/nixl_reader.py: O_DIRECT, 1 MiB blocks, 64 transfers in flight
+# per reader), through each of its I/O methods: libaio (NIXL's default) and POSIX aio are
+# served, io_uring is not yet (its reads go to the kernel).  Without the shim one reader gets
+# every byte; under it 8 at once do, and for the served methods storage is at most 1.05x the
+# unique bytes (what the cache read, plus what it handed back to the kernel).
+nixl_reader="$(dirname "$0")/nixl_reader.py"
+for api in ${nixl:+aio posixaio uring}; do
+	want="nixl: ${#files[@]} files, $unique bytes, api $api, ok"
+	out=$(timeout 120 python3 "$nixl_reader" --api $api --direct --block $((1024 * 1024)) \
+		--depth 64 "${files[@]}" 2>"$work/err")
+	rc=$?
+	if [ $rc -eq 77 ]; then
+		echo "skip - nixl $api: $out"
+		continue
+	fi
+	if [ $rc -ne 0 ] || [ "$out" != "$want" ]; then
+		fail "nixl $api, no shim: exit $rc, $out $(tail -c 300 "$work/err")"
+		continue
+	fi
+	label="nixl $api, shim, 8 processes"
+	"$kvshim" reset --force >/dev/null 2>&1
+	pids=()
+	for r in 0 1 2 3 4 5 6 7; do
+		LD_PRELOAD=$lib timeout 120 python3 "$nixl_reader" --api $api --direct \
+			--block $((1024 * 1024)) --depth 64 "${files[@]}" >"$work/out.$r" 2>"$work/err.$r" &
+		pids+=($!)
+	done
+	bad=""
+	for r in 0 1 2 3 4 5 6 7; do
+		wait "${pids[$r]}"
+		rc=$?
+		[ $rc -eq 0 ] && [ "$(cat "$work/out.$r")" = "$want" ] ||
+			bad="$bad rank $r exit $rc: $(head -c 100 "$work/out.$r") $(tail -c 200 "$work/err.$r");"
+	done
+	if [ -n "$bad" ]; then
+		fail "$label:$bad"
+		continue
+	fi
+	backend=$(totals backend_bytes)
+	copied=$(totals copy_bytes)
+	passed=$((8 * unique - copied))
+	storage=$((backend + (passed > 0 ? passed : 0)))
+	ratio=$(python3 -c "print(f'{$storage / $unique:.3f}')")
+	if [ $api = uring ]; then
+		ok "$label: every byte right (io_uring not served yet: storage ${ratio}x the unique bytes)"
+	elif [ $((storage * 100)) -le $((unique * 105)) ]; then
+		ok "$label: every byte right, storage ${ratio}x the unique bytes ($backend read by the cache, $copied bytes served)"
+	else
+		fail "$label: storage ${ratio}x the unique bytes ($backend read by the cache, $copied of $((8 * unique)) served)"
 	fi
 done
 
