@@ -24,6 +24,7 @@
  * sleep instead, until a wait works again.
  */
 #include <errno.h>
+#include "kvs_uring_names.h" /* before liburing.h: see CMakeLists.txt */
 #include <liburing.h>
 #include <pthread.h>
 #include <stdbool.h>

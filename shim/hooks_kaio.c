@@ -53,6 +53,7 @@
 
 #include "deadline.h"
 #include "dlsym.h"
+#include "hooks_uring.h"
 #include "shim.h"
 
 #ifndef IOCB_FLAG_IOPRIO
@@ -844,29 +845,6 @@ int io_destroy(void *ctx);
 
 /* libc's syscall(): the io_* numbers that touch served entries come here; every other number
  * goes to the kernel as glibc's would (-1 and errno for -4095..-1). */
-#ifdef SYS_io_uring_register
-/* Files registered with an io_uring (IORING_REGISTER_FILES, and FILES2's table): a KV file
- * among them is read past the cache, so it is counted (stat unserved_io_uring). */
-static void note_uring_files(long opcode, const void *arg, unsigned nr)
-{
-	enum { REGISTER_FILES = 2, REGISTER_FILES2 = 13 };
-	const int *fds = NULL;
-
-	if (opcode == REGISTER_FILES) {
-		fds = arg;
-	} else if (opcode == REGISTER_FILES2 && arg && nr >= 32) {
-		/* struct io_uring_rsrc_register: __u32 nr, flags; __u64 resv2, data, tags */
-		const uint32_t *w = arg;
-		const uint64_t *q = arg;
-
-		nr = w[0];
-		fds = (const int *)(uintptr_t)q[2];
-	}
-	if (fds && nr && nr <= 65536)
-		kvs_shim_note_io_uring(fds, nr);
-}
-#endif
-
 KVS_EXPORT long syscall(long number, ...)
 {
 	long a[6], r;
@@ -900,14 +878,31 @@ KVS_EXPORT long syscall(long number, ...)
 		r = do_destroy(VIA_SYSCALL, (aio_context_t)a[0]);
 		break;
 #ifdef SYS_io_uring_register
+	/* io_uring through libc's syscall() (fio's own ring code): hooks_uring.c learns the
+	 * ring's layout and files, and serves the entries an enter is about to submit. */
 	case SYS_io_uring_setup:
 		r = raw6(number, a[0], a[1], a[2], a[3], a[4], a[5]);
-		if (r >= 0)
-			kvs_shim_note_io_uring(NULL, 0); /* said once: reads through it bypass us */
+		if (r >= 0) {
+			int saved = errno;
+			kvs_uring_setup_done((int)r, (const void *)a[1]);
+			errno = saved;
+		}
 		break;
-	case SYS_io_uring_register:
-		note_uring_files(a[1], (const void *)a[2], (unsigned)a[3]);
+	case SYS_io_uring_enter: {
+		int saved = errno;
+		kvs_uring_enter((int)a[0], (unsigned)a[1], (unsigned)a[3]);
+		errno = saved;
 		r = raw6(number, a[0], a[1], a[2], a[3], a[4], a[5]);
+		break;
+	}
+	case SYS_io_uring_register:
+		r = raw6(number, a[0], a[1], a[2], a[3], a[4], a[5]);
+		{
+			int saved = errno;
+			kvs_uring_register((int)a[0], (unsigned)a[1], (const void *)a[2],
+					   (unsigned)a[3], r);
+			errno = saved;
+		}
 		break;
 #endif
 	default:

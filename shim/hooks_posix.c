@@ -20,6 +20,7 @@
 
 #include "anchor.h"
 #include "hooks_aio.h"
+#include "hooks_uring.h"
 #include "real.h"
 #include "shim.h"
 #include "wthru.h"
@@ -369,6 +370,7 @@ KVS_EXPORT int close(int fd)
 	struct wt_file *f = kvs_shim_closing(fd);
 
 	kvs_anchor_closing(fd);
+	kvs_uring_closed(fd);
 
 	kvs_real_init();
 	int r = kvs_real.close(fd);
@@ -523,12 +525,16 @@ KVS_EXPORT int renameat2(int fromdir, const char *from, int todir, const char *t
 
 /* Mappings are not served (the kernel's page faults read the file), but one of a KV file is
  * counted and said once, so that an operator sees why the cache stays cold. */
+/* A KV file mapped is counted; an io_uring's rings mapped are noted (hooks_uring.c). */
 KVS_EXPORT void *mmap(void *addr, size_t len, int prot, int flags, int fd, off_t off)
 {
 	if (fd >= 0 && !(flags & MAP_ANONYMOUS))
 		kvs_shim_note_mmap(fd);
 	kvs_real_init();
-	return kvs_real.mmap(addr, len, prot, flags, fd, off);
+	void *p = kvs_real.mmap(addr, len, prot, flags, fd, off);
+	if (fd >= 0 && !(flags & MAP_ANONYMOUS))
+		kvs_uring_mapped(fd, (long)off, p);
+	return p;
 }
 
 KVS_EXPORT void *mmap64(void *addr, size_t len, int prot, int flags, int fd, off64_t off)
@@ -536,5 +542,8 @@ KVS_EXPORT void *mmap64(void *addr, size_t len, int prot, int flags, int fd, off
 	if (fd >= 0 && !(flags & MAP_ANONYMOUS))
 		kvs_shim_note_mmap(fd);
 	kvs_real_init();
-	return kvs_real.mmap64(addr, len, prot, flags, fd, off);
+	void *p = kvs_real.mmap64(addr, len, prot, flags, fd, off);
+	if (fd >= 0 && !(flags & MAP_ANONYMOUS))
+		kvs_uring_mapped(fd, (long)off, p);
+	return p;
 }

@@ -52,6 +52,7 @@
 #include "device.h"
 #include "anchor.h"
 #include "fdinfo.h"
+#include "hooks_uring.h"
 #include "loader.h"
 #include "log.h"
 #include "real.h"
@@ -100,6 +101,7 @@ static void atfork_child(void)
 	kvs_anchor_atfork_child();
 	kvs_device_atfork_child();
 	kvs_wthru_atfork_child();
+	kvs_uring_atfork_child();
 	for (int i = 0; i < POS_LOCKS; i++)
 		pthread_mutex_init(&pos_mu[i], NULL); /* a parent's thread may have held one */
 	cache = NULL;
@@ -314,6 +316,24 @@ void kvs_shim_note_mmap(int fd)
 	errno = saved;
 }
 
+void kvs_shim_note_uring_unserved(int fd)
+{
+	struct kvs_fdinfo fi;
+
+	if (!kvs_shim_wants(SIZE_MAX))
+		return;
+	int saved = errno;
+	guard++;
+	if (fd < 0 || (kvs_fdinfo_get(fd, &fi) == 0 && fi.kv)) {
+		struct kvs_cache *c = region();
+
+		if (c)
+			kvs_cache_count(c, KVS_CTR_unserved_io_uring, 1);
+	}
+	guard--;
+	errno = saved;
+}
+
 void kvs_shim_note_stdio(int fd)
 {
 	struct kvs_fdinfo fi;
@@ -327,30 +347,6 @@ void kvs_shim_note_stdio(int fd)
 			 "an fread of a KV file on a stream with bytes to write, ungetc'd bytes or "
 			 "wide characters");
 		pass(fd, &fi, KVS_WHY_STDIO, 0);
-	}
-	guard--;
-	errno = saved;
-}
-
-void kvs_shim_note_io_uring(const int *fds, unsigned n)
-{
-	struct kvs_fdinfo fi;
-
-	if (!kvs_shim_wants(SIZE_MAX))
-		return;
-	int saved = errno;
-	guard++;
-	if (!fds) {
-		kvs_log_once(KVS_CAUSE_UNSERVED_IO_URING_SETUP, KVS_LOG_INFO,
-			     "this process set up an io_uring: reads of KV files through it are "
-			     "not served");
-	}
-	for (unsigned i = 0; fds && i < n; i++) {
-		if (fds[i] >= 0 && kvs_fdinfo_get(fds[i], &fi) == 0 && fi.kv) {
-			unserved(KVS_CTR_unserved_io_uring, KVS_CAUSE_UNSERVED_IO_URING,
-				 "a KV file registered with an io_uring");
-			pass(fds[i], &fi, KVS_WHY_IO_URING, 0);
-		}
 	}
 	guard--;
 	errno = saved;

@@ -148,14 +148,17 @@ void kvs_shim_truncated(struct wt_file *f, int fd, struct kvs_wtok *tok, int ret
 
 /* What the shim sees but does not serve, counted (stat unserved_*) and said once at info:
  * a read shorter than files.min_read on a descriptor last seen as a KV file (only in a process
- * that has mapped the region; one load otherwise); a mapping of fd (mmap hook); an io_uring
- * set up (fds NULL) or files registered with one.  None changes errno or fails. */
+ * that has mapped the region; one load otherwise); a mapping of fd (mmap hook).  None
+ * changes errno or fails. */
 void kvs_shim_note_small(int fd, size_t len);
 void kvs_shim_note_mmap(int fd);
-void kvs_shim_note_io_uring(const int *fds, unsigned n);
 /* An fread of fd's stream that cannot be served (bytes to write, ungetc'd bytes, wide): counted
  * as unserved_stdio when fd is a KV file.  Never changes errno. */
 void kvs_shim_note_stdio(int fd);
+/* A read of fd (-1: a registered file the shim cannot name) through an io_uring that the
+ * shim passes through: counted as unserved_io_uring when fd is a KV file.  The cause is said
+ * by the caller.  Never changes errno. */
+void kvs_shim_note_uring_unserved(int fd);
 
 /* cuda.cufile_library, the configuration loaded first if need be; "libcufile.so.0" while
  * another thread loads it, or when the key is empty (never "": dlopen("") is the program). */

@@ -33,7 +33,6 @@ static const char *const text[KVS_WHY_NCAUSES] = {
     [KVS_WHY_ANCHOR] = "the shim could not hold the file open",
     [KVS_WHY_FALLBACK] = "the cache failed the read; storage answered",
     [KVS_WHY_MMAP] = "mapped with mmap, so its reads are page faults",
-    [KVS_WHY_IO_URING] = "registered with an io_uring",
     [KVS_WHY_STDIO] =
 	"an fread on a stream with bytes to write, ungetc'd bytes, or wide characters",
 };

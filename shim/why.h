@@ -22,7 +22,6 @@ enum kvs_why {
 	KVS_WHY_ANCHOR,	    /* no anchor: the file changed under the look, or the fd is too large */
 	KVS_WHY_FALLBACK,   /* the cache failed this read; storage answered */
 	KVS_WHY_MMAP,	    /* mapped with mmap: its reads are page faults */
-	KVS_WHY_IO_URING,   /* registered with an io_uring */
 	KVS_WHY_STDIO,	    /* fread on a stream with bytes to write, ungetc'd bytes, or wide */
 	KVS_WHY_NCAUSES
 };

@@ -86,18 +86,19 @@ print(sum(j["read"]["io_bytes"] for j in json.load(open(sys.argv[1]))["jobs"]))'
 	else
 		fail "fio libaio under the shim: $(head -c 400 "$work/err")"
 	fi
-	# io_uring is not served, and must still read right with the shim loaded; the files it
-	# registers (fio's registerfiles) are counted as unserved, and at debug each one says so.
-	if KVSHIM_SHIM_LOG=debug LD_PRELOAD=$lib fio_read io_uring "$work/fio.uring" \
+	# fio's io_uring engine is not served (it sets its ring up through syscall() but enters
+	# it with an inline system call: the shim never sees a submission), and must still read
+	# right with the shim loaded; the ring is counted and said once when fio closes it
+	# (tests/uring_test.sh has the served io_uring cases).
+	if KVSHIM_SHIM_LOG=info LD_PRELOAD=$lib fio_read io_uring "$work/fio.uring" \
 		--registerfiles=1 2>"$work/err" &&
 		[ "$(read_bytes "$work/fio.uring")" -eq "$total" ]; then
 		if [ "$(totals unserved_io_uring)" -lt 1 ]; then
 			fail "fio io_uring under the shim: unserved_io_uring $(totals unserved_io_uring), want >= 1"
-		elif ! grep -q "debug: fd [0-9]* ($work/[^)]*): passed through: registered with an io_uring$" \
-			"$work/err"; then
-			fail "fio io_uring at debug: no 'registered with an io_uring' line: $(grep kvshim "$work/err" | head -5)"
+		elif ! grep -q "info: an io_uring whose submissions the shim could not see" "$work/err"; then
+			fail "fio io_uring at info: no line saying its ring is not seen: $(grep kvshim "$work/err" | head -5)"
 		else
-			ok "fio io_uring under the shim verifies $total bytes; its registered KV file is counted unserved and named at debug"
+			ok "fio io_uring under the shim verifies $total bytes; its ring, whose submissions the shim cannot see, is counted and said"
 		fi
 	elif grep -qi 'io_uring.*\(not supported\|Operation not permitted\|Function not impl\)' \
 		"$work/err"; then
