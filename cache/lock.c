@@ -39,10 +39,11 @@
  * (never 0).  The locker writes it right after it has the mutex and clears it right before
  * it unlocks, relaxed (a peek, like the TID's: only its value over whole slices matters).  A
  * waiter that finds the lock word steady for two slices asks the holder word first:
- *   - it names a slot: the holder is gone if that slot's liveness lock (an OFD lock on the
- *     region file, proc.c) is free; the kernel's file locks answer alike in every
- *     namespace.  A slot of this process is alive, except the caller's own thread number
- *     (corruption, as above); a slot past the table is corruption.
+ *   - it names another process's slot: the holder is gone if that slot's liveness lock (an
+ *     OFD lock on the region file, proc.c) is free; the kernel's file locks answer alike in
+ *     every namespace.  A slot past the table is corruption.  A holder word of this process's
+ *     own slot is judged by the TID, as below (its threads' numbers wrap; TIDs are this
+ *     namespace's).
  *   - it is 0: a holder between its lock and its store, or its clear and its unlock (a few
  *     instructions), a watcher (no slot), or corruption: the TID is asked as before.  Only a
  *     holder stopped inside those instructions, in another namespace, is taken for dead early,
@@ -111,14 +112,14 @@ static bool holder_gone(struct kvs_cache *c, uint32_t tid, uint32_t h)
 	int saved = errno;
 	bool gone;
 
-	if (h) {
-		uint32_t p = (h >> 16) - 1;
+	uint32_t p = h ? (h >> 16) - 1 : 0;
 
-		if (h == my_holder(c) || h >> 16 == 0 || p >= c->nprocs)
-			gone = true; /* corruption */
-		else
-			gone = (int)p != c->self && !kvs_proc_alive(c, p);
+	if (h && (int)p != c->self) {
+		/* Another process, maybe in another PID namespace: its slot's liveness lock. */
+		gone = p >= c->nprocs || !kvs_proc_alive(c, p);
 	} else {
+		/* No holder word, or this process (its threads' numbers wrap; a TID does not, and
+		 * it is this namespace's): the TID. */
 		gone = tid == 0 || (pid_t)tid == gettid() ||
 		       (kill((pid_t)tid, 0) < 0 && errno == ESRCH);
 	}

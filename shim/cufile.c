@@ -35,6 +35,7 @@
 #include "cufile.h"
 #include "dlsym.h"
 #include "elfsym.h"
+#include "hooks_uring.h"
 #include "log.h"
 #include "shim.h"
 
@@ -231,10 +232,12 @@ KVS_EXPORT int dlclose(void *handle)
 	if (!f)
 		return -1; /* no glibc dlclose anywhere: nothing the shim can call */
 	int r = f(handle);
-	if (remembered && r == 0) {
+	if (r == 0) {
 		int saved = errno;
 
-		forget_unloaded();
+		if (remembered)
+			forget_unloaded();
+		kvs_uring_unloaded();
 		errno = saved;
 	}
 	return r;

@@ -203,14 +203,18 @@ KVS_EXPORT size_t fread(void *ptr, size_t size, size_t nmemb, FILE *f)
 	    f->_mode > 0) {
 		kvs_shim_note_stdio(fileno_unlocked(f));
 	} else if (have < total && kvs_shim_wants(total - have)) {
-		int fd = fileno_unlocked(f);
+		int fd = fileno_unlocked(f), saved = errno;
 
 		pos = fd >= 0 ? lseek(fd, 0, SEEK_CUR) : -1;
+		errno = saved; /* a pipe's ESPIPE is not the program's */
 		if (pos >= 0) {
 			struct iovec v = {(char *)ptr + have, total - have};
 
-			memcpy(ptr, f->_IO_read_ptr, have);
-			f->_IO_read_ptr = f->_IO_read_end; /* consumed, as glibc's copy would */
+			if (have) { /* a stream that has read nothing yet has no buffer at all */
+				memcpy(ptr, f->_IO_read_ptr, have);
+				f->_IO_read_ptr =
+				    f->_IO_read_end; /* consumed, as glibc's copy would */
+			}
 			done = have;
 			n = kvs_shim_read(fd, &v, 1, pos, false);
 			if (n >= 0 && fseeko(f, pos + n, SEEK_SET) != 0)

@@ -111,6 +111,11 @@ struct ring {
 };
 
 static pthread_mutex_t tables_mu = PTHREAD_MUTEX_INITIALIZER;
+/* Some ring may have changed another's registered files (MSG_RING, a registration through a
+ * registered ring descriptor): no recorded table is trusted any more. */
+static _Atomic bool fixed_untrusted;
+/* The shim's own probe ring (probe_inject): none of its calls is the program's. */
+static __thread int probing;
 static struct ring rings[MAX_RINGS]; /* under tables_mu */
 static _Atomic int nrings;	     /* entries in use, read without the lock as a hint */
 
@@ -118,6 +123,9 @@ static _Atomic int nrings;	     /* entries in use, read without the lock as a hi
 static struct ring *ring_locked(int fd, bool want_new)
 {
 	struct ring *free_one = NULL;
+
+	if (fd < 0)
+		return NULL; /* liburing's REGISTERED_FD_ONLY rings: no descriptor to key them */
 
 	for (int i = 0; i < MAX_RINGS; i++) {
 		if (rings[i].fd == fd)
@@ -236,6 +244,8 @@ static int fixed_fd(int ring_fd, unsigned idx)
 	ino_t ino = 0;
 	struct stat st;
 
+	if (atomic_load_explicit(&fixed_untrusted, memory_order_relaxed))
+		return -1;
 	pthread_mutex_lock(&tables_mu);
 	struct ring *r = ring_locked(ring_fd, false);
 	if (r && !r->files_unknown && idx < r->nfiles) {
@@ -266,6 +276,9 @@ static bool probe_inject(void)
 {
 	struct io_uring_params p;
 	bool ok = false;
+
+	probing++; /* its syscall() and mmap() calls come back to the shim's hooks */
+	ok = false;
 
 	memset(&p, 0, sizeof(p));
 	int fd = (int)syscall(SYS_io_uring_setup, 2, &p);
@@ -306,6 +319,7 @@ static bool probe_inject(void)
 	if (sqe != MAP_FAILED)
 		munmap(sqe, sqe_len);
 	syscall(SYS_close, fd);
+	probing--;
 	return ok;
 }
 
@@ -344,6 +358,7 @@ struct cand {
 	struct kvs_shim_async a; /* a.arg: the batch */
 	struct io_uring_sqe *sqe;
 	struct iovec iov;
+	struct iovec *iovcopy; /* READV: the program's iovecs, copied (read_of) */
 	uint64_t asked;
 	int state; /* 0 not started, 1 over (result), 2 in flight */
 	int64_t result;
@@ -390,16 +405,26 @@ static void cand_done(struct kvs_shim_async *a, int64_t result)
 static int read_of(const struct view *v, const struct io_uring_sqe *sqe, struct iovec *iov,
 		   const struct iovec **iovp, int *iovcnt)
 {
-	if (sqe->opcode != IORING_OP_READ && sqe->opcode != IORING_OP_READ_FIXED &&
-	    sqe->opcode != IORING_OP_READV)
+	/* Not READ_FIXED: whether its address lies in the registered buffer is the kernel's
+	 * to check (-EFAULT), and the shim does not track those buffers. */
+	if (sqe->opcode != IORING_OP_READ && sqe->opcode != IORING_OP_READV)
 		return -1;
 	if (sqe->off == (__u64)-1 || sqe->off > (__u64)LLONG_MAX || sqe->rw_flags ||
 	    (sqe->flags & (IOSQE_BUFFER_SELECT | IOSQE_IO_DRAIN)))
 		return -1;
 	if (sqe->opcode == IORING_OP_READV) {
-		if (sqe->len == 0 || sqe->len > IOV_MAX)
+		/* The program's iovec array, copied the way that cannot fault: a bad address is the
+		 * kernel's -EFAULT, not the shim's SIGSEGV. */
+		struct iovec *copy =
+		    sqe->len && sqe->len <= IOV_MAX ? malloc(sqe->len * sizeof(*copy)) : NULL;
+		struct iovec local = {copy, sqe->len * sizeof(*copy)};
+		struct iovec remote = {(void *)(uintptr_t)sqe->addr, sqe->len * sizeof(*copy)};
+		if (!copy || syscall(SYS_process_vm_readv, getpid(), &local, 1, &remote, 1, 0) !=
+				 (long)(sqe->len * sizeof(*copy))) {
+			free(copy);
 			return -1;
-		*iovp = (const struct iovec *)(uintptr_t)sqe->addr;
+		}
+		*iovp = copy;
 		*iovcnt = (int)sqe->len;
 	} else {
 		iov->iov_base = (void *)(uintptr_t)sqe->addr;
@@ -418,6 +443,12 @@ static int read_of(const struct view *v, const struct io_uring_sqe *sqe, struct 
 /* Does sqe change the ring's registered files (so the recorded table no longer holds)? */
 static bool changes_files(const struct io_uring_sqe *sqe)
 {
+	if (sqe->opcode == IORING_OP_MSG_RING) {
+		atomic_store(&fixed_untrusted, true); /* it may install a file in another ring */
+		return true;
+	}
+	if (sqe->opcode >= IORING_OP_LAST)
+		return true; /* an operation newer than this build knows (a direct pipe...) */
 	switch (sqe->opcode) {
 	case IORING_OP_FILES_UPDATE:
 		return true;
@@ -443,51 +474,105 @@ static struct io_uring_sqe *sqe_at(const struct view *v, unsigned i)
 	return (struct io_uring_sqe *)(v->sqes + (size_t)idx * v->stride);
 }
 
+/* The set-up flags whose rings the shim serves; any other (IOPOLL: a buffered read is the
+ * kernel's -EOPNOTSUPP there; mixed SQE sizes; anything newer) passes through whole. */
+#define KNOWN_SETUP                                                                                \
+	((1U << 1) | (1U << 2) | (1U << 3) | (1U << 4) | (1U << 5) | (1U << 6) | (1U << 7) |       \
+	 (1U << 8) | (1U << 9) | IORING_SETUP_SQE128 | (1U << 11) | (1U << 12) | (1U << 13) |      \
+	 (1U << 15) | IORING_SETUP_NO_SQARRAY)
+
+/* A write to a KV file through the ring: its shards are dropped from the cache before the
+ * kernel writes (as kernel AIO writes are, hooks_kaio.c), so no later read is served the old
+ * bytes. */
+static void invalidate_if_write(const struct view *v, const struct io_uring_sqe *sqe)
+{
+	uint64_t len = 0;
+
+	if (sqe->opcode == IORING_OP_WRITE || sqe->opcode == IORING_OP_WRITE_FIXED) {
+		len = sqe->len;
+	} else if (sqe->opcode == IORING_OP_WRITEV && sqe->len && sqe->len <= IOV_MAX) {
+		struct iovec w[64];
+		unsigned nv = sqe->len < 64 ? sqe->len : 64;
+		struct iovec local = {w, nv * sizeof(w[0])};
+		struct iovec remote = {(void *)(uintptr_t)sqe->addr, nv * sizeof(w[0])};
+		if (sqe->len > 64 || syscall(SYS_process_vm_readv, getpid(), &local, 1, &remote, 1,
+					     0) != (long)(nv * sizeof(w[0])))
+			len = UINT32_MAX; /* unknown: everything from the offset on */
+		for (unsigned k = 0; len != UINT32_MAX && k < nv; k++)
+			len += w[k].iov_len;
+	} else {
+		return;
+	}
+	int fd =
+	    (sqe->flags & IOSQE_FIXED_FILE) ? fixed_fd(v->ring_fd, (unsigned)sqe->fd) : sqe->fd;
+	if (fd < 0) {
+		if (sqe->flags & IOSQE_FIXED_FILE)
+			unserved(C_FIXED, -1); /* a write the shim cannot name: said */
+		return;
+	}
+	if (sqe->off == (__u64)-1)
+		kvs_shim_invalidate(fd, 0, (size_t)len, true, 0);
+	else if (sqe->off <= (__u64)LLONG_MAX)
+		kvs_shim_invalidate(fd, (off_t)sqe->off, (size_t)len, false, 0);
+}
+
 /* Serve what can be served of v's pending entries and rewrite those into NOPs. */
 static void serve(const struct view *v)
 {
 	unsigned n = v->tail - v->head;
 
-	if (n == 0 || n > 65536 || !kvs_shim_wants(SIZE_MAX) || !inject_ok())
+	if (n == 0 || n > 65536 || !kvs_shim_wants(SIZE_MAX) || !inject_ok() ||
+	    (v->flags & ~KNOWN_SETUP))
 		return;
 	struct cand *c = NULL;
 	unsigned nc = 0;
 	struct batch b = {PTHREAD_MUTEX_INITIALIZER, PTHREAD_COND_INITIALIZER, 0};
 	bool linked = false; /* the previous entry links to this one */
 
+	bool drained = false; /* an IOSQE_IO_DRAIN entry came: the rest waits for it */
+	int cancel_state;
+
+	/* The wait below must not be a cancellation point: reads in flight would complete into
+	 * a stack that is gone. */
+	pthread_setcancelstate(PTHREAD_CANCEL_DISABLE, &cancel_state);
 	for (unsigned i = v->head; i != v->tail; i++) {
 		struct io_uring_sqe *sqe = sqe_at(v, i);
 		struct iovec iov;
-		const struct iovec *iovp;
+		const struct iovec *iovp = NULL;
 		int iovcnt, fd;
 
 		if (!sqe)
 			break;
 		bool follows = linked;
 		linked = sqe->flags & (IOSQE_IO_LINK | IOSQE_IO_HARDLINK);
+		drained = drained || (sqe->flags & IOSQE_IO_DRAIN);
 		if (changes_files(sqe))
 			files_unknown(v->ring_fd);
-		if (follows || (fd = read_of(v, sqe, &iov, &iovp, &iovcnt)) < 0)
+		invalidate_if_write(v, sqe);
+		if (follows || drained || (fd = read_of(v, sqe, &iov, &iovp, &iovcnt)) < 0)
 			continue;
+		struct iovec *copy = iovp != &iov ? (struct iovec *)iovp : NULL;
 		uint64_t len = 0;
 		for (int k = 0; k < iovcnt; k++)
 			len += iovp[k].iov_len;
 		struct stat st;
 		if (len == 0 || len > INT32_MAX || !kvs_shim_wants(len) || fstat(fd, &st) != 0 ||
-		    sqe->off + len > (uint64_t)st.st_size)
-			continue; /* up to or past the end of the file: the kernel's (see below) */
-		if (!c && !(c = calloc(n, sizeof(*c))))
-			return;
+		    sqe->off + len > (uint64_t)st.st_size || (!c && !(c = calloc(n, sizeof(*c))))) {
+			free(
+			    copy); /* up to or past the end of the file: the kernel's (see below) */
+			continue;
+		}
 		struct cand *x = &c[nc];
 		x->sqe = sqe;
 		x->iov = iov;
+		x->iovcopy = copy;
 		x->asked = len;
 		x->a.arg = &b;
 		pthread_mutex_lock(&b.mu);
 		b.left++;
 		pthread_mutex_unlock(&b.mu);
-		int r = kvs_shim_read_start(&x->a, fd, iovcnt == 1 && iovp == &iov ? &x->iov : iovp,
-					    iovcnt, (off_t)sqe->off, cand_done);
+		int r = kvs_shim_read_start(&x->a, fd, copy ? copy : &x->iov, iovcnt,
+					    (off_t)sqe->off, cand_done);
 		pthread_mutex_lock(&b.mu);
 		if (r != 0)
 			b.left--; /* done will not be called */
@@ -498,6 +583,8 @@ static void serve(const struct view *v)
 		} else if (r == 0) {
 			x->state = 2;
 		} else {
+			free(copy);
+			x->iovcopy = NULL;
 			continue; /* not served: the kernel reads it */
 		}
 		nc++;
@@ -529,9 +616,12 @@ static void serve(const struct view *v)
 		sqe->user_data = user_data;
 		sqe->personality = personality;
 	}
+	for (unsigned k = 0; k < nc; k++)
+		free(c[k].iovcopy);
 	free(c);
 	pthread_cond_destroy(&b.cond);
 	pthread_mutex_destroy(&b.mu);
+	pthread_setcancelstate(cancel_state, NULL);
 }
 
 /* Count the KV entries of a ring the shim passes through whole (SQPOLL, no NOP injection). */
@@ -550,7 +640,16 @@ static void pass_all(const struct view *v, enum cause why)
 
 /* ------------------------------------------------------------------ liburing's door */
 
+/* Serve ring's pending entries: [khead, sqe_tail), or with flushed_only those the kernel
+ * would take now, [khead, min(*ktail, khead + limit)). */
+static void serve_liburing_view(struct io_uring *ring, bool flushed_only, unsigned limit);
+
 static void serve_liburing(struct io_uring *ring)
+{
+	serve_liburing_view(ring, false, 0);
+}
+
+static void serve_liburing_view(struct io_uring *ring, bool flushed_only, unsigned limit)
 {
 	if (!ring || !ring->sq.khead || !ring->sq.sqes || !ring->sq.ring_entries)
 		return;
@@ -565,6 +664,10 @@ static void serve_liburing(struct io_uring *ring)
 	    .tail = ring->sq.sqe_tail,
 	    .flags = ring->flags,
 	};
+	if (flushed_only) {
+		unsigned kt = __atomic_load_n(ring->sq.ktail, __ATOMIC_ACQUIRE);
+		v.tail = kt - v.head > limit ? v.head + limit : kt;
+	}
 	static __thread int last_seen = -1;
 	bool known = last_seen == ring->ring_fd;
 	ring_seen(ring->ring_fd, &known);
@@ -603,23 +706,42 @@ static void *resolve_for(const char *name, const void *caller)
 	return p && !kvs_dlsym_in_shim(p) ? p : NULL;
 }
 
-#define NSLOTS 13
+#define NSLOTS 14
+
+static struct {
+	const void *_Atomic site;
+	void *_Atomic fn;
+} cache[NSLOTS][MAX_CALLER];
+static pthread_mutex_t insert_mu = PTHREAD_MUTEX_INITIALIZER;
+
+void kvs_uring_unloaded(void)
+{
+	/* A library was unloaded: a call site or a liburing function cached may be gone, or be
+	 * another's code now.  Sites first, so a reader that still finds one finds its fn or a
+	 * NULL (a miss). */
+	pthread_mutex_lock(&insert_mu);
+	for (int k = 0; k < NSLOTS; k++)
+		for (int i = 0; i < MAX_CALLER; i++)
+			atomic_store_explicit(&cache[k][i].site, NULL, memory_order_relaxed);
+	for (int k = 0; k < NSLOTS; k++)
+		for (int i = 0; i < MAX_CALLER; i++)
+			atomic_store_explicit(&cache[k][i].fn, NULL, memory_order_relaxed);
+	pthread_mutex_unlock(&insert_mu);
+}
 
 static void *caller_fn(const char *name, int slot, const void *caller)
 {
-	static struct {
-		const void *_Atomic site;
-		void *_Atomic fn;
-	} cache[NSLOTS][MAX_CALLER];
-
 	for (int i = 0; i < MAX_CALLER; i++) {
 		const void *s = atomic_load_explicit(&cache[slot][i].site, memory_order_acquire);
-		if (s == caller)
-			return atomic_load_explicit(&cache[slot][i].fn, memory_order_relaxed);
+		if (s == caller) {
+			void *p = atomic_load_explicit(&cache[slot][i].fn, memory_order_relaxed);
+			if (p)
+				return p;
+			break;
+		}
 		if (!s)
 			break;
 	}
-	static pthread_mutex_t insert_mu = PTHREAD_MUTEX_INITIALIZER;
 	int saved = errno;
 	void *p = resolve_for(name, caller);
 	errno = saved;
@@ -699,7 +821,11 @@ KVS_EXPORT int io_uring_wait_cqes(struct io_uring *ring, struct io_uring_cqe **c
 
 	if (!fn)
 		return -ENOSYS;
-	serve_liburing(ring); /* it submits what is queued when it needs a timeout entry */
+	/* It submits only with a timeout on a kernel without IORING_FEAT_EXT_ARG (a timeout
+	 * entry); otherwise it may be the completion thread of a program whose other thread is
+	 * filling entries: hands off the ring. */
+	if (ring && ts && !(ring->features & IORING_FEAT_EXT_ARG))
+		serve_liburing(ring);
 	return fn(ring, cqe_ptr, wait_nr, ts, sigmask);
 }
 
@@ -712,8 +838,8 @@ KVS_EXPORT int __io_uring_get_cqe(struct io_uring *ring, struct io_uring_cqe **c
 
 	if (!fn)
 		return -ENOSYS;
-	if (submit)
-		serve_liburing(ring);
+	if (submit && ring)
+		serve_liburing_view(ring, true, submit); /* only what it hands the kernel */
 	return fn(ring, cqe_ptr, submit, wait_nr, sigmask);
 }
 
@@ -807,6 +933,21 @@ KVS_EXPORT int io_uring_unregister_files(struct io_uring *ring)
 	return r;
 }
 
+/* liburing's raw register call (its own system call): the file registrations are noted as
+ * through syscall(). */
+KVS_EXPORT int io_uring_register(unsigned int fd, unsigned int opcode, const void *arg,
+				 unsigned int nr_args)
+{
+	typedef int (*fn_t)(unsigned int, unsigned int, const void *, unsigned int);
+	fn_t fn = REAL(13, "io_uring_register", fn_t);
+	int r = fn ? fn(fd, opcode, arg, nr_args) : -ENOSYS;
+	int saved = errno;
+
+	kvs_uring_register((int)fd, opcode, arg, nr_args, r);
+	errno = saved;
+	return r;
+}
+
 KVS_EXPORT void io_uring_queue_exit(struct io_uring *ring)
 {
 	void (*fn)(struct io_uring *) =
@@ -828,7 +969,7 @@ void kvs_uring_setup_done(int fd, const void *params)
 {
 	const struct io_uring_params *p = params;
 
-	if (fd < 0 || !p)
+	if (fd < 0 || !p || probing)
 		return;
 	pthread_mutex_lock(&tables_mu);
 	struct ring *r = ring_locked(fd, true);
@@ -848,7 +989,8 @@ void kvs_uring_setup_done(int fd, const void *params)
 
 void kvs_uring_mapped(int fd, long off, void *addr)
 {
-	if (fd < 0 || addr == MAP_FAILED || (off != IORING_OFF_SQ_RING && off != IORING_OFF_SQES))
+	if (fd < 0 || addr == MAP_FAILED || probing ||
+	    (off != IORING_OFF_SQ_RING && off != IORING_OFF_SQES))
 		return;
 	bool known = false;
 	if (atomic_load_explicit(&nrings, memory_order_relaxed)) {
@@ -883,7 +1025,7 @@ void kvs_uring_mapped(int fd, long off, void *addr)
 
 void kvs_uring_enter(int fd, unsigned to_submit, unsigned flags)
 {
-	if (to_submit == 0 || !atomic_load_explicit(&nrings, memory_order_relaxed))
+	if (to_submit == 0 || probing || !atomic_load_explicit(&nrings, memory_order_relaxed))
 		return;
 	if (flags & IORING_ENTER_REGISTERED_RING) {
 		unserved(C_REGRING, -1);
@@ -931,8 +1073,12 @@ void kvs_uring_register(int fd, unsigned opcode, const void *arg, unsigned nr, l
 		REGISTER_FILES2 = 13,
 		REGISTER_FILES_UPDATE2 = 14,
 	};
-	if (result < 0)
+	if (result < 0 || probing)
 		return;
+	if (opcode & (1U << 31)) { /* IORING_REGISTER_USE_REGISTERED_RING: fd is not a ring's */
+		atomic_store(&fixed_untrusted, true);
+		return;
+	}
 	switch (opcode) {
 	case REGISTER_FILES:
 		files_set(fd, 0, arg, nr, true);
@@ -977,4 +1123,5 @@ void kvs_uring_closed(int fd)
 void kvs_uring_atfork_child(void)
 {
 	pthread_mutex_init(&tables_mu, NULL);
+	pthread_mutex_init(&insert_mu, NULL);
 }

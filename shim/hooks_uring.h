@@ -16,6 +16,9 @@ void kvs_uring_register(int fd, unsigned opcode, const void *arg, unsigned nr, l
 void kvs_uring_mapped(int fd, long off, void *addr);
 /* The program closed fd. */
 void kvs_uring_closed(int fd);
+/* A library was unloaded (the dlclose hook): the liburing functions found for call sites are
+ * forgotten. */
+void kvs_uring_unloaded(void);
 /* In the fork child. */
 void kvs_uring_atfork_child(void);
 
