@@ -11,7 +11,7 @@
  *                        written
  *   wedge regrow FILE    4 MiB written, ftruncate to 0, 1 MiB written at 2 MiB (a hole before)
  *   wedge badwrite FILE  writes from buffers the kernel cannot read: (void *)16, and 8 KiB of
- *                        which the second page is unmapped (buffered: the kernel writes the
+ *                        which the second page is PROT_NONE (buffered: the kernel writes the
  *                        first page; O_DIRECT: EFAULT); the answers are printed, then good
  *                        bytes finish the file
  *   wedge forkaio FILE   an aio_write seen over, then fork: the child asks aio_error and
@@ -179,14 +179,15 @@ static void badwrites(int fd, const char *how)
 	if (two == MAP_FAILED)
 		exit(2);
 	fill(two, (size_t)pg, 6);
-	munmap(two + pg, (size_t)pg);
+	/* PROT_NONE, not munmap: a sanitizer runtime may map something new where it was. */
+	mprotect(two + pg, (size_t)pg, PROT_NONE);
 	errno = 0;
 	n = pwrite(fd, bad, MIB, 0);
 	printf("%s from (void *)16: %zd %s", how, n, n < 0 ? strerror(errno) : "");
 	errno = 0;
 	n = pwrite(fd, two, (size_t)pg * 2, 0);
 	printf("; half unmapped: %zd %s\n", n, n < 0 ? strerror(errno) : "");
-	munmap(two, (size_t)pg);
+	munmap(two, (size_t)pg * 2);
 }
 
 /* The good bytes after the bad ones start past the page a partial write may have left: a
