@@ -299,7 +299,10 @@ void kvs_shim_note_small(int fd, size_t len)
 	errno = saved;
 }
 
-void kvs_shim_note_mmap(int fd)
+/* fd, if it is a KV file, passed through for a reason the shim counts (id) and says once
+ * (cause, what; why at debug). */
+static void note_kv_unserved(int fd, enum kvs_counter_id id, enum kvs_cause cause, const char *what,
+			     enum kvs_why why)
 {
 	struct kvs_fdinfo fi;
 
@@ -308,12 +311,25 @@ void kvs_shim_note_mmap(int fd)
 	int saved = errno;
 	guard++;
 	if (kvs_fdinfo_get(fd, &fi) == 0 && fi.kv) {
-		unserved(KVS_CTR_unserved_mmap, KVS_CAUSE_UNSERVED_MMAP,
-			 "a KV file mapped with mmap (its reads are page faults)");
-		pass(fd, &fi, KVS_WHY_MMAP, 0);
+		unserved(id, cause, what);
+		pass(fd, &fi, why, 0);
 	}
 	guard--;
 	errno = saved;
+}
+
+void kvs_shim_note_mmap(int fd)
+{
+	note_kv_unserved(fd, KVS_CTR_unserved_mmap, KVS_CAUSE_UNSERVED_MMAP,
+			 "a KV file mapped with mmap (its reads are page faults)", KVS_WHY_MMAP);
+}
+
+void kvs_shim_note_stdio(int fd)
+{
+	note_kv_unserved(fd, KVS_CTR_unserved_stdio, KVS_CAUSE_UNSERVED_STDIO,
+			 "an fread of a KV file on a stream with bytes to write, ungetc'd bytes or "
+			 "wide characters",
+			 KVS_WHY_STDIO);
 }
 
 void kvs_shim_note_uring_unserved(int fd)
@@ -329,24 +345,6 @@ void kvs_shim_note_uring_unserved(int fd)
 
 		if (c)
 			kvs_cache_count(c, KVS_CTR_unserved_io_uring, 1);
-	}
-	guard--;
-	errno = saved;
-}
-
-void kvs_shim_note_stdio(int fd)
-{
-	struct kvs_fdinfo fi;
-
-	if (fd < 0 || !kvs_shim_wants(SIZE_MAX))
-		return;
-	int saved = errno;
-	guard++;
-	if (kvs_fdinfo_get(fd, &fi) == 0 && fi.kv) {
-		unserved(KVS_CTR_unserved_stdio, KVS_CAUSE_UNSERVED_STDIO,
-			 "an fread of a KV file on a stream with bytes to write, ungetc'd bytes or "
-			 "wide characters");
-		pass(fd, &fi, KVS_WHY_STDIO, 0);
 	}
 	guard--;
 	errno = saved;

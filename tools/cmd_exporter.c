@@ -14,11 +14,12 @@
  * A slow client therefore delays no one: the others are served by the same loop meanwhile.
  * Nor do idle ones: the listening socket is always polled, and a connection that finds every
  * slot taken takes the slot of the oldest connection that has its response already (draining)
- * or, failing that, of the oldest one still reading its request (it gets 503): a scraper
- * sends its request at once, an idle client may never.  A request line that cannot be one
- * (no method, path and version, or a NUL byte anywhere in the head) is answered 400 as soon
- * as it is seen, not at the blank line that may never come.
- * SIGINT and SIGTERM are let in only inside ppoll (stop.c) and end the loop with status 0.
+ * or, failing that, of the oldest one still reading its request after GRACE_MS (it gets 503):
+ * a scraper sends its request at once, an idle client may never; the grace keeps a burst of
+ * new connections from taking each other's slots before their requests come.  A request line that
+ * cannot be one (no method, path and version, or a NUL byte anywhere in the head) is answered 400
+ * as soon as it is seen, not at the blank line that may never come. SIGINT and SIGTERM are let in
+ * only inside ppoll (stop.c) and end the loop with status 0.
  */
 #include <errno.h>
 #include <getopt.h>
@@ -41,6 +42,7 @@
 #define REQ_MAX		8192
 #define CONN_TIMEOUT_MS 10000
 #define DRAIN_MS	1000
+#define GRACE_MS	200 /* a connection this young is never taken for an idle one */
 
 static const char usage[] =
     "usage: kvshim exporter --listen ADDR:PORT [--region NAME]...\n"
@@ -426,12 +428,13 @@ static void on_timeout(struct conn *c)
 	conn_close(c);
 }
 
-/* A slot for a new connection: a free one, else the oldest draining one, else the oldest
- * still reading its request (told 503); NULL if every one is writing a response. */
-static struct conn *slot_for_new(struct exporter *ex)
+/* The slot a new connection would take (slot_for_new), without taking it; NULL if none can
+ * be had before *when (CLOCK_MONOTONIC ms: a reading one's grace ends; UINT64_MAX: never). */
+static struct conn *slot_to_take(struct exporter *ex, uint64_t now, uint64_t *when)
 {
 	struct conn *drain = NULL, *read = NULL;
 
+	*when = UINT64_MAX;
 	for (int i = 0; i < MAX_CONNS; i++) {
 		struct conn *c = &ex->conns[i];
 
@@ -439,9 +442,27 @@ static struct conn *slot_for_new(struct exporter *ex)
 			return c;
 		if (c->state == C_DRAIN && (!drain || c->accepted < drain->accepted))
 			drain = c;
-		if (c->state == C_READ && (!read || c->accepted < read->accepted))
+		if (c->state == C_READ && now - c->accepted >= GRACE_MS &&
+		    (!read || c->accepted < read->accepted))
 			read = c;
+		if (c->state == C_READ && now - c->accepted < GRACE_MS &&
+		    c->accepted + GRACE_MS < *when)
+			*when = c->accepted + GRACE_MS;
 	}
+	return drain ? drain : read;
+}
+
+/* A slot for a new connection: a free one, else the oldest draining one, else the oldest
+ * still reading its request past its grace (told 503); NULL if none can be had now. */
+static struct conn *slot_for_new(struct exporter *ex)
+{
+	uint64_t when;
+	struct conn *c = slot_to_take(ex, now_ms(), &when);
+	struct conn *drain = c && c->state == C_DRAIN ? c : NULL;
+	struct conn *read = c && c->state == C_READ ? c : NULL;
+
+	if (c && c->state == C_FREE)
+		return c;
 	if (drain) {
 		conn_close(drain);
 		return drain;
@@ -467,7 +488,7 @@ static void on_accept(struct exporter *ex, int lfd)
 		int fd;
 
 		if (!c)
-			return; /* every slot is sending a response: the next loop comes back */
+			return; /* none can be had now: the next loop comes back */
 		fd = accept4(lfd, NULL, NULL, SOCK_NONBLOCK | SOCK_CLOEXEC);
 		if (fd < 0) {
 			if (errno != EAGAIN && errno != EINTR && errno != ECONNABORTED)
@@ -500,7 +521,7 @@ static int serve(struct exporter *ex, int lfd)
 	while (!tool_stop) {
 		uint64_t now = now_ms(), next = UINT64_MAX;
 		struct timespec wait;
-		int n = 0, writing = 0;
+		int n = 0;
 
 		for (int i = 0; i < MAX_CONNS; i++) {
 			struct conn *c = &ex->conns[i];
@@ -511,15 +532,17 @@ static int serve(struct exporter *ex, int lfd)
 				on_timeout(c);
 				continue;
 			}
-			writing += c->state == C_WRITE;
 			next = c->deadline < next ? c->deadline : next;
 			pfd[n] = (struct pollfd){.fd = c->fd,
 						 .events = c->state == C_WRITE ? POLLOUT : POLLIN};
 			slot[n++] = i;
 		}
-		if (writing < MAX_CONNS) { /* a slot can be had (slot_for_new) */
+		uint64_t grace_end;
+		if (slot_to_take(ex, now, &grace_end)) { /* a slot can be had (slot_for_new) */
 			pfd[n] = (struct pollfd){.fd = lfd, .events = POLLIN};
 			slot[n++] = -1;
+		} else if (grace_end < next) {
+			next = grace_end; /* look again when a reading one's grace is over */
 		}
 		if (next != UINT64_MAX) {
 			wait.tv_sec = (time_t)((next - now) / 1000u);
