@@ -104,22 +104,44 @@ static struct kvs_key shard_key(const struct kvs_key *block, uint64_t shard)
 
 /* ------------------------------------------------------------------ destinations */
 
+/* A walk over the pieces of rd's host buffers that hold [pos, pos+left) of the request. */
+struct iov_walk {
+	const struct kvs_read *rd;
+	int i;
+	uint64_t pos, left;
+};
+
+/* The next piece: *base and *n; false when the walk is over. */
+static bool iov_next(struct iov_walk *w, char **base, uint64_t *n)
+{
+	for (; w->left && w->i < w->rd->iovcnt; w->i++) {
+		uint64_t l = w->rd->iov[w->i].iov_len;
+
+		if (w->pos >= l) {
+			w->pos -= l;
+			continue;
+		}
+		*n = l - w->pos < w->left ? l - w->pos : w->left;
+		*base = (char *)w->rd->iov[w->i].iov_base + w->pos;
+		w->left -= *n;
+		w->pos = 0;
+		w->i++;
+		return true;
+	}
+	return false;
+}
+
 /* Copy len bytes of src to the request's iovecs, starting pos bytes into them. */
 static void copy_iov(kvs_copy_fn copy, const struct kvs_read *rd, uint64_t pos, const char *src,
 		     uint64_t len)
 {
-	for (int i = 0; i < rd->iovcnt && len; i++) {
-		uint64_t l = rd->iov[i].iov_len;
+	struct iov_walk w = {rd, 0, pos, len};
+	char *dst;
+	uint64_t n;
 
-		if (pos >= l) {
-			pos -= l;
-			continue;
-		}
-		uint64_t n = l - pos < len ? l - pos : len;
-		copy((char *)rd->iov[i].iov_base + pos, src, n);
+	while (iov_next(&w, &dst, &n)) {
+		copy(dst, src, n);
 		src += n;
-		len -= n;
-		pos = 0;
 	}
 }
 
@@ -416,19 +438,13 @@ static bool iov_direct_ok(const struct kvs_read *rd, uint64_t pos, uint64_t len,
 		return true;
 	if (foff % KVS_PAGE_SZ || len % KVS_PAGE_SZ)
 		return false;
-	for (int i = 0; i < rd->iovcnt && len; i++) {
-		uint64_t l = rd->iov[i].iov_len;
+	struct iov_walk w = {rd, 0, pos, len};
+	char *base;
+	uint64_t n;
 
-		if (pos >= l) {
-			pos -= l;
-			continue;
-		}
-		uint64_t n = l - pos < len ? l - pos : len;
-		if (((uintptr_t)rd->iov[i].iov_base + pos) % KVS_PAGE_SZ || n % KVS_PAGE_SZ)
+	while (iov_next(&w, &base, &n))
+		if ((uintptr_t)base % KVS_PAGE_SZ || n % KVS_PAGE_SZ)
 			return false;
-		len -= n;
-		pos = 0;
-	}
 	return true;
 }
 
@@ -436,23 +452,17 @@ static bool iov_direct_ok(const struct kvs_read *rd, uint64_t pos, uint64_t len,
  * bytes read or -errno. */
 static int64_t read_into_iov(const struct kvs_read *rd, uint64_t pos, uint64_t len, uint64_t foff)
 {
-	uint64_t got = 0;
+	struct iov_walk w = {rd, 0, pos, len};
+	uint64_t got = 0, n;
+	char *dst;
 
-	for (int i = 0; i < rd->iovcnt && got < len; i++) {
-		uint64_t l = rd->iov[i].iov_len;
-
-		if (pos >= l) {
-			pos -= l;
-			continue;
-		}
-		uint64_t n = l - pos < len - got ? l - pos : len - got;
-		int64_t r = kvs_read_full(rd->fd, (char *)rd->iov[i].iov_base + pos, n, foff + got);
+	while (iov_next(&w, &dst, &n)) {
+		int64_t r = kvs_read_full(rd->fd, dst, n, foff + got);
 		if (r < 0)
 			return got ? (int64_t)got : r;
 		got += (uint64_t)r;
 		if ((uint64_t)r < n)
 			break; /* the end of the file */
-		pos = 0;
 	}
 	return (int64_t)got;
 }

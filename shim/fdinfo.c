@@ -165,46 +165,6 @@ static void entry_write(struct entry *e, const struct verdict *v)
 }
 
 /*
- * files.settle for a file: how long after its last change (mtime or ctime) the shim distrusts
- * its identity.  A write moves mtime when it starts and its data may land later; a file system
- * with coarse timestamps leaves a rewrite in the same tick with the same times; a client that
- * caches attributes reports old times for a while.  Shards read within this window are handed
- * to the readers of that load and not kept (loader.h, kvs_read.keep).  Defaults by type:
- * local file systems with fine timestamps 2 s (a slow write of a large block); FUSE 3 s (the
- * default 1 s attribute cache); anything else, NFS and other network file systems included,
- * 61 s (NFS caches attributes up to acregmax, 60 s).  Times with no sub-second part on both
- * stamps mean a coarse file system (ext2/ext3, FAT): 2 s more.
- */
-static uint64_t settle_for(unsigned long type, const struct stat *st)
-{
-	uint64_t ms;
-
-	if (settle_ms >= 0)
-		return (uint64_t)settle_ms;
-	switch (type) {
-	case 0xEF53:	 /* ext2/3/4 */
-	case 0x58465342: /* XFS */
-	case 0x9123683E: /* btrfs */
-	case 0x01021994: /* tmpfs */
-	case 0xF2F52010: /* F2FS */
-	case 0x2FC12FC1: /* ZFS */
-	case 0x794C7630: /* overlayfs */
-	case 0xCA451A4E: /* bcachefs */
-		ms = 2000;
-		break;
-	case 0x65735546: /* FUSE */
-		ms = 3000;
-		break;
-	default:
-		ms = 61000;
-		break;
-	}
-	if (st->st_mtim.tv_nsec == 0 && st->st_ctim.tv_nsec == 0)
-		ms += 2000;
-	return ms;
-}
-
-/*
  * Are a file system's stamps written by this node's own clock?  Those of a local disk or of
  * memory are (this kernel stamps them); those of FUSE, NFS and every other type may come from
  * another machine (a Gluster client stamps with its own clock, an NFS server with its), so a
@@ -226,6 +186,34 @@ static bool stamps_local(unsigned long type)
 	default:
 		return false;
 	}
+}
+
+/*
+ * files.settle for a file: how long after its last change (mtime or ctime) the shim distrusts
+ * its identity.  A write moves mtime when it starts and its data may land later; a file system
+ * with coarse timestamps leaves a rewrite in the same tick with the same times; a client that
+ * caches attributes reports old times for a while.  Shards read within this window are handed
+ * to the readers of that load and not kept (loader.h, kvs_read.keep).  Defaults by type:
+ * local file systems with fine timestamps 2 s (a slow write of a large block); FUSE 3 s (the
+ * default 1 s attribute cache); anything else, NFS and other network file systems included,
+ * 61 s (NFS caches attributes up to acregmax, 60 s).  Times with no sub-second part on both
+ * stamps mean a coarse file system (ext2/ext3, FAT): 2 s more.
+ */
+static uint64_t settle_for(unsigned long type, const struct stat *st)
+{
+	uint64_t ms;
+
+	if (settle_ms >= 0)
+		return (uint64_t)settle_ms;
+	if (stamps_local(type))
+		ms = 2000;	     /* the local file systems (stamps_local) */
+	else if (type == 0x65735546) /* FUSE */
+		ms = 3000;
+	else
+		ms = 61000;
+	if (st->st_mtim.tv_nsec == 0 && st->st_ctim.tv_nsec == 0)
+		ms += 2000;
+	return ms;
 }
 
 /* Compute the verdict for fd from scratch. */
