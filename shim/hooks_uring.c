@@ -141,7 +141,9 @@ static struct ring *ring_locked(int fd, bool want_new)
 	return free_one;
 }
 
-static void unserved(int cause, int fd);
+enum cause { C_SQPOLL, C_NOP, C_REGRING, C_FIXED, C_UNSEEN, C_NCAUSES };
+
+static void unserved(enum cause c, int fd);
 
 /* fd is closed, or its ring is exited: forget the ring.  A ring mapped through libc's mmap
  * whose submissions no door saw (fio 3.33 sets up through syscall() but enters with an inline
@@ -162,7 +164,7 @@ static void ring_forget(int fd)
 	}
 	pthread_mutex_unlock(&tables_mu);
 	if (unseen)
-		unserved(4 /* C_UNSEEN */, -1);
+		unserved(C_UNSEEN, -1);
 }
 
 /* A submission of fd's ring is being seen (once per ring it takes the lock). */
@@ -364,9 +366,7 @@ struct cand {
 	int64_t result;
 };
 
-enum cause { C_SQPOLL, C_NOP, C_REGRING, C_FIXED, C_UNSEEN, C_NCAUSES };
-
-static void unserved(int c, int fd)
+static void unserved(enum cause c, int fd)
 {
 	static const char *const what[C_NCAUSES] = {
 	    "an io_uring with SQPOLL (the kernel takes its entries on its own thread)",
