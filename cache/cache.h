@@ -36,6 +36,20 @@ struct kvs_key {
 	uint64_t shard;
 };
 
+/* The key of shard `shard` of block (a kvs_block_id, whose shard is ignored). */
+static inline struct kvs_key kvs_shard_key(const struct kvs_key *block, uint64_t shard)
+{
+	struct kvs_key k = {block->block_lo, block->block_hi, shard};
+
+	return k;
+}
+
+/* The bytes of a file of size bytes that its shard starting at start holds (shards of S). */
+static inline uint64_t kvs_shard_bytes(uint64_t size, uint64_t start, uint64_t S)
+{
+	return start >= size ? 0 : size - start < S ? size - start : S;
+}
+
 /* A pin: which slot, and which entry of this process's pin table records it. */
 struct kvs_pin {
 	uint32_t slot;
@@ -167,15 +181,19 @@ int kvs_cache_pin(struct kvs_cache *c, const struct kvs_key *key, enum kvs_alloc
 		  struct kvs_pin *pin);
 
 /*
- * kvs_cache_pin for a load whose bytes may be kept only until expires_ns (CLOCK_MONOTONIC; 0:
- * for good, as kvs_cache_pin): when the pin elects the caller owner, the slot carries that
+ * kvs_cache_pin for a load of bytes bytes (the shard's length in its file; 0: a whole shard)
+ * whose bytes may be kept only until expires_ns (CLOCK_MONOTONIC; 0: for good, as
+ * kvs_cache_pin).  A slot allocated for fewer bytes than a shard is packed with others into
+ * one frame and costs the cache its bytes rounded up to pages (at least shard_size /
+ * per-frame slots; layout.h); kvs_cache_room says what a slot holds.  Whichever slot the key
+ * has already is pinned as it is.  When the pin elects the caller owner, the slot carries that
  * expiry from then on.  Any lookup of the key at or after it (this process's or another's)
  * drops the slot, READY or still loading, and finds nothing, so the next pin loads the shard
  * again, once for the node (a READY one counts in shards_expired).  Pins held before the
  * expiry keep their bytes.
  */
 int kvs_cache_pin_load(struct kvs_cache *c, const struct kvs_key *key, enum kvs_alloc_class cls,
-		       uint64_t expires_ns, struct kvs_pin *pin);
+		       uint32_t bytes, uint64_t expires_ns, struct kvs_pin *pin);
 
 /* Pin key only if it is READY (KVS_PIN_HIT); never allocates or elects.  -EAGAIN otherwise,
  * or -EUCLEAN.  The calling-thread fast path of the loader. */
@@ -213,8 +231,10 @@ int kvs_cache_mark_not_ready(struct kvs_cache *c, const struct kvs_pin *pin);
  */
 int kvs_cache_wait(struct kvs_cache *c, const struct kvs_pin *pin, uint64_t timeout_ns);
 
-/* The pinned slot's data (shard_size bytes) and its valid length once READY. */
+/* The pinned slot's data (kvs_cache_room bytes, page-aligned: at most shard_size, fewer for a
+ * packed slot), and its valid length once READY. */
 void *kvs_cache_data(struct kvs_cache *c, const struct kvs_pin *pin);
+uint32_t kvs_cache_room(struct kvs_cache *c, const struct kvs_pin *pin);
 uint32_t kvs_cache_length(struct kvs_cache *c, const struct kvs_pin *pin);
 /* The data slots, all of them: what a process copying to a device registers with the driver. */
 void kvs_cache_data_region(const struct kvs_cache *c, void **base, size_t *len);
@@ -227,9 +247,10 @@ bool kvs_cache_data_ready(const struct kvs_cache *c, size_t off, size_t len);
  * KVS_OPEN_WATCH mapping. */
 int kvs_cache_lookup(struct kvs_cache *c, const struct kvs_key *key);
 
-/* Allocate an unowned LOADING slot for key unless present (-EEXIST), so that a later pin finds
- * it without evicting.  Class KVS_ALLOC_PREFETCH. */
-int kvs_cache_prealloc(struct kvs_cache *c, const struct kvs_key *key);
+/* Allocate an unowned LOADING slot for key, of room for bytes bytes (as kvs_cache_pin_load),
+ * unless present (-EEXIST), so that a later pin finds it without evicting.  Class
+ * KVS_ALLOC_PREFETCH. */
+int kvs_cache_prealloc(struct kvs_cache *c, const struct kvs_key *key, uint32_t bytes);
 
 /* Remove shards [first, last] of block from the cache, any range (longer than the slot count:
  * every slot is looked at instead of every shard); pinned slots are unhashed now and freed by
@@ -327,9 +348,12 @@ bool kvs_cache_write_last(struct kvs_cache *c, const struct kvs_wtok *t);
 /* Figures for `kvshim stat`. */
 struct kvs_region_info {
 	uint64_t capacity_bytes, shard_size, total_bytes;
+	/* slots: frames of shard_size bytes (capacity / shard_size), reserved_slots of them the
+	 * reserve; slots_ready ... slots_pinned: slots (a frame holds one, or several packed) */
 	uint32_t slots, slots_ready, slots_loading, slots_failed, slots_pinned, reserved_slots;
+	uint64_t bytes_ready; /* valid bytes of the READY slots */
 	uint32_t processes_attached, max_processes;
-	uint32_t slots_populated;    /* slots whose pages are allocated */
+	uint32_t slots_populated;    /* frames whose pages are allocated */
 	uint32_t slots_claimed;	     /* taken by a process, in no chain: being allocated, or
 				      * staged by a writer (write-through) */
 	int32_t populate_err;	     /* why the background population stopped (errno), or 0 */

@@ -29,12 +29,17 @@ struct kvs_cache {
 	struct kvs_stripe *stripes;
 	_Atomic uint32_t *buckets;
 	struct kvs_slot *slots;
-	_Atomic uint8_t *access;
-	struct kvs_seen *seen;	/* nseen entries (seen.c) */
-	_Atomic uint64_t *wseq; /* nseen write-sequence words (stage.c) */
+	_Atomic uint32_t *fpages; /* nframes words: KVS_PAGES_* of each frame */
+	_Atomic uint8_t *access;  /* nframes CLOCK bytes */
+	struct kvs_seen *seen;	  /* nseen entries (seen.c) */
+	_Atomic uint64_t *wseq;	  /* nseen write-sequence words (stage.c) */
 	uint32_t nseen;
 	char *data;
-	uint32_t nslots, nmain, nbuckets, nstripes, nprocs;
+	/* nslots: slot records, the bound of every slot index (pins, chains); nframes: data
+	 * frames (hdr.nslots), nmain of them outside the reserve; per_frame = 1 << frame_shift
+	 * records per frame; frame_pages: pages per frame (shard_size / KVS_PAGE). */
+	uint32_t nslots, nframes, nmain, nbuckets, nstripes, nprocs;
+	uint32_t per_frame, frame_shift, frame_pages;
 	uint32_t ahead_window; /* cache.populate = ahead: slots the walk keeps past the hand */
 	uint64_t shard_size;
 	int self; /* process-table slot, -1 for a watcher */
@@ -48,6 +53,7 @@ struct kvs_cache {
 	uint64_t lock_timeout_ns;
 	_Atomic uint32_t stuck[KVS_MAX_STRIPES];
 	_Atomic uint32_t stuck_proc;
+	_Atomic uint32_t stuck_pack;
 	/* slot.c: entries of this process's pin table whose release could not take its stripe;
 	 * retried at the next release and by kvs_cache_reap_maybe.  Set and cleared by atomic
 	 * or/and, so one thread at a time owns a bit's retry. */
@@ -66,6 +72,40 @@ static inline int euclean(struct kvs_cache *c)
 static inline struct kvs_proc *proc_at(struct kvs_cache *c, uint32_t i)
 {
 	return (struct kvs_proc *)(c->procs + (size_t)i * sizeof(struct kvs_proc));
+}
+
+/* The frame of slot i, and the first slot of frame f. */
+static inline uint32_t frame_of(const struct kvs_cache *c, uint32_t i)
+{
+	return i >> c->frame_shift;
+}
+
+static inline uint32_t frame_first(const struct kvs_cache *c, uint32_t f)
+{
+	return f << c->frame_shift;
+}
+
+/* Slot i's bytes (its frame's, from page at); at is checked against the frame on read. */
+static inline char *slot_bytes(const struct kvs_cache *c, uint32_t i)
+{
+	uint32_t at = atomic_load_explicit(&c->slots[i].at, memory_order_relaxed);
+
+	if (at >= c->frame_pages)
+		at = 0; /* corrupt: stay inside the frame */
+	return c->data + (size_t)frame_of(c, i) * c->shard_size + (size_t)at * KVS_PAGE;
+}
+
+/* The bytes slot i may hold: its room, never past its frame's end. */
+static inline uint64_t slot_room(const struct kvs_cache *c, uint32_t i)
+{
+	uint32_t at = atomic_load_explicit(&c->slots[i].at, memory_order_relaxed);
+	uint32_t room = atomic_load_explicit(&c->slots[i].room, memory_order_relaxed);
+
+	if (at >= c->frame_pages)
+		return 0;
+	if (room > c->frame_pages - at)
+		room = c->frame_pages - at;
+	return (uint64_t)room * KVS_PAGE;
 }
 
 static inline uint32_t st_of(uint32_t word)
@@ -103,6 +143,9 @@ int kvs_stripe_lock(struct kvs_cache *c, uint32_t stripe);
 void kvs_stripe_unlock(struct kvs_cache *c, uint32_t stripe);
 int kvs_proc_lock(struct kvs_cache *c);
 void kvs_proc_unlock(struct kvs_cache *c);
+/* The pack lock: repaired on EOWNERDEAD with kvs_pack_repair (the open frame is sealed). */
+int kvs_pack_lock(struct kvs_cache *c);
+void kvs_pack_unlock(struct kvs_cache *c);
 int kvs_mutex_init_shared(pthread_mutex_t *mu);
 
 /* populate.c: allocate the pages of a region being built, before writing it (0 or -errno);
@@ -134,8 +177,26 @@ extern bool kvs_populate_test_no_fallocate;
  * name instead). */
 extern bool kvs_region_test_no_tmpfile;
 
-/* evict.c: a slot in state CLAIMED by this process, or -ENOSPC / -EUCLEAN. */
-int kvs_evict_claim(struct kvs_cache *c, enum kvs_alloc_class cls, uint32_t *slot);
+/* evict.c: a slot for bytes of `pages` pages (0 or frame_pages and more: a whole frame), in
+ * state CLAIMED by this process with at and room set; packed (pack.c) when smaller than a
+ * frame; or -ENOSPC / -EUCLEAN.
+ * A whole frame for this process: every slot of frame *frame CLAIMED by it, at and room
+ * unset; then kvs_evict_use_whole makes its first slot the frame's, freeing the others.
+ * kvs_evict_free_frame gives every slot of a frame so taken back. */
+int kvs_evict_claim(struct kvs_cache *c, enum kvs_alloc_class cls, uint32_t pages, uint32_t *slot);
+int kvs_evict_frame(struct kvs_cache *c, enum kvs_alloc_class cls, uint32_t *frame);
+uint32_t kvs_evict_use_whole(struct kvs_cache *c, uint32_t frame);
+void kvs_evict_free_frame(struct kvs_cache *c, uint32_t frame);
+
+/* pack.c: a slot of `pages` pages (fewer than a frame) from the open frame, or from a frame
+ * evicted for it, CLAIMED by this process with at and room set; or -ENOSPC / -EUCLEAN.
+ * kvs_pack_repair: the open frame after its lock's holder died (caller holds it): sealed,
+ * every record of it still CLAIMED-by-pack FREE. */
+int kvs_pack_claim(struct kvs_cache *c, enum kvs_alloc_class cls, uint32_t pages, uint32_t *slot);
+void kvs_pack_repair(struct kvs_cache *c);
+/* pack.c: close the open frame (its uncut records FREE), so the sweep may take it: when no
+ * frame could be had.  Whether there was one. */
+bool kvs_pack_seal(struct kvs_cache *c);
 
 /* wait.c */
 void kvs_wake_all(_Atomic uint32_t *word);

@@ -2,8 +2,13 @@
  * layout: the shared region's format, private to cache/.  The protocol over these fields is
  * the essay at the top of region.c.  Changing anything here changes KVS_LAYOUT_VERSION.
  *
- *   [ header | process table | stripe mutexes | bucket heads | slot metadata | access bytes |
- *     identities seen | write sequences | page-aligned data slots ]
+ *   [ header | process table | stripe mutexes | bucket heads | slot metadata | frame pages |
+ *     access bytes | identities seen | write sequences | page-aligned data frames ]
+ *
+ * The data is hdr.nslots frames of shard_size bytes.  A frame holds the bytes of one
+ * slot (a whole shard) or of several (small files and files' tails, packed: pack.c); each
+ * frame owns per_frame consecutive slot records, frame f the records [f * per_frame,
+ * (f + 1) * per_frame), and a slot's bytes lie in its own frame.
  */
 #ifndef KVS_LAYOUT_H
 #define KVS_LAYOUT_H
@@ -16,7 +21,7 @@
 #include "cache.h"
 
 #define KVS_MAGIC	   0x3130594b4d485356ULL /* "VSHMKY01" little-endian */
-#define KVS_LAYOUT_VERSION 5u
+#define KVS_LAYOUT_VERSION 6u
 #define KVS_CACHELINE	   64u
 #define KVS_PAGE	   4096u
 #define KVS_NIL		   UINT32_MAX
@@ -26,9 +31,14 @@
 #define KVS_BUILT_BY_MAX   32u	 /* bytes of hdr.built_by, NUL-padded (not always terminated) */
 #define KVS_CTR_ROOM	   48u	 /* counters a process record and the totals have room for */
 #define KVS_SEEN_WAYS	   4u	 /* entries of the seen table one block id may use */
+#define KVS_MAX_PER_FRAME  256u	 /* slot records of one frame (a power of two) */
+/* The claimer a packed frame's unused slots are CLAIMED by while it is the open frame (no
+ * process: the table has at most 4096 entries). */
+#define KVS_PACK_OWNER 0x7fffffu
 
-/* slot.pages: a slot's data pages are allocated before the slot is first used, so that no
- * process ever touches a page /dev/shm cannot back (which would be a SIGBUS in an engine). */
+/* Frame pages (one word per frame): a frame's data pages are allocated before any slot of it
+ * is first used, so that no process ever touches a page /dev/shm cannot back (which would be
+ * a SIGBUS in an engine). */
 #define KVS_PAGES_UNKNOWN 0u
 #define KVS_PAGES_OK	  1u
 #define KVS_PAGES_NOROOM  2u	      /* allocation failed (not ENOSPC): the slot is never used */
@@ -55,8 +65,8 @@ struct kvs_hdr {
 	uint64_t total_bytes;
 	uint64_t capacity;
 	uint64_t shard_size;
-	uint32_t nslots;
-	uint32_t nreserved; /* slots [nslots - nreserved, nslots) are the reserve */
+	uint32_t nslots;    /* data frames (the "slots" of `kvshim stat`): capacity / shard_size */
+	uint32_t nreserved; /* frames [nslots - nreserved, nslots) are the reserve */
 	uint32_t nbuckets;
 	uint32_t nstripes;
 	uint32_t nprocs;
@@ -103,6 +113,20 @@ struct kvs_hdr {
 	uint32_t nseen;
 	uint32_t pad12;
 	uint64_t off_wseq;
+	/* Line 13: the open frame of packed slots (pack.c), guarded by pack_lock (robust, with
+	 * its holder word as the others, lock.c): pack_frame (KVS_NIL: none), its next unused
+	 * slot record (index within the frame) and its first unused page.  Written under the
+	 * lock only; read under it only. */
+	_Alignas(KVS_CACHELINE) pthread_mutex_t pack_lock;
+	_Atomic uint32_t pack_holder;
+	uint32_t pack_frame, pack_next, pack_fill;
+	uint8_t pad13[KVS_CACHELINE - sizeof(pthread_mutex_t) - 16];
+	/* Line 14: dimensions like those of lines 0-1: the frame pages' offset and the slot
+	 * records per frame. */
+	uint64_t off_frames;
+	uint32_t per_frame;
+	uint32_t pad14;
+	uint8_t pad14b[KVS_CACHELINE - 16];
 };
 
 struct kvs_proc {
@@ -141,8 +165,11 @@ struct kvs_slot {
 	_Atomic int32_t err;	 /* positive errno of a FAILED load */
 	_Atomic uint32_t length; /* valid bytes once READY */
 	uint64_t key[3];	 /* block_lo, block_hi, shard */
-	_Atomic uint32_t pages;	 /* KVS_PAGES_*: whether the data pages exist (populate.c) */
-	uint32_t pad1;
+	/* Where the slot's bytes are: from page `at` of its frame, `room` pages.  Written by
+	 * the allocator while the slot is CLAIMED by it (evict.c, pack.c), before the insert
+	 * that hashes it; read by holders of a pin, and by the stage's writer. */
+	_Atomic uint32_t at;
+	_Atomic uint32_t room;
 	/* CLOCK_MONOTONIC ns after which a READY slot is not served but loaded again, or 0 for
 	 * never (files.settle, files.revalidate): written by the owner before its release store
 	 * of READY, with length; read under the stripe lock by pinners, and by waiters after an
@@ -167,7 +194,10 @@ _Static_assert(offsetof(struct kvs_hdr, refused_attaches) == 768, "history on li
 _Static_assert(offsetof(struct kvs_hdr, built_by) == 776, "built_by after refused_attaches");
 _Static_assert(offsetof(struct kvs_hdr, off_seen) == 808, "off_seen after built_by");
 _Static_assert(offsetof(struct kvs_hdr, off_wseq) == 824, "off_wseq last");
-_Static_assert(sizeof(struct kvs_hdr) == 832, "header of thirteen lines");
+_Static_assert(offsetof(struct kvs_hdr, pack_lock) == 832, "pack_lock on line 13");
+_Static_assert(offsetof(struct kvs_hdr, off_frames) == 896, "frames' offset on line 14");
+_Static_assert(sizeof(struct kvs_hdr) == 960, "header of fifteen lines");
+_Static_assert(sizeof(pthread_mutex_t) + 16 <= KVS_CACHELINE, "pack lock and state fit a line");
 _Static_assert(sizeof(pthread_mutex_t) + 4 <= KVS_CACHELINE, "mutex and holder fit a line");
 _Static_assert(offsetof(struct kvs_proc, ctr) == 64, "counters on line 1");
 _Static_assert(offsetof(struct kvs_proc, pin) == 448, "pins after counters");

@@ -7,7 +7,8 @@
  * must make the guarded state consistent before pthread_mutex_consistent().  For a stripe that
  * state is the chains of its buckets and the refs of its slots, both derivable: chains from
  * slot metadata (state hashed, bucket in the stripe), refs from the pin tables (an entry
- * changes only under the stripe of the slot it names).  For proc_lock nothing needs
+ * changes only under the stripe of the slot it names).  For pack_lock it is the open frame,
+ * which is sealed (pack.c).  For proc_lock nothing needs
  * rebuilding: each write under it is a single word, and a fold of counters interrupted between
  * the add and the zeroing counts them twice (the only damage, and only to statistics).
  *
@@ -263,4 +264,25 @@ int kvs_proc_lock(struct kvs_cache *c)
 void kvs_proc_unlock(struct kvs_cache *c)
 {
 	unlock_held(&c->hdr->proc_lock, &c->hdr->proc_holder);
+}
+
+int kvs_pack_lock(struct kvs_cache *c)
+{
+	struct kvs_hdr *h = c->hdr;
+	int r = lock_bounded(c, &h->pack_lock, &c->stuck_pack, &h->pack_holder);
+
+	if (r == EOWNERDEAD) {
+		kvs_pack_repair(c);
+		if (pthread_mutex_consistent(&h->pack_lock)) {
+			unlock_held(&h->pack_lock, &h->pack_holder);
+			return euclean(c);
+		}
+		return 0;
+	}
+	return r == ENOTRECOVERABLE || r == ETIMEDOUT ? euclean(c) : -r;
+}
+
+void kvs_pack_unlock(struct kvs_cache *c)
+{
+	unlock_held(&c->hdr->pack_lock, &c->hdr->pack_holder);
 }

@@ -122,9 +122,9 @@ struct populator {
 	uint64_t headroom;
 	char *base;
 	size_t len;
-	struct kvs_slot *slots;
+	_Atomic uint32_t *fpages; /* of the frames: the walk's unit is a frame */
 	uint64_t off_data, shard_size;
-	uint32_t nslots, nmain;
+	uint32_t nframes, nmain;
 	uint32_t window; /* ahead: slots to stay ahead of the hand; eager: 0 */
 	bool clear;	 /* kvshim prepare: clear the pages too (clear_range) */
 };
@@ -168,9 +168,9 @@ bool kvs_populate_has_room(int fd, uint64_t len, uint64_t headroom)
 
 /* Make sure slot i's pages exist.  Returns 0, or a positive errno: ENOSPC leaves the slot
  * UNKNOWN (there may be room later), another error marks it NOROOM. */
-static int populate_slot(struct kvs_slot *s, int fd, char *base, uint64_t off, uint64_t len)
+static int populate_slot(_Atomic uint32_t *s, int fd, char *base, uint64_t off, uint64_t len)
 {
-	uint32_t pages = load_acquire(&s->pages); /* pairs with the release stores below */
+	uint32_t pages = load_acquire(s); /* pairs with the release stores below */
 	int err;
 
 	if (pages == KVS_PAGES_OK)
@@ -183,7 +183,7 @@ static int populate_slot(struct kvs_slot *s, int fd, char *base, uint64_t off, u
 	/* Only from UNKNOWN: a late failure must not mark a slot another process populated and
 	 * may be using.  Pairs with the acquire above. */
 	uint32_t expect = KVS_PAGES_UNKNOWN;
-	if (!cas_acq_rel(&s->pages, &expect, err ? KVS_PAGES_NOROOM : KVS_PAGES_OK))
+	if (!cas_acq_rel(s, &expect, err ? KVS_PAGES_NOROOM : KVS_PAGES_OK))
 		return expect == KVS_PAGES_OK ? 0 : ENOSPC;
 	return err;
 }
@@ -195,10 +195,10 @@ bool kvs_populate_may_grow(struct kvs_cache *c)
 
 int kvs_populate_claimed(struct kvs_cache *c, uint32_t i)
 {
-	struct kvs_slot *s = &c->slots[i];
+	_Atomic uint32_t *s = &c->fpages[i];
 	int err;
 
-	if (load_acquire(&s->pages) == KVS_PAGES_OK) /* pairs with populate_slot's CAS */
+	if (load_acquire(s) == KVS_PAGES_OK) /* pairs with populate_slot's CAS */
 		return 0;
 	if (!kvs_populate_has_room(c->fd, c->shard_size, c->headroom)) {
 		err = ENOSPC;
@@ -268,14 +268,14 @@ void kvs_populate_note_claim(struct kvs_cache *c, uint32_t i)
 static uint32_t walk_target(const struct populator *p, const struct kvs_hdr *h)
 {
 	if (!p->window)
-		return p->nslots;
+		return p->nframes;
 	uint64_t hand = load_relaxed(&h->hand);
 	uint64_t t = (hand < p->nmain ? hand : p->nmain) + p->window;
 	return t < p->nmain ? (uint32_t)t : p->nmain;
 }
 
 /*
- * Clear the pages of slots [from, to), which have their pages (slot.pages OK).  tmpfs's fallocate
+ * Clear the pages of slots [from, to), which have their pages (frame pages OK).  tmpfs's fallocate
  * does not zero a page: it marks it not up to date, and the first touch zeroes it, which in a
  * cold load is the owner's O_DIRECT read (its pinning of the slot faults each page in).  That
  * first write is also where a virtual machine's host backs the page, and on the development VM
@@ -314,18 +314,18 @@ static uint32_t walk_range(struct populator *p, uint32_t from, uint32_t to, int 
 			uint32_t expect =
 			    KVS_PAGES_UNKNOWN; /* pairs with populate_slot's acquire */
 
-			cas_acq_rel(&p->slots[i].pages, &expect, KVS_PAGES_OK);
+			cas_acq_rel(&p->fpages[i], &expect, KVS_PAGES_OK);
 		}
 		return to - from;
 	}
 	for (uint32_t i = from; i < to; i++) {
 		*why = KVS_POPULATE_WHY_ERROR;
-		if (load_relaxed(&p->slots[i].pages) != KVS_PAGES_OK &&
+		if (load_relaxed(&p->fpages[i]) != KVS_PAGES_OK &&
 		    !kvs_populate_has_room(p->fd, p->shard_size, p->headroom)) {
 			*err = ENOSPC;
 			*why = KVS_POPULATE_WHY_HEADROOM;
 		} else {
-			*err = populate_slot(&p->slots[i], p->fd, p->base,
+			*err = populate_slot(&p->fpages[i], p->fd, p->base,
 					     p->off_data + i * p->shard_size, p->shard_size);
 		}
 		if (*err)
@@ -349,7 +349,7 @@ static void *populate_main(void *arg)
 {
 	struct populator *p = arg;
 	struct kvs_hdr *h = (struct kvs_hdr *)p->base;
-	uint32_t end = p->window ? p->nmain : p->nslots;
+	uint32_t end = p->window ? p->nmain : p->nframes;
 	struct flock fl = {
 	    .l_type = F_UNLCK, .l_whence = SEEK_SET, .l_start = KVS_POPULATE_BYTE, .l_len = 1};
 
@@ -361,7 +361,7 @@ static void *populate_main(void *arg)
 
 		if (p->window && load_relaxed(&h->populate_mode) == KVS_POPULATE_EAGER) {
 			p->window = 0; /* an eager process attached: walk everything */
-			end = p->nslots;
+			end = p->nframes;
 			continue;
 		}
 		if (done >= end)
@@ -412,7 +412,7 @@ void kvs_populate_start(struct kvs_cache *c)
 	while (mode != KVS_POPULATE_EAGER && mode != (uint32_t)c->populate &&
 	       !cas_acq_rel(&c->hdr->populate_mode, &mode, (uint32_t)c->populate))
 		;
-	uint32_t end = c->populate == KVS_POPULATE_EAGER ? c->nslots : c->nmain;
+	uint32_t end = c->populate == KVS_POPULATE_EAGER ? c->nframes : c->nmain;
 	int32_t err = load_acquire(&c->hdr->populate_err); /* pairs with populate_main */
 	if (load_relaxed(&c->hdr->populated) >= end ||
 	    (err && !(c->populate == KVS_POPULATE_AHEAD &&
@@ -445,7 +445,7 @@ void kvs_populate_start(struct kvs_cache *c)
 	p->len = c->map_len;
 	p->off_data = c->hdr->off_data;
 	p->shard_size = c->shard_size;
-	p->nslots = c->nslots;
+	p->nframes = c->nframes;
 	p->nmain = c->nmain;
 	p->window = c->populate == KVS_POPULATE_AHEAD ? c->ahead_window : 0;
 	p->base = mmap(NULL, p->len, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
@@ -453,7 +453,7 @@ void kvs_populate_start(struct kvs_cache *c)
 		goto err_free;
 	/* A fork child gets neither the mapping nor (atfork_child) the descriptor. */
 	madvise(p->base, p->len, MADV_DONTFORK);
-	p->slots = (struct kvs_slot *)(p->base + c->hdr->off_slots);
+	p->fpages = (_Atomic uint32_t *)(p->base + c->hdr->off_frames);
 	if (kvs_thread_start(NULL, populate_main, p, KVS_STACK_OWN) == 0)
 		return;
 	munmap(p->base, p->len);
@@ -472,10 +472,10 @@ int kvs_cache_prepare(struct kvs_cache *c, uint32_t *slots_done)
 	    .fd = c->fd,
 	    .headroom = c->headroom,
 	    .base = c->base,
-	    .slots = c->slots,
+	    .fpages = c->fpages,
 	    .off_data = h->off_data,
 	    .shard_size = c->shard_size,
-	    .nslots = c->nslots,
+	    .nframes = c->nframes,
 	    .nmain = c->nmain,
 	    .clear = true,
 	};
@@ -485,19 +485,20 @@ int kvs_cache_prepare(struct kvs_cache *c, uint32_t *slots_done)
 	*slots_done = 0;
 	if (c->watch)
 		return -EBADF;
-	while (at < p.nslots) {
-		uint32_t to = at + KVS_WALK_CHUNK < p.nslots ? at + KVS_WALK_CHUNK : p.nslots, got;
+	while (at < p.nframes) {
+		uint32_t to = at + KVS_WALK_CHUNK < p.nframes ? at + KVS_WALK_CHUNK : p.nframes,
+			 got;
 
 		/* walk_range counts slots that have their pages already, and an earlier walk may
 		 * have allocated them without clearing them. */
 		got = walk_range(&p, at, to, &err, &why);
 		clear_range(&p, at, at + got);
 		for (uint32_t i = at; i < at + got; i++) /* not a NOROOM slot the chunk went over */
-			prepared += load_relaxed(&p.slots[i].pages) == KVS_PAGES_OK;
+			prepared += load_relaxed(&p.fpages[i]) == KVS_PAGES_OK;
 		at += got;
 		if (!err)
 			continue;
-		if (load_relaxed(&p.slots[at].pages) == KVS_PAGES_NOROOM) {
+		if (load_relaxed(&p.fpages[at]) == KVS_PAGES_NOROOM) {
 			at++; /* never used (an allocation failed for good): nothing to prepare */
 			continue;
 		}
@@ -509,11 +510,11 @@ int kvs_cache_prepare(struct kvs_cache *c, uint32_t *slots_done)
 	uint32_t was = load_relaxed(&h->populated);
 	while (was < at && !cas_acq_rel(&h->populated, &was, at))
 		;
-	if (at == p.nslots && load_acquire(&h->populate_err)) { /* pairs with populate_main */
+	if (at == p.nframes && load_acquire(&h->populate_err)) { /* pairs with populate_main */
 		/* Every slot has its pages now: a walk that stopped has nothing left to say. */
 		store_release(&h->populate_err, 0);
 		store_relaxed(&h->populate_why, 0);
 	}
 	*slots_done = prepared;
-	return at == p.nslots ? 0 : -err;
+	return at == p.nframes ? 0 : -err;
 }

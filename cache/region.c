@@ -50,6 +50,17 @@
  * is FREE, CLAIMED (by process p, encoded in the word), LOADING, READY or FAILED, plus a
  * waiters bit.  Its other fields live on the second line.
  *
+ * Frames.  The data is cut into frames of shard_size bytes (hdr.nslots of them: the "slots"
+ * of `kvshim stat`), each with per_frame slot records of its own: frame f has the records
+ * [f * per_frame, (f + 1) * per_frame).  A whole shard takes the first record of a frame and
+ * leaves the others FREE; a load of fewer bytes than a shard (a small file, a file's tail)
+ * takes a packed slot, a run of pages of the open frame (pack.c), so that it costs the cache
+ * its own size.  A slot's at and room say where in its frame its bytes are: written by its
+ * allocator while the slot is CLAIMED by it, before the insert that hashes it, and never
+ * changed while it is hashed or pinned.  Frames, not slots, are what eviction takes, all the
+ * slots of one at once (evict.c): so a frame's bytes are reused only when none of its slots
+ * is pinned or claimed, and a slot's bytes only by the claimer of its whole frame.
+ *
  *   field        written by                                  read without a lock by
  *   state        FREE->CLAIMED: allocator (CAS)               waiters (acquire), evictor peek
  *                ->LOADING/FREE: under the stripe lock
@@ -63,7 +74,8 @@
  * A slot is hashed into bucket b (chain head buckets[b], link next) while it is LOADING,
  * READY or FAILED.  Bucket b is guarded by stripe mutex b & (nstripes - 1): process-shared,
  * robust, one per cache line.  No code holds two stripes at once, and nothing holds a stripe
- * across I/O or a wait.  Lock order: proc_lock, then one stripe.
+ * across I/O or a wait.  Lock order: proc_lock, then one stripe.  pack_lock (the open frame,
+ * pack.c) is held alone, never with a stripe or proc_lock.
  *
  * Pins.  refs counts pins.  Each pin is also recorded in the pinning process's pin table
  * (slot + 1 in an entry); an entry changes only under the stripe lock of the slot it names,
@@ -74,10 +86,12 @@
  * to LOADING (the next pinner retries); the last release of an invalidated (orphan) slot frees
  * it.  Orphans keep their former bucket with KVS_ORPHAN set so their stripe stays known.
  *
- * Allocation (evict.c).  An allocator takes a slot to CLAIMED-by-itself, either FREE -> CLAIMED
- * by CAS, or by unhashing an unpinned victim under the victim's stripe; then it takes the
- * key's stripe, looks the key up again (another process may have inserted it: the claim goes
- * back to FREE) and inserts: key, owner, refs 1, bucket, then state LOADING, then the link.
+ * Allocation (evict.c, pack.c).  An allocator takes a frame by taking each of its slots to
+ * CLAIMED-by-itself, either FREE -> CLAIMED by CAS, or by unhashing an unpinned victim under
+ * the victim's stripe; it keeps the first slot (a whole shard) or cuts its packed slot from
+ * the frame and gives the rest to the pack or back to FREE.  Then it takes the key's stripe,
+ * looks the key up again (another process may have inserted it: the claim goes back to FREE)
+ * and inserts: key, owner, refs 1, bucket, then state LOADING, then the link.
  *
  * Waiting (wait.c).  Waiters spin on acquire loads of the state word, then set the waiters bit
  * and FUTEX_WAIT (shared) on the word with a bounded slice.  The owner's exchange to READY or
@@ -104,6 +118,8 @@
  *   holding a pin / owning a load     byte unlocked, slot ACTIVE    reclaim (waiter or attach)
  *   between claim and insert          state CLAIMED by it           reclaim
  *   inside a stripe                   EOWNERDEAD                    stripe rebuild, then reclaim
+ *   inside pack_lock                  EOWNERDEAD                    the open frame is sealed
+ *                                                                   (pack.c), then reclaim
  */
 #include <errno.h>
 #include <fcntl.h>
@@ -131,9 +147,10 @@ bool kvs_region_test_no_tmpfile;
 
 struct dims {
 	uint64_t shard_size, capacity, total;
-	uint32_t nslots, nreserved, nbuckets, nstripes, nprocs, nseen;
-	uint64_t off_procs, off_stripes, off_buckets, off_slots, off_access, off_seen, off_wseq;
-	uint64_t off_data;
+	uint32_t nframes, nreserved, nbuckets, nstripes, nprocs, nseen;
+	uint32_t per_frame, nslots; /* slot records: per_frame for each frame */
+	uint64_t off_procs, off_stripes, off_buckets, off_slots, off_frames, off_access, off_seen;
+	uint64_t off_wseq, off_data;
 };
 
 static uint64_t align_up(uint64_t v, uint64_t a)
@@ -150,22 +167,38 @@ static uint32_t pow2_at_least(uint64_t v)
 	return p;
 }
 
-/* Derive every offset from the four dimensions that define a region. */
-static int dims_from(struct dims *d, uint64_t shard_size, uint64_t nslots, uint64_t nreserved,
+/* Slot records per frame: one for each 64 KiB of it (files.min_read's default: so a packed
+ * slot costs the cache at most that, or its pages rounded up), a power of two, at least 1, at
+ * most KVS_MAX_PER_FRAME.  Each costs 128 bytes of metadata and 36 of bucket and seen
+ * entries: 0.26% of the data. */
+static uint32_t per_frame_for(uint64_t shard_size)
+{
+	uint64_t want = shard_size / (16 * KVS_PAGE);
+	uint32_t k = 1;
+
+	while ((uint64_t)k * 2 <= want && k * 2 <= KVS_MAX_PER_FRAME)
+		k *= 2;
+	return k;
+}
+
+/* Derive every offset from the four dimensions that define a region (frames: hdr.nslots). */
+static int dims_from(struct dims *d, uint64_t shard_size, uint64_t nframes, uint64_t nreserved,
 		     uint64_t nprocs)
 {
 	memset(d, 0, sizeof(*d));
 	if (shard_size == 0 || shard_size % KVS_PAGE || shard_size > UINT32_MAX)
 		return -EINVAL;
-	if (nslots == 0 || nslots >= (1u << 30) || nreserved >= nslots)
+	d->per_frame = per_frame_for(shard_size);
+	if (nframes == 0 || nframes * d->per_frame >= (1u << 30) || nreserved >= nframes)
 		return -EINVAL;
 	if (nprocs == 0 || nprocs > 4096)
 		return -EINVAL;
 	d->shard_size = shard_size;
-	d->nslots = (uint32_t)nslots;
-	d->capacity = nslots * shard_size;
+	d->nframes = (uint32_t)nframes;
+	d->nslots = (uint32_t)nframes * d->per_frame;
+	d->capacity = nframes * shard_size;
 	d->nreserved = (uint32_t)nreserved;
-	d->nbuckets = pow2_at_least(nslots);
+	d->nbuckets = pow2_at_least(d->nslots);
 	d->nstripes = d->nbuckets < KVS_MAX_STRIPES ? d->nbuckets : KVS_MAX_STRIPES;
 	d->nprocs = (uint32_t)nprocs;
 
@@ -178,8 +211,10 @@ static int dims_from(struct dims *d, uint64_t shard_size, uint64_t nslots, uint6
 	off = align_up(off + (uint64_t)d->nbuckets * 4, KVS_CACHELINE);
 	d->off_slots = off;
 	off += (uint64_t)d->nslots * sizeof(struct kvs_slot);
+	d->off_frames = off;
+	off = align_up(off + (uint64_t)d->nframes * 4, KVS_CACHELINE);
 	d->off_access = off;
-	off = align_up(off + d->nslots, KVS_CACHELINE);
+	off = align_up(off + d->nframes, KVS_CACHELINE);
 	d->off_seen = off;
 	d->nseen = d->nbuckets < 64 ? 64 : d->nbuckets; /* a power of two, >= KVS_SEEN_WAYS */
 	off += (uint64_t)d->nseen * sizeof(struct kvs_seen);
@@ -329,13 +364,18 @@ static void bind(struct kvs_cache *c, const struct dims *d)
 	c->stripes = (struct kvs_stripe *)(b + d->off_stripes);
 	c->buckets = (_Atomic uint32_t *)(b + d->off_buckets);
 	c->slots = (struct kvs_slot *)(b + d->off_slots);
+	c->fpages = (_Atomic uint32_t *)(b + d->off_frames);
 	c->access = (_Atomic uint8_t *)(b + d->off_access);
 	c->seen = (struct kvs_seen *)(b + d->off_seen);
 	c->wseq = (_Atomic uint64_t *)(b + d->off_wseq);
 	c->nseen = d->nseen;
 	c->data = b + d->off_data;
 	c->nslots = d->nslots;
-	c->nmain = d->nslots - d->nreserved;
+	c->nframes = d->nframes;
+	c->nmain = d->nframes - d->nreserved;
+	c->per_frame = d->per_frame;
+	c->frame_shift = (uint32_t)__builtin_ctz(d->per_frame);
+	c->frame_pages = (uint32_t)(d->shard_size / KVS_PAGE);
 	c->nbuckets = d->nbuckets;
 	c->nstripes = d->nstripes;
 	c->nprocs = d->nprocs;
@@ -354,7 +394,7 @@ static int build(struct kvs_cache *c, const struct dims *d, const struct kvs_cac
 	h->total_bytes = d->total;
 	h->capacity = d->capacity;
 	h->shard_size = d->shard_size;
-	h->nslots = d->nslots;
+	h->nslots = d->nframes;
 	h->nreserved = d->nreserved;
 	h->nbuckets = d->nbuckets;
 	h->nstripes = d->nstripes;
@@ -371,11 +411,16 @@ static int build(struct kvs_cache *c, const struct dims *d, const struct kvs_cac
 	h->off_seen = d->off_seen;
 	h->nseen = d->nseen;
 	h->off_wseq = d->off_wseq;
+	h->off_frames = d->off_frames;
+	h->per_frame = d->per_frame;
+	h->pack_frame = KVS_NIL;
 	h->created_ns = now_ns();
 	/* NUL-padded: the file is zero from ftruncate; a longer version is cut to the field. */
 	size_t vlen = strlen(KVS_VERSION);
 	memcpy(h->built_by, KVS_VERSION, vlen < sizeof(h->built_by) ? vlen : sizeof(h->built_by));
 	r = kvs_mutex_init_shared(&h->proc_lock);
+	if (!r)
+		r = kvs_mutex_init_shared(&h->pack_lock);
 	if (r)
 		return r;
 	for (uint32_t i = 0; i < d->nstripes; i++) {
@@ -433,7 +478,8 @@ static int check(struct kvs_cache *c, const struct dims *d, size_t file_size, ch
 	MISMATCH("reserved slots", h->nreserved, d->nreserved);
 	if (eviction >= 0)
 		MISMATCH("eviction (0 clock, 1 fifo)", h->eviction, eviction);
-	MISMATCH("slots", h->nslots, d->nslots);
+	MISMATCH("slots", h->nslots, d->nframes);
+	MISMATCH("slots per frame", h->per_frame, d->per_frame);
 	MISMATCH("buckets", h->nbuckets, d->nbuckets);
 	MISMATCH("stripes", h->nstripes, d->nstripes);
 	MISMATCH("total_bytes", h->total_bytes, d->total);
@@ -443,6 +489,7 @@ static int check(struct kvs_cache *c, const struct dims *d, size_t file_size, ch
 	MISMATCH("off_stripes", h->off_stripes, d->off_stripes);
 	MISMATCH("off_buckets", h->off_buckets, d->off_buckets);
 	MISMATCH("off_slots", h->off_slots, d->off_slots);
+	MISMATCH("off_frames", h->off_frames, d->off_frames);
 	MISMATCH("off_access", h->off_access, d->off_access);
 	MISMATCH("off_seen", h->off_seen, d->off_seen);
 	MISMATCH("seen entries", h->nseen, d->nseen);
@@ -1026,7 +1073,7 @@ uint64_t kvs_cache_shard_size(const struct kvs_cache *c)
 
 uint32_t kvs_cache_slots(const struct kvs_cache *c)
 {
-	return c->nslots;
+	return c->nframes;
 }
 
 int kvs_cache_self(const struct kvs_cache *c)
@@ -1045,8 +1092,8 @@ int kvs_cache_stat(struct kvs_cache *c, struct kvs_region_info *info, struct kvs
 	info->capacity_bytes = c->hdr->capacity;
 	info->shard_size = c->shard_size;
 	info->total_bytes = c->hdr->total_bytes;
-	info->slots = c->nslots;
-	info->reserved_slots = c->nslots - c->nmain;
+	info->slots = c->nframes;
+	info->reserved_slots = c->nframes - c->nmain;
 	info->max_processes = c->nprocs;
 	/* Pairs with the walker's release store: the reason is stored before the errno. */
 	info->populate_err = load_acquire(&c->hdr->populate_err);
@@ -1062,15 +1109,21 @@ int kvs_cache_stat(struct kvs_cache *c, struct kvs_region_info *info, struct kvs
 	if (fstatvfs(c->fd, &sv) == 0)
 		info->shm_free_bytes = (uint64_t)sv.f_bavail * sv.f_frsize;
 	for (uint32_t i = 0; i < c->nslots; i++) {
-		uint32_t st = st_of(load_relaxed(&c->slots[i].state));
+		uint32_t w = load_relaxed(&c->slots[i].state), st = st_of(w);
+
+		if (w == KVS_ST_CLAIMED_BY(KVS_PACK_OWNER))
+			continue; /* room of the open frame (pack.c), not a claim of anyone's */
 
 		info->slots_ready += st == KVS_SLOT_READY;
 		info->slots_loading += st == KVS_SLOT_LOADING;
 		info->slots_failed += st == KVS_SLOT_FAILED;
 		info->slots_claimed += st == KVS_SLOT_CLAIMED;
 		info->slots_pinned += load_relaxed(&c->slots[i].refs) != 0;
-		info->slots_populated += load_relaxed(&c->slots[i].pages) == KVS_PAGES_OK;
+		if (st == KVS_SLOT_READY)
+			info->bytes_ready += load_relaxed(&c->slots[i].length);
 	}
+	for (uint32_t f = 0; f < c->nframes; f++)
+		info->slots_populated += load_relaxed(&c->fpages[f]) == KVS_PAGES_OK;
 	/* A stuck proc_lock must not hang `kvshim stat`: read the table without it, and say so. */
 	locked = kvs_proc_lock(c) == 0;
 	info->procs_unlocked = !locked;

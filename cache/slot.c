@@ -128,7 +128,7 @@ static int pin_found_locked(struct kvs_cache *c, uint32_t i, uint64_t expires, s
 	store_relaxed(&s->refs, refs + 1);
 	uint32_t st = st_of(load_acquire(&s->state)); /* pairs with publish() */
 	if (st == KVS_SLOT_READY) {
-		store_relaxed(&c->access[i], 1);
+		store_relaxed(&c->access[frame_of(c, i)], 1);
 		return KVS_PIN_HIT;
 	}
 	if (refs == 0) {
@@ -159,7 +159,7 @@ void kvs_slot_insert_locked(struct kvs_cache *c, uint32_t v, uint32_t b, const s
 	store_release(&s->state, KVS_SLOT_LOADING);
 	store_relaxed(&s->next, load_relaxed(&c->buckets[b]));
 	store_relaxed(&c->buckets[b], v);
-	store_relaxed(&c->access[v], 1);
+	store_relaxed(&c->access[frame_of(c, v)], 1);
 }
 
 /* Give back a claim that was not used. */
@@ -168,13 +168,22 @@ static void unclaim(struct kvs_cache *c, uint32_t v)
 	store_release(&c->slots[v].state, KVS_SLOT_FREE);
 }
 
+/* The pages a slot for bytes bytes takes: 0 (a whole frame) for 0 or a shard and more. */
+static uint32_t pages_for(const struct kvs_cache *c, uint32_t bytes)
+{
+	uint64_t pages = ((uint64_t)bytes + KVS_PAGE - 1) / KVS_PAGE;
+
+	return pages < c->frame_pages ? (uint32_t)pages : 0;
+}
+
 /*
- * Find key or allocate a slot for it.  With pin, pin it (owner on a miss); without, insert it
- * unowned (prealloc).  Returns a kvs_pin_result, -EEXIST (prealloc of a present key), or
- * -errno.
+ * Find key or allocate a slot for it, of room for bytes bytes (0: a whole shard).  With pin,
+ * pin it (owner on a miss); without, insert it unowned (prealloc).  Returns a kvs_pin_result,
+ * -EEXIST (prealloc of a present key), or -errno.
  */
 static int lookup_or_insert(struct kvs_cache *c, const struct kvs_key *key,
-			    enum kvs_alloc_class cls, uint64_t expires, struct kvs_pin *pin)
+			    enum kvs_alloc_class cls, uint32_t bytes, uint64_t expires,
+			    struct kvs_pin *pin)
 {
 	uint32_t b = key_bucket(c, key), stripe = bucket_stripe(c, b), v = KVS_NIL;
 	int64_t i;
@@ -199,10 +208,10 @@ static int lookup_or_insert(struct kvs_cache *c, const struct kvs_key *key,
 			break;
 		/* Miss: claim a slot without holding the stripe (eviction takes others). */
 		kvs_stripe_unlock(c, stripe);
-		r = kvs_evict_claim(c, cls, &v);
+		r = kvs_evict_claim(c, cls, pages_for(c, bytes), &v);
 		/* Everything pinned: perhaps by the dead, whose pins reaping returns. */
 		if (r == -ENOSPC && kvs_cache_reap_maybe(c) > 0)
-			r = kvs_evict_claim(c, cls, &v);
+			r = kvs_evict_claim(c, cls, pages_for(c, bytes), &v);
 		if (r)
 			return r;
 	}
@@ -231,13 +240,13 @@ out_unclaim:
 int kvs_cache_pin(struct kvs_cache *c, const struct kvs_key *key, enum kvs_alloc_class cls,
 		  struct kvs_pin *pin)
 {
-	return lookup_or_insert(c, key, cls, 0, pin);
+	return lookup_or_insert(c, key, cls, 0, 0, pin);
 }
 
 int kvs_cache_pin_load(struct kvs_cache *c, const struct kvs_key *key, enum kvs_alloc_class cls,
-		       uint64_t expires_ns, struct kvs_pin *pin)
+		       uint32_t bytes, uint64_t expires_ns, struct kvs_pin *pin)
 {
-	return lookup_or_insert(c, key, cls, expires_ns, pin);
+	return lookup_or_insert(c, key, cls, bytes, expires_ns, pin);
 }
 
 int kvs_cache_pin_ready(struct kvs_cache *c, const struct kvs_key *key, struct kvs_pin *pin)
@@ -262,9 +271,9 @@ int kvs_cache_pin_ready(struct kvs_cache *c, const struct kvs_key *key, struct k
 	return r;
 }
 
-int kvs_cache_prealloc(struct kvs_cache *c, const struct kvs_key *key)
+int kvs_cache_prealloc(struct kvs_cache *c, const struct kvs_key *key, uint32_t bytes)
 {
-	return lookup_or_insert(c, key, KVS_ALLOC_PREFETCH, 0, NULL);
+	return lookup_or_insert(c, key, KVS_ALLOC_PREFETCH, bytes, 0, NULL);
 }
 
 /* The stripe that guards slot i (hashed or orphan), locked; re-read until stable.  Returns 0,
@@ -457,23 +466,28 @@ int kvs_cache_mark_not_ready(struct kvs_cache *c, const struct kvs_pin *pin)
 
 void *kvs_cache_data(struct kvs_cache *c, const struct kvs_pin *pin)
 {
-	return c->data + (size_t)pin->slot * c->shard_size;
+	return slot_bytes(c, pin->slot);
+}
+
+uint32_t kvs_cache_room(struct kvs_cache *c, const struct kvs_pin *pin)
+{
+	return (uint32_t)slot_room(c, pin->slot);
 }
 
 void kvs_cache_data_region(const struct kvs_cache *c, void **base, size_t *len)
 {
 	*base = c->data;
-	*len = (size_t)c->nslots * c->shard_size;
+	*len = (size_t)c->nframes * c->shard_size;
 }
 
 bool kvs_cache_data_ready(const struct kvs_cache *c, size_t off, size_t len)
 {
 	uint64_t S = c->shard_size;
 
-	if (len == 0 || off + len > (size_t)c->nslots * S)
+	if (len == 0 || off + len > (size_t)c->nframes * S)
 		return false;
-	for (uint64_t i = off / S; i <= (off + len - 1) / S; i++)
-		if (atomic_load_explicit(&c->slots[i].pages, memory_order_acquire) != KVS_PAGES_OK)
+	for (uint64_t f = off / S; f <= (off + len - 1) / S; f++)
+		if (atomic_load_explicit(&c->fpages[f], memory_order_acquire) != KVS_PAGES_OK)
 			return false; /* pairs with the store once the pages exist (populate.c) */
 	return true;
 }
@@ -482,7 +496,7 @@ uint32_t kvs_cache_length(struct kvs_cache *c, const struct kvs_pin *pin)
 {
 	uint32_t len = load_relaxed(&c->slots[pin->slot].length);
 
-	return len <= c->shard_size ? len : 0;
+	return len <= slot_room(c, pin->slot) ? len : 0;
 }
 
 int kvs_cache_lookup(struct kvs_cache *c, const struct kvs_key *key)

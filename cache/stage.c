@@ -34,6 +34,7 @@
  * key as above.  No code holds two stripes at once.
  */
 #include <errno.h>
+#include <string.h>
 
 #include "internal.h"
 
@@ -42,12 +43,12 @@ int kvs_cache_stage_claim(struct kvs_cache *c, uint32_t *slot)
 	if (c->self < 0)
 		return -EPERM;
 	/* Normal class: the reserve is left to loads, which engines wait for. */
-	return kvs_evict_claim(c, KVS_ALLOC_NORMAL, slot);
+	return kvs_evict_claim(c, KVS_ALLOC_NORMAL, 0, slot);
 }
 
 void *kvs_cache_stage_data(struct kvs_cache *c, uint32_t slot)
 {
-	return c->data + (size_t)slot * c->shard_size;
+	return slot_bytes(c, slot);
 }
 
 void kvs_cache_stage_drop(struct kvs_cache *c, uint32_t slot)
@@ -59,16 +60,35 @@ void kvs_cache_stage_drop(struct kvs_cache *c, uint32_t slot)
 		cas_acq_rel(&s->state, &mine, KVS_SLOT_FREE);
 }
 
+/* The slot to publish length bytes of staged frame slot from: a packed slot of their size,
+ * with the bytes copied and the frame given back, so that a small file written through the
+ * shim costs the cache what it holds, as one loaded would (pack.c); or slot itself, when it
+ * is not a whole frame (a rekey's), holds a whole shard, or no packed slot can be had now. */
+static uint32_t repack(struct kvs_cache *c, uint32_t slot, uint32_t length)
+{
+	uint32_t pages = (length + KVS_PAGE - 1) / KVS_PAGE, v;
+
+	if (slot_room(c, slot) != c->shard_size || pages >= c->frame_pages || c->per_frame == 1 ||
+	    kvs_pack_claim(c, KVS_ALLOC_NORMAL, pages ? pages : 1, &v))
+		return slot;
+	memcpy(slot_bytes(c, v), slot_bytes(c, slot), length);
+	kvs_cache_stage_drop(c, slot);
+	return v;
+}
+
 int kvs_cache_stage_publish(struct kvs_cache *c, uint32_t slot, const struct kvs_key *key,
 			    uint32_t length, uint64_t expires_ns)
 {
 	uint32_t b = key_bucket(c, key), stripe = bucket_stripe(c, b);
-	struct kvs_slot *s = &c->slots[slot];
+	struct kvs_slot *s;
 	int r;
 
-	if (slot >= c->nslots || load_relaxed(&s->state) != KVS_ST_CLAIMED_BY(c->self) ||
-	    length > c->shard_size)
+	if (slot >= c->nslots ||
+	    load_relaxed(&c->slots[slot].state) != KVS_ST_CLAIMED_BY(c->self) ||
+	    length > slot_room(c, slot))
 		return -EINVAL;
+	slot = repack(c, slot, length);
+	s = &c->slots[slot];
 	r = kvs_stripe_lock(c, stripe);
 	if (r) {
 		kvs_cache_stage_drop(c, slot);

@@ -95,13 +95,6 @@ static uint32_t round_page(uint32_t v)
 	return (v + KVS_PAGE_SZ - 1) & ~(KVS_PAGE_SZ - 1);
 }
 
-static struct kvs_key shard_key(const struct kvs_key *block, uint64_t shard)
-{
-	struct kvs_key k = {block->block_lo, block->block_hi, shard};
-
-	return k;
-}
-
 /* ------------------------------------------------------------------ destinations */
 
 /* A walk over the pieces of rd's host buffers that hold [pos, pos+left) of the request. */
@@ -212,6 +205,8 @@ static void submit_owned(struct kvs_loader *ld, const struct kvs_read *rd, struc
 	bio->buf = kvs_cache_data(ld->c, &op->pin);
 	bio->off = op->shard * ld->shard_size;
 	bio->len = rd->direct ? round_page(op->size) : op->size;
+	if (bio->len > kvs_cache_room(ld->c, &op->pin))
+		bio->len = kvs_cache_room(ld->c, &op->pin); /* a slot of another size: short */
 	bio->done = owner_read_done;
 	bio->arg = ld->c;
 	store_relaxed(&op->io_done, 0);
@@ -275,7 +270,7 @@ static void plan_piece(struct kvs_loader *ld, struct kvs_task *t)
 		op->from = (uint32_t)from;
 		op->len = (uint32_t)(stop - from);
 		op->pos = start + from - rd->off;
-		op->size = (uint32_t)(rd->file_size - start < S ? rd->file_size - start : S);
+		op->size = (uint32_t)kvs_shard_bytes(rd->file_size, start, S);
 		op->kind = OP_NONE;
 		t->order[i] = i; /* natural until order_ops() rotates it */
 	}
@@ -314,7 +309,7 @@ static bool copy_pinned(struct kvs_loader *ld, const struct kvs_read *rd, struct
 static int pin_for_load(struct kvs_loader *ld, const struct kvs_read *rd, struct kvs_op *op,
 			uint64_t expires)
 {
-	struct kvs_key key = shard_key(&rd->block, op->shard);
+	struct kvs_key key = kvs_shard_key(&rd->block, op->shard);
 	int st = kvs_cache_lookup(ld->c, &key);
 
 	/* Claim a shard only when we can read it now: an owner whose read waits behind its own
@@ -323,7 +318,7 @@ static int pin_for_load(struct kvs_loader *ld, const struct kvs_read *rd, struct
 	if (st != KVS_SLOT_READY && st != KVS_SLOT_LOADING)
 		kvs_backend_wait_room(ld->be);
 	uint64_t t0 = kvs_mono_ns();
-	int r = kvs_cache_pin_load(ld->c, &key, KVS_ALLOC_LOAD, expires, &op->pin);
+	int r = kvs_cache_pin_load(ld->c, &key, KVS_ALLOC_LOAD, op->size, expires, &op->pin);
 
 	kvs_cache_count(ld->c, KVS_CTR_pin_ns, kvs_mono_ns() - t0);
 	op->kind = r == KVS_PIN_HIT	? OP_HIT
@@ -345,7 +340,7 @@ static uint32_t serve_hits(struct kvs_loader *ld, struct kvs_task *t)
 	plan_piece(ld, t);
 	for (uint32_t i = 0; i < t->nops && !ld->backend_only; i++) {
 		struct kvs_op *op = &t->ops[i];
-		struct kvs_key key = shard_key(&rd->block, op->shard);
+		struct kvs_key key = kvs_shard_key(&rd->block, op->shard);
 		int err = 0;
 
 		if (kvs_cache_pin_ready(ld->c, &key, &op->pin) != KVS_PIN_HIT)
@@ -821,8 +816,12 @@ int kvs_loader_settle(struct kvs_loader *ld, struct kvs_task *t)
 				uint32_t start =
 				    rd->direct ? op->from & ~(KVS_PAGE_SZ - 1) : op->from;
 				uint32_t n = (rd->direct ? round_page(want) : want) - start;
-				int64_t got = kvs_read_full(rd->fd, dst + start, n,
-							    op->shard * ld->shard_size + start);
+				int64_t got =
+				    start + n > kvs_cache_room(ld->c, &op->pin)
+					? -EIO /* more than the slot holds: the real call reads it
+						*/
+					: kvs_read_full(rd->fd, dst + start, n,
+							op->shard * ld->shard_size + start);
 
 				kvs_cache_count(ld->c, KVS_CTR_fallbacks, 1);
 				if (got < (int64_t)(want - start) && !result)

@@ -25,13 +25,6 @@
 
 #define KVS_PAGE_SZ 4096u
 
-static struct kvs_key shard_key(const struct kvs_key *block, uint64_t shard)
-{
-	struct kvs_key k = {block->block_lo, block->block_hi, shard};
-
-	return k;
-}
-
 void kvs_prefetch_note(struct kvs_prefetcher *pf, const struct kvs_read *rd, uint64_t last)
 {
 	uint64_t next = last + 1;
@@ -73,7 +66,7 @@ static void read_ahead_done(struct kvs_bio *bio)
 /* Read ahead one remembered shard: pin it; if we own it, read it in the background. */
 static void read_ahead(struct kvs_prefetcher *pf, const struct kvs_recent *r)
 {
-	struct kvs_key k = shard_key(&r->block, r->next_shard);
+	struct kvs_key k = kvs_shard_key(&r->block, r->next_shard);
 	struct kvs_prefetch_io *io = NULL;
 
 	/* The anchor may name another file by now (the program moved on): then skip it.  The
@@ -90,15 +83,16 @@ static void read_ahead(struct kvs_prefetcher *pf, const struct kvs_recent *r)
 	if (!io)
 		return; /* every read-ahead entry is in flight */
 	uint64_t until = kvs_keep_until(pf->c, &r->block, &r->fresh);
-	int res = kvs_cache_pin_load(pf->c, &k, KVS_ALLOC_PREFETCH, until, &io->pin);
+	uint64_t off = r->next_shard * pf->shard_size;
+	uint64_t size = kvs_shard_bytes(r->file_size, off, pf->shard_size);
+	int res =
+	    kvs_cache_pin_load(pf->c, &k, KVS_ALLOC_PREFETCH, (uint32_t)size, until, &io->pin);
 	if (res != KVS_PIN_OWNER) {
 		if (res >= 0)
 			kvs_cache_release(pf->c, &io->pin);
 		store_release(&io->busy, 0);
 		return;
 	}
-	uint64_t off = r->next_shard * pf->shard_size;
-	uint64_t size = r->file_size - off < pf->shard_size ? r->file_size - off : pf->shard_size;
 	io->pf = pf;
 	io->block = r->block;
 	io->dev = r->dev;
@@ -108,6 +102,8 @@ static void read_ahead(struct kvs_prefetcher *pf, const struct kvs_recent *r)
 	io->bio.buf = kvs_cache_data(pf->c, &io->pin);
 	io->bio.off = off;
 	io->bio.len = r->direct ? (io->size + KVS_PAGE_SZ - 1) & ~(KVS_PAGE_SZ - 1) : io->size;
+	if (io->bio.len > kvs_cache_room(pf->c, &io->pin))
+		io->bio.len = kvs_cache_room(pf->c, &io->pin); /* a slot of another size: short */
 	io->bio.done = read_ahead_done;
 	kvs_cache_count(pf->c, KVS_CTR_prefetches, 1);
 	kvs_backend_submit(pf->be, &io->bio);
@@ -135,8 +131,11 @@ static void *prefetch_main(void *arg)
 		if (pf->mode == KVS_PREFETCH_READ) {
 			read_ahead(pf, &r);
 		} else {
-			struct kvs_key k = shard_key(&r.block, r.next_shard);
-			kvs_cache_prealloc(pf->c, &k); /* counts prefetches itself */
+			struct kvs_key k = kvs_shard_key(&r.block, r.next_shard);
+			uint64_t size = kvs_shard_bytes(r.file_size, r.next_shard * pf->shard_size,
+							pf->shard_size);
+			kvs_cache_prealloc(pf->c, &k,
+					   (uint32_t)size); /* counts prefetches itself */
 		}
 		pthread_mutex_lock(&pf->mu);
 	}

@@ -539,9 +539,9 @@ static int lazy_headroom(void)
 	FAIL_IF(r != -ENOSPC, 4, "pin at the headroom: %d", r);
 	FAIL_IF(shm_free() < (8u << 20), 5, "free space went below the headroom");
 	/* Nothing given up: no pages, and no claim kept by the allocator that found no room. */
+	for (uint32_t f = 0; f < c->nframes; f++)
+		FAIL_IF(c->fpages[f] != KVS_PAGES_UNKNOWN, 6, "frame %u pages %u", f, c->fpages[f]);
 	for (uint32_t i = 0; i < c->nslots; i++) {
-		FAIL_IF(c->slots[i].pages != KVS_PAGES_UNKNOWN, 6, "slot %u pages %u", i,
-			c->slots[i].pages);
 		FAIL_IF(c->slots[i].state != KVS_SLOT_FREE, 8, "slot %u state %#x", i,
 			c->slots[i].state);
 	}
@@ -827,11 +827,11 @@ static int prepare_noroom(void)
 	test_config(&cfg, 64, 256 << 10); /* 16 MiB */
 	int r = kvs_cache_open(KVS_CACHE_PARAMS(&cfg), KVS_OPEN_CREATE, &c, msg, sizeof(msg));
 	FAIL_IF(r != 0, 2, "open: %d (%s)", r, msg);
-	atomic_store(&c->slots[5].pages, KVS_PAGES_NOROOM);
+	atomic_store(&c->fpages[5], KVS_PAGES_NOROOM);
 	c->headroom = shm_free() - (3u << 20); /* 12 slots (0-4, 6-12), not 16 at once */
 	r = kvs_cache_prepare(c, &done);
 	FAIL_IF(r != -ENOSPC || done != 12, 3, "prepare one slot at a time: %d, %u slots", r, done);
-	FAIL_IF(atomic_load(&c->slots[6].pages) != KVS_PAGES_OK, 4, "slot 6 left without pages");
+	FAIL_IF(atomic_load(&c->fpages[6]) != KVS_PAGES_OK, 4, "slot 6 left without pages");
 	c->headroom = 0;
 	r = kvs_cache_prepare(c, &done);
 	FAIL_IF(r != 0 || done != 63, 5, "prepare by chunks: %d, %u slots", r, done);

@@ -82,15 +82,15 @@ static void print_json(FILE *f, const struct tool_snapshot *s)
 	fprintf(f,
 		",\"capacity_bytes\":%" PRIu64 ",\"shard_size\":%" PRIu64
 		",\"total_bytes\":%" PRIu64 ",\"slots\":%" PRIu32 ",\"reserved_slots\":%" PRIu32
-		",\"slots_ready\":%" PRIu32 ",\"slots_loading\":%" PRIu32
-		",\"slots_failed\":%" PRIu32 ",\"slots_pinned\":%" PRIu32
-		",\"slots_claimed\":%" PRIu32 ",\"processes_attached\":%" PRIu32
-		",\"max_processes\":%" PRIu32 ",\"slots_populated\":%" PRIu32
-		",\"populate_errno\":%" PRId32
+		",\"slots_ready\":%" PRIu32 ",\"bytes_ready\":%" PRIu64
+		",\"slots_loading\":%" PRIu32 ",\"slots_failed\":%" PRIu32
+		",\"slots_pinned\":%" PRIu32 ",\"slots_claimed\":%" PRIu32
+		",\"processes_attached\":%" PRIu32 ",\"max_processes\":%" PRIu32
+		",\"slots_populated\":%" PRIu32 ",\"populate_errno\":%" PRId32
 		",\"populate\":\"%s\",\"populate_reason\":\"%s\",\"shm_free_bytes\":%" PRIu64
 		",\"procs_unlocked\":%s,\"refused_attaches\":%" PRIu64 ",\"built_by\":",
 		i->capacity_bytes, i->shard_size, i->total_bytes, i->slots, i->reserved_slots,
-		i->slots_ready, i->slots_loading, i->slots_failed, i->slots_pinned,
+		i->slots_ready, i->bytes_ready, i->slots_loading, i->slots_failed, i->slots_pinned,
 		i->slots_claimed, i->processes_attached, i->max_processes, i->slots_populated,
 		i->populate_err, kvs_config_populate_word(i->populate_mode), i->populate_reason,
 		i->shm_free_bytes, i->procs_unlocked ? "true" : "false", i->refused_attaches);
@@ -224,10 +224,10 @@ static void print_text(FILE *f, const struct tool_snapshot *s, struct rates *rt)
 		tool_human_bytes(i->capacity_bytes, a, sizeof(a)), i->slots,
 		tool_human_bytes(i->shard_size, b, sizeof(b)), i->reserved_slots);
 	fprintf(f,
-		"slots      %" PRIu32 " ready, %" PRIu32 " loading, %" PRIu32 " failed, %" PRIu32
-		" pinned, %" PRIu32 " claimed\n",
-		i->slots_ready, i->slots_loading, i->slots_failed, i->slots_pinned,
-		i->slots_claimed);
+		"slots      %" PRIu32 " ready (%s), %" PRIu32 " loading, %" PRIu32
+		" failed, %" PRIu32 " pinned, %" PRIu32 " claimed\n",
+		i->slots_ready, tool_human_bytes(i->bytes_ready, a, sizeof(a)), i->slots_loading,
+		i->slots_failed, i->slots_pinned, i->slots_claimed);
 	fprintf(f, "populated  %" PRIu32 " of %" PRIu32 " slots, %s", i->slots_populated, i->slots,
 		kvs_config_populate_word(i->populate_mode));
 	if (i->populate_err)

@@ -21,18 +21,20 @@ struct gauge {
 	uint64_t v;
 };
 
-#define NGAUGES 15
+#define NGAUGES 16
 
 /* Fill g with the gauges of i, always in the same order (name, help and value side by side,
  * so that they cannot drift apart). */
 static void gauges_of(const struct kvs_region_info *i, struct gauge g[NGAUGES])
 {
 	const struct gauge all[NGAUGES] = {
-	    {"capacity_bytes", "bytes of data slots", i->capacity_bytes},
-	    {"shard_size_bytes", "bytes per slot", i->shard_size},
-	    {"slots", "data slots", i->slots},
+	    {"capacity_bytes", "bytes of data frames", i->capacity_bytes},
+	    {"shard_size_bytes", "bytes per frame (the most one slot holds)", i->shard_size},
+	    {"slots", "data frames of shard_size bytes (one whole slot each, or several packed)",
+	     i->slots},
 	    {"reserved_slots", "slots kept for loads and prefetch", i->reserved_slots},
 	    {"slots_ready", "slots holding a loaded shard", i->slots_ready},
+	    {"bytes_ready", "valid bytes of the slots holding a loaded shard", i->bytes_ready},
 	    {"slots_loading", "slots being loaded", i->slots_loading},
 	    {"slots_failed", "slots whose load failed", i->slots_failed},
 	    {"slots_pinned", "slots pinned by at least one process", i->slots_pinned},
@@ -41,7 +43,7 @@ static void gauges_of(const struct kvs_region_info *i, struct gauge g[NGAUGES])
 	     i->slots_claimed},
 	    {"processes_attached", "live processes attached to the region", i->processes_attached},
 	    {"max_processes", "slots in the process table", i->max_processes},
-	    {"slots_populated", "slots whose pages are allocated", i->slots_populated},
+	    {"slots_populated", "frames whose pages are allocated", i->slots_populated},
 	    {"populate_errno", "errno that stopped the eager walk, or 0",
 	     (uint64_t)(uint32_t)i->populate_err},
 	    {"shm_free_bytes", "free bytes of the file system holding the region",
