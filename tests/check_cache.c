@@ -2524,6 +2524,46 @@ START_TEST(test_pack_mixed_sizes)
 }
 END_TEST
 
+/* A write-through publication of a partial shard is copied into a packed slot of its size,
+ * and the staged frame goes back: a small file saved through the shim costs what it holds. */
+START_TEST(test_pack_stage_publish)
+{
+	struct kvs_config cfg;
+	struct kvs_key k = key_of(1200, 0);
+	struct kvs_pin p;
+	uint32_t staged, len = 100 * 1024 + 5;
+
+	test_config(&cfg, 8, 1 << 20);
+	struct kvs_cache *c = open_ok(&cfg);
+	ck_assert_int_eq(kvs_cache_stage_claim(c, &staged), 0);
+	unsigned char *d = kvs_cache_stage_data(c, staged);
+	for (uint32_t i = 0; i < len; i++)
+		d[i] = pack_byte(&k, i);
+	ck_assert_int_eq(kvs_cache_stage_publish(c, staged, &k, len, 0), 1);
+	ck_assert_int_eq(kvs_cache_pin_ready(c, &k, &p), KVS_PIN_HIT);
+	ck_assert_uint_eq(kvs_cache_room(c, &p), 26 * 4096);
+	ck_assert_uint_ne(frame_of(c, p.slot), frame_of(c, staged));
+	ck_assert(pack_ok(c, &p, &k, len));
+	kvs_cache_release(c, &p);
+	ck_assert_uint_eq(st_of(c->slots[staged].state), KVS_SLOT_FREE);
+	/* A whole shard stays where it was staged. */
+	struct kvs_key w = key_of(1201, 0);
+	ck_assert_int_eq(kvs_cache_stage_claim(c, &staged), 0);
+	d = kvs_cache_stage_data(c, staged);
+	for (uint32_t i = 0; i < (1u << 20); i++)
+		d[i] = pack_byte(&w, i);
+	ck_assert_int_eq(kvs_cache_stage_publish(c, staged, &w, 1u << 20, 0), 1);
+	ck_assert_int_eq(kvs_cache_pin_ready(c, &w, &p), KVS_PIN_HIT);
+	ck_assert_uint_eq(p.slot, staged);
+	ck_assert(pack_ok(c, &p, &w, 1u << 20));
+	kvs_cache_release(c, &p);
+	pack_layout_ok(c);
+	all_frames_takeable(c, 1300);
+	kvs_cache_close(c);
+	remove_region(&cfg);
+}
+END_TEST
+
 static void hold_pack_lock(struct kvs_cache *c)
 {
 	if (kvs_pack_lock(c))
@@ -2664,6 +2704,7 @@ static Suite *cache_suite(void)
 	tcase_add_test(conc, test_waiter_sleeps);
 	tcase_add_test(crash, test_ranks_and_reap_count);
 	tcase_add_test(core, test_pack_small_files);
+	tcase_add_test(core, test_pack_stage_publish);
 	tcase_add_test(conc, test_pack_mixed_sizes);
 	tcase_add_test(crash, test_pack_holder_killed);
 	tcase_add_checked_fixture(core, NULL, teardown);
