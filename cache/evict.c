@@ -60,7 +60,8 @@ out:
 }
 
 /* Peek at frame f without locks: false if a slot is claimed, pinned, or an orphan (its last
- * release frees it); *all_free when every slot is FREE. */
+ * release frees it) or in use with no bucket at all (corrupt: KVS_NIL has the orphan bit);
+ * *all_free when every slot is FREE. */
 static bool frame_idle(struct kvs_cache *c, uint32_t f, bool *all_free)
 {
 	uint32_t first = frame_first(c, f);
