@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # The soak (not in CI): 8 reader processes x 4 threads under LD_PRELOAD read random 1 MiB
-# chunks of 16 files (a working set 4x the cache) while a writer that never loads the shim
+# chunks (or the tail) of 16 files (a working set 3x the cache; one in four smaller than a
+# shard, one in four with a tail, so packed slots are in play) while a writer that never loads the shim
 # rewrites them, and a chaos loop SIGKILLs (and restarts) or SIGSTOPs (1-4 s, then SIGCONT)
 # random readers.  Every chunk is checked: the right file and offset, one generation, and no
 # generation older than the last write that returned files.settle before the read began (a read
@@ -84,7 +85,7 @@ sleep 0.5
 pinned=$("$kvshim" stat --json | python3 -c 'import json,sys; print(json.load(sys.stdin)["region"]["slots_pinned"])')
 read -r reads bad stale torn early < <(for f in "$work"/log/r*; do tail -n 1 "$f"; done |
 	awk '{r+=$1; b+=$2; s+=$3; t+=$4; e+=$5} END {print r+0, b+0, s+0, t+0, e+0}')
-echo "soak: ${secs} s, 8 processes x 4 threads, $nfiles files x 8 MiB over a 32 MiB cache, settle ${settle} ms"
+echo "soak: ${secs} s, 8 processes x 4 threads, $nfiles files of 8 MiB (one in four of 192 KiB, one in four with a 320 KiB tail) over a 32 MiB cache, settle ${settle} ms"
 echo "soak: reads $reads; wrong (another file's, offset's, or torn with no write near) $bad; stale $stale"
 echo "soak: allowed: torn by a write overlapping the read $torn, older bytes within settle of a write $early"
 echo "soak: SIGKILLs $kills, SIGSTOPs $stops, hangs $hangs, pins left $pinned"

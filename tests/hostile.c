@@ -33,10 +33,12 @@
  *                                            generation of each 1 MiB chunk
  *
  * For scripts/soak.sh (STATE is a shared file of per-file generations and times):
- *   kvshim-hostile soakwriter DIR NFILES MIB SECONDS STATE
- *   kvshim-hostile soakreader DIR NFILES SECONDS STATE SETTLE_MS   4 threads, random 1 MiB
- *                                            reads; prints cumulative "reads wrong stale torn
- *                                            early" every second
+ *   kvshim-hostile soakwriter DIR NFILES MIB SECONDS STATE   files of MIB MiB, one in four
+ *                                            of 192 KiB and one in four with a 320 KiB tail
+ *   kvshim-hostile soakreader DIR NFILES SECONDS STATE SETTLE_MS   4 threads, random reads
+ *                                            of the 1 MiB chunks (or the tail); prints
+ *                                            cumulative "reads wrong stale torn early" every
+ *                                            second
  */
 #include <errno.h>
 #include <fcntl.h>
@@ -714,18 +716,36 @@ static uint64_t now_ns(void)
 	return (uint64_t)(now_s() * 1e9);
 }
 
+/* The size of soak file i: MIB MiB, except that one file in four is smaller than a shard
+ * (192 KiB) and one in four has a tail (320 KiB more), so that packed slots (cache/pack.c) are
+ * loaded, hit, evicted and reloaded alongside whole shards. */
+static size_t soak_size(unsigned i, unsigned mib)
+{
+	if (i % 4 == 1)
+		return 192 * 1024;
+	return (size_t)mib * MIB + (i % 4 == 3 ? 320 * 1024 : 0);
+}
+
 static int cmd_soakwriter(const char *dir, unsigned nfiles, unsigned mib, double seconds,
 			  const char *state)
 {
 	struct soak_file *sf = soak_map(state, nfiles, true);
-	char *buf = aligned((size_t)mib * MIB), path[4096];
+	char *buf = aligned((size_t)mib * MIB + MIB), path[4096];
 	double end = now_s() + seconds;
 	unsigned seed = (unsigned)getpid();
 
 	for (unsigned i = 0; i < nfiles; i++) {
+		size_t size = soak_size(i, mib);
+		int fd;
+
 		snprintf(path, sizeof(path), "%s/s%u", dir, i);
-		if (write_stamped(path, i, mib, 0))
+		fd = open(path, O_WRONLY | O_CREAT | O_DIRECT, 0644);
+		stamp_fill(buf, size, i, 0, 0);
+		if (fd < 0 || pwrite(fd, buf, size, 0) != (ssize_t)size) {
+			perror(path);
 			return 2;
+		}
+		close(fd);
 	}
 	double longest = 0;
 	long writes = 0;
@@ -735,12 +755,14 @@ static int cmd_soakwriter(const char *dir, unsigned nfiles, unsigned mib, double
 		uint64_t g = atomic_load(&sf[i].gen) + 1;
 		int fd;
 
+		size_t size = soak_size(i, mib);
+
 		snprintf(path, sizeof(path), "%s/s%u", dir, i);
 		fd = open(path, O_WRONLY | O_DIRECT);
-		stamp_fill(buf, (size_t)mib * MIB, i, 0, g);
+		stamp_fill(buf, size, i, 0, g);
 		atomic_store(&sf[i].writing, 1);
 		double t0 = now_s();
-		if (fd < 0 || pwrite(fd, buf, (size_t)mib * MIB, 0) != (ssize_t)mib * MIB) {
+		if (fd < 0 || pwrite(fd, buf, size, 0) != (ssize_t)size) {
 			perror("soakwriter");
 			return 2;
 		}
@@ -785,19 +807,23 @@ static void *soak_thread(void *arg)
 		unsigned i = (unsigned)rand_r(&seed) % a->nfiles;
 		struct stat st;
 
-		if (fstat(fds[i], &st) || st.st_size < MIB)
+		if (fstat(fds[i], &st) || st.st_size < (off_t)BLOCK)
 			continue;
-		off_t off = (off_t)((unsigned)rand_r(&seed) % (unsigned)(st.st_size / MIB)) * MIB;
+		/* A chunk at a MiB boundary: 1 MiB, or what is left of the file (a tail, a file
+		 * smaller than a shard). */
+		unsigned chunks = (unsigned)((st.st_size + MIB - 1) / MIB);
+		off_t off = (off_t)((unsigned)rand_r(&seed) % chunks) * MIB;
+		ssize_t len = st.st_size - off < MIB ? (ssize_t)(st.st_size - off) : MIB;
 		uint64_t t0 = now_ns(), g0 = atomic_load(&a->sf[i].gen);
 		uint64_t r0 = atomic_load(&a->sf[i].returned_ns),
 			 w0 = atomic_load(&a->sf[i].writing);
-		ssize_t n = pread(fds[i], buf, MIB, off);
+		ssize_t n = pread(fds[i], buf, (size_t)len, off);
 		uint64_t w1 = atomic_load(&a->sf[i].writing), g1 = atomic_load(&a->sf[i].gen);
 		struct stamp sp;
 
 		atomic_fetch_add(&soak_reads, 1);
 		memcpy(&sp, buf, sizeof(sp));
-		if (n != MIB || sp.tag != i || sp.off != (uint64_t)off) {
+		if (n != len || sp.tag != i || sp.off != (uint64_t)off) {
 			fprintf(stderr,
 				"bad: file %u off %lld: n %zd errno %d, tag %llu off %llu\n", i,
 				(long long)off, n, errno, (unsigned long long)sp.tag,
@@ -805,7 +831,7 @@ static void *soak_thread(void *arg)
 			atomic_fetch_add(&soak_bad, 1);
 			continue;
 		}
-		int64_t g = stamp_check(buf, MIB, i, (uint64_t)off);
+		int64_t g = stamp_check(buf, (size_t)len, i, (uint64_t)off);
 		/* The rule (operations.md, files.settle): a read that starts files.settle after a
 		 * write returned sees that write.  Before that it may see older bytes, or bytes of
 		 * a load that overlapped the write (handed out to its readers, not kept). */
