@@ -194,6 +194,8 @@ void kvs_evict_free_frame(struct kvs_cache *c, uint32_t frame);
  * every record of it still CLAIMED-by-pack FREE. */
 int kvs_pack_claim(struct kvs_cache *c, enum kvs_alloc_class cls, uint32_t pages, uint32_t *slot);
 void kvs_pack_repair(struct kvs_cache *c);
+/* pack.c: pack_lock is ENOTRECOVERABLE (a repair failed): seal the open frame without it. */
+void kvs_pack_lost(struct kvs_cache *c);
 /* pack.c: close the open frame (its uncut records FREE), so the sweep may take it: when no
  * frame could be had.  Whether there was one. */
 bool kvs_pack_seal(struct kvs_cache *c);

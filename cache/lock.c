@@ -279,6 +279,8 @@ int kvs_pack_lock(struct kvs_cache *c)
 		}
 		return 0;
 	}
+	if (r == ENOTRECOVERABLE)
+		kvs_pack_lost(c);
 	return r == ENOTRECOVERABLE || r == ETIMEDOUT ? euclean(c) : -r;
 }
 

@@ -20,8 +20,10 @@
  * sweep takes stripes), cuts its own slot at the frame's start, and keeps open whichever frame
  * has more pages left: the new one (the old one is sealed: its uncut records go back to FREE,
  * then the new frame is named open, then its uncut records go from CLAIMED-by-us to
- * CLAIMED-by-pack), or the old one (the new frame's other records go back to FREE).  If
- * another allocator opened a frame with room meanwhile, the new frame goes back whole.  A
+ * CLAIMED-by-pack), or the old one (the new frame's other records go back to FREE).  A frame
+ * of the reserve (taken by a load when the main share was all pinned) is never opened, so
+ * that normal allocations cannot cut from it.  If another allocator opened a frame with room
+ * meanwhile, the new frame goes back whole.  A
  * sealed frame is an ordinary frame in use: its FREE records are dead space until the frame is
  * evicted, which takes all its slots at once (evict.c).
  *
@@ -32,6 +34,9 @@
  *                                                                    FREE (kvs_pack_repair)
  *   after a cut, or holding a frame    slots CLAIMED by it           reclaim frees them
  *   not yet open
+ *   so that the repair fails           ENOTRECOVERABLE               each locker seals the
+ *   (pthread_mutex_consistent)                                       open frame without the
+ *                                                                    lock (no cutter can run)
  *
  * So a record is CLAIMED-by-pack only in the frame the header names open, except in the
  * instants of a switch under the lock, whose repair seals what the header names; records a
@@ -60,6 +65,13 @@ static void seal_locked(struct kvs_cache *c, uint32_t from)
 	h->pack_frame = KVS_NIL;
 	h->pack_next = 0;
 	h->pack_fill = 0;
+}
+
+void kvs_pack_lost(struct kvs_cache *c)
+{
+	/* Nobody can hold the lock again, so nobody cuts: the CAS alone is safe, and the frame
+	 * goes back to the sweep instead of staying open for good. */
+	seal_locked(c, 0);
 }
 
 void kvs_pack_repair(struct kvs_cache *c)
@@ -94,12 +106,13 @@ static int cut_locked(struct kvs_cache *c, uint32_t pages, uint32_t *slot)
 	uint32_t i = frame_first(c, f) + j, w = PACKED;
 	struct kvs_slot *s = &c->slots[i];
 
-	store_relaxed(&s->at, fill);
-	store_relaxed(&s->room, pages);
 	if (!cas_acq_rel(&s->state, &w, KVS_ST_CLAIMED_BY(c->self))) {
 		seal_locked(c, 0); /* not the pack's: corrupt; open a fresh frame instead */
 		return -ENOSPC;
 	}
+	/* Ours now, and nobody reads them before the insert: never another slot's range. */
+	store_relaxed(&s->at, fill);
+	store_relaxed(&s->room, pages);
 	h->pack_next = j + 1;
 	h->pack_fill = fill + pages;
 	if (h->pack_next == c->per_frame || h->pack_fill == c->frame_pages)
@@ -149,7 +162,8 @@ int kvs_pack_claim(struct kvs_cache *c, enum kvs_alloc_class cls, uint32_t pages
 		kvs_evict_free_frame(c, f);
 		return 0;
 	}
-	if (c->frame_pages - pages > open_left(c)) {
+	/* A frame of the reserve is not opened: normal allocations would cut from it. */
+	if (f < c->nmain && c->frame_pages - pages > open_left(c)) {
 		seal_locked(c, h->pack_next);
 		h->pack_frame = f;
 		h->pack_next = 1;

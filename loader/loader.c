@@ -796,6 +796,10 @@ int kvs_loader_settle(struct kvs_loader *ld, struct kvs_task *t)
 		if (op->kind == OP_OWNER)
 			wait_io_done(op);
 		if (op->kind == OP_HIT) {
+			/* A slot holds its key's bytes up to its length only; past them lie a
+			 * neighbour's (a packed frame): never hand those out. */
+			if (kvs_cache_length(ld->c, &op->pin) < want && !result)
+				result = -EIO;
 			kvs_cache_count(ld->c, KVS_CTR_shards_hit, 1);
 		} else {
 			uint64_t t0 = kvs_mono_ns();
