@@ -2596,6 +2596,116 @@ static void hold_pack_load(struct kvs_cache *c)
 		_exit(4);
 }
 
+/* Pin a packed load of bytes bytes of key (b, 0) as owner and fill it; the pin is returned. */
+static struct kvs_pin pack_load(struct kvs_cache *c, uint64_t b, uint32_t bytes)
+{
+	struct kvs_key k = key_of(b, 0);
+	struct kvs_pin p;
+
+	ck_assert_int_eq(kvs_cache_pin_load(c, &k, KVS_ALLOC_LOAD, bytes, 0, &p), KVS_PIN_OWNER);
+	ck_assert_uint_eq(kvs_cache_room(c, &p), (bytes + 4095) / 4096 * 4096);
+	pack_fill(c, &p, &k, bytes);
+	return p;
+}
+
+/* The pack's rules, one by one: the frame with more room stays open; a frame full of pages or
+ * of records is sealed at once; a frame of the reserve is never opened; a corrupt open-frame
+ * header never yields a slot outside its frame. */
+START_TEST(test_pack_policy)
+{
+	struct kvs_config cfg;
+	struct kvs_pin p[16], q, r;
+
+	test_config(&cfg, 8, 1 << 20);
+	cfg.cache_reserved = 25; /* frames 6 and 7 */
+	struct kvs_cache *c = open_ok(&cfg);
+	ck_assert_uint_eq(c->nmain, 6);
+	/* 100 KiB opens a frame (924 KiB left); 960 KiB does not fit it and takes a frame of
+	 * its own (64 KiB left), and the first stays open: 500 KiB is cut from it. */
+	p[0] = pack_load(c, 1, 100 << 10);
+	q = pack_load(c, 2, 960 << 10);
+	r = pack_load(c, 3, 500 << 10);
+	ck_assert_uint_ne(frame_of(c, q.slot), frame_of(c, p[0].slot));
+	ck_assert_uint_eq(frame_of(c, r.slot), frame_of(c, p[0].slot));
+	kvs_cache_release(c, &p[0]);
+	kvs_cache_release(c, &q);
+	kvs_cache_release(c, &r);
+	/* Full of pages (424 KiB more, exactly): sealed at once, no record left claimed. */
+	p[0] = pack_load(c, 4, 424 << 10);
+	ck_assert_uint_eq(c->hdr->pack_frame, KVS_NIL);
+	kvs_cache_release(c, &p[0]);
+	/* Full of records (16 slots of 32 KiB, half the pages): sealed at once too. */
+	for (uint32_t i = 0; i < 16; i++)
+		p[i] = pack_load(c, 10 + i, 32 << 10);
+	ck_assert_uint_eq(frame_of(c, p[15].slot), frame_of(c, p[0].slot));
+	ck_assert_uint_eq(c->hdr->pack_frame, KVS_NIL);
+	for (uint32_t i = 0; i < 16; i++)
+		kvs_cache_release(c, &p[i]);
+	pack_layout_ok(c);
+	all_frames_takeable(c, 100);
+	/* The main share all pinned: a load takes a reserve frame, which is not opened. */
+	for (uint32_t i = 0; i < 6; i++) {
+		struct kvs_key k = key_of(200, i);
+
+		ck_assert_int_eq(kvs_cache_pin(c, &k, KVS_ALLOC_LOAD, &p[i]), KVS_PIN_OWNER);
+	}
+	q = pack_load(c, 300, 64 << 10);
+	ck_assert_uint_ge(frame_of(c, q.slot), 6);
+	ck_assert_uint_eq(c->hdr->pack_frame, KVS_NIL);
+	kvs_cache_release(c, &q);
+	for (uint32_t i = 0; i < 6; i++)
+		kvs_cache_release(c, &p[i]);
+	/* A corrupt open frame: fill past the frame's pages, or a frame past the region. */
+	q = pack_load(c, 400, 64 << 10);
+	kvs_cache_release(c, &q);
+	ck_assert_uint_lt(c->hdr->pack_frame, c->nframes);
+	c->hdr->pack_fill = c->frame_pages + 3;
+	q = pack_load(c, 401, 64 << 10);
+	kvs_cache_release(c, &q);
+	pack_layout_ok(c);
+	c->hdr->pack_frame = c->nframes + 7;
+	q = pack_load(c, 402, 64 << 10);
+	kvs_cache_release(c, &q);
+	pack_layout_ok(c);
+	kvs_cache_close(c);
+	remove_region(&cfg);
+}
+END_TEST
+
+/* pack_lock held by a stopped process: a packed load gives up on the lock (within the lock
+ * timeout, then at once) and takes a frame of its own, freeing the frame's other records, so
+ * nothing leaks. */
+START_TEST(test_pack_lock_stuck)
+{
+	struct kvs_config cfg;
+
+	test_config(&cfg, 8, 1 << 20);
+	cfg.loader_wait_timeout_ms = 200;
+	struct kvs_cache *c = open_ok(&cfg);
+	_Atomic int *ready = shared_anon(4096);
+	pid_t holder = spawn_holder(c, &cfg, hold_pack_lock, ready);
+	while (!*ready)
+		usleep(1000);
+	kill(holder, SIGSTOP);
+	for (uint64_t b = 0; b < 20; b++) {
+		struct kvs_pin p = pack_load(c, 500 + b, 40960);
+		uint32_t first = frame_first(c, frame_of(c, p.slot));
+
+		ck_assert_uint_eq(p.slot, first);
+		for (uint32_t j = 1; j < c->per_frame; j++)
+			ck_assert_uint_eq(c->slots[first + j].state, KVS_SLOT_FREE);
+		kvs_cache_release(c, &p);
+	}
+	ck_assert_uint_eq(c->hdr->pack_frame, KVS_NIL);
+	all_frames_takeable(c, 600);
+	kill(holder, SIGKILL);
+	waitpid(holder, NULL, 0);
+	kvs_cache_close(c);
+	remove_region(&cfg);
+	munmap((void *)ready, 4096);
+}
+END_TEST
+
 /* A process killed inside the pack lock, in the middle of opening a frame, or owning the load
  * of a packed slot: the next allocator repairs the pack, the reclaim frees what the dead held,
  * and afterwards every frame can be taken again (nothing leaked). */
@@ -2707,6 +2817,8 @@ static Suite *cache_suite(void)
 	tcase_add_test(core, test_pack_stage_publish);
 	tcase_add_test(conc, test_pack_mixed_sizes);
 	tcase_add_test(crash, test_pack_holder_killed);
+	tcase_add_test(core, test_pack_policy);
+	tcase_add_test(crash, test_pack_lock_stuck);
 	tcase_add_checked_fixture(core, NULL, teardown);
 	tcase_add_checked_fixture(limits, NULL, teardown);
 	tcase_add_checked_fixture(conc, NULL, teardown);
