@@ -355,7 +355,7 @@ START_TEST(test_print)
 
 	exp = listing(true);
 	snprintf(expect, sizeof(expect),
-		 "cache.capacity = 2G\n\tdefault 1G, source file %s:3\n\tbytes of data slots\n",
+		 "cache.capacity = 2G\n\tdefault 1G, source file %s:3\n\tbytes of data, in frames of cache.shard_size\n",
 		 path);
 	ck_assert_ptr_nonnull(strstr(exp, expect));
 	ck_assert_ptr_nonnull(strstr(exp, "loader.io_depth = 64\n\tdefault 32, source env "
@@ -363,7 +363,8 @@ START_TEST(test_print)
 	ck_assert_ptr_nonnull(strstr(exp, "shim.enable = false\n\tdefault true, source env "
 					  "KVSHIM_ENABLE\n"));
 	ck_assert_ptr_nonnull(strstr(exp, "cache.shard_size = 1M\n\tdefault 1M, source default\n"
-					  "\tbytes per slot, multiple of 4 KiB\n"));
+					  "\tbytes per frame, the most one shard holds, multiple of 4 KiB; "
+					  "smaller files and tails are packed several to a frame\n"));
 	ck_assert_ptr_nonnull(strstr(exp, "files.roots = \n\tdefault (empty), source default\n"));
 	free(exp);
 	free(out);
