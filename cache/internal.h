@@ -190,12 +190,11 @@ void kvs_evict_free_frame(struct kvs_cache *c, uint32_t frame);
 
 /* pack.c: a slot of `pages` pages (fewer than a frame) from the open frame, or from a frame
  * evicted for it, CLAIMED by this process with at and room set; or -ENOSPC / -EUCLEAN.
- * kvs_pack_repair: the open frame after its lock's holder died (caller holds it): sealed,
- * every record of it still CLAIMED-by-pack FREE. */
+ * kvs_pack_repair: the open frame after its lock's holder died (caller holds it), or once
+ * the lock is ENOTRECOVERABLE (nobody holds it): sealed, every record of it still
+ * CLAIMED-by-pack FREE. */
 int kvs_pack_claim(struct kvs_cache *c, enum kvs_alloc_class cls, uint32_t pages, uint32_t *slot);
 void kvs_pack_repair(struct kvs_cache *c);
-/* pack.c: pack_lock is ENOTRECOVERABLE (a repair failed): seal the open frame without it. */
-void kvs_pack_lost(struct kvs_cache *c);
 /* pack.c: close the open frame (its uncut records FREE), so the sweep may take it: when no
  * frame could be had.  Whether there was one. */
 bool kvs_pack_seal(struct kvs_cache *c);

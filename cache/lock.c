@@ -280,7 +280,7 @@ int kvs_pack_lock(struct kvs_cache *c)
 		return 0;
 	}
 	if (r == ENOTRECOVERABLE)
-		kvs_pack_lost(c);
+		kvs_pack_repair(c); /* without the lock: nobody can take it again */
 	return r == ENOTRECOVERABLE || r == ETIMEDOUT ? euclean(c) : -r;
 }
 

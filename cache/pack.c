@@ -67,17 +67,12 @@ static void seal_locked(struct kvs_cache *c, uint32_t from)
 	h->pack_fill = 0;
 }
 
-void kvs_pack_lost(struct kvs_cache *c)
-{
-	/* Nobody can hold the lock again, so nobody cuts: the CAS alone is safe, and the frame
-	 * goes back to the sweep instead of staying open for good. */
-	seal_locked(c, 0);
-}
-
 void kvs_pack_repair(struct kvs_cache *c)
 {
 	/* Whatever next says: only the open frame has records CLAIMED-by-pack, and the CAS
-	 * leaves every cut one (CLAIMED by its cutter, or hashed) as it is. */
+	 * leaves every cut one (CLAIMED by its cutter, or hashed) as it is.  Without the lock
+	 * (ENOTRECOVERABLE) it is as safe: nobody can hold it again, so nobody cuts, and the
+	 * frame goes back to the sweep instead of staying open for good. */
 	seal_locked(c, 0);
 }
 
