@@ -178,6 +178,16 @@ static int evict_frame(struct kvs_cache *c, enum kvs_alloc_class cls, uint32_t *
 	return r;
 }
 
+int kvs_evict_take_free(struct kvs_cache *c, uint32_t f)
+{
+	bool all_free;
+
+	if (f >= c->nmain || !frame_idle(c, f, &all_free) || !all_free ||
+	    load_acquire(&c->fpages[f]) != KVS_PAGES_OK) /* pairs with populate.c's CAS */
+		return -EAGAIN;
+	return take_frame(c, f);
+}
+
 int kvs_evict_frame(struct kvs_cache *c, enum kvs_alloc_class cls, uint32_t *frame)
 {
 	int r = evict_frame(c, cls, frame);

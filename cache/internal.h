@@ -46,6 +46,10 @@ struct kvs_cache {
 	struct kvs_proc *me;
 	pthread_mutex_t reclaim_mu; /* one reclaim at a time in this process (OFD locks are ours) */
 	_Atomic uint32_t pin_hint;
+	/* stage.c: the frame this process's last repack gave back (KVS_NIL: none), which its
+	 * next stage takes first if still FREE, so that a writer of small files reuses one
+	 * frame instead of sweeping the hand over the cache's contents. */
+	_Atomic uint32_t stage_spare;
 	_Atomic uint64_t last_reap_ns; /* kvs_cache_reap_maybe's rate limit */
 	_Atomic uint32_t euclean_seen; /* set by euclean(), taken by kvs_cache_take_euclean */
 	/* lock.c: the longest wait for a stripe or proc_lock (0: KVS_LOCK_TIMEOUT_WATCH_NS), and
@@ -182,11 +186,13 @@ extern bool kvs_region_test_no_tmpfile;
  * frame; or -ENOSPC / -EUCLEAN.
  * A whole frame for this process: every slot of frame *frame CLAIMED by it, at and room
  * unset; then kvs_evict_use_whole makes its first slot the frame's, freeing the others.
- * kvs_evict_free_frame gives every slot of a frame so taken back. */
+ * kvs_evict_free_frame gives every slot of a frame so taken back.  kvs_evict_take_free takes
+ * frame f of the main share that way if it is all FREE and has its pages (0), else -EAGAIN. */
 int kvs_evict_claim(struct kvs_cache *c, enum kvs_alloc_class cls, uint32_t pages, uint32_t *slot);
 int kvs_evict_frame(struct kvs_cache *c, enum kvs_alloc_class cls, uint32_t *frame);
 uint32_t kvs_evict_use_whole(struct kvs_cache *c, uint32_t frame);
 void kvs_evict_free_frame(struct kvs_cache *c, uint32_t frame);
+int kvs_evict_take_free(struct kvs_cache *c, uint32_t frame);
 
 /* pack.c: a slot of `pages` pages (fewer than a frame) from the open frame, or from a frame
  * evicted for it, CLAIMED by this process with at and room set; or -ENOSPC / -EUCLEAN.

@@ -901,6 +901,7 @@ int kvs_cache_open(const struct kvs_cache_params *cfg, int flags, struct kvs_cac
 	c->fd = -1;
 	c->mismatch_fd = -1;
 	c->self = -1;
+	c->stage_spare = KVS_NIL;
 	c->watch = flags & KVS_OPEN_WATCH;
 	c->wait_mode = cfg->wait_mode;
 	c->eviction = cfg->eviction;

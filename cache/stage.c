@@ -40,8 +40,16 @@
 
 int kvs_cache_stage_claim(struct kvs_cache *c, uint32_t *slot)
 {
+	uint32_t spare = atomic_exchange_explicit(&c->stage_spare, KVS_NIL, memory_order_relaxed);
+
 	if (c->self < 0)
 		return -EPERM;
+	/* The frame the last repack gave back, if nobody took it meanwhile: each pass of the
+	 * hand would otherwise clear, then evict, frames of shards just published. */
+	if (spare != KVS_NIL && kvs_evict_take_free(c, spare) == 0) {
+		*slot = kvs_evict_use_whole(c, spare);
+		return 0;
+	}
 	/* Normal class: the reserve is left to loads, which engines wait for. */
 	return kvs_evict_claim(c, KVS_ALLOC_NORMAL, 0, slot);
 }
@@ -73,6 +81,7 @@ static uint32_t repack(struct kvs_cache *c, uint32_t slot, uint32_t length)
 		return slot;
 	memcpy(slot_bytes(c, v), slot_bytes(c, slot), length);
 	kvs_cache_stage_drop(c, slot);
+	store_relaxed(&c->stage_spare, frame_of(c, slot)); /* for this process's next stage */
 	return v;
 }
 
