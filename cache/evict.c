@@ -199,12 +199,12 @@ int kvs_evict_frame(struct kvs_cache *c, enum kvs_alloc_class cls, uint32_t *fra
 	return r;
 }
 
-uint32_t kvs_evict_use_whole(struct kvs_cache *c, uint32_t f)
+uint32_t kvs_evict_keep_first(struct kvs_cache *c, uint32_t f, uint32_t pages)
 {
 	uint32_t first = frame_first(c, f);
 
 	store_relaxed(&c->slots[first].at, 0);
-	store_relaxed(&c->slots[first].room, c->frame_pages);
+	store_relaxed(&c->slots[first].room, pages);
 	/* The others go back to FREE: a slot of an in-use frame that nothing finds, taken again
 	 * with its frame. */
 	for (uint32_t j = 1; j < c->per_frame; j++)
@@ -221,6 +221,6 @@ int kvs_evict_claim(struct kvs_cache *c, enum kvs_alloc_class cls, uint32_t page
 		return kvs_pack_claim(c, cls, pages, slot);
 	r = kvs_evict_frame(c, cls, &f);
 	if (r == 0)
-		*slot = kvs_evict_use_whole(c, f);
+		*slot = kvs_evict_keep_first(c, f, c->frame_pages);
 	return r;
 }

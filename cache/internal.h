@@ -185,12 +185,13 @@ extern bool kvs_region_test_no_tmpfile;
  * state CLAIMED by this process with at and room set; packed (pack.c) when smaller than a
  * frame; or -ENOSPC / -EUCLEAN.
  * A whole frame for this process: every slot of frame *frame CLAIMED by it, at and room
- * unset; then kvs_evict_use_whole makes its first slot the frame's, freeing the others.
+ * unset; then kvs_evict_keep_first keeps its first slot (room: pages, from the frame's start)
+ * and frees the others.
  * kvs_evict_free_frame gives every slot of a frame so taken back.  kvs_evict_take_free takes
  * frame f of the main share that way if it is all FREE and has its pages (0), else -EAGAIN. */
 int kvs_evict_claim(struct kvs_cache *c, enum kvs_alloc_class cls, uint32_t pages, uint32_t *slot);
 int kvs_evict_frame(struct kvs_cache *c, enum kvs_alloc_class cls, uint32_t *frame);
-uint32_t kvs_evict_use_whole(struct kvs_cache *c, uint32_t frame);
+uint32_t kvs_evict_keep_first(struct kvs_cache *c, uint32_t frame, uint32_t pages);
 void kvs_evict_free_frame(struct kvs_cache *c, uint32_t frame);
 int kvs_evict_take_free(struct kvs_cache *c, uint32_t frame);
 
@@ -236,6 +237,11 @@ int kvs_slot_unlink_locked(struct kvs_cache *c, uint32_t slot, uint32_t bucket);
  * claimed slot v under key in bucket b, LOADING, unowned and unpinned.  Caller holds the
  * stripe of b. */
 int64_t kvs_slot_find_fresh_locked(struct kvs_cache *c, uint32_t b, const struct kvs_key *key);
+/* slot.c: lock the stripe of key's bucket (*b, *stripe) and find key there as
+ * kvs_slot_find_fresh_locked does: the slot or KVS_NIL with the stripe held, or -errno with
+ * nothing held. */
+int64_t kvs_slot_lock_find(struct kvs_cache *c, const struct kvs_key *key, uint32_t *b,
+			   uint32_t *stripe);
 void kvs_slot_insert_locked(struct kvs_cache *c, uint32_t v, uint32_t b, const struct kvs_key *key);
 
 /* slot.c, tests only: called by the publisher right after the exchange that makes state

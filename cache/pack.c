@@ -142,14 +142,9 @@ int kvs_pack_claim(struct kvs_cache *c, enum kvs_alloc_class cls, uint32_t pages
 	r = kvs_evict_frame(c, cls, &f);
 	if (r)
 		return r;
-	first = frame_first(c, f);
-	store_relaxed(&c->slots[first].at, 0);
-	store_relaxed(&c->slots[first].room, pages);
 	if (kvs_pack_lock(c)) {
 		/* The pack cannot be had: this slot alone in its frame, as a whole one would be. */
-		for (uint32_t j = 1; j < c->per_frame; j++)
-			store_release(&c->slots[first + j].state, KVS_SLOT_FREE);
-		*slot = first;
+		*slot = kvs_evict_keep_first(c, f, pages);
 		return 0;
 	}
 	if (cut_locked(c, pages, slot) == 0) {
@@ -159,17 +154,19 @@ int kvs_pack_claim(struct kvs_cache *c, enum kvs_alloc_class cls, uint32_t pages
 	}
 	/* A frame of the reserve is not opened: normal allocations would cut from it. */
 	if (f < c->nmain && c->frame_pages - pages > open_left(c)) {
+		first = frame_first(c, f);
+		store_relaxed(&c->slots[first].at, 0);
+		store_relaxed(&c->slots[first].room, pages);
 		seal_locked(c, h->pack_next);
 		h->pack_frame = f;
 		h->pack_next = 1;
 		h->pack_fill = pages;
 		for (uint32_t j = 1; j < c->per_frame; j++)
 			store_release(&c->slots[first + j].state, PACKED);
+		*slot = first;
 	} else {
-		for (uint32_t j = 1; j < c->per_frame; j++)
-			store_release(&c->slots[first + j].state, KVS_SLOT_FREE);
+		*slot = kvs_evict_keep_first(c, f, pages);
 	}
 	kvs_pack_unlock(c);
-	*slot = first;
 	return 0;
 }

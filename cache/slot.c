@@ -114,6 +114,22 @@ int64_t kvs_slot_find_fresh_locked(struct kvs_cache *c, uint32_t b, const struct
 	return KVS_NIL;
 }
 
+int64_t kvs_slot_lock_find(struct kvs_cache *c, const struct kvs_key *key, uint32_t *b,
+			   uint32_t *stripe)
+{
+	int64_t i;
+
+	*b = key_bucket(c, key);
+	*stripe = bucket_stripe(c, *b);
+	i = kvs_stripe_lock(c, *stripe);
+	if (i)
+		return i;
+	i = kvs_slot_find_fresh_locked(c, *b, key);
+	if (i < 0)
+		kvs_stripe_unlock(c, *stripe);
+	return i;
+}
+
 /* Pin hashed slot i; caller holds its stripe.  Elects the owner (refs 0 -> 1, not READY),
  * whose load is kept until expires (0: for good). */
 static int pin_found_locked(struct kvs_cache *c, uint32_t i, uint64_t expires, struct kvs_pin *pin)
@@ -251,19 +267,16 @@ int kvs_cache_pin_load(struct kvs_cache *c, const struct kvs_key *key, enum kvs_
 
 int kvs_cache_pin_ready(struct kvs_cache *c, const struct kvs_key *key, struct kvs_pin *pin)
 {
-	uint32_t b = key_bucket(c, key), stripe = bucket_stripe(c, b);
+	uint32_t b, stripe;
 	int64_t i;
 	int r;
 
 	if (c->self < 0)
 		return -EPERM;
-	r = kvs_stripe_lock(c, stripe);
-	if (r)
-		return r;
-	i = kvs_slot_find_fresh_locked(c, b, key);
+	i = kvs_slot_lock_find(c, key, &b, &stripe);
 	if (i < 0)
-		r = (int)i;
-	else if (i == KVS_NIL || st_of(load_relaxed(&c->slots[i].state)) != KVS_SLOT_READY)
+		return (int)i;
+	if (i == KVS_NIL || st_of(load_relaxed(&c->slots[i].state)) != KVS_SLOT_READY)
 		r = -EAGAIN;
 	else
 		r = pin_found_locked(c, (uint32_t)i, 0, pin); /* READY: a hit, no election */
@@ -501,16 +514,13 @@ uint32_t kvs_cache_length(struct kvs_cache *c, const struct kvs_pin *pin)
 
 int kvs_cache_lookup(struct kvs_cache *c, const struct kvs_key *key)
 {
-	uint32_t b = key_bucket(c, key), stripe = bucket_stripe(c, b);
-	int64_t i;
-	int r = kvs_stripe_lock(c, stripe);
+	uint32_t b, stripe;
+	int64_t i = kvs_slot_lock_find(c, key, &b, &stripe);
+	int r;
 
-	if (r)
-		return r;
-	i = kvs_slot_find_fresh_locked(c, b, key);
 	if (i < 0)
-		r = (int)i;
-	else if (i == KVS_NIL)
+		return (int)i;
+	if (i == KVS_NIL)
 		r = -ENOENT;
 	else
 		r = (int)st_of(load_acquire(&c->slots[i].state));

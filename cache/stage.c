@@ -47,7 +47,7 @@ int kvs_cache_stage_claim(struct kvs_cache *c, uint32_t *slot)
 	/* The frame the last repack gave back, if nobody took it meanwhile: each pass of the
 	 * hand would otherwise clear, then evict, frames of shards just published. */
 	if (spare != KVS_NIL && kvs_evict_take_free(c, spare) == 0) {
-		*slot = kvs_evict_use_whole(c, spare);
+		*slot = kvs_evict_keep_first(c, spare, c->frame_pages);
 		return 0;
 	}
 	/* Normal class: the reserve is left to loads, which engines wait for. */
@@ -88,9 +88,8 @@ static uint32_t repack(struct kvs_cache *c, uint32_t slot, uint32_t length)
 int kvs_cache_stage_publish(struct kvs_cache *c, uint32_t slot, const struct kvs_key *key,
 			    uint32_t length, uint64_t expires_ns)
 {
-	uint32_t b = key_bucket(c, key), stripe = bucket_stripe(c, b);
+	uint32_t b, stripe;
 	struct kvs_slot *s;
-	int r;
 
 	if (slot >= c->nslots ||
 	    load_relaxed(&c->slots[slot].state) != KVS_ST_CLAIMED_BY(c->self) ||
@@ -98,14 +97,10 @@ int kvs_cache_stage_publish(struct kvs_cache *c, uint32_t slot, const struct kvs
 		return -EINVAL;
 	slot = repack(c, slot, length);
 	s = &c->slots[slot];
-	r = kvs_stripe_lock(c, stripe);
-	if (r) {
-		kvs_cache_stage_drop(c, slot);
-		return r;
-	}
-	int64_t i = kvs_slot_find_fresh_locked(c, b, key);
+	int64_t i = kvs_slot_lock_find(c, key, &b, &stripe);
 	if (i != KVS_NIL) {
-		kvs_stripe_unlock(c, stripe);
+		if (i >= 0)
+			kvs_stripe_unlock(c, stripe);
 		kvs_cache_stage_drop(c, slot);
 		return i < 0 ? (int)i : 0;
 	}
@@ -120,18 +115,16 @@ int kvs_cache_stage_publish(struct kvs_cache *c, uint32_t slot, const struct kvs
 
 int kvs_cache_rekey(struct kvs_cache *c, const struct kvs_key *from, const struct kvs_key *to)
 {
-	uint32_t b = key_bucket(c, from), stripe = bucket_stripe(c, b);
-	int r;
+	uint32_t b, stripe;
 
 	if (c->self < 0)
 		return -EPERM;
-	r = kvs_stripe_lock(c, stripe);
-	if (r)
-		return r;
-	int64_t i = kvs_slot_find_fresh_locked(c, b, from);
-	if (i < 0 || i == KVS_NIL) {
+	int64_t i = kvs_slot_lock_find(c, from, &b, &stripe);
+	if (i < 0)
+		return (int)i;
+	if (i == KVS_NIL) {
 		kvs_stripe_unlock(c, stripe);
-		return i < 0 ? (int)i : 0;
+		return 0;
 	}
 	struct kvs_slot *s = &c->slots[i];
 	if (st_of(load_relaxed(&s->state)) != KVS_SLOT_READY || load_relaxed(&s->refs) != 0 ||
@@ -145,6 +138,5 @@ int kvs_cache_rekey(struct kvs_cache *c, const struct kvs_key *from, const struc
 	store_release(&s->state, KVS_ST_CLAIMED_BY(c->self));
 	store_relaxed(&s->bucket, KVS_NIL);
 	kvs_stripe_unlock(c, stripe);
-	r = kvs_cache_stage_publish(c, (uint32_t)i, to, length, expires);
-	return r;
+	return kvs_cache_stage_publish(c, (uint32_t)i, to, length, expires);
 }

@@ -469,12 +469,8 @@ KVS_EXPORT int ftruncate(int fd, off_t len)
 
 	kvs_real_init();
 	int r = kvs_real.ftruncate(fd, len);
-	if (f) {
-		int saved = errno;
-
-		kvs_shim_truncated(f, fd, &tok, r);
-		errno = saved;
-	}
+	if (f)
+		kvs_shim_truncated(f, fd, &tok, r); /* keeps errno */
 	return r;
 }
 
@@ -485,12 +481,8 @@ KVS_EXPORT int ftruncate64(int fd, off64_t len)
 
 	kvs_real_init();
 	int r = kvs_real.ftruncate64(fd, len);
-	if (f) {
-		int saved = errno;
-
-		kvs_shim_truncated(f, fd, &tok, r);
-		errno = saved;
-	}
+	if (f)
+		kvs_shim_truncated(f, fd, &tok, r); /* keeps errno */
 	return r;
 }
 

@@ -355,16 +355,18 @@ START_TEST(test_print)
 
 	exp = listing(true);
 	snprintf(expect, sizeof(expect),
-		 "cache.capacity = 2G\n\tdefault 1G, source file %s:3\n\tbytes of data, in frames of cache.shard_size\n",
+		 "cache.capacity = 2G\n\tdefault 1G, source file %s:3\n\tbytes of data, in frames "
+		 "of cache.shard_size\n",
 		 path);
 	ck_assert_ptr_nonnull(strstr(exp, expect));
 	ck_assert_ptr_nonnull(strstr(exp, "loader.io_depth = 64\n\tdefault 32, source env "
 					  "KVSHIM_LOADER_IO_DEPTH\n"));
 	ck_assert_ptr_nonnull(strstr(exp, "shim.enable = false\n\tdefault true, source env "
 					  "KVSHIM_ENABLE\n"));
-	ck_assert_ptr_nonnull(strstr(exp, "cache.shard_size = 1M\n\tdefault 1M, source default\n"
-					  "\tbytes per frame, the most one shard holds, multiple of 4 KiB; "
-					  "smaller files and tails are packed several to a frame\n"));
+	ck_assert_ptr_nonnull(
+	    strstr(exp, "cache.shard_size = 1M\n\tdefault 1M, source default\n"
+			"\tbytes per frame, the most one shard holds, multiple of 4 KiB; "
+			"smaller files and tails are packed several to a frame\n"));
 	ck_assert_ptr_nonnull(strstr(exp, "files.roots = \n\tdefault (empty), source default\n"));
 	free(exp);
 	free(out);
