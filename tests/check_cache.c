@@ -12,6 +12,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <poll.h>
 #include <pthread.h>
 #include <sched.h>
 #include <sys/mman.h>
@@ -1650,8 +1651,26 @@ START_TEST(test_stopped_lock_holder)
 }
 END_TEST
 
-/* What the holder thread of test_other_namespace_holder does: attach, take the key's stripe,
- * say so, hold it for 1.5 s (a throttled or stopped pod), let go. */
+/* What the processes of test_other_namespace_holder say on their pipe: a code and an errno.
+ *   L  the holder has the key's stripe          E  it could not attach or lock (a failure)
+ *   S  unshare(CLONE_NEWPID) refused            N  ns_last_pid not settable
+ *   F  no first process in the new namespace    T  no thread with the chosen TID
+ * S, N, F and T are the kernel refusing what the case needs: it skips. */
+struct ns_word {
+	char code;
+	int err;
+};
+
+static void ns_say(int fd, char code, int err)
+{
+	struct ns_word w = {code, err};
+
+	if (write(fd, &w, sizeof(w)) != (ssize_t)sizeof(w))
+		_exit(2);
+}
+
+/* What the holder thread does: attach, take the key's stripe, say so, hold it for 1.5 s (a
+ * throttled or stopped pod), let go. */
 struct ns_holder {
 	const struct kvs_config *cfg;
 	struct kvs_key k;
@@ -1662,16 +1681,83 @@ static void *ns_hold(void *arg)
 {
 	struct ns_holder *h = arg;
 	struct kvs_cache *cc = NULL;
-	char ok = 'L';
+	int r = kvs_cache_open(KVS_CACHE_PARAMS(h->cfg), 0, &cc, NULL, 0);
 
-	if (kvs_cache_open(KVS_CACHE_PARAMS(h->cfg), 0, &cc, NULL, 0) ||
-	    kvs_cache_test_lock_key(cc, &h->k))
-		ok = 'E';
-	if (write(h->say, &ok, 1) != 1 || ok != 'L')
+	if (!r)
+		r = kvs_cache_test_lock_key(cc, &h->k);
+	ns_say(h->say, r ? 'E' : 'L', -r);
+	if (r)
 		return NULL;
 	usleep(1500000);
 	kvs_stripe_unlock(cc, bucket_stripe(cc, key_bucket(cc, &h->k)));
 	return NULL;
+}
+
+/* The middle process: a PID namespace of its own, its first process (pid 1 there) with
+ * ns_last_pid set so that the holder thread's TID is tid, which names no thread of the
+ * test's namespace. */
+static int ns_chain(const struct kvs_config *cfg, struct kvs_key k, long tid, int say)
+{
+	int st;
+
+	if (unshare(CLONE_NEWPID)) {
+		ns_say(say, 'S', errno);
+		return 0;
+	}
+	pid_t g = fork();
+	if (g < 0) {
+		ns_say(say, 'F', errno);
+		return 0;
+	}
+	if (g == 0) {
+		struct ns_holder h = {cfg, k, say};
+		FILE *f = fopen("/proc/sys/kernel/ns_last_pid", "w");
+		pthread_t t;
+		int r;
+
+		if (!f || fprintf(f, "%ld", tid - 1) < 0 || fclose(f)) {
+			ns_say(say, 'N', errno);
+			_exit(0);
+		}
+		r = pthread_create(&t, NULL, ns_hold, &h);
+		if (r) {
+			ns_say(say, 'T', r);
+			_exit(0);
+		}
+		pthread_join(t, NULL);
+		_exit(0);
+	}
+	return waitpid(g, &st, 0) == g && WIFEXITED(st) ? WEXITSTATUS(st) : 2;
+}
+
+/* Say on stderr where the processes under pid are: each thread's state, wait channel and
+ * kernel stack (for a case that waited in vain). */
+static void ns_dump(pid_t pid)
+{
+	char path[128], line[512];
+	FILE *f;
+
+	snprintf(path, sizeof(path), "/proc/%d/task/%d/children", (int)pid, (int)pid);
+	f = fopen(path, "r");
+	long kids[8];
+	int n = 0;
+	while (f && n < 8 && fscanf(f, "%ld", &kids[n]) == 1)
+		n++;
+	if (f)
+		fclose(f);
+	kids[n++] = pid;
+	for (int i = 0; i < n; i++) {
+		snprintf(path, sizeof(path),
+			 "for t in /proc/%ld/task/*; do echo \"$t: $(cut -d' ' -f3 $t/stat) "
+			 "$(cat $t/wchan)\"; cat $t/stack; done 2>&1",
+			 kids[i]);
+		FILE *sh = popen(path, "r");
+		while (sh && fgets(line, sizeof(line), sh))
+			fprintf(stderr, "test_other_namespace_holder: %s", line);
+		if (sh)
+			pclose(sh);
+		kill((pid_t)kids[i], SIGKILL); /* a namespace's first process takes it all along */
+	}
 }
 
 /* Pods that share /dev/shm each have a PID namespace of their own.  A live holder of a stripe
@@ -1683,8 +1769,8 @@ START_TEST(test_other_namespace_holder)
 	struct kvs_config cfg;
 	struct kvs_key k = key_of(23, 0);
 	struct kvs_pin p, q;
+	struct ns_word w = {0, 0};
 	int say[2], st;
-	char got = 0;
 
 	test_config(&cfg, 16, 4096);
 	cfg.loader_wait_timeout_ms = 5000;
@@ -1705,34 +1791,33 @@ START_TEST(test_other_namespace_holder)
 	ck_assert(pid >= 0);
 	if (pid == 0) {
 		kvs_cache_forget(c);
-		if (unshare(CLONE_NEWPID)) {
-			got = 'S';
-			_exit(write(say[1], &got, 1) == 1 ? 0 : 2);
-		}
-		pid_t g = fork(); /* pid 1 of the new namespace */
-		if (g == 0) {
-			FILE *f = fopen("/proc/sys/kernel/ns_last_pid", "w");
-			struct ns_holder h = {&cfg, k, say[1]};
-			pthread_t t;
-
-			if (!f || fprintf(f, "%ld", tid - 1) < 0 || fclose(f)) {
-				got = 'N';
-				_exit(write(say[1], &got, 1) == 1 ? 0 : 2);
-			}
-			if (pthread_create(&t, NULL, ns_hold, &h))
-				_exit(2);
-			pthread_join(t, NULL);
-			_exit(0);
-		}
-		_exit(g > 0 && waitpid(g, &st, 0) == g && WIFEXITED(st) ? WEXITSTATUS(st) : 2);
+		close(say[0]);
+		_exit(ns_chain(&cfg, k, tid, say[1]));
 	}
-	ck_assert_int_eq(read(say[0], &got, 1), 1);
-	if (got == 'S' || got == 'N') {
-		fprintf(stderr, "test_other_namespace_holder: SKIP: %s\n",
-			got == 'S' ? "unshare(CLONE_NEWPID) is not allowed here"
-				   : "cannot set ns_last_pid in a new PID namespace");
+	/* Only the chain holds the pipe's write end: if it dies without a word, read sees the
+	 * end of the pipe; if it says nothing for 20 s, where it waits is shown and it is
+	 * killed.  Neither waits for Check's timeout. */
+	close(say[1]);
+	struct pollfd pf = {.fd = say[0], .events = POLLIN};
+	int ready = poll(&pf, 1, 20000);
+	ssize_t got = ready == 1 ? read(say[0], &w, sizeof(w)) : -1;
+	if (ready != 1)
+		ns_dump(pid);
+	if (got != (ssize_t)sizeof(w)) {
+		ck_assert_int_eq(waitpid(pid, &st, 0), pid);
+		ck_abort_msg("the holder's chain %s (exit status %#x)",
+			     ready != 1 ? "said nothing for 20 s" : "ended without a word", st);
+	}
+	if (strchr("SNFT", w.code)) {
+		const char *what[] = {"unshare(CLONE_NEWPID) is refused",
+				      "ns_last_pid cannot be set in a new PID namespace",
+				      "no process can be started in a new PID namespace",
+				      "no thread can be started with the chosen TID"};
+		fprintf(stderr, "test_other_namespace_holder: SKIP: %s: %s\n",
+			what[strchr("SNFT", w.code) - "SNFT"], strerror(w.err));
 	} else {
-		ck_assert_int_eq(got, 'L');
+		ck_assert_msg(w.code == 'L', "the holder could not attach or lock: %s",
+			      strerror(w.err));
 		struct kvs_region_info info;
 		struct kvs_counters totals;
 		struct kvs_proc_info procs[4];
@@ -1750,7 +1835,6 @@ START_TEST(test_other_namespace_holder)
 	ck_assert_int_eq(waitpid(pid, &st, 0), pid);
 	ck_assert(WIFEXITED(st) && WEXITSTATUS(st) == 0);
 	close(say[0]);
-	close(say[1]);
 	kvs_cache_close(c);
 	remove_region(&cfg);
 }
