@@ -65,6 +65,32 @@ static struct kvs_cache *open_ok(const struct kvs_config *cfg)
 	return c;
 }
 
+/* This process's thread count. */
+static int threads_now(void)
+{
+	FILE *f = fopen("/proc/self/status", "r");
+	char line[256];
+	int n = 0;
+
+	while (f && fgets(line, sizeof(line), f))
+		if (sscanf(line, "Threads: %d", &n) == 1)
+			break;
+	if (f)
+		fclose(f);
+	return n;
+}
+
+/* fork() once this process is down to one thread.  A case's child does what POSIX allows
+ * only in a child of a one-thread process (malloc, pthread_create, kvs_cache_open), and a
+ * thread that ends as it forks (the background walk of the region just opened) can leave a
+ * lock held for ever in the child: ASan's allocator's, for one.  5 s at most. */
+static pid_t fork_alone(void)
+{
+	for (int i = 0; i < 5000 && threads_now() > 1; i++)
+		usleep(1000);
+	return fork();
+}
+
 static struct kvs_key key_of(uint64_t block, uint64_t shard)
 {
 	struct kvs_key k = {block * 0x9e3779b97f4a7c15ull + 1, block, shard};
@@ -355,7 +381,7 @@ START_TEST(test_stage_publish_rekey)
 	ck_assert_uint_eq(slots_in(c, KVS_SLOT_CLAIMED), 0);
 	/* A stager SIGKILLed with slots staged: its reclaim frees them. */
 	int *ready = shared_anon(4096);
-	pid_t kid = fork();
+	pid_t kid = fork_alone();
 	ck_assert_int_ge(kid, 0);
 	if (kid == 0) {
 		struct kvs_cache *m = NULL;
@@ -422,7 +448,7 @@ START_TEST(test_write_sequences)
 	ck_assert(kvs_cache_write_end(c, &a));
 	ck_assert(kvs_cache_write_last(c, &a));
 	/* A writer that dies in flight: the file's later writes are unclean. */
-	pid_t kid = fork();
+	pid_t kid = fork_alone();
 	ck_assert_int_ge(kid, 0);
 	if (kid == 0) {
 		struct kvs_cache *m = NULL;
@@ -506,7 +532,7 @@ START_TEST(test_first_seen_concurrent)
 	struct kvs_cache *c = open_ok(&cfg);
 	kvs_cache_close(c);
 	for (int k = 0; k < KIDS; k++) {
-		pids[k] = fork();
+		pids[k] = fork_alone();
 		ck_assert_int_ge(pids[k], 0);
 		if (pids[k] == 0) {
 			struct kvs_cache *m = NULL;
@@ -908,7 +934,7 @@ START_TEST(test_one_owner_per_key)
 	struct kvs_cache *parent = open_ok(&cfg); /* creates the region */
 	struct race_board *bd = shared_anon(sizeof(*bd));
 	for (int n = 0; n < NPROC; n++) {
-		pids[n] = fork();
+		pids[n] = fork_alone();
 		ck_assert(pids[n] >= 0);
 		if (pids[n])
 			continue;
@@ -965,7 +991,7 @@ START_TEST(test_failure_reaches_waiters)
 	_Atomic int *res = shared_anon(4096);
 	ck_assert_int_eq(kvs_cache_pin(c, &k, KVS_ALLOC_LOAD, &own), KVS_PIN_OWNER);
 	for (int n = 0; n < NPROC - 1; n++) {
-		pids[n] = fork();
+		pids[n] = fork_alone();
 		if (pids[n])
 			continue;
 		kvs_cache_forget(c);
@@ -1000,15 +1026,41 @@ END_TEST
 
 /* ------------------------------------------------------------------ crash */
 
-/* Fork a child that attaches, runs hold() and then waits to be killed. */
+/* Wait for child pid to set *ready.  A child that ends first, or says nothing for 20 s, fails
+ * the case at once with its status (and is killed), rather than at Check's timeout. */
+static void wait_ready(_Atomic int *ready, pid_t pid)
+{
+	uint64_t t0 = mono_ms();
+	int st = 0;
+
+	while (!atomic_load(ready)) {
+		pid_t w = waitpid(pid, &st, WNOHANG);
+
+		if (w != 0 || mono_ms() - t0 > 20000) {
+			if (w == 0) {
+				kill(pid, SIGKILL);
+				waitpid(pid, &st, 0);
+			}
+			ck_abort_msg("child %d %s (status %#x)", (int)pid,
+				     w ? "ended before it was ready" : "was not ready after 20 s",
+				     st);
+		}
+		usleep(1000);
+	}
+}
+
+/* Fork a child that attaches, runs hold() and then waits to be killed; return once it has
+ * run hold(). */
 static pid_t spawn_holder(struct kvs_cache *parent, const struct kvs_config *cfg,
 			  void (*hold)(struct kvs_cache *), _Atomic int *ready)
 {
-	pid_t pid = fork();
+	pid_t pid = fork_alone();
 
 	ck_assert(pid >= 0);
-	if (pid)
+	if (pid) {
+		wait_ready(ready, pid);
 		return pid;
+	}
 	kvs_cache_forget(parent);
 	struct kvs_cache *c = NULL;
 	if (kvs_cache_open(KVS_CACHE_PARAMS(cfg), 0, &c, NULL, 0))
@@ -1037,7 +1089,7 @@ static void waiters_survive(struct kvs_cache *parent, const struct kvs_config *c
 	_Atomic int *res = shared_anon(4096);
 
 	for (int n = 0; n < NPROC - 2; n++) {
-		pids[n] = fork();
+		pids[n] = fork_alone();
 		if (pids[n])
 			continue;
 		kvs_cache_forget(parent);
@@ -1099,8 +1151,6 @@ START_TEST(test_owner_killed)
 	struct kvs_cache *c = open_ok(&cfg);
 	_Atomic int *ready = shared_anon(4096);
 	pid_t victim = spawn_holder(c, &cfg, hold_load, ready);
-	while (!*ready)
-		usleep(1000);
 	waiters_survive(c, &cfg, victim, key_of(11, 0));
 	kvs_cache_close(c);
 	remove_region(&cfg);
@@ -1127,8 +1177,6 @@ START_TEST(test_lock_holder_killed)
 	struct kvs_cache *c = open_ok(&cfg);
 	_Atomic int *ready = shared_anon(4096);
 	pid_t victim = spawn_holder(c, &cfg, hold_lock, ready);
-	while (!*ready)
-		usleep(1000);
 	waiters_survive(c, &cfg, victim, key_of(11, 0));
 	kvs_cache_close(c);
 	remove_region(&cfg);
@@ -1146,8 +1194,6 @@ START_TEST(test_dead_process_reaped_on_attach)
 	struct kvs_cache *c = open_ok(&cfg);
 	_Atomic int *ready = shared_anon(4096);
 	pid_t victim = spawn_holder(c, &cfg, hold_load, ready);
-	while (!*ready)
-		usleep(1000);
 	kvs_cache_count(c, KVS_CTR_requests, 5);
 	kill(victim, SIGKILL);
 	waitpid(victim, NULL, 0);
@@ -1180,7 +1226,7 @@ START_TEST(test_dead_waiter_does_not_keep_failure)
 	struct kvs_cache *c = open_ok(&cfg);
 	_Atomic int *ready = shared_anon(4096);
 	ck_assert_int_eq(kvs_cache_pin(c, &k, KVS_ALLOC_LOAD, &own), KVS_PIN_OWNER);
-	pid_t pid = fork();
+	pid_t pid = fork_alone();
 	if (pid == 0) {
 		struct kvs_cache *cc = NULL;
 		kvs_cache_forget(c);
@@ -1191,8 +1237,7 @@ START_TEST(test_dead_waiter_does_not_keep_failure)
 		for (;;)
 			pause();
 	}
-	while (!*ready)
-		usleep(1000);
+	wait_ready(ready, pid);
 	kill(pid, SIGKILL);
 	waitpid(pid, NULL, 0);
 	kvs_cache_mark_failed(c, &own, EIO);
@@ -1362,7 +1407,7 @@ static void teardown(void)
  * namespace).  Returns the child's wait status, or -1 when this machine cannot do it. */
 static int with_small_shm(const char *size, void (*fn)(void))
 {
-	pid_t pid = fork();
+	pid_t pid = fork_alone();
 	int st;
 
 	ck_assert(pid >= 0);
@@ -1476,7 +1521,7 @@ START_TEST(test_fork_child_drops_walker)
 	test_config(&cfg, 512, 1u << 20); /* a walk long enough to be running at fork */
 	struct kvs_cache *c = open_ok(&cfg);
 	kvs_cache_path(KVS_CACHE_PARAMS(&cfg), path, sizeof(path));
-	pid_t pid = fork();
+	pid_t pid = fork_alone();
 	if (pid == 0) {
 		char cmd[1024];
 
@@ -1610,7 +1655,7 @@ START_TEST(test_stopped_lock_holder)
 	struct kvs_cache *c = open_ok(&cfg);
 	ck_assert_int_eq(kvs_cache_pin(c, &k, KVS_ALLOC_LOAD, &p), KVS_PIN_OWNER);
 	load_pattern(c, &p, &k);
-	pid_t pid = fork();
+	pid_t pid = fork_alone();
 	ck_assert(pid >= 0);
 	if (pid == 0) {
 		struct kvs_cache *cc = NULL;
@@ -1730,28 +1775,28 @@ static int ns_chain(const struct kvs_config *cfg, struct kvs_key k, long tid, in
 	return waitpid(g, &st, 0) == g && WIFEXITED(st) ? WEXITSTATUS(st) : 2;
 }
 
-/* Say on stderr where the processes under pid are: each thread's state, wait channel and
- * kernel stack (for a case that waited in vain). */
+/* Say on stderr where the processes under pid are: each thread's state, wait channel, kernel
+ * stack and (with gdb) its own stack, for a case that waited in vain.  Then kill them. */
 static void ns_dump(pid_t pid)
 {
-	char path[128], line[512];
-	FILE *f;
-
-	snprintf(path, sizeof(path), "/proc/%d/task/%d/children", (int)pid, (int)pid);
-	f = fopen(path, "r");
+	char cmd[512], line[512];
 	long kids[8];
 	int n = 0;
-	while (f && n < 8 && fscanf(f, "%ld", &kids[n]) == 1)
+
+	snprintf(cmd, sizeof(cmd), "/proc/%d/task/%d/children", (int)pid, (int)pid);
+	FILE *f = fopen(cmd, "r");
+	while (f && n < 7 && fscanf(f, "%ld", &kids[n]) == 1)
 		n++;
 	if (f)
 		fclose(f);
 	kids[n++] = pid;
 	for (int i = 0; i < n; i++) {
-		snprintf(path, sizeof(path),
+		snprintf(cmd, sizeof(cmd),
 			 "for t in /proc/%ld/task/*; do echo \"$t: $(cut -d' ' -f3 $t/stat) "
-			 "$(cat $t/wchan)\"; cat $t/stack; done 2>&1",
-			 kids[i]);
-		FILE *sh = popen(path, "r");
+			 "$(cat $t/wchan)\"; cat $t/stack; done 2>&1; timeout 30 gdb -p %ld -batch "
+			 "-ex 'thread apply all bt' 2>&1 | grep '^#\\|^Thread'",
+			 kids[i], kids[i]);
+		FILE *sh = popen(cmd, "r");
 		while (sh && fgets(line, sizeof(line), sh))
 			fprintf(stderr, "test_other_namespace_holder: %s", line);
 		if (sh)
@@ -1787,7 +1832,7 @@ START_TEST(test_other_namespace_holder)
 	long tid = pid_max - 2;
 	while (tid > 300 && !(kill((pid_t)tid, 0) < 0 && errno == ESRCH))
 		tid--;
-	pid_t pid = fork();
+	pid_t pid = fork_alone();
 	ck_assert(pid >= 0);
 	if (pid == 0) {
 		kvs_cache_forget(c);
@@ -2371,7 +2416,7 @@ START_TEST(test_ranks_and_reap_count)
 	kvs_cache_ranks(d, &rank, &nranks);
 	ck_assert_uint_eq(rank, 1);
 	ck_assert_uint_eq(nranks, 2);
-	pid_t pid = fork();
+	pid_t pid = fork_alone();
 	ck_assert(pid >= 0);
 	if (pid == 0) {
 		struct kvs_cache *cc = NULL;
@@ -2551,7 +2596,7 @@ START_TEST(test_pack_mixed_sizes)
 	struct kvs_cache *c = open_ok(&cfg);
 	ck_assert_uint_eq(c->per_frame, 4);
 	for (int n = 0; n < 3; n++) {
-		pids[n] = fork();
+		pids[n] = fork_alone();
 		ck_assert(pids[n] >= 0);
 		if (pids[n])
 			continue;
@@ -2803,8 +2848,6 @@ START_TEST(test_pack_lock_stuck)
 	struct kvs_cache *c = open_ok(&cfg);
 	_Atomic int *ready = shared_anon(4096);
 	pid_t holder = spawn_holder(c, &cfg, hold_pack_lock, ready);
-	while (!*ready)
-		usleep(1000);
 	kill(holder, SIGSTOP);
 	for (uint64_t b = 0; b < 20; b++) {
 		struct kvs_pin p = pack_load(c, 500 + b, 40960);
@@ -2849,8 +2892,6 @@ START_TEST(test_pack_holder_killed)
 		}
 		_Atomic int *ready = shared_anon(4096);
 		pid_t victim = spawn_holder(c, &cfg, holds[h], ready);
-		while (!*ready)
-			usleep(1000);
 		kill(victim, SIGKILL);
 		waitpid(victim, NULL, 0);
 		for (uint64_t b = 0; b < 40; b++) {
