@@ -19,6 +19,8 @@
 #include <sys/resource.h>
 #include <sys/mount.h>
 #include <sys/stat.h>
+#include <sys/syscall.h>
+#include <sys/sysmacros.h>
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
@@ -1512,29 +1514,105 @@ START_TEST(test_populate_without_fallocate)
 }
 END_TEST
 
-/* A fork child holds neither the walker's descriptor nor its mapping of the region. */
+/* How many of this process's descriptors are of the file (dev, ino), and whether one of its
+ * mappings is.  By inode, since a region's descriptors are named "/dev/shm/#N (deleted)" in
+ * the process that built it (an O_TMPFILE then linked).  System calls and no malloc: it runs
+ * in a fork child of a process whose walk is running. */
+struct d64 {
+	uint64_t ino;
+	int64_t off;
+	unsigned short reclen;
+	unsigned char type;
+	char name[];
+};
+
+static int fds_of(dev_t dev, ino_t ino)
+{
+	char buf[4096];
+	int dfd = open("/proc/self/fd", O_RDONLY | O_DIRECTORY | O_CLOEXEC), n = 0;
+	long got;
+
+	while (dfd >= 0 && (got = syscall(SYS_getdents64, dfd, buf, sizeof(buf))) > 0) {
+		for (long at = 0; at < got; at += ((struct d64 *)(buf + at))->reclen) {
+			const char *name = ((struct d64 *)(buf + at))->name;
+			struct stat st;
+			int fd = 0;
+
+			if (name[0] < '0' || name[0] > '9')
+				continue;
+			for (; *name >= '0' && *name <= '9'; name++)
+				fd = fd * 10 + (*name - '0');
+			if (fd != dfd && fstat(fd, &st) == 0 && st.st_dev == dev &&
+			    st.st_ino == ino)
+				n++;
+		}
+	}
+	if (dfd >= 0)
+		close(dfd);
+	return n;
+}
+
+static bool maps_of(dev_t dev, ino_t ino)
+{
+	static char buf[1 << 16]; /* one line at a time: "start-end perms offset MAJ:MIN inode" */
+	int fd = open("/proc/self/maps", O_RDONLY | O_CLOEXEC);
+	size_t have = 0;
+	bool found = false;
+	long got;
+
+	while (fd >= 0 && !found && (got = read(fd, buf + have, sizeof(buf) - 1 - have)) > 0) {
+		have += (size_t)got;
+		char *line = buf, *nl;
+		while (!found && (nl = memchr(line, '\n', have - (size_t)(line - buf)))) {
+			char *f = line;
+			unsigned long v[3] = {0, 0, 0}; /* major, minor, inode */
+			int field = 0;
+
+			for (; f < nl && field < 3; f++)
+				field += *f == ' ';
+			for (int k = 0; k < 3 && f < nl; k++, f++)
+				for (; f < nl && *f != ':' && *f != ' '; f++)
+					v[k] = v[k] * (k < 2 ? 16 : 10) +
+					       (unsigned long)(*f <= '9' ? *f - '0'
+									 : (*f | 32) - 'a' + 10);
+			found = v[2] == ino && v[0] == major(dev) && v[1] == minor(dev);
+			line = nl + 1;
+		}
+		have -= (size_t)(line - buf);
+		memmove(buf, line, have);
+	}
+	if (fd >= 0)
+		close(fd);
+	return found;
+}
+
+/* A fork child holds neither the walker's descriptor nor its mapping of the region, nor the
+ * handle's: the parent, whose walk is running as it forks, holds both descriptors. */
 START_TEST(test_fork_child_drops_walker)
 {
 	struct kvs_config cfg;
+	struct stat rs;
 	char path[256];
 
 	test_config(&cfg, 512, 1u << 20); /* a walk long enough to be running at fork */
 	struct kvs_cache *c = open_ok(&cfg);
 	kvs_cache_path(KVS_CACHE_PARAMS(&cfg), path, sizeof(path));
+	ck_assert_int_eq(stat(path, &rs), 0);
+	int before = fds_of(rs.st_dev, rs.st_ino);
 	pid_t pid = fork(); /* not fork_alone: the walk must be running (the child only forgets) */
 	if (pid == 0) {
-		char cmd[1024];
-
 		kvs_cache_forget(c);
-		/* Exit 0 only if no descriptor and no mapping of the region remain. */
-		snprintf(cmd, sizeof(cmd),
-			 "! ls -l /proc/%d/fd | grep -q '%s' && ! grep -q '%s' /proc/%d/maps",
-			 (int)getpid(), path, path, (int)getpid());
-		_exit(system(cmd) == 0 ? 0 : 6);
+		_exit(fds_of(rs.st_dev, rs.st_ino) ? 6 : maps_of(rs.st_dev, rs.st_ino) ? 7 : 0);
 	}
+	ck_assert_msg(before == 2,
+		      "%d descriptors of the region before the fork: the walk has "
+		      "ended, and the case tests nothing",
+		      before);
+	ck_assert(maps_of(rs.st_dev, rs.st_ino));
 	int st;
 	ck_assert(waitpid(pid, &st, 0) == pid);
-	ck_assert_msg(WIFEXITED(st) && WEXITSTATUS(st) == 0, "child status %#x", st);
+	ck_assert_msg(WIFEXITED(st) && WEXITSTATUS(st) == 0,
+		      "child status %#x (6: a descriptor of the region, 7: a mapping)", st);
 	kvs_cache_close(c);
 	remove_region(&cfg);
 }
