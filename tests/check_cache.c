@@ -1774,6 +1774,214 @@ START_TEST(test_stopped_lock_holder)
 }
 END_TEST
 
+/* What the holder-word thread of test_lock_wait_sleeps_and_sees_a_holder_go does: 400 ms into
+ * the wait, with the lock word steady (the stopped holder's TID), the holder word comes to name
+ * a process slot whose liveness lock nobody holds, as when the holder's process has gone
+ * without the kernel's repair (a robust list it corrupted). */
+struct word_job {
+	struct kvs_cache *c;
+	uint32_t stripe;
+};
+
+static void *holder_goes(void *arg)
+{
+	struct word_job *j = arg;
+	uint32_t slot = j->c->nprocs - 1; /* free: only two processes are attached */
+
+	usleep(400000);
+	store_relaxed(&j->c->stripes[j->stripe].holder, (slot + 1) << 16 | 1);
+	return NULL;
+}
+
+/* A wait for a stripe sleeps between its looks at the lock word (a waiter costs no CPU), and
+ * looks at the holder for as long as it waits: a holder found gone 400 ms into the wait is
+ * given up on within a slice or two, not at the timeout. */
+START_TEST(test_lock_wait_sleeps_and_sees_a_holder_go)
+{
+	struct kvs_config cfg;
+	struct kvs_key k = key_of(27, 0);
+	struct kvs_pin p;
+	pthread_t t;
+	int st;
+
+	test_config(&cfg, 16, 4096);
+	cfg.loader_wait_timeout_ms = 5000;
+	struct kvs_cache *c = open_ok(&cfg);
+	pid_t pid = fork_alone();
+	ck_assert(pid >= 0);
+	if (pid == 0) {
+		struct kvs_cache *cc = NULL;
+
+		kvs_cache_forget(c);
+		if (kvs_cache_open(KVS_CACHE_PARAMS(&cfg), 0, &cc, NULL, 0) ||
+		    kvs_cache_test_lock_key(cc, &k))
+			_exit(2);
+		raise(SIGSTOP);
+		_exit(0);
+	}
+	ck_assert_int_eq(waitpid(pid, &st, WUNTRACED), pid);
+	ck_assert(WIFSTOPPED(st));
+	struct word_job j = {c, bucket_stripe(c, key_bucket(c, &k))};
+	ck_assert_int_eq(pthread_create(&t, NULL, holder_goes, &j), 0);
+	double cpu0 = cpu_s();
+	uint64_t t0 = mono_ms();
+	ck_assert_int_eq(kvs_cache_pin(c, &k, KVS_ALLOC_LOAD, &p), -EUCLEAN);
+	uint64_t took = mono_ms() - t0;
+	double cpu = cpu_s() - cpu0;
+	pthread_join(t, NULL);
+	ck_assert_msg(took >= 400 && took < 400 + 500, "gave up after %llu ms",
+		      (unsigned long long)took);
+	ck_assert_msg(cpu < 0.1, "a wait of %llu ms burnt %.3f s of CPU", (unsigned long long)took,
+		      cpu);
+	kill(pid, SIGKILL);
+	ck_assert_int_eq(waitpid(pid, &st, 0), pid);
+	kvs_cache_close(c);
+	remove_region(&cfg);
+}
+END_TEST
+
+/* What the holder thread of test_live_holder_thread_waited_for does: take the key's stripe
+ * on the shared handle, say so, hold it for 300 ms while running, let go. */
+struct hold_job {
+	struct kvs_cache *c;
+	struct kvs_key k;
+	_Atomic int held;
+};
+
+static void *hold_a_while(void *arg)
+{
+	struct hold_job *j = arg;
+
+	if (kvs_cache_test_lock_key(j->c, &j->k)) {
+		atomic_store(&j->held, -1);
+		return NULL;
+	}
+	atomic_store(&j->held, 1);
+	usleep(300000);
+	kvs_stripe_unlock(j->c, bucket_stripe(j->c, key_bucket(j->c, &j->k)));
+	return NULL;
+}
+
+/* A live holder that is another thread of this process (an engine's threads share one
+ * handle) is waited for, however long it holds the stripe within the timeout: judged by its
+ * TID, which names a thread that exists, not taken for dead after two slices. */
+START_TEST(test_live_holder_thread_waited_for)
+{
+	struct kvs_config cfg;
+	struct kvs_key k = key_of(28, 0);
+	struct kvs_pin p;
+	pthread_t t;
+
+	test_config(&cfg, 16, 4096);
+	cfg.loader_wait_timeout_ms = 5000;
+	struct kvs_cache *c = open_ok(&cfg);
+	ck_assert_int_eq(kvs_cache_pin(c, &k, KVS_ALLOC_LOAD, &p), KVS_PIN_OWNER);
+	load_pattern(c, &p, &k);
+	kvs_cache_release(c, &p);
+	struct hold_job j = {c, k, 0};
+	ck_assert_int_eq(pthread_create(&t, NULL, hold_a_while, &j), 0);
+	while (!atomic_load(&j.held))
+		usleep(1000);
+	ck_assert_int_eq(atomic_load(&j.held), 1);
+	uint64_t t0 = mono_ms();
+	ck_assert_int_eq(kvs_cache_pin(c, &k, KVS_ALLOC_LOAD, &p), KVS_PIN_HIT);
+	ck_assert_uint_ge(mono_ms() - t0, 200);
+	ck_assert(pattern_ok(c, &p, &k));
+	kvs_cache_release(c, &p);
+	pthread_join(t, NULL);
+	kvs_cache_close(c);
+	remove_region(&cfg);
+}
+END_TEST
+
+/* A process that dies inside proc_lock: the next locker repairs it and has it (0), and
+ * attaching, stat and detaching all work afterwards. */
+START_TEST(test_proc_lock_holder_killed)
+{
+	struct kvs_config cfg;
+	struct kvs_region_info info;
+	struct kvs_counters tot;
+	int st;
+
+	test_config(&cfg, 16, 4096);
+	struct kvs_cache *c = open_ok(&cfg);
+	pid_t pid = fork_alone();
+	ck_assert(pid >= 0);
+	if (pid == 0) {
+		struct kvs_cache *cc = NULL;
+
+		kvs_cache_forget(c);
+		if (kvs_cache_open(KVS_CACHE_PARAMS(&cfg), 0, &cc, NULL, 0) || kvs_proc_lock(cc))
+			_exit(2);
+		_exit(0); /* inside proc_lock */
+	}
+	ck_assert_int_eq(waitpid(pid, &st, 0), pid);
+	ck_assert(WIFEXITED(st) && WEXITSTATUS(st) == 0);
+	ck_assert_int_eq(kvs_proc_lock(c), 0);
+	kvs_proc_unlock(c);
+	struct kvs_cache *d = open_ok(&cfg); /* reaps the dead one under proc_lock */
+	ck_assert_int_eq(kvs_cache_stat(c, &info, &tot, NULL, 0), 2);
+	ck_assert(!info.procs_unlocked);
+	kvs_cache_close(d);
+	ck_assert_int_eq(kvs_cache_stat(c, &info, &tot, NULL, 0), 1);
+	kvs_cache_close(c);
+	remove_region(&cfg);
+}
+END_TEST
+
+/* At /dev/shm's headroom (no page allocation for a while), the sweep still takes free frames
+ * whose pages exist, before it evicts anything, and passes over frames without pages
+ * without a system call on them. */
+START_TEST(test_sweep_at_the_headroom)
+{
+	struct kvs_config cfg;
+	struct kvs_pin p;
+	uint32_t used[4];
+
+	test_config(&cfg, 8, 4096);
+	cfg.cache_populate = KVS_POPULATE_LAZY;
+	struct kvs_cache *c = open_ok(&cfg);
+	for (uint64_t b = 0; b < 4; b++) {
+		struct kvs_key k = key_of(800 + b, 0);
+
+		ck_assert_int_eq(kvs_cache_pin(c, &k, KVS_ALLOC_LOAD, &p), KVS_PIN_OWNER);
+		load_pattern(c, &p, &k);
+		used[b] = frame_of(c, p.slot);
+		kvs_cache_release(c, &p);
+	}
+	uint32_t unknown = 0;
+	for (uint32_t f = 0; f < c->nframes; f++)
+		unknown += load_relaxed(&c->fpages[f]) == KVS_PAGES_UNKNOWN;
+	ck_assert_uint_eq(unknown, c->nframes - 4);
+	/* Two files rewritten: their frames are free, with pages. */
+	for (uint64_t b = 0; b < 2; b++) {
+		struct kvs_key blk = key_of(800 + b, 0);
+
+		ck_assert_int_eq(kvs_cache_invalidate(c, &blk, 0, 0), 1);
+	}
+	store_relaxed(&c->room_retry_ns, UINT64_MAX); /* as after an ENOSPC */
+	uint64_t evictions = c->me->ctr[KVS_CTR_evictions];
+	for (uint64_t b = 0; b < 3; b++) {
+		struct kvs_key k = key_of(900 + b, 0);
+
+		ck_assert_int_eq(kvs_cache_pin(c, &k, KVS_ALLOC_LOAD, &p), KVS_PIN_OWNER);
+		uint32_t f = frame_of(c, p.slot);
+		ck_assert_msg(f == used[0] || f == used[1] || f == used[2] || f == used[3],
+			      "frame %u had no pages, and was taken at the headroom", f);
+		load_pattern(c, &p, &k);
+		kvs_cache_release(c, &p);
+		/* The two free frames first; then one of the others is evicted. */
+		ck_assert_uint_eq(c->me->ctr[KVS_CTR_evictions] - evictions, b < 2 ? 0 : 1);
+	}
+	unknown = 0;
+	for (uint32_t f = 0; f < c->nframes; f++)
+		unknown += load_relaxed(&c->fpages[f]) == KVS_PAGES_UNKNOWN;
+	ck_assert_uint_eq(unknown, c->nframes - 4); /* no pages were allocated for the others */
+	kvs_cache_close(c);
+	remove_region(&cfg);
+}
+END_TEST
+
 /* What the processes of test_other_namespace_holder say on their pipe: a code and an errno.
  *   L  the holder has the key's stripe          E  it could not attach or lock (a failure)
  *   S  unshare(CLONE_NEWPID) refused            N  ns_last_pid not settable
@@ -3022,6 +3230,7 @@ static Suite *cache_suite(void)
 	tcase_add_test(limits, test_corrupt_header_refused);
 	tcase_add_test(limits, test_corrupt_chains_contained);
 	tcase_add_test(limits, test_noroom_slots_unused);
+	tcase_add_test(limits, test_sweep_at_the_headroom);
 	tcase_add_test(limits, test_background_population);
 	tcase_add_test(limits, test_populate_ahead);
 	tcase_add_test(limits, test_victim_in_corrupt_chain_skipped);
@@ -3040,6 +3249,9 @@ static Suite *cache_suite(void)
 	tcase_add_test(core, test_deferred_release_retried);
 	tcase_add_test(limits, test_lock_word_of_no_thread);
 	tcase_add_test(crash, test_stopped_lock_holder);
+	tcase_add_test(crash, test_lock_wait_sleeps_and_sees_a_holder_go);
+	tcase_add_test(crash, test_live_holder_thread_waited_for);
+	tcase_add_test(crash, test_proc_lock_holder_killed);
 	tcase_add_test(crash, test_other_namespace_holder);
 	tcase_add_test(crash, test_ownerless_load_taken_over);
 	tcase_add_test(core, test_publish_order);
