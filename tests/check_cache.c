@@ -909,6 +909,11 @@ START_TEST(test_corrupt_chains_contained)
 		struct kvs_key k = key_of(1000 + b, 0);
 		ck_assert_int_eq(kvs_cache_lookup(c, &k), -EUCLEAN);
 	}
+	/* An invalidation walks the cycle too, shard by shard or (a range longer than the
+	 * cache) bucket by bucket: it says so, and ends. */
+	struct kvs_key blk = key_of(2000, 0);
+	ck_assert_int_eq(kvs_cache_invalidate(c, &blk, 0, 3), -EUCLEAN);
+	ck_assert_int_eq(kvs_cache_invalidate(c, &blk, 0, 1000), -EUCLEAN);
 	/* A pin entry naming a slot out of bounds is ignored by reclaim and repair. */
 	c->me->pin[5] = 0xffffff;
 	kvs_cache_close(c);
@@ -1778,14 +1783,14 @@ END_TEST
  * the wait, with the lock word steady (the stopped holder's TID), the holder word comes to name
  * a process slot whose liveness lock nobody holds, as when the holder's process has gone
  * without the kernel's repair (a robust list it corrupted). */
-struct word_job {
+struct holder_job {
 	struct kvs_cache *c;
 	uint32_t stripe;
 };
 
 static void *holder_goes(void *arg)
 {
-	struct word_job *j = arg;
+	struct holder_job *j = arg;
 	uint32_t slot = j->c->nprocs - 1; /* free: only two processes are attached */
 
 	usleep(400000);
@@ -1821,7 +1826,7 @@ START_TEST(test_lock_wait_sleeps_and_sees_a_holder_go)
 	}
 	ck_assert_int_eq(waitpid(pid, &st, WUNTRACED), pid);
 	ck_assert(WIFSTOPPED(st));
-	struct word_job j = {c, bucket_stripe(c, key_bucket(c, &k))};
+	struct holder_job j = {c, bucket_stripe(c, key_bucket(c, &k))};
 	ck_assert_int_eq(pthread_create(&t, NULL, holder_goes, &j), 0);
 	double cpu0 = cpu_s();
 	uint64_t t0 = mono_ms();
@@ -1889,6 +1894,38 @@ START_TEST(test_live_holder_thread_waited_for)
 	ck_assert(pattern_ok(c, &p, &k));
 	kvs_cache_release(c, &p);
 	pthread_join(t, NULL);
+	kvs_cache_close(c);
+	remove_region(&cfg);
+}
+END_TEST
+
+/* The reap of a process that died owning a load fails that load at once, with no waiter
+ * needed to notice: EOWNERDEAD is recorded and counted, the slot (its last pin returned) is
+ * left for a retry, and the next pin owns it at once. */
+START_TEST(test_reap_fails_a_dead_owners_load)
+{
+	struct kvs_config cfg;
+	struct kvs_key k = key_of(11, 0);
+	struct kvs_pin p;
+
+	test_config(&cfg, 16, 4096);
+	struct kvs_cache *c = open_ok(&cfg);
+	_Atomic int *ready = shared_anon(4096);
+	pid_t victim = spawn_holder(c, &cfg, hold_load, ready);
+	kill(victim, SIGKILL);
+	waitpid(victim, NULL, 0);
+	uint64_t failures = c->me->ctr[KVS_CTR_failures];
+	ck_assert_int_eq(kvs_cache_reap(c), 1);
+	ck_assert_uint_eq(c->me->ctr[KVS_CTR_failures] - failures, 1);
+	int failed = 0;
+	for (uint32_t i = 0; i < c->nslots; i++)
+		failed += c->slots[i].key[1] == k.block_hi && c->slots[i].err == EOWNERDEAD;
+	ck_assert_int_eq(failed, 1);
+	uint64_t t0 = mono_ms();
+	ck_assert_int_eq(kvs_cache_pin(c, &k, KVS_ALLOC_LOAD, &p), KVS_PIN_OWNER);
+	ck_assert_uint_lt(mono_ms() - t0, 100);
+	load_pattern(c, &p, &k);
+	kvs_cache_release(c, &p);
 	kvs_cache_close(c);
 	remove_region(&cfg);
 }
@@ -3252,6 +3289,7 @@ static Suite *cache_suite(void)
 	tcase_add_test(crash, test_lock_wait_sleeps_and_sees_a_holder_go);
 	tcase_add_test(crash, test_live_holder_thread_waited_for);
 	tcase_add_test(crash, test_proc_lock_holder_killed);
+	tcase_add_test(crash, test_reap_fails_a_dead_owners_load);
 	tcase_add_test(crash, test_other_namespace_holder);
 	tcase_add_test(crash, test_ownerless_load_taken_over);
 	tcase_add_test(core, test_publish_order);
