@@ -32,6 +32,9 @@
 
 static int case_seq;
 
+/* A thread id no thread can have: above the largest pid_max the kernel allows (2^22). */
+#define NO_TID 0x3ffffff0
+
 static void test_config(struct kvs_config *cfg, uint64_t slots, uint64_t shard)
 {
 	kvs_config_defaults(cfg);
@@ -921,6 +924,58 @@ START_TEST(test_corrupt_chains_contained)
 }
 END_TEST
 
+/* Write-through's edges: a publication of a key already cached (a slot that is not slot 0)
+ * frees the staged slot and leaves the stripe unlocked; a slot claimed by another process is
+ * not ours to publish; a rekey moves only READY slots (not one left for a retry after a
+ * failure) and, when the stripe cannot be had, says so and touches nothing. */
+START_TEST(test_stage_edges)
+{
+	struct kvs_config cfg;
+	struct kvs_key a = key_of(31, 0), f = key_of(32, 0), to = key_of(33, 0);
+	struct kvs_pin p;
+	uint32_t s;
+
+	test_config(&cfg, 8, 4096);
+	cfg.loader_wait_timeout_ms = 5000;
+	struct kvs_cache *c = open_ok(&cfg), *d = open_ok(&cfg);
+	load_one(c, 30); /* slot 0 */
+	ck_assert_uint_ne(load_one(c, 31), 0);
+	ck_assert_int_eq(kvs_cache_stage_claim(c, &s), 0);
+	ck_assert_int_eq(kvs_cache_stage_publish(c, s, &a, 4096, 0), 0);
+	ck_assert_uint_eq(load_relaxed(&c->slots[s].state), KVS_SLOT_FREE);
+	uint64_t t0 = mono_ms();
+	ck_assert_int_eq(kvs_cache_pin_ready(d, &a, &p), KVS_PIN_HIT); /* the stripe is free */
+	ck_assert(pattern_ok(d, &p, &a));
+	kvs_cache_release(d, &p);
+	ck_assert_int_eq(kvs_cache_pin_ready(c, &a, &p), KVS_PIN_HIT); /* for its own too */
+	kvs_cache_release(c, &p);
+	ck_assert_uint_lt(mono_ms() - t0, 100);
+	/* d's claim, published by c (whose process slot is the lower one). */
+	ck_assert_int_eq(kvs_cache_stage_claim(d, &s), 0);
+	ck_assert_int_eq(kvs_cache_stage_publish(c, s, &to, 4096, 0), -EINVAL);
+	ck_assert_int_eq(kvs_cache_lookup(c, &to), -ENOENT);
+	kvs_cache_stage_drop(d, s);
+	/* A failed load, its last pin gone: left for a retry, not moved. */
+	ck_assert_int_eq(kvs_cache_pin(c, &f, KVS_ALLOC_LOAD, &p), KVS_PIN_OWNER);
+	kvs_cache_mark_failed(c, &p, EIO);
+	kvs_cache_release(c, &p);
+	ck_assert_int_eq(kvs_cache_rekey(c, &f, &to), 0);
+	ck_assert_int_eq(kvs_cache_lookup(c, &to), -ENOENT);
+	/* The stripe of a's key stuck (a word of no thread): an error, nothing moved. */
+	pthread_mutex_t *mu = &c->stripes[bucket_stripe(c, key_bucket(c, &a))].mu;
+	mu->__data.__lock = NO_TID;
+	ck_assert_int_eq(kvs_cache_rekey(c, &a, &to), -EUCLEAN);
+	mu->__data.__lock = 0;
+	ck_assert_int_eq(kvs_cache_lookup(c, &to), -ENOENT);
+	ck_assert_int_eq(kvs_cache_pin_ready(c, &a, &p), KVS_PIN_HIT);
+	kvs_cache_release(c, &p);
+	ck_assert_uint_eq(pinned_slots(c), 0);
+	kvs_cache_close(d);
+	kvs_cache_close(c);
+	remove_region(&cfg);
+}
+END_TEST
+
 /* ------------------------------------------------------------------ concurrency */
 
 #define NPROC 8
@@ -1624,9 +1679,6 @@ START_TEST(test_fork_child_drops_walker)
 END_TEST
 
 /* ------------------------------------------------------------------ bounded waits */
-
-/* A thread id no thread can have: above the largest pid_max the kernel allows (2^22). */
-#define NO_TID 0x3ffffff0
 
 static pthread_mutex_t *stripe_mutex(struct kvs_cache *c, const struct kvs_key *k)
 {
@@ -3254,6 +3306,7 @@ static Suite *cache_suite(void)
 	tcase_add_test(core, test_expiry);
 	tcase_add_test(core, test_first_seen);
 	tcase_add_test(core, test_stage_publish_rekey);
+	tcase_add_test(core, test_stage_edges);
 	tcase_add_test(conc, test_write_sequences);
 	tcase_add_test(conc, test_first_seen_concurrent);
 	tcase_add_test(core, test_create_attach_mismatch);
