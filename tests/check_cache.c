@@ -111,6 +111,29 @@ static uint64_t mono_ms(void)
 	return (uint64_t)ts.tv_sec * 1000 + (uint64_t)ts.tv_nsec / 1000000;
 }
 
+/* Wait for child pid to set *ready.  A child that ends first, or says nothing for 20 s, fails
+ * the case at once with its status (and is killed), rather than at Check's timeout. */
+static void wait_ready(_Atomic int *ready, pid_t pid)
+{
+	uint64_t t0 = mono_ms();
+	int st = 0;
+
+	while (!atomic_load(ready)) {
+		pid_t w = waitpid(pid, &st, WNOHANG);
+
+		if (w != 0 || mono_ms() - t0 > 20000) {
+			if (w == 0) {
+				kill(pid, SIGKILL);
+				waitpid(pid, &st, 0);
+			}
+			ck_abort_msg("child %d %s (status %#x)", (int)pid,
+				     w ? "ended before it was ready" : "was not ready after 20 s",
+				     st);
+		}
+		usleep(1000);
+	}
+}
+
 /* Load key as owner: fill the slot with a pattern derived from the key, publish READY. */
 static void load_pattern(struct kvs_cache *c, const struct kvs_pin *pin, const struct kvs_key *k)
 {
@@ -385,7 +408,7 @@ START_TEST(test_stage_publish_rekey)
 	kvs_cache_stage_drop(c, s2);
 	ck_assert_uint_eq(slots_in(c, KVS_SLOT_CLAIMED), 0);
 	/* A stager SIGKILLed with slots staged: its reclaim frees them. */
-	int *ready = shared_anon(4096);
+	_Atomic int *ready = shared_anon(4096);
 	pid_t kid = fork_alone();
 	ck_assert_int_ge(kid, 0);
 	if (kid == 0) {
@@ -397,12 +420,11 @@ START_TEST(test_stage_publish_rekey)
 		for (int i = 0; i < 3; i++)
 			if (kvs_cache_stage_claim(m, &x))
 				_exit(4);
-		__atomic_store_n(ready, 1, __ATOMIC_RELEASE);
+		atomic_store(ready, 1);
 		pause();
 		_exit(0);
 	}
-	while (!__atomic_load_n(ready, __ATOMIC_ACQUIRE))
-		usleep(1000);
+	wait_ready(ready, kid);
 	ck_assert_uint_eq(slots_in(c, KVS_SLOT_CLAIMED), 3);
 	kill(kid, SIGKILL);
 	waitpid(kid, NULL, 0);
@@ -1088,29 +1110,6 @@ END_TEST
 
 /* ------------------------------------------------------------------ crash */
 
-/* Wait for child pid to set *ready.  A child that ends first, or says nothing for 20 s, fails
- * the case at once with its status (and is killed), rather than at Check's timeout. */
-static void wait_ready(_Atomic int *ready, pid_t pid)
-{
-	uint64_t t0 = mono_ms();
-	int st = 0;
-
-	while (!atomic_load(ready)) {
-		pid_t w = waitpid(pid, &st, WNOHANG);
-
-		if (w != 0 || mono_ms() - t0 > 20000) {
-			if (w == 0) {
-				kill(pid, SIGKILL);
-				waitpid(pid, &st, 0);
-			}
-			ck_abort_msg("child %d %s (status %#x)", (int)pid,
-				     w ? "ended before it was ready" : "was not ready after 20 s",
-				     st);
-		}
-		usleep(1000);
-	}
-}
-
 /* Fork a child that attaches, runs hold() and then waits to be killed; return once it has
  * run hold(). */
 static pid_t spawn_holder(struct kvs_cache *parent, const struct kvs_config *cfg,
@@ -1776,6 +1775,31 @@ START_TEST(test_deferred_release_retried)
 }
 END_TEST
 
+/* Fork a process that attaches, takes key's stripe and stops itself there (SIGSTOP: a
+ * throttled pod, a debugger); return once it is stopped.  Continued, it exits inside the
+ * stripe, and the next locker repairs it. */
+static pid_t stopped_in_stripe(struct kvs_cache *parent, const struct kvs_config *cfg,
+			       const struct kvs_key *key)
+{
+	pid_t pid = fork_alone();
+	int st;
+
+	ck_assert(pid >= 0);
+	if (pid == 0) {
+		struct kvs_cache *cc = NULL;
+
+		kvs_cache_forget(parent);
+		if (kvs_cache_open(KVS_CACHE_PARAMS(cfg), 0, &cc, NULL, 0) ||
+		    kvs_cache_test_lock_key(cc, key))
+			_exit(2);
+		raise(SIGSTOP);
+		_exit(0);
+	}
+	ck_assert_int_eq(waitpid(pid, &st, WUNTRACED), pid);
+	ck_assert_msg(WIFSTOPPED(st), "stripe holder status %#x", st);
+	return pid;
+}
+
 /* A process stopped inside a stripe: another process's pin gives up after
  * loader.wait_timeout_ms, and once the holder is gone nothing is stuck and no pin leaks. */
 START_TEST(test_stopped_lock_holder)
@@ -1790,20 +1814,7 @@ START_TEST(test_stopped_lock_holder)
 	struct kvs_cache *c = open_ok(&cfg);
 	ck_assert_int_eq(kvs_cache_pin(c, &k, KVS_ALLOC_LOAD, &p), KVS_PIN_OWNER);
 	load_pattern(c, &p, &k);
-	pid_t pid = fork_alone();
-	ck_assert(pid >= 0);
-	if (pid == 0) {
-		struct kvs_cache *cc = NULL;
-
-		kvs_cache_forget(c);
-		if (kvs_cache_open(KVS_CACHE_PARAMS(&cfg), 0, &cc, NULL, 0) ||
-		    kvs_cache_test_lock_key(cc, &k))
-			_exit(2);
-		raise(SIGSTOP);
-		_exit(0); /* still inside the stripe: the next locker repairs it */
-	}
-	ck_assert_int_eq(waitpid(pid, &st, WUNTRACED), pid);
-	ck_assert(WIFSTOPPED(st));
+	pid_t pid = stopped_in_stripe(c, &cfg, &k);
 	uint64_t t0 = mono_ms();
 	ck_assert_int_eq(kvs_cache_pin(c, &k, KVS_ALLOC_LOAD, &q), -EUCLEAN);
 	uint64_t took = mono_ms() - t0;
@@ -1864,20 +1875,7 @@ START_TEST(test_lock_wait_sleeps_and_sees_a_holder_go)
 	test_config(&cfg, 16, 4096);
 	cfg.loader_wait_timeout_ms = 5000;
 	struct kvs_cache *c = open_ok(&cfg);
-	pid_t pid = fork_alone();
-	ck_assert(pid >= 0);
-	if (pid == 0) {
-		struct kvs_cache *cc = NULL;
-
-		kvs_cache_forget(c);
-		if (kvs_cache_open(KVS_CACHE_PARAMS(&cfg), 0, &cc, NULL, 0) ||
-		    kvs_cache_test_lock_key(cc, &k))
-			_exit(2);
-		raise(SIGSTOP);
-		_exit(0);
-	}
-	ck_assert_int_eq(waitpid(pid, &st, WUNTRACED), pid);
-	ck_assert(WIFSTOPPED(st));
+	pid_t pid = stopped_in_stripe(c, &cfg, &k);
 	struct holder_job j = {c, bucket_stripe(c, key_bucket(c, &k))};
 	ck_assert_int_eq(pthread_create(&t, NULL, holder_goes, &j), 0);
 	double cpu0 = cpu_s();
