@@ -287,7 +287,48 @@ void kvs_cache_set_rank(struct kvs_cache *c, int rank);
 uint64_t kvs_cache_shard_size(const struct kvs_cache *c);
 uint32_t kvs_cache_slots(const struct kvs_cache *c);
 
-/* The block id of a file: XXH3-128 of st_dev, st_ino, st_size, st_mtim, st_ctim (shard 0). */
+/*
+ * A file's identity (cache/key.c).  By change (the default): st_dev, st_ino, st_size,
+ * st_mtim, st_ctim, so that any write gives the file a new block id.  By birth (write_once,
+ * files.write_once roots): st_dev, st_ino, st_size, the birth time and the inode generation,
+ * so that touches, chmod and renames keep it and a file created anew never has the old one's.
+ */
+struct kvs_time {
+	int64_t sec;
+	uint32_t nsec;
+};
+static inline bool kvs_time_eq(struct kvs_time a, struct kvs_time b)
+{
+	return a.sec == b.sec && a.nsec == b.nsec;
+}
+/* Nanoseconds since the epoch (0 before it). */
+static inline uint64_t kvs_time_ns(struct kvs_time t)
+{
+	return t.sec < 0 ? 0 : (uint64_t)t.sec * 1000000000ull + t.nsec;
+}
+struct kvs_ident {
+	uint64_t dev, ino, size;
+	uint32_t mode;
+	struct kvs_time mtime, ctime, atime, btime;
+	uint32_t gen;
+	bool has_btime, has_gen;
+	bool write_once; /* keyed by birth: asked for, and the file system gives btime or gen */
+};
+
+/* The identity of fd's file: one statx (STATX_BTIME; fstat where there is none), and with
+ * write_once an FS_IOC_GETVERSION ioctl.  write_once asked for on a file system that gives
+ * neither a birth time nor a generation leaves id->write_once false: keyed by change.
+ * Returns 0 or -errno of statx/fstat.  Raw system calls only, no hooked name. */
+int kvs_ident_of_fd(int fd, bool write_once, struct kvs_ident *id);
+/* Only the generation of fd's file (id->has_gen, id->gen); 0 or -errno of the ioctl. */
+int kvs_ident_generation(int fd, struct kvs_ident *id);
+/* The identity by change of what fstat said (no birth time, write_once false). */
+void kvs_ident_from_stat(const struct stat *st, struct kvs_ident *id);
+/* The block id of an identity (shard 0): XXH3-128 of its words, under a tag per scheme. */
+void kvs_ident_key(const struct kvs_ident *id, struct kvs_key *out);
+/* Do a and b name the same bytes under their scheme (the words kvs_ident_key hashes)? */
+bool kvs_ident_same(const struct kvs_ident *a, const struct kvs_ident *b);
+/* The block id by change of what fstat said (kvs_ident_from_stat, kvs_ident_key). */
 void kvs_block_id(const struct stat *st, struct kvs_key *out);
 
 /*
@@ -344,6 +385,12 @@ struct kvs_wtok {
 void kvs_cache_write_begin(struct kvs_cache *c, uint64_t dev, uint64_t ino, struct kvs_wtok *t);
 bool kvs_cache_write_end(struct kvs_cache *c, struct kvs_wtok *t);
 bool kvs_cache_write_last(struct kvs_cache *c, const struct kvs_wtok *t);
+/* For a change that is not a write (a touch): kvs_cache_write_mark takes the file's mark
+ * before it (false: a write of the file under the shim is in flight, or the region has no
+ * write sequences), kvs_cache_write_quiet after it says whether no write under the shim began
+ * or ended since.  Lock-free; works on a KVS_OPEN_WATCH mapping too. */
+bool kvs_cache_write_mark(struct kvs_cache *c, uint64_t dev, uint64_t ino, uint64_t *mark);
+bool kvs_cache_write_quiet(struct kvs_cache *c, uint64_t dev, uint64_t ino, uint64_t mark);
 
 /* Figures for `kvshim stat`. */
 struct kvs_region_info {

@@ -171,3 +171,31 @@ bool kvs_cache_write_last(struct kvs_cache *c, const struct kvs_wtok *t)
 	return w_key(w) == t->key && w_own(w) == (uint32_t)c->self + 1 && w_fly(w) == 0 &&
 	       w_gen(w) == t->gen;
 }
+
+/* A mark is the entry's whole word: every begin moves gen or takes the entry over, and every
+ * end moves "in flight", so an unchanged word means no write of the file began or ended
+ * between the two looks (another file's write on a shared entry changes it too: a false
+ * alarm, never a write missed). */
+bool kvs_cache_write_mark(struct kvs_cache *c, uint64_t dev, uint64_t ino, uint64_t *mark)
+{
+	uint64_t h = file_hash(dev, ino);
+
+	if (!c->nseen)
+		return false;
+	uint32_t entry = (uint32_t)(h & (c->nseen - 1)), key = (uint32_t)(h >> W_KEY_SHIFT) | 1u;
+	uint64_t w = load_acquire(&c->wseq[entry]); /* pairs with the writers' CAS */
+
+	if (w_key(w) == key && w_fly(w) != 0)
+		return false; /* a write of the file is in flight */
+	*mark = w;
+	return true;
+}
+
+bool kvs_cache_write_quiet(struct kvs_cache *c, uint64_t dev, uint64_t ino, uint64_t mark)
+{
+	uint64_t h = file_hash(dev, ino);
+
+	if (!c->nseen)
+		return false;
+	return load_acquire(&c->wseq[h & (c->nseen - 1)]) == mark; /* pairs with the writers' CAS */
+}

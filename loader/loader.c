@@ -171,8 +171,10 @@ static void owner_read_done(struct kvs_bio *bio)
 
 		kvs_cache_count(c, KVS_CTR_backend_bytes, (uint64_t)op->size);
 		kvs_cache_count(c, KVS_CTR_shards_loaded, 1);
-		kvs_publish_loaded(c, &op->pin,
-				   kvs_check_file(bio->fd, rd->dev, rd->ino, &rd->block), op->size);
+		kvs_publish_loaded(
+		    c, &op->pin,
+		    kvs_check_file(bio->fd, rd->dev, rd->ino, rd->write_once, &rd->block),
+		    op->size);
 	} else {
 		kvs_cache_count(c, KVS_CTR_failures, 1);
 		kvs_cache_mark_failed(c, &op->pin, bio->result < 0 ? (int)-bio->result : EIO);
@@ -481,7 +483,8 @@ static int read_self(struct kvs_loader *ld, const struct kvs_read *rd, struct kv
 		if (got < (int64_t)op->len)
 			return got < 0 ? (int)got : -EIO;
 		kvs_cache_count(ld->c, KVS_CTR_backend_bytes, (uint64_t)got);
-		if (kvs_check_file(rd->fd, rd->dev, rd->ino, &rd->block) == KVS_V_WRONG_FILE)
+		if (kvs_check_file(rd->fd, rd->dev, rd->ino, rd->write_once, &rd->block) ==
+		    KVS_V_WRONG_FILE)
 			return -ESTALE;
 		return 0;
 	}
@@ -493,7 +496,8 @@ static int read_self(struct kvs_loader *ld, const struct kvs_read *rd, struct kv
 	kvs_cache_count(ld->c, KVS_CTR_backend_reads, 1);
 	if (got < (int64_t)(want - start))
 		r = got < 0 ? (int)got : -EIO;
-	else if (kvs_check_file(rd->fd, rd->dev, rd->ino, &rd->block) == KVS_V_WRONG_FILE)
+	else if (kvs_check_file(rd->fd, rd->dev, rd->ino, rd->write_once, &rd->block) ==
+		 KVS_V_WRONG_FILE)
 		r = -ESTALE;
 	if (r == 0) {
 		kvs_cache_count(ld->c, KVS_CTR_backend_bytes, (uint64_t)got);
@@ -830,8 +834,8 @@ int kvs_loader_settle(struct kvs_loader *ld, struct kvs_task *t)
 				kvs_cache_count(ld->c, KVS_CTR_fallbacks, 1);
 				if (got < (int64_t)(want - start) && !result)
 					result = got < 0 ? (int)got : -EIO;
-				else if (kvs_check_file(rd->fd, rd->dev, rd->ino, &rd->block) ==
-					     KVS_V_WRONG_FILE &&
+				else if (kvs_check_file(rd->fd, rd->dev, rd->ino, rd->write_once,
+							&rd->block) == KVS_V_WRONG_FILE &&
 					 !result)
 					result = -ESTALE;
 			}

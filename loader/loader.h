@@ -59,6 +59,7 @@ struct kvs_read {
 	struct kvs_fresh fresh; /* how long what is loaded now may be kept */
 	struct kvs_key block;	/* the file's block id; shard ignored */
 	uint64_t dev, ino;	/* the file, for the check after each storage read */
+	bool write_once;	/* block is the file's identity by birth (cache.h, kvs_ident) */
 	uint64_t file_size;	/* st_size when the block id was taken */
 	uint64_t off;		/* file offset of the read */
 	uint64_t len;		/* bytes asked for */

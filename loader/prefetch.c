@@ -36,6 +36,7 @@ void kvs_prefetch_note(struct kvs_prefetcher *pf, const struct kvs_read *rd, uin
 	r->block = rd->block;
 	r->dev = rd->dev;
 	r->ino = rd->ino;
+	r->write_once = rd->write_once;
 	r->next_shard = next;
 	r->file_size = rd->file_size;
 	r->direct = rd->direct;
@@ -54,8 +55,10 @@ static void read_ahead_done(struct kvs_bio *bio)
 	kvs_cache_count(c, KVS_CTR_backend_reads, 1);
 	if (bio->result >= (int64_t)io->size) {
 		kvs_cache_count(c, KVS_CTR_backend_bytes, io->size);
-		kvs_publish_loaded(c, &io->pin,
-				   kvs_check_file(bio->fd, io->dev, io->ino, &io->block), io->size);
+		kvs_publish_loaded(
+		    c, &io->pin,
+		    kvs_check_file(bio->fd, io->dev, io->ino, io->write_once, &io->block),
+		    io->size);
 	} else {
 		kvs_cache_mark_failed(c, &io->pin, bio->result < 0 ? (int)-bio->result : EIO);
 	}
@@ -71,7 +74,7 @@ static void read_ahead(struct kvs_prefetcher *pf, const struct kvs_recent *r)
 
 	/* The anchor may name another file by now (the program moved on): then skip it.  The
 	 * check after the read catches a change during it. */
-	if (kvs_check_file(r->fd, r->dev, r->ino, &r->block) != KVS_V_KEEP)
+	if (kvs_check_file(r->fd, r->dev, r->ino, r->write_once, &r->block) != KVS_V_KEEP)
 		return;
 	for (int i = 0; i < KVS_PREFETCH_RECENT && !io; i++) {
 		uint32_t idle = 0;
@@ -97,6 +100,7 @@ static void read_ahead(struct kvs_prefetcher *pf, const struct kvs_recent *r)
 	io->block = r->block;
 	io->dev = r->dev;
 	io->ino = r->ino;
+	io->write_once = r->write_once;
 	io->size = (uint32_t)size;
 	io->bio.fd = r->fd;
 	io->bio.buf = kvs_cache_data(pf->c, &io->pin);

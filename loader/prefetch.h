@@ -25,6 +25,7 @@
 struct kvs_recent {
 	struct kvs_key block;
 	uint64_t dev, ino;
+	bool write_once; /* keyed by birth (kvs_read.write_once) */
 	uint64_t next_shard, file_size;
 	struct kvs_fresh fresh;
 	int fd;
@@ -38,6 +39,7 @@ struct kvs_prefetch_io {
 	struct kvs_pin pin;
 	struct kvs_key block;
 	uint64_t dev, ino;
+	bool write_once; /* keyed by birth (kvs_read.write_once) */
 	uint32_t size;
 	_Atomic uint32_t busy;
 };

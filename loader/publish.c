@@ -8,14 +8,15 @@
 #include "publish.h"
 #include "sys.h"
 
-enum kvs_verdict kvs_check_file(int fd, uint64_t dev, uint64_t ino, const struct kvs_key *block)
+enum kvs_verdict kvs_check_file(int fd, uint64_t dev, uint64_t ino, bool write_once,
+				const struct kvs_key *block)
 {
-	struct stat st;
+	struct kvs_ident id;
 	struct kvs_key now;
 
-	if (fstat(fd, &st) < 0 || (uint64_t)st.st_dev != dev || (uint64_t)st.st_ino != ino)
+	if (kvs_ident_of_fd(fd, write_once, &id) < 0 || id.dev != dev || id.ino != ino)
 		return KVS_V_WRONG_FILE;
-	kvs_block_id(&st, &now);
+	kvs_ident_key(&id, &now);
 	return now.block_lo == block->block_lo && now.block_hi == block->block_hi ? KVS_V_KEEP
 										  : KVS_V_HAND_OUT;
 }
@@ -53,8 +54,10 @@ uint64_t kvs_keep_until(struct kvs_cache *c, const struct kvs_key *block,
 
 	clock_gettime(CLOCK_REALTIME, &ts);
 	uint64_t real = (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
-	/* A stamp in the future (another clock, or a lie) is not settled. */
-	bool settled = real >= fr->changed_ns && real - fr->changed_ns >= fr->settle_ns;
+	/* A stamp in the future (another clock, or a lie) is not settled.  No settle window (a
+	 * write-once root, or files.settle = 0): nothing to wait for. */
+	bool settled =
+	    !fr->settle_ns || (real >= fr->changed_ns && real - fr->changed_ns >= fr->settle_ns);
 	if (fr->node_clock && fr->settle_ns) {
 		uint64_t seen = kvs_cache_first_seen(c, block, mono); /* recorded either way */
 

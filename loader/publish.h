@@ -18,8 +18,10 @@ enum kvs_verdict {
 };
 
 /* Judge a storage read through fd, after it: the file must still be (dev, ino), else the bytes
- * are another file's; kept only if its identity is still block. */
-enum kvs_verdict kvs_check_file(int fd, uint64_t dev, uint64_t ino, const struct kvs_key *block);
+ * are another file's; kept only if its identity (by birth with write_once, else by change) is
+ * still block. */
+enum kvs_verdict kvs_check_file(int fd, uint64_t dev, uint64_t ino, bool write_once,
+				const struct kvs_key *block);
 
 /*
  * Until when may a shard of block, whose file fr describes, be kept if its storage read
