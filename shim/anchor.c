@@ -318,12 +318,12 @@ void kvs_anchor_closing(int fd)
  * anchor: an anchor is a descriptor of an inode, whatever its times. */
 static int fits(int a, const struct kvs_fdinfo *fi)
 {
-	struct stat st;
+	struct kvs_ident id;
 	struct kvs_key k;
 
-	if (fstat(a, &st) < 0 || (uint64_t)st.st_dev != fi->dev || (uint64_t)st.st_ino != fi->ino)
+	if (kvs_ident_of_fd(a, fi->write_once, &id) < 0 || id.dev != fi->dev || id.ino != fi->ino)
 		return -ENOENT;
-	kvs_block_id(&st, &k);
+	kvs_ident_key(&id, &k);
 	return k.block_lo == fi->block.block_lo && k.block_hi == fi->block.block_hi ? a : -ESTALE;
 }
 

@@ -1,12 +1,34 @@
 /*
  * fdinfo: see fdinfo.h.
  *
- * The cache is a table indexed by descriptor number (below FD_SLOTS), mapped at first use (mmap,
- * not malloc: a hooked read may come from a signal handler), so a process that never reads a
- * KV file never maps it.  Each entry is guarded by a sequence counter: a writer makes it odd
- * (CAS, so concurrent writers skip rather than wait), writes, then makes it even again; a
- * reader retries or recomputes when it sees an odd or changed counter.  A torn read can
- * therefore never pass for a match.  The anchors the loader reads through are anchor.c's.
+ * DESIGN
+ *
+ * A table indexed by descriptor number (below FD_SLOTS), mapped at first use (mmap, not
+ * malloc: a hooked call may come from a signal handler), so a process that never looks at a
+ * descriptor never maps it.  Each entry holds two things of different lifetimes:
+ *
+ *   cls      what the descriptor is, decided once by its path and file type: UNKNOWN, NOT_KV
+ *            (a pipe, a socket, a file outside files.roots) or KV.  It holds until the number
+ *            is closed or replaced (kvs_fdinfo_forget: close, dup2, dup3, close_range and their
+ *            syscall() numbers, fclose), since a descriptor's open file is the same inode for
+ *            its whole life.  NOT_KV answers with no system call at all: a program's writes to
+ *            its logs and sockets cost one load.
+ *   verdict  for a KV descriptor: its file (dev, ino), its root's rules (write-once), its
+ *            O_DIRECT alignment and file system rules, and the block id of the identity it was
+ *            last seen with.  Every look re-reads the identity (statx, and the generation on a
+ *            write-once root) and hashes a new block id when it moved; the path is looked up
+ *            again only when (dev, ino) moved (a close the shim did not see, and the number
+ *            reused).
+ *
+ * The verdict is guarded by a sequence counter: a writer makes it odd (CAS, so concurrent
+ * writers skip rather than wait), writes, then makes it even again; a reader retries or
+ * recomputes when it sees an odd or changed counter, so a torn read never passes for a match.
+ * cls is one atomic byte; kvs_fdinfo_forget stores UNKNOWN and moves the counter, so a reader
+ * that raced it looks again.  A close the shim does not see (an io_uring close, a close inside
+ * another library's code) leaves cls as it was: a KV verdict is caught by the (dev, ino) check,
+ * a NOT_KV one makes the file's reads and writes through that number pass through as any file
+ * outside the roots (a miss, never a wrong byte: a write unseen still moves the identity of a
+ * file keyed by change).  The anchors the loader reads through are anchor.c's.
  */
 #include <errno.h>
 #include <fcntl.h>
@@ -19,27 +41,40 @@
 #include <sys/mman.h>
 #include <sys/stat.h>
 #include <sys/syscall.h>
+#include <sys/statvfs.h>
 #include <sys/vfs.h>
 #include <time.h>
 #include <unistd.h>
 
+#include "config.h"
 #include "fdinfo.h"
+#include "log.h"
 
 #define FD_SLOTS  65536
 #define MAX_ROOTS 16
+#define DAY_NS	  (86400ull * 1000000000ull)
 
-struct ident {
-	uint64_t dev, ino, size, mtime_s, mtime_ns, ctime_s, ctime_ns;
-};
+enum { CLS_UNKNOWN = 0, CLS_NOT_KV = 1, CLS_KV = 2 };
 
-/* What the table says about one descriptor. */
+/* What the table says about one KV descriptor. */
 struct verdict {
-	struct ident id;
-	struct kvs_key block;
+	/* per descriptor: decided by its path and file system */
+	uint64_t dev, ino;
 	uint32_t dio_mem, dio_off;
-	uint32_t kv, zero_tail;
+	uint32_t zero_tail, node_clock;
+	uint32_t once_root; /* under a files.write_once root */
+	uint32_t fs_gen;    /* the file system answered FS_IOC_GETVERSION */
+	uint32_t atime;	    /* the mount's atime rule: KVS_ATIME_* */
+	uint32_t pad;
+	uint64_t fs_type;
+	/* per identity: the words it was matched on, and what follows from them */
+	uint64_t size;
+	int64_t v1_s, v2_s; /* by change: mtime, ctime; by birth: btime, 0 */
+	uint32_t v1_ns, v2_ns;
+	uint64_t gen;
+	uint64_t write_once; /* keyed by birth */
+	struct kvs_key block;
 	uint64_t settle_ns;
-	uint64_t node_clock; /* the stamps may be another machine's (settle_for) */
 };
 
 #define VERDICT_WORDS (sizeof(struct verdict) / 8)
@@ -49,13 +84,17 @@ _Static_assert(sizeof(struct verdict) % 8 == 0, "a verdict is whole words");
  * torn words, never undefined behaviour; the sequence counter then rejects the copy. */
 struct entry {
 	_Atomic uint32_t seq;
-	_Atomic uint32_t kv_hint; /* the last verdict's kv, for kvs_fdinfo_known's quick test */
+	_Atomic uint8_t cls;
 	_Atomic uint64_t w[VERDICT_WORDS];
 };
 
 static char roots[MAX_ROOTS][PATH_MAX];
 static size_t root_len[MAX_ROOTS];
 static int nroots;
+static char once[MAX_ROOTS][PATH_MAX];
+static size_t once_len[MAX_ROOTS];
+static int nonce;
+static _Atomic uint32_t once_noid_said; /* one bit per write-once root said to have no id */
 static int64_t settle_ms = -1;
 static struct entry *_Atomic table;
 
@@ -64,60 +103,62 @@ void kvs_fdinfo_set_settle(int64_t ms)
 	settle_ms = ms;
 }
 
-int kvs_fdinfo_set_roots(const char *spec)
+/* Canonicalise each directory of spec (colon-separated) into dirs; missing ones dropped. */
+static int parse_dirs(const char *spec, char dirs[][PATH_MAX], size_t *len)
 {
 	char buf[PATH_MAX];
 	const char *p = spec;
+	int n = 0;
 
-	nroots = 0;
-	while (*p && nroots < MAX_ROOTS) {
+	while (*p && n < MAX_ROOTS) {
 		const char *end = strchr(p, ':');
-		size_t n = end ? (size_t)(end - p) : strlen(p);
+		size_t k = end ? (size_t)(end - p) : strlen(p);
 
-		if (n > 0 && n < sizeof(buf)) {
-			memcpy(buf, p, n);
-			buf[n] = '\0';
-			if (realpath(buf, roots[nroots])) {
-				root_len[nroots] = strlen(roots[nroots]);
+		if (k > 0 && k < sizeof(buf)) {
+			memcpy(buf, p, k);
+			buf[k] = '\0';
+			if (realpath(buf, dirs[n])) {
+				len[n] = strlen(dirs[n]);
 				/* "/" as a root: every path is under it. */
-				if (root_len[nroots] == 1)
-					root_len[nroots] = 0;
-				nroots++;
+				if (len[n] == 1)
+					len[n] = 0;
+				n++;
 			}
 		}
 		if (!end)
 			break;
 		p = end + 1;
 	}
+	return n;
+}
+
+int kvs_fdinfo_set_roots(const char *spec)
+{
+	nroots = parse_dirs(spec, roots, root_len);
 	return nroots;
 }
 
-static bool under_roots(const char *path)
+int kvs_fdinfo_set_write_once(const char *spec)
 {
-	for (int i = 0; i < nroots; i++) {
-		size_t n = root_len[i];
-
-		if (strncmp(path, roots[i], n) == 0 && (path[n] == '/' || path[n] == '\0'))
-			return true;
-	}
-	return false;
+	nonce = parse_dirs(spec, once, once_len);
+	return nonce;
 }
 
-static void ident_of(const struct stat *st, struct ident *id)
+/* The index of the first of dirs that path lies under, or -1. */
+static int under(const char *path, char dirs[][PATH_MAX], const size_t *len, int n)
 {
-	memset(id, 0, sizeof(*id));
-	id->dev = (uint64_t)st->st_dev;
-	id->ino = (uint64_t)st->st_ino;
-	id->size = (uint64_t)st->st_size;
-	id->mtime_s = (uint64_t)st->st_mtim.tv_sec;
-	id->mtime_ns = (uint64_t)st->st_mtim.tv_nsec;
-	id->ctime_s = (uint64_t)st->st_ctim.tv_sec;
-	id->ctime_ns = (uint64_t)st->st_ctim.tv_nsec;
+	for (int i = 0; i < n; i++) {
+		size_t k = len[i];
+
+		if (strncmp(path, dirs[i], k) == 0 && (path[k] == '/' || path[k] == '\0'))
+			return i;
+	}
+	return -1;
 }
 
 static struct entry *table_get(bool create)
 {
-	struct entry *t = atomic_load(&table);
+	struct entry *t = atomic_load_explicit(&table, memory_order_acquire);
 
 	if (t || !create)
 		return t;
@@ -133,8 +174,8 @@ static struct entry *table_get(bool create)
 	return t;
 }
 
-/* Copy entry e into *out if it describes id.  Returns true on a consistent match. */
-static bool entry_read(struct entry *e, const struct ident *id, struct verdict *out)
+/* Copy entry e's verdict into *out.  Returns true on a consistent copy of a written one. */
+static bool entry_read(struct entry *e, struct verdict *out)
 {
 	uint64_t w[VERDICT_WORDS];
 	uint32_t s1 = atomic_load_explicit(&e->seq, memory_order_acquire); /* pairs with write */
@@ -146,10 +187,10 @@ static bool entry_read(struct entry *e, const struct ident *id, struct verdict *
 	atomic_thread_fence(memory_order_acquire); /* the loads above happen before s2 */
 	uint32_t s2 = atomic_load_explicit(&e->seq, memory_order_relaxed);
 	memcpy(out, w, sizeof(*out));
-	return s1 == s2 && memcmp(&out->id, id, sizeof(*id)) == 0;
+	return s1 == s2;
 }
 
-static void entry_write(struct entry *e, const struct verdict *v)
+static void entry_write(struct entry *e, const struct verdict *v, uint8_t cls)
 {
 	uint64_t w[VERDICT_WORDS];
 	uint32_t s = atomic_load_explicit(&e->seq, memory_order_relaxed);
@@ -157,10 +198,12 @@ static void entry_write(struct entry *e, const struct verdict *v)
 	if ((s & 1) || !atomic_compare_exchange_strong(&e->seq, &s, s + 1))
 		return;				   /* another writer: leave it to them */
 	atomic_thread_fence(memory_order_release); /* odd seq is visible before the words */
-	memcpy(w, v, sizeof(*v));
-	for (size_t i = 0; i < VERDICT_WORDS; i++)
-		atomic_store_explicit(&e->w[i], w[i], memory_order_relaxed);
-	atomic_store_explicit(&e->kv_hint, v->kv, memory_order_relaxed);
+	if (v) {
+		memcpy(w, v, sizeof(*v));
+		for (size_t i = 0; i < VERDICT_WORDS; i++)
+			atomic_store_explicit(&e->w[i], w[i], memory_order_relaxed);
+	}
+	atomic_store_explicit(&e->cls, cls, memory_order_relaxed);
 	atomic_store_explicit(&e->seq, s + 2, memory_order_release); /* pairs with entry_read */
 }
 
@@ -189,20 +232,23 @@ static bool stamps_local(unsigned long type)
 }
 
 /*
- * files.settle for a file: how long after its last change (mtime or ctime) the shim distrusts
- * its identity.  A write moves mtime when it starts and its data may land later; a file system
- * with coarse timestamps leaves a rewrite in the same tick with the same times; a client that
- * caches attributes reports old times for a while.  Shards read within this window are handed
- * to the readers of that load and not kept (loader.h, kvs_read.keep).  Defaults by type:
+ * files.settle for a file keyed by change: how long after its last change (mtime or ctime) the
+ * shim distrusts its identity.  A write moves mtime when it starts and its data may land
+ * later; a file system with coarse timestamps leaves a rewrite in the same tick with the same
+ * times; a client that caches attributes reports old times for a while.  Shards read within
+ * this window are kept only that long (loader/publish.c, kvs_keep_until).  Defaults by type:
  * local file systems with fine timestamps 2 s (a slow write of a large block); FUSE 3 s (the
  * default 1 s attribute cache); anything else, NFS and other network file systems included,
  * 61 s (NFS caches attributes up to acregmax, 60 s).  Times with no sub-second part on both
- * stamps mean a coarse file system (ext2/ext3, FAT): 2 s more.
+ * stamps mean a coarse file system (ext2/ext3, FAT): 2 s more.  A file keyed by birth (a
+ * write-once root) has none: it was complete before anyone read it.
  */
-static uint64_t settle_for(unsigned long type, const struct stat *st)
+static uint64_t settle_for(unsigned long type, const struct kvs_ident *id)
 {
 	uint64_t ms;
 
+	if (id->write_once)
+		return 0;
 	if (settle_ms >= 0)
 		return (uint64_t)settle_ms;
 	if (stamps_local(type))
@@ -211,36 +257,92 @@ static uint64_t settle_for(unsigned long type, const struct stat *st)
 		ms = 3000;
 	else
 		ms = 61000;
-	if (st->st_mtim.tv_nsec == 0 && st->st_ctim.tv_nsec == 0)
+	if (id->mtime.nsec == 0 && id->ctime.nsec == 0)
 		ms += 2000;
 	return ms;
 }
 
-/* Compute the verdict for fd from scratch. */
-static void classify(int fd, const struct stat *st, struct verdict *v)
+/* The identity words of v's scheme, and what follows from them: the block id and settle. */
+static void set_identity(struct verdict *v, const struct kvs_ident *id)
+{
+	v->size = id->size;
+	v->write_once = id->write_once;
+	if (id->write_once) {
+		v->v1_s = id->has_btime ? id->btime.sec : -1;
+		v->v1_ns = id->has_btime ? id->btime.nsec : 0;
+		v->v2_s = 0;
+		v->v2_ns = 0;
+		v->gen = id->has_gen ? id->gen : UINT64_MAX;
+	} else {
+		v->v1_s = id->mtime.sec;
+		v->v1_ns = id->mtime.nsec;
+		v->v2_s = id->ctime.sec;
+		v->v2_ns = id->ctime.nsec;
+		v->gen = 0;
+	}
+	kvs_ident_key(id, &v->block);
+	v->settle_ns = settle_for((unsigned long)v->fs_type, id) * 1000000ull;
+}
+
+static bool same_identity(const struct verdict *v, const struct kvs_ident *id)
+{
+	struct verdict w = *v;
+
+	set_identity(&w, id); /* hashing is cheaper than a mismatch would be wrong: compare words */
+	return w.size == v->size && w.write_once == v->write_once && w.v1_s == v->v1_s &&
+	       w.v1_ns == v->v1_ns && w.v2_s == v->v2_s && w.v2_ns == v->v2_ns && w.gen == v->gen;
+}
+
+/* Say once per write-once root that its file system cannot key files by birth. */
+static void say_no_birth_id(int root)
+{
+	uint32_t bit = 1u << root;
+
+	if (atomic_fetch_or(&once_noid_said, bit) & bit)
+		return;
+	kvs_log_line(KVS_LOG_WARN,
+		     "files.write_once: %s is on a file system that gives neither a birth time "
+		     "nor an inode generation, so a file created anew cannot be told from an old "
+		     "one of the same size; its files are kept as files.roots keeps them (by their "
+		     "change times, with files.settle)",
+		     once[root]);
+}
+
+/* Decide fd's class from scratch (its path), and for a KV file its whole verdict. */
+static uint8_t classify(int fd, struct kvs_ident *id, struct verdict *v)
 {
 	char link[64], path[PATH_MAX];
 	ssize_t n;
 
 	memset(v, 0, sizeof(*v));
-	ident_of(st, &v->id);
+	v->dev = id->dev;
+	v->ino = id->ino;
 	v->dio_mem = 512;
 	v->dio_off = 512;
 	snprintf(link, sizeof(link), "/proc/self/fd/%d", fd);
 	n = readlink(link, path, sizeof(path) - 1);
 	if (n <= 0)
-		return;
+		return CLS_NOT_KV;
 	path[n] = '\0';
-	v->kv = under_roots(path);
-	if (!v->kv)
-		return;
-	kvs_block_id(st, &v->block);
+	if (under(path, roots, root_len, nroots) < 0)
+		return CLS_NOT_KV;
+	int oroot = under(path, once, once_len, nonce);
+	v->once_root = oroot >= 0;
+	if (v->once_root) {
+		v->fs_gen = kvs_ident_generation(fd, id) == 0;
+		id->write_once = id->has_btime || id->has_gen;
+		if (!id->write_once)
+			say_no_birth_id(oroot);
+	}
 	/* ext4, XFS and btrfs (iomap) zero the caller's buffer past the end of the file on a
 	 * short O_DIRECT read; FUSE, NFS and tmpfs leave it alone.  The shim does the same. */
-	struct statfs sf;
+	struct statfs sf = {0};
 	unsigned long type = fstatfs(fd, &sf) == 0 ? (unsigned long)sf.f_type : 0;
+	v->fs_type = type;
+	v->atime = (sf.f_flags & ST_NOATIME)	? KVS_ATIME_NEVER
+		   : (sf.f_flags & ST_RELATIME) ? KVS_ATIME_RELATIME
+						: KVS_ATIME_STRICT;
 	v->zero_tail = type == 0xEF53 || type == 0x58465342 || type == 0x9123683EUL;
-	v->settle_ns = settle_for(type, st) * 1000000ull;
 	v->node_clock = !stamps_local(type);
 #ifdef STATX_DIOALIGN
 	struct statx sx;
@@ -250,55 +352,100 @@ static void classify(int fd, const struct stat *st, struct verdict *v)
 		v->dio_off = sx.stx_dio_offset_align;
 	}
 #endif
+	set_identity(v, id);
+	return CLS_KV;
+}
+
+bool kvs_fdinfo_atime_due(int rule, const struct kvs_ident *id)
+{
+	uint64_t a = kvs_time_ns(id->atime), m = kvs_time_ns(id->mtime),
+		 ch = kvs_time_ns(id->ctime);
+
+	if (rule == KVS_ATIME_NEVER)
+		return false;
+	if (rule == KVS_ATIME_RELATIME && (a <= m || a <= ch))
+		return true;
+	struct timespec ts;
+	clock_gettime(CLOCK_REALTIME, &ts);
+	uint64_t now = (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
+	return now > a && now - a >= (rule == KVS_ATIME_STRICT ? 1000000000ull : DAY_NS);
 }
 
 static int describe(int fd, struct kvs_fdinfo *out, bool known_only)
 {
-	struct entry *t = table_get(!known_only);
-	struct verdict got, fresh;
-	struct stat st;
-	struct ident id;
-	int fl;
+	struct entry *t = table_get(!known_only), *e = NULL;
+	struct verdict v;
+	struct kvs_ident id;
+	uint8_t cls = CLS_UNKNOWN;
+	int fl, r;
 
 	memset(out, 0, sizeof(*out));
-	if (known_only && (!t || fd < 0 || fd >= FD_SLOTS ||
-			   !atomic_load_explicit(&t[fd].kv_hint, memory_order_relaxed)))
+	if (t && fd >= 0 && fd < FD_SLOTS) {
+		e = &t[fd];
+		cls = atomic_load_explicit(&e->cls, memory_order_acquire); /* pairs with write */
+	}
+	if (cls == CLS_NOT_KV)
+		return known_only ? -ENOENT : 0; /* no system call: it cannot have become one */
+	if (known_only && cls != CLS_KV)
 		return -ENOENT;
-	if (fstat(fd, &st) < 0)
-		return -errno;
-	if (!S_ISREG(st.st_mode))
-		return 0;
+	uint32_t seq0 = e ? atomic_load_explicit(&e->seq, memory_order_acquire) : 0;
+	r = kvs_ident_of_fd(fd, false, &id);
+	if (r)
+		return r;
+	if (!S_ISREG(id.mode)) {
+		if (e)
+			entry_write(e, NULL, CLS_NOT_KV);
+		return known_only ? -ENOENT : 0;
+	}
 	fl = fcntl(fd, F_GETFL);
 	if (fl < 0)
 		return -errno;
+	bool have = cls == CLS_KV && entry_read(e, &v) &&
+		    atomic_load_explicit(&e->seq, memory_order_relaxed) == seq0 &&
+		    v.dev == id.dev && v.ino == id.ino;
+	if (have) {
+		/* The same file as last time: only its identity may have moved. */
+		if (v.once_root) {
+			if (v.fs_gen)
+				kvs_ident_generation(fd, &id);
+			id.write_once = id.has_btime || id.has_gen;
+		}
+		if (!same_identity(&v, &id)) {
+			set_identity(&v, &id);
+			entry_write(e, &v, CLS_KV);
+		}
+	} else {
+		if (known_only)
+			return -ENOENT;
+		cls = classify(fd, &id, &v);
+		if (e)
+			entry_write(e, cls == CLS_KV ? &v : NULL, cls);
+		if (cls != CLS_KV) {
+			out->dev = id.dev;
+			out->ino = id.ino;
+			return 0;
+		}
+	}
+	out->kv = true;
+	out->write_once = v.write_once;
 	out->direct = fl & O_DIRECT;
 	out->append = fl & O_APPEND;
 	/* An O_PATH descriptor reads nothing: the kernel answers EBADF, so must we. */
 	out->readable = (fl & O_ACCMODE) != O_WRONLY && !(fl & O_PATH);
-	out->size = (uint64_t)st.st_size;
-	out->dev = (uint64_t)st.st_dev;
-	out->ino = (uint64_t)st.st_ino;
-	uint64_t m = (uint64_t)st.st_mtim.tv_sec * 1000000000ull + (uint64_t)st.st_mtim.tv_nsec;
-	uint64_t ch = (uint64_t)st.st_ctim.tv_sec * 1000000000ull + (uint64_t)st.st_ctim.tv_nsec;
+	out->size = id.size;
+	out->dev = id.dev;
+	out->ino = id.ino;
+	uint64_t m = kvs_time_ns(id.mtime), ch = kvs_time_ns(id.ctime);
 	out->changed_ns = m > ch ? m : ch;
-	ident_of(&st, &id);
-	if (t && fd >= 0 && fd < FD_SLOTS && entry_read(&t[fd], &id, &got)) {
-		fresh = got;
-	} else {
-		if (known_only)
-			return -ENOENT;
-		classify(fd, &st, &fresh);
-		if (t && fd >= 0 && fd < FD_SLOTS)
-			entry_write(&t[fd], &fresh);
-	}
-	out->kv = fresh.kv;
-	out->block = fresh.block;
-	out->dio_mem_align = fresh.dio_mem;
-	out->dio_off_align = fresh.dio_off;
-	out->dio_zero_tail = fresh.zero_tail;
-	out->settle_ns = fresh.settle_ns;
-	out->node_clock = fresh.node_clock;
-	return known_only && !out->kv ? -ENOENT : 0;
+	out->atime_rule = (int)v.atime;
+	out->atime_due = kvs_fdinfo_atime_due(out->atime_rule, &id);
+	out->block = v.block;
+	out->dio_mem_align = v.dio_mem;
+	out->dio_off_align = v.dio_off;
+	out->dio_zero_tail = v.zero_tail;
+	out->settle_ns = v.settle_ns;
+	out->node_clock = v.node_clock;
+	return 0;
 }
 
 int kvs_fdinfo_get(int fd, struct kvs_fdinfo *out)
@@ -316,5 +463,42 @@ bool kvs_fdinfo_hint_kv(int fd)
 	struct entry *t = atomic_load_explicit(&table, memory_order_acquire);
 
 	return t && fd >= 0 && fd < FD_SLOTS &&
-	       atomic_load_explicit(&t[fd].kv_hint, memory_order_relaxed);
+	       atomic_load_explicit(&t[fd].cls, memory_order_relaxed) == CLS_KV;
+}
+
+bool kvs_fdinfo_not_kv(int fd)
+{
+	struct entry *t = atomic_load_explicit(&table, memory_order_acquire);
+
+	return t && fd >= 0 && fd < FD_SLOTS &&
+	       atomic_load_explicit(&t[fd].cls, memory_order_relaxed) == CLS_NOT_KV;
+}
+
+void kvs_fdinfo_forget(int fd)
+{
+	struct entry *t = atomic_load_explicit(&table, memory_order_acquire);
+
+	if (!t || fd < 0 || fd >= FD_SLOTS)
+		return;
+	struct entry *e = &t[fd];
+	if (atomic_load_explicit(&e->cls, memory_order_relaxed) == CLS_UNKNOWN)
+		return;
+	atomic_store_explicit(&e->cls, CLS_UNKNOWN, memory_order_release);
+	/* Move the counter (from an even value only: an odd one is a writer's, whose words a
+	 * reader will reject anyway, and whose class the next forget clears). */
+	uint32_t s = atomic_load_explicit(&e->seq, memory_order_relaxed);
+	if (!(s & 1))
+		atomic_compare_exchange_strong(&e->seq, &s, s + 2);
+}
+
+void kvs_fdinfo_forget_range(unsigned int lo, unsigned int hi)
+{
+	struct entry *t = atomic_load_explicit(&table, memory_order_acquire);
+
+	if (!t || lo >= FD_SLOTS)
+		return;
+	if (hi >= FD_SLOTS)
+		hi = FD_SLOTS - 1;
+	for (unsigned int fd = lo; fd <= hi; fd++)
+		kvs_fdinfo_forget((int)fd);
 }

@@ -1,14 +1,17 @@
 /*
- * fdinfo: is this descriptor a KV file, which block is it, and which descriptor may the shim
- * read it through?
+ * fdinfo: is this descriptor a KV file, which block is it, and how may it be read?
  *
- * A descriptor is a KV file when fstat says it is a regular file and its path (from
- * /proc/self/fd) lies under one of files.roots.  The verdict, the block id and the file's
- * O_DIRECT alignment are cached per descriptor number together with the identity they were
- * computed for (st_dev, st_ino, st_size, st_mtim, st_ctim); every call re-runs fstat and
- * recomputes on any difference, so dup, close, descriptor reuse and fork need no hooks.
+ * A descriptor is a KV file when statx says it is a regular file and its path (from
+ * /proc/self/fd) lies under one of files.roots.  That class is decided once per descriptor and
+ * holds until the number is closed or replaced (kvs_fdinfo_forget, called by the close, dup2,
+ * dup3, close_range and fclose hooks): a descriptor known not to be a KV file costs no system
+ * call.  For a KV file every look re-reads its identity (cache.h, struct kvs_ident: by change,
+ * or by birth under a files.write_once root) and gives the block id of what it holds now.
+ * The protocol of the table is the essay at the top of fdinfo.c.
  *
- * The descriptors the loader reads through are anchor.h's.
+ * Every function here is async-signal-safe once the table is mapped (atomics and system calls;
+ * the first look maps it) and leaves errno alone only where it says so.  The descriptors the
+ * loader reads through are anchor.h's.
  */
 #ifndef KVS_SHIM_FDINFO_H
 #define KVS_SHIM_FDINFO_H
@@ -18,8 +21,13 @@
 
 #include "cache.h"
 
+/* A mount's rule for atime at a read (statfs f_flags): noatime, relatime (the default: when
+ * atime is older than mtime or ctime, or a day old), strictatime (every read). */
+enum { KVS_ATIME_NEVER, KVS_ATIME_RELATIME, KVS_ATIME_STRICT };
+
 struct kvs_fdinfo {
 	bool kv;
+	bool write_once;	/* keyed by birth: a files.write_once root that gives an id */
 	bool direct;		/* O_DIRECT is set on the descriptor now */
 	bool append;		/* O_APPEND is set on the descriptor now */
 	bool readable;		/* opened for reading (not O_WRONLY, not O_PATH) */
@@ -27,8 +35,10 @@ struct kvs_fdinfo {
 	uint64_t dev, ino;	/* st_dev, st_ino */
 	uint64_t size;		/* st_size now */
 	uint64_t changed_ns;	/* the later of st_mtim and st_ctim, ns since the epoch */
-	uint64_t settle_ns;	/* files.settle for this file: how long its times stay suspect */
+	uint64_t settle_ns;	/* files.settle for this file (0 when write_once) */
 	bool node_clock;	/* its file system's stamps may come from another machine's clock */
+	int atime_rule;		/* the mount's: KVS_ATIME_NEVER, _RELATIME or _STRICT */
+	bool atime_due;		/* a read now would move its atime (kvs_fdinfo_atime_due) */
 	uint32_t dio_mem_align; /* O_DIRECT alignment of buffers */
 	uint32_t dio_off_align; /* O_DIRECT alignment of offsets and lengths */
 	bool dio_zero_tail;	/* a short O_DIRECT read zeroes the rest of the buffers */
@@ -38,19 +48,33 @@ struct kvs_fdinfo {
  * Returns the number of usable roots. */
 int kvs_fdinfo_set_roots(const char *roots);
 
+/* Set the write-once roots (files.write_once, the same form).  Returns how many are usable. */
+int kvs_fdinfo_set_write_once(const char *dirs);
+
 /* Set files.settle in milliseconds, or -1 for the default of each file system type
  * (docs/operations.md has the table). */
 void kvs_fdinfo_set_settle(int64_t ms);
 
-/* Describe fd.  Returns 0, or -errno when fstat/fcntl fail (then the caller passes through). */
+/* Describe fd.  Returns 0 (fi->kv says whether it is a KV file; for a descriptor known not to
+ * be one nothing else is filled, and no system call is made), or -errno when statx/fcntl fail
+ * (then the caller passes through). */
 int kvs_fdinfo_get(int fd, struct kvs_fdinfo *out);
 
-/* Describe fd only if a recent read found it to be a KV file (one fstat, no path lookup).
- * Returns 0 when fd is a known KV file, -ENOENT otherwise. */
+/* Describe fd only if it is known as a KV file (no path lookup).  Returns 0 when fd is a known
+ * KV file, -ENOENT otherwise. */
 int kvs_fdinfo_known(int fd, struct kvs_fdinfo *out);
 
-/* Did the last look at fd find a KV file?  One load, no system call: a hint for counting reads
- * the shim passes through (stale after a close or dup2 until the next look). */
+/* Would a read now move the atime of the file id describes, on a mount of that rule?  Under
+ * strictatime: once it is a second old (a read a second moves it, as near as the shim keeps). */
+bool kvs_fdinfo_atime_due(int rule, const struct kvs_ident *id);
+
+/* Is fd known as a KV file / known not to be one?  One load, no system call. */
 bool kvs_fdinfo_hint_kv(int fd);
+bool kvs_fdinfo_not_kv(int fd);
+
+/* The program closed or replaced fd (close, dup2, dup3, fclose), or [lo, hi] (close_range):
+ * whatever was known of those numbers is forgotten.  Atomics only, async-signal-safe. */
+void kvs_fdinfo_forget(int fd);
+void kvs_fdinfo_forget_range(unsigned int lo, unsigned int hi);
 
 #endif

@@ -53,8 +53,10 @@
 
 #include "deadline.h"
 #include "dlsym.h"
+#include "fdinfo.h"
 #include "hooks_uring.h"
 #include "shim.h"
+#include "touch.h"
 
 #ifndef IOCB_FLAG_IOPRIO
 #define IOCB_FLAG_IOPRIO (1 << 1)
@@ -845,6 +847,11 @@ int io_destroy(void *ctx);
 
 /* libc's syscall(): the io_* numbers that touch served entries come here; every other number
  * goes to the kernel as glibc's would (-1 and errno for -4095..-1). */
+static long raw_args(long n, const long *a)
+{
+	return raw6(n, a[0], a[1], a[2], a[3], a[4], a[5]);
+}
+
 KVS_EXPORT long syscall(long number, ...)
 {
 	long a[6], r;
@@ -905,8 +912,41 @@ KVS_EXPORT long syscall(long number, ...)
 		}
 		break;
 #endif
+#ifdef SYS_utime
+	case SYS_utime:
+#endif
+#ifdef SYS_utimes
+	case SYS_utimes:
+#endif
+#ifdef SYS_futimesat
+	case SYS_futimesat:
+#endif
+	case SYS_utimensat:
+		r = kvs_time_syscall(number, a, raw_args); /* touch.h: keeps the cached shards */
+		break;
+	/* A number closed or replaced: what fdinfo knew of it goes, before and after (fdinfo.h). */
+	case SYS_close:
+		kvs_fdinfo_forget((int)a[0]);
+		r = raw_args(number, a);
+		kvs_fdinfo_forget((int)a[0]);
+		break;
+#ifdef SYS_dup2
+	case SYS_dup2:
+#endif
+	case SYS_dup3:
+		kvs_fdinfo_forget((int)a[1]);
+		r = raw_args(number, a);
+		kvs_fdinfo_forget((int)a[1]);
+		break;
+#ifdef SYS_close_range
+	case SYS_close_range:
+		kvs_fdinfo_forget_range((unsigned int)a[0], (unsigned int)a[1]);
+		r = raw_args(number, a);
+		kvs_fdinfo_forget_range((unsigned int)a[0], (unsigned int)a[1]);
+		break;
+#endif
 	default:
-		r = raw6(number, a[0], a[1], a[2], a[3], a[4], a[5]);
+		r = raw_args(number, a);
 		break;
 	}
 	if (r < 0 && r > -4096) {

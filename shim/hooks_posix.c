@@ -19,6 +19,8 @@
 #include <unistd.h>
 
 #include "anchor.h"
+#include "fdinfo.h"
+#include "wonce.h"
 #include "hooks_aio.h"
 #include "hooks_uring.h"
 #include "real.h"
@@ -274,11 +276,13 @@ KVS_EXPORT size_t fwrite(const void *ptr, size_t size, size_t nmemb, FILE *f)
 
 KVS_EXPORT int fclose(FILE *f)
 {
-	int dupfd;
-	struct wt_file *w = kvs_shim_fclosing(fileno(f), &dupfd);
+	int dupfd, fd = fileno(f);
+	struct wt_file *w = kvs_shim_fclosing(fd, &dupfd);
 
+	kvs_fdinfo_forget(fd); /* glibc closes it inside, past the close hook */
 	kvs_real_init();
 	int r = kvs_real.fclose(f);
+	kvs_fdinfo_forget(fd);
 	if (w) {
 		int saved = errno;
 
@@ -370,6 +374,8 @@ KVS_EXPORT ssize_t pwritev64v2(int fd, const struct iovec *iov, int iovcnt, off6
  * neither. */
 KVS_EXPORT int close(int fd)
 {
+	kvs_fdinfo_forget(fd); /* before: a racing look must not keep the old file's class */
+	kvs_wonce_closed(fd);
 	kvs_aio_closing(fd); /* aio writes over but never asked about: seen, so kept now */
 	struct wt_file *f = kvs_shim_closing(fd);
 
@@ -378,12 +384,42 @@ KVS_EXPORT int close(int fd)
 
 	kvs_real_init();
 	int r = kvs_real.close(fd);
+	kvs_fdinfo_forget(fd); /* and after: the number may be another file's now */
 	if (f) {
 		int saved = errno;
 
 		kvs_shim_closed(f, r);
 		errno = saved;
 	}
+	return r;
+}
+
+/* dup2, dup3 and close_range close what they replace: what fdinfo knew of those numbers
+ * goes, before the call and after it (fdinfo.h). */
+KVS_EXPORT int dup2(int oldfd, int newfd)
+{
+	kvs_fdinfo_forget(newfd);
+	kvs_real_init();
+	int r = kvs_real.dup2(oldfd, newfd);
+	kvs_fdinfo_forget(newfd);
+	return r;
+}
+
+KVS_EXPORT int dup3(int oldfd, int newfd, int flags)
+{
+	kvs_fdinfo_forget(newfd);
+	kvs_real_init();
+	int r = kvs_real.dup3(oldfd, newfd, flags);
+	kvs_fdinfo_forget(newfd);
+	return r;
+}
+
+KVS_EXPORT int close_range(unsigned int first, unsigned int last, int flags)
+{
+	kvs_fdinfo_forget_range(first, last);
+	kvs_real_init();
+	int r = kvs_real.close_range(first, last, flags);
+	kvs_fdinfo_forget_range(first, last);
 	return r;
 }
 

@@ -145,6 +145,80 @@ static int sys_rename(const char *o, const char *n)
 	return sys_renameat2(AT_FDCWD, o, AT_FDCWD, n, 0);
 }
 
+static int sys_utimensat(int dirfd, const char *path, const struct timespec *ts, int flags)
+{
+	return (int)syscall(SYS_utimensat, dirfd, path, ts, flags);
+}
+static int sys_futimens(int fd, const struct timespec *ts)
+{
+	return sys_utimensat(fd, NULL, ts, 0);
+}
+/* The timeval and utimbuf forms, as utimensat: tv NULL means now. */
+static int sys_utimes_at(int dirfd, const char *path, const struct timeval *tv, int flags)
+{
+	struct timespec ts[2];
+
+	if (!tv)
+		return sys_utimensat(dirfd, path, NULL, flags);
+	for (int i = 0; i < 2; i++) {
+		if (tv[i].tv_usec < 0 || tv[i].tv_usec >= 1000000) {
+			errno = EINVAL;
+			return -1;
+		}
+		ts[i].tv_sec = tv[i].tv_sec;
+		ts[i].tv_nsec = tv[i].tv_usec * 1000;
+	}
+	return sys_utimensat(dirfd, path, ts, flags);
+}
+static int sys_utimes(const char *path, const struct timeval *tv)
+{
+	return sys_utimes_at(AT_FDCWD, path, tv, 0);
+}
+static int sys_futimes(int fd, const struct timeval *tv)
+{
+	return sys_utimes_at(fd, NULL, tv, 0);
+}
+static int sys_lutimes(const char *path, const struct timeval *tv)
+{
+	return sys_utimes_at(AT_FDCWD, path, tv, AT_SYMLINK_NOFOLLOW);
+}
+static int sys_futimesat(int dirfd, const char *path, const struct timeval *tv)
+{
+	return sys_utimes_at(dirfd, path, tv, 0);
+}
+static int sys_utime(const char *path, const struct utimbuf *b)
+{
+	struct timeval tv[2];
+
+	if (!b)
+		return sys_utimes(path, NULL);
+	tv[0] = (struct timeval){b->actime, 0};
+	tv[1] = (struct timeval){b->modtime, 0};
+	return sys_utimes(path, tv);
+}
+static int sys_dup3(int o, int n, int flags)
+{
+	return (int)syscall(SYS_dup3, o, n, flags);
+}
+static int sys_dup2(int o, int n)
+{
+	if (o == n) /* dup3 refuses it; dup2 answers n when it is open */
+		return (int)syscall(SYS_fcntl, o, F_GETFD) < 0 ? -1 : n;
+	return sys_dup3(o, n, 0);
+}
+static int sys_close_range(unsigned int lo, unsigned int hi, int flags)
+{
+#ifdef SYS_close_range
+	return (int)syscall(SYS_close_range, lo, hi, flags);
+#else
+	(void)lo;
+	(void)hi;
+	(void)flags;
+	errno = ENOSYS;
+	return -1;
+#endif
+}
+
 /* glibc exports fread, fwrite and fclose under these names too; the fallbacks while RTLD_NEXT
  * is being resolved. */
 extern size_t _IO_fread(void *ptr, size_t size, size_t n, FILE *f);
@@ -188,6 +262,16 @@ struct kvs_real kvs_real = {
     .rename = sys_rename,
     .renameat = sys_renameat,
     .renameat2 = sys_renameat2,
+    .utime = sys_utime,
+    .utimes = sys_utimes,
+    .futimes = sys_futimes,
+    .lutimes = sys_lutimes,
+    .futimesat = sys_futimesat,
+    .utimensat = sys_utimensat,
+    .futimens = sys_futimens,
+    .dup2 = sys_dup2,
+    .dup3 = sys_dup3,
+    .close_range = sys_close_range,
 };
 
 enum { UNRESOLVED, RESOLVING, RESOLVED };
@@ -261,6 +345,16 @@ static void resolve(void)
 	RESOLVE(rename, "rename");
 	RESOLVE(renameat, "renameat");
 	RESOLVE(renameat2, "renameat2");
+	RESOLVE(utime, "utime");
+	RESOLVE(utimes, "utimes");
+	RESOLVE(futimes, "futimes");
+	RESOLVE(lutimes, "lutimes");
+	RESOLVE(futimesat, "futimesat");
+	RESOLVE(utimensat, "utimensat");
+	RESOLVE(futimens, "futimens");
+	RESOLVE(dup2, "dup2");
+	RESOLVE(dup3, "dup3");
+	RESOLVE(close_range, "close_range");
 }
 
 void kvs_real_init(void)

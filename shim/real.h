@@ -7,6 +7,9 @@
 #define KVS_SHIM_REAL_H
 
 #include <stdio.h>
+#include <sys/time.h>
+#include <time.h>
+#include <utime.h>
 #include <sys/types.h>
 #include <sys/uio.h>
 
@@ -47,6 +50,16 @@ struct kvs_real {
 	int (*rename)(const char *, const char *);
 	int (*renameat)(int, const char *, int, const char *);
 	int (*renameat2)(int, const char *, int, const char *, unsigned int);
+	int (*utime)(const char *, const struct utimbuf *);
+	int (*utimes)(const char *, const struct timeval *);
+	int (*futimes)(int, const struct timeval *);
+	int (*lutimes)(const char *, const struct timeval *);
+	int (*futimesat)(int, const char *, const struct timeval *);
+	int (*utimensat)(int, const char *, const struct timespec *, int);
+	int (*futimens)(int, const struct timespec *);
+	int (*dup2)(int, int);
+	int (*dup3)(int, int, int);
+	int (*close_range)(unsigned int, unsigned int, int);
 };
 
 extern struct kvs_real kvs_real;

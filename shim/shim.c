@@ -51,6 +51,7 @@
 #include "cufile_types.h"
 #include "device.h"
 #include "anchor.h"
+#include "atime.h"
 #include "fdinfo.h"
 #include "hooks_uring.h"
 #include "loader.h"
@@ -58,6 +59,7 @@
 #include "real.h"
 #include "shim.h"
 #include "why.h"
+#include "wonce.h"
 #include "wthru.h"
 
 enum { ST_UNINIT, ST_INITING, ST_OFF, ST_ON };
@@ -102,6 +104,8 @@ static void atfork_child(void)
 	kvs_device_atfork_child();
 	kvs_wthru_atfork_child();
 	kvs_uring_atfork_child();
+	kvs_wonce_atfork_child();
+	kvs_atime_atfork_child();
 	for (int i = 0; i < POS_LOCKS; i++)
 		pthread_mutex_init(&pos_mu[i], NULL); /* a parent's thread may have held one */
 	cache = NULL;
@@ -136,6 +140,7 @@ static void init(void)
 				     "files.roots is empty: the shim serves nothing");
 		goto out;
 	}
+	kvs_fdinfo_set_write_once(cfg.files_write_once);
 	min_read = cfg.files_min_read ? cfg.files_min_read : 1;
 	kvs_fdinfo_set_settle(cfg.files_settle);
 	kvs_wthru_configure(&cfg);
@@ -161,6 +166,24 @@ bool kvs_shim_wants(size_t len)
 		errno = saved;
 	}
 	return atomic_load_explicit(&state, memory_order_acquire) == ST_ON && len >= min_read;
+}
+
+bool kvs_shim_enter(int *saved_errno)
+{
+	if (guard)
+		return false;
+	kvs_shim_wants(0); /* the configuration, loaded once */
+	if (atomic_load_explicit(&state, memory_order_acquire) != ST_ON) /* pairs with init */
+		return false;
+	*saved_errno = errno;
+	guard++;
+	return true;
+}
+
+void kvs_shim_leave(int saved_errno)
+{
+	guard--;
+	errno = saved_errno;
 }
 
 /* Map the region, once (a failure is final for this process).  Caller holds attach_mu. */
@@ -198,6 +221,11 @@ static struct kvs_cache *region(void)
 		m = atomic_load_explicit(&mapped, memory_order_acquire);
 	}
 	return m == AT_OK ? cache : NULL;
+}
+
+struct kvs_cache *kvs_shim_region(void)
+{
+	return region();
 }
 
 /* Map the region and start the loader, once; a failure is final for this process. */
@@ -414,10 +442,12 @@ static void zero_tail(const struct iovec *iov, int iovcnt, uint64_t pos)
 	}
 }
 
-/* The kvs_read of a served read of fi's file through anchor, destination left to the caller. */
+/* The kvs_read of a served read of fi's file through anchor, destination left to the caller.
+ * A read the cache serves does not reach the file: its atime is kept by atime.c. */
 static struct kvs_read make_read(const struct kvs_fdinfo *fi, int anchor, uint64_t off,
 				 uint64_t len)
 {
+	kvs_atime_note(cache, anchor, fi);
 	return (struct kvs_read){.fd = anchor,
 				 .direct = fi->direct,
 				 .fresh = {.changed_ns = fi->changed_ns,
@@ -427,6 +457,7 @@ static struct kvs_read make_read(const struct kvs_fdinfo *fi, int anchor, uint64
 				 .block = fi->block,
 				 .dev = fi->dev,
 				 .ino = fi->ino,
+				 .write_once = fi->write_once,
 				 .file_size = fi->size,
 				 .off = off,
 				 .len = len};
@@ -863,16 +894,12 @@ static bool shim_on(void)
 	return kvs_shim_wants(0) || atomic_load_explicit(&state, memory_order_acquire) == ST_ON;
 }
 
-/* Writes this short are looked at only on a descriptor already known as a KV file, or at
- * offset 0 (a file's header, written before the blocks: the shard would never be whole
- * otherwise), so that a program's small writes to sockets, pipes and logs cost one load, not
- * an fstat. */
-#define KVS_WRITE_LOOK_MIN 4096u
-
-static int write_look(int fd, uint64_t len, int64_t off, struct kvs_fdinfo *fi)
+/* Every write is looked at, whatever its size (a header patched after the blocks must be
+ * seen): a descriptor known not to be a KV file costs one load (fdinfo.h), one that is costs
+ * statx and fcntl. */
+static int write_look(int fd, struct kvs_fdinfo *fi)
 {
-	return len >= KVS_WRITE_LOOK_MIN || off == 0 ? kvs_fdinfo_get(fd, fi)
-						     : kvs_fdinfo_known(fd, fi);
+	return kvs_fdinfo_get(fd, fi);
 }
 
 bool kvs_shim_write_before(struct kvs_wthru_op *op, int fd, const struct iovec *iov, int iovcnt,
@@ -895,7 +922,7 @@ bool kvs_shim_write_before(struct kvs_wthru_op *op, int fd, const struct iovec *
 		return false;
 	int saved = errno;
 	guard++;
-	int got = write_look(fd, iov ? len : KVS_WRITE_LOOK_MIN, off, &fi);
+	int got = write_look(fd, &fi);
 	/* With write-through on, the region is mapped for it; off, a write of a process that
 	 * has mapped it (a reader) is still counted in the write sequences below. */
 	struct kvs_cache *c = got || !fi.kv    ? NULL
@@ -955,7 +982,7 @@ struct kvs_shim_wpend *kvs_shim_write_submitted(int fd, const struct iovec *iov,
 		return NULL;
 	int saved = errno;
 	guard++;
-	int got = write_look(fd, len, (int64_t)off, &fi);
+	int got = write_look(fd, &fi);
 	struct kvs_cache *c = got == 0 && fi.kv ? region() : NULL;
 	if (c)
 		p = malloc(sizeof(*p) + (size_t)iovcnt * sizeof(struct iovec));
@@ -1126,11 +1153,18 @@ void kvs_shim_invalidate(int fd, off_t off, size_t len, bool use_pos, off_t pos_
 	int saved = errno;
 	struct kvs_fdinfo fi;
 
-	if (guard || len == 0 || atomic_load_explicit(&attached, memory_order_acquire) != AT_OK)
+	if (guard || len == 0 || kvs_fdinfo_not_kv(fd) || !shim_on())
 		return;
 	guard++;
-	/* Small writes only reach files already known as KV; large ones are classified. */
-	if ((len < min_read ? kvs_fdinfo_known(fd, &fi) : kvs_fdinfo_get(fd, &fi)) || !fi.kv)
+	if (kvs_fdinfo_get(fd, &fi) || !fi.kv)
+		goto out;
+	/* A file keyed by birth keeps its id through a write: the region must be mapped to drop
+	 * what it held.  One keyed by change gets a new id from the write, so only a process
+	 * with the region mapped already has anything to tidy. */
+	struct kvs_cache *c = atomic_load_explicit(&mapped, memory_order_acquire) == AT_OK ? cache
+			      : fi.write_once ? region()
+					      : NULL;
+	if (!c)
 		goto out;
 	if (use_pos) {
 		off = lseek(fd, 0, SEEK_CUR);
@@ -1138,8 +1172,12 @@ void kvs_shim_invalidate(int fd, off_t off, size_t len, bool use_pos, off_t pos_
 			goto out;
 		off += pos_delta;
 	}
-	uint64_t S = kvs_cache_shard_size(cache);
-	kvs_cache_invalidate(cache, &fi.block, (uint64_t)off / S, ((uint64_t)off + len - 1) / S);
+	uint64_t S = kvs_cache_shard_size(c);
+	if (kvs_wonce_rewrites(c, fd, &fi, (uint64_t)off, len))
+		kvs_cache_invalidate(c, &fi.block, 0, fi.size ? (fi.size - 1) / S : 0);
+	else
+		kvs_cache_invalidate(c, &fi.block, (uint64_t)off / S,
+				     ((uint64_t)off + len - 1) / S);
 out:
 	guard--;
 	errno = saved;

@@ -168,4 +168,15 @@ const char *kvs_shim_cufile_library(void);
  * the cheap test every hook makes before anything else. */
 bool kvs_shim_wants(size_t len);
 
+/* Enter the shim's own code from a hook that does more than the real call: false (do nothing
+ * more) when the shim is off or this thread is inside the shim already (a libc call of its
+ * own, a signal handler that interrupted it); else errno is saved into *saved_errno and the
+ * guard held until kvs_shim_leave(*saved_errno), which restores both. */
+bool kvs_shim_enter(int *saved_errno);
+void kvs_shim_leave(int saved_errno);
+
+/* The region, mapped on first use without starting the loader (it takes a process-table
+ * slot), or NULL when it cannot be; the caller holds the guard (kvs_shim_enter). */
+struct kvs_cache *kvs_shim_region(void);
+
 #endif

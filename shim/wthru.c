@@ -102,15 +102,17 @@ struct wt_file {
 	uint64_t dev, ino;
 	int fds[KVS_WT_FDS];
 	int nfds;
-	int refs;	       /* writes in flight */
-	bool closing;	       /* its last descriptor closed while a write was in flight */
-	bool poisoned;	       /* another writer, a moved position: nothing is kept */
-	bool wrote;	       /* some write has ended since the last publication */
-	struct wt_ident after; /* fstat right after this process's last write */
-	uint32_t after_gen;    /* moves with after */
-	struct stat close_st;  /* fstat just before the close that publishes it */
-	struct kvs_wtok tok;   /* of the last write */
-	uint64_t t_first;      /* CLOCK_MONOTONIC start of the first write since publication */
+	int refs;		    /* writes in flight */
+	bool closing;		    /* its last descriptor closed while a write was in flight */
+	bool poisoned;		    /* another writer, a moved position: nothing is kept */
+	bool wrote;		    /* some write has ended since the last publication */
+	struct wt_ident after;	    /* fstat right after this process's last write */
+	uint32_t after_gen;	    /* moves with after */
+	struct stat close_st;	    /* fstat just before the close that publishes it */
+	struct kvs_key close_block; /* its block id then (by birth on a write-once root) */
+	bool write_once;	    /* keyed by birth (fdinfo.h): no rename moves its id */
+	struct kvs_wtok tok;	    /* of the last write */
+	uint64_t t_first;	    /* CLOCK_MONOTONIC start of the first write since publication */
 	uint64_t settle_ns;
 	struct wt_chunk *chunks;
 	/* The writes of this process in flight on the file, and their ranges: two of them that
@@ -125,6 +127,7 @@ struct wt_file {
 /* What a rename may move: the shards [first, last] published under block. */
 struct wt_recent {
 	bool used;
+	bool write_once; /* keyed by birth: a rename leaves the id as it is */
 	struct wt_ident id;
 	struct kvs_key block;
 	struct kvs_wtok tok;
@@ -307,7 +310,10 @@ static struct wt_file *file_for_locked(const struct kvs_fdinfo *fi, int fd)
 			return NULL;
 		f = free_files;
 		free_files = f->next;
-		*f = (struct wt_file){.dev = fi->dev, .ino = fi->ino, .settle_ns = fi->settle_ns};
+		*f = (struct wt_file){.dev = fi->dev,
+				      .ino = fi->ino,
+				      .settle_ns = fi->settle_ns,
+				      .write_once = fi->write_once};
 		f->next = files;
 		files = f;
 		store_relaxed(&nfiles, load_relaxed(&nfiles) + 1);
@@ -791,12 +797,28 @@ void kvs_wthru_truncated(struct kvs_cache *c, struct wt_file *f, int fd, struct 
 
 /* ------------------------------------------------------------------ publication */
 
-/* Publish f's shards written whole under the identity st (taken now), drop the others, and
- * remember what was published for a rename.  Caller holds wt_mu; no write of f is in flight. */
-static void publish_locked(struct kvs_cache *c, struct wt_file *f, const struct stat *st)
+/* f's block id now, through fd (a descriptor of its file) whose fstat gave st: by birth on a
+ * write-once root (one more statx and the generation), else by change from st. */
+static void block_of(struct wt_file *f, int fd, const struct stat *st, struct kvs_key *block)
+{
+	struct kvs_ident id;
+
+	if (f->write_once && kvs_ident_of_fd(fd, true, &id) == 0 && id.write_once &&
+	    id.dev == (uint64_t)st->st_dev && id.ino == (uint64_t)st->st_ino &&
+	    id.size == (uint64_t)st->st_size)
+		kvs_ident_key(&id, block);
+	else
+		kvs_block_id(st, block);
+}
+
+/* Publish f's shards written whole under the identity st (taken now), whose block id is
+ * block, drop the others, and remember what was published for a rename.  Caller holds wt_mu;
+ * no write of f is in flight. */
+static void publish_locked(struct kvs_cache *c, struct wt_file *f, const struct stat *st,
+			   const struct kvs_key *block_now)
 {
 	struct wt_ident now;
-	struct kvs_key block;
+	struct kvs_key block = *block_now;
 	uint64_t S = kvs_cache_shard_size(c), size = (uint64_t)st->st_size;
 	uint64_t first = UINT64_MAX, last = 0, bytes = 0;
 
@@ -810,7 +832,6 @@ static void publish_locked(struct kvs_cache *c, struct wt_file *f, const struct 
 	uint64_t until = f->settle_ns ? f->t_first + f->settle_ns : 0;
 	if (revalidate_ns && (!until || f->t_first + revalidate_ns < until))
 		until = f->t_first + revalidate_ns;
-	kvs_block_id(st, &block);
 	while (f->chunks) {
 		struct wt_chunk *k = f->chunks;
 
@@ -849,8 +870,13 @@ static void publish_locked(struct kvs_cache *c, struct wt_file *f, const struct 
 	}
 	kvs_cache_count(c, KVS_CTR_write_through_bytes, bytes);
 	struct wt_recent *r = &recent[recent_next++ % KVS_WT_RECENT];
-	*r = (struct wt_recent){
-	    .used = true, .id = now, .block = block, .tok = f->tok, .first = first, .last = last};
+	*r = (struct wt_recent){.used = true,
+				.write_once = f->write_once,
+				.id = now,
+				.block = block,
+				.tok = f->tok,
+				.first = first,
+				.last = last};
 }
 
 struct wt_file *kvs_wthru_closing(struct kvs_cache *c, int fd)
@@ -881,6 +907,7 @@ struct wt_file *kvs_wthru_closing(struct kvs_cache *c, int fd)
 			free_file_locked(c, f);
 		} else {
 			f->close_st = st;
+			block_of(f, fd, &st, &f->close_block);
 			take = f;
 		}
 	}
@@ -894,7 +921,7 @@ void kvs_wthru_closed(struct kvs_cache *c, struct wt_file *f, int ret)
 		return;
 	pthread_mutex_lock(&wt_mu);
 	if (ret == 0) /* a failed close (NFS reports a write error there) keeps nothing */
-		publish_locked(c, f, &f->close_st);
+		publish_locked(c, f, &f->close_st, &f->close_block);
 	free_file_locked(c, f);
 	pthread_mutex_unlock(&wt_mu);
 }
@@ -905,19 +932,25 @@ void kvs_wthru_stream_closed(struct kvs_cache *c, struct wt_file *f, int dupfd, 
 	struct wt_ident before;
 	bool ok = ret == 0 && dupfd >= 0 && fstat(dupfd, &st) == 0;
 
-	if (dupfd >= 0)
-		syscall(SYS_close, dupfd); /* ours: the program's descriptor is closed already */
-	if (!f)
+	if (!f) {
+		if (dupfd >= 0)
+			syscall(SYS_close, dupfd); /* ours: the program's is closed already */
 		return;
+	}
 	pthread_mutex_lock(&wt_mu);
 	ident_of(&f->close_st, &before);
 	/* Only the flush may have moved the identity since the last fwrite. */
 	if (ok && ident_eq(&before, &f->after) && (uint64_t)st.st_ino == f->ino) {
+		struct kvs_key block;
+
+		block_of(f, dupfd, &st, &block);
 		set_after_locked(f, &st);
-		publish_locked(c, f, &st);
+		publish_locked(c, f, &st, &block);
 	}
 	free_file_locked(c, f);
 	pthread_mutex_unlock(&wt_mu);
+	if (dupfd >= 0)
+		syscall(SYS_close, dupfd); /* ours: the program's is closed already */
 }
 
 void kvs_wthru_synced(struct kvs_cache *c, int fd)
@@ -928,8 +961,12 @@ void kvs_wthru_synced(struct kvs_cache *c, int fd)
 		return;
 	pthread_mutex_lock(&wt_mu);
 	struct wt_file *f = find_locked((uint64_t)st.st_dev, (uint64_t)st.st_ino);
-	if (f && has_fd(f, fd) && f->refs == 0)
-		publish_locked(c, f, &st);
+	if (f && has_fd(f, fd) && f->refs == 0) {
+		struct kvs_key block;
+
+		block_of(f, fd, &st, &block);
+		publish_locked(c, f, &st, &block);
+	}
 	pthread_mutex_unlock(&wt_mu);
 }
 
@@ -948,6 +985,8 @@ void kvs_wthru_renamed(struct kvs_cache *c, int dirfd, const char *path)
 
 		if (!r->used || r->id.dev != now.dev || r->id.ino != now.ino)
 			continue;
+		if (r->write_once)
+			break; /* keyed by birth: the rename left its id as it was */
 		r->used = false;
 		/* Only ctime may have moved (the rename's own), and nobody written since. */
 		if (r->id.size != now.size || r->id.mtime_s != now.mtime_s ||

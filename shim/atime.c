@@ -1,0 +1,176 @@
+/*
+ * atime: see atime.h.
+ *
+ * DESIGN.  A queue of KVS_ATIME_JOBS entries, each a state word: FREE, then FILLING (claimed
+ * by CAS by a reader thread, which dups its anchor and fills the entry), READY (release store),
+ * TAKEN (CAS by the worker), FREE again once the worker has closed the descriptor.  The worker
+ * sleeps on a futex word every note moves.  No lock anywhere: a note may come from a signal
+ * handler that interrupted a served read.  A full queue drops the note (the next hit notes
+ * again, a day later at the most).  recent[] remembers, racily, which files were noted in the
+ * last day (a tag and a time per entry): a lost or torn entry only lets a file be read twice.
+ *
+ * The worker checks the file again before it reads (statx: still due?), so a file whose atime
+ * a storage read moved meanwhile costs no read.  Its read is the first block of the file
+ * through the dup (the same open file as the anchor, O_DIRECT or not), into a buffer aligned
+ * for O_DIRECT; the bytes are dropped.  A file keyed by birth (a write-once root) whose owner
+ * we are gets futimens(atime now, mtime as it is) instead: it moves ctime, which is no part of
+ * that file's id, and reads nothing from storage.
+ */
+#include <errno.h>
+#include <fcntl.h>
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "atime.h"
+#include "cache.h"
+#include "real.h"
+#include "sys.h"
+
+#define KVS_ATIME_JOBS	 16
+#define KVS_ATIME_RECENT 1024
+#define KVS_ATIME_BUF	 65536 /* the most one read takes: O_DIRECT alignments are smaller */
+#define DAY_S		 86400
+
+enum { J_FREE, J_FILLING, J_READY, J_TAKEN };
+
+struct job {
+	_Atomic uint32_t state;
+	int fd;
+	int rule;	 /* the mount's atime rule (fdinfo.h) */
+	bool write_once; /* keyed by birth: ctime is no part of its id */
+	uint32_t len;
+	struct kvs_cache *c;
+};
+
+static struct job jobs[KVS_ATIME_JOBS];
+static _Atomic uint64_t recent[KVS_ATIME_RECENT]; /* tag << 32 | monotonic seconds */
+static _Atomic uint32_t wake;
+static _Atomic int started; /* 0 no thread, 1 starting or running, 2 failed */
+static pthread_t worker;
+
+static uint64_t file_tag(uint64_t dev, uint64_t ino)
+{
+	uint64_t x = (dev * 0x9e3779b97f4a7c15ULL) ^ (ino * 0xc2b2ae3d27d4eb4fULL);
+
+	return (x ^ (x >> 29)) | 1;
+}
+
+static uint64_t now_s(void)
+{
+	struct timespec ts;
+
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return (uint64_t)ts.tv_sec;
+}
+
+/* Was the file noted within window seconds?  If not, note it now (racily: see DESIGN). */
+static bool noted_within(uint64_t dev, uint64_t ino, uint32_t window)
+{
+	uint64_t tag = file_tag(dev, ino) >> 32, t = now_s() & 0xffffffffu;
+	_Atomic uint64_t *e = &recent[file_tag(dev, ino) % KVS_ATIME_RECENT];
+	uint64_t w = atomic_load_explicit(e, memory_order_relaxed);
+
+	if ((w >> 32) == tag && ((t - w) & 0xffffffffu) < window)
+		return true;
+	atomic_store_explicit(e, tag << 32 | t, memory_order_relaxed);
+	return false;
+}
+
+/* One job: read the first block of its file if its atime is still due. */
+static void run(struct job *j)
+{
+	static char buf[KVS_ATIME_BUF] __attribute__((aligned(4096)));
+	struct kvs_ident id;
+
+	/* A file keyed by birth may have its atime set (which moves ctime, no part of its id):
+	 * no storage read at all.  Anyone else's, or where that is not allowed (not the
+	 * owner), gets the read. */
+	static const struct timespec now_omit[2] = {{0, UTIME_NOW}, {0, UTIME_OMIT}};
+
+	if (kvs_ident_of_fd(j->fd, false, &id) == 0 && id.size &&
+	    kvs_fdinfo_atime_due(j->rule, &id) &&
+	    ((j->write_once && kvs_real.futimens(j->fd, now_omit) == 0) ||
+	     kvs_real.pread(j->fd, buf, j->len, 0) > 0))
+		kvs_cache_count(j->c, KVS_CTR_atime_updates, 1);
+	kvs_real.close(j->fd);
+}
+
+static void *worker_main(void *arg)
+{
+	(void)arg;
+	for (;;) {
+		uint32_t seen = atomic_load_explicit(&wake, memory_order_acquire);
+		bool any = false;
+
+		for (int i = 0; i < KVS_ATIME_JOBS; i++) {
+			uint32_t ready = J_READY;
+
+			/* Pairs with the release store of J_READY in kvs_atime_note. */
+			if (!atomic_compare_exchange_strong(&jobs[i].state, &ready, J_TAKEN))
+				continue;
+			run(&jobs[i]);
+			atomic_store_explicit(&jobs[i].state, J_FREE, memory_order_release);
+			any = true;
+		}
+		if (!any)
+			kvs_futex_wait(&wake, seen, 0, false);
+	}
+	return NULL;
+}
+
+void kvs_atime_note(struct kvs_cache *c, int anchor, const struct kvs_fdinfo *fi)
+{
+	if (!fi->atime_due || anchor < 0 ||
+	    atomic_load_explicit(&started, memory_order_relaxed) == 2 ||
+	    noted_within(fi->dev, fi->ino, fi->atime_rule == KVS_ATIME_STRICT ? 1 : DAY_S))
+		return;
+	int saved = errno;
+	for (int i = 0; i < KVS_ATIME_JOBS; i++) {
+		struct job *j = &jobs[i];
+		uint32_t free_ = J_FREE;
+
+		if (!atomic_compare_exchange_strong(&j->state, &free_, J_FILLING))
+			continue;
+		kvs_real_init();
+		j->fd = kvs_real.fcntl(anchor, F_DUPFD_CLOEXEC, 0);
+		if (j->fd < 0) {
+			atomic_store_explicit(&j->state, J_FREE, memory_order_relaxed);
+			break;
+		}
+		uint32_t len = fi->dio_off_align > 4096 ? fi->dio_off_align : 4096;
+		j->len = len < KVS_ATIME_BUF ? len : KVS_ATIME_BUF;
+		j->c = c;
+		j->rule = fi->atime_rule;
+		j->write_once = fi->write_once;
+		atomic_store_explicit(&j->state, J_READY,
+				      memory_order_release); /* pairs in worker */
+		int not_yet = 0;
+		if (atomic_compare_exchange_strong(&started, &not_yet, 1) &&
+		    kvs_thread_start(&worker, worker_main, NULL, KVS_STACK_OWN) != 0) {
+			atomic_store(&started, 2); /* no thread: nothing will run the job */
+			kvs_real.close(j->fd);
+			atomic_store_explicit(&j->state, J_FREE, memory_order_relaxed);
+			break;
+		}
+		atomic_fetch_add_explicit(&wake, 1, memory_order_release);
+		kvs_futex_wake(&wake, 1, false);
+		break;
+	}
+	errno = saved;
+}
+
+void kvs_atime_atfork_child(void)
+{
+	for (int i = 0; i < KVS_ATIME_JOBS; i++) {
+		uint32_t st = atomic_load_explicit(&jobs[i].state, memory_order_relaxed);
+
+		if (st == J_READY || st == J_TAKEN)
+			kvs_real.close(jobs[i].fd);
+		atomic_store_explicit(&jobs[i].state, J_FREE, memory_order_relaxed);
+	}
+	atomic_store(&started, 0);
+}

@@ -1,0 +1,54 @@
+/*
+ * touch: a timestamp call by this process on a KV file keeps the file's cached shards.
+ *
+ * A file keyed by change (cache.h, struct kvs_ident) gets a new block id whenever its mtime or
+ * ctime moves, and every timestamp call moves ctime: UCM's store calls utime(path, NULL) on
+ * every block a lookup finds, llm-d's sets atime on every read.  Without help each touch
+ * orphans the file's warm shards.  So the timestamp hooks (hooks_time.c, and the syscall()
+ * door) wrap the real call: kvs_touch_before takes the file's identity and its write-sequence
+ * mark, and kvs_touch_after, if the call succeeded and nothing else can have changed the file
+ * (same inode and size, no write under the shim began or ended in between), moves each cached
+ * shard to the identity the call left (kvs_cache_rekey, which keeps each shard's expiry).
+ *
+ * What it cannot see: a process outside the shim writing the file in place between the look
+ * before and the call (a few microseconds); docs/operations.md says so.  A touch by a process
+ * outside the shim still moves the identity: a miss, never a stale byte.  Files keyed by birth
+ * (files.write_once) keep their id through a touch and need none of this.
+ *
+ * Both functions never fail the caller's call and leave errno as they found it.
+ */
+#ifndef KVS_SHIM_TOUCH_H
+#define KVS_SHIM_TOUCH_H
+
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "cache.h"
+
+/* One timestamp call in progress, on the caller's stack. */
+struct kvs_touch {
+	bool on;     /* kvs_touch_after has work to do */
+	int fd;	     /* the descriptor the identity is read through */
+	bool own_fd; /* fd is the shim's own (O_PATH), closed by kvs_touch_after */
+	struct kvs_cache *c;
+	struct kvs_ident pre;
+	uint64_t mark; /* the write-sequence mark before the call */
+};
+
+/*
+ * Before a timestamp call on path relative to dirfd (path NULL: on the descriptor dirfd
+ * itself), following a final symbolic link unless nofollow.  Returns false when there is
+ * nothing to do after the call (the shim is off, not a regular KV file keyed by change, no
+ * region, a write of it in flight); then kvs_touch_after need not be called.
+ */
+bool kvs_touch_before(struct kvs_touch *t, int dirfd, const char *path, bool nofollow);
+
+/* After the real call returned ret (0 or -1). */
+void kvs_touch_after(struct kvs_touch *t, int ret);
+
+/* The syscall() door's timestamp numbers (SYS_utime, SYS_utimes, SYS_futimesat,
+ * SYS_utimensat; a[] the call's arguments), made with raw (the kernel's answer, -errno) between
+ * kvs_touch_before and kvs_touch_after.  Returns raw's answer.  hooks_time.c. */
+long kvs_time_syscall(long number, const long *a, long (*raw)(long, const long *));
+
+#endif
