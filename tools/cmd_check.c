@@ -8,6 +8,10 @@
  *   roots          files.roots not empty; each root absolute, an existing, readable
  *                  directory, on a file system that accepts O_DIRECT (an open of a file in
  *                  it, else of a temporary file it makes and removes);
+ *   store          advice, never a problem: a sample of each root's files; a root whose
+ *                  files look written once gets a hint to declare it (files.write_once), a
+ *                  declared one whose files look rewritten, or whose file system cannot key
+ *                  files by birth, a warning (check_store);
  *   region         an existing region against the configuration (kvs_cache_check_config: the
  *                  attacher's mismatch message), or room in /dev/shm for a new one
  *                  (kvs_cache_fits: the rule the creator applies);
@@ -239,6 +243,182 @@ static void check_roots(struct check *ck, const struct kvs_config *cfg)
 			cfg->files_roots);
 }
 
+/*
+ * What a sample of a store's files says about how they are written (files.write_once).  A
+ * file written once (created, written, renamed into place, never rewritten) has its last data
+ * change within files.settle of its birth; one rewritten in place, later.  The walk looks at
+ * up to KVS_SAMPLE regular files, KVS_SAMPLE_DEPTH directories deep, in directory order.
+ */
+#define KVS_SAMPLE	 64
+#define KVS_SAMPLE_DEPTH 4
+
+struct sample {
+	int files, once, rewritten, no_id; /* no_id: neither birth time nor generation */
+	char example[PATH_MAX];		   /* a file that looks rewritten */
+};
+
+static void sample_dir(int dirfd, const char *path, int depth, uint64_t settle_ns,
+		       struct sample *sm)
+{
+	DIR *d = fdopendir(dirfd);
+	struct dirent *de;
+
+	if (!d) {
+		close(dirfd);
+		return;
+	}
+	while (sm->files < KVS_SAMPLE && (de = readdir(d))) {
+		struct stat st;
+
+		if (de->d_name[0] == '.' ||
+		    fstatat(dirfd, de->d_name, &st, AT_SYMLINK_NOFOLLOW) != 0)
+			continue;
+		if (S_ISDIR(st.st_mode) && depth < KVS_SAMPLE_DEPTH) {
+			char sub[PATH_MAX];
+			int fd = openat(dirfd, de->d_name, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+
+			snprintf(sub, sizeof(sub), "%s/%s", path, de->d_name);
+			if (fd >= 0)
+				sample_dir(fd, sub, depth + 1, settle_ns, sm);
+			continue;
+		}
+		if (!S_ISREG(st.st_mode) || st.st_size == 0)
+			continue;
+		int fd = openat(dirfd, de->d_name, O_RDONLY | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK);
+		struct kvs_ident id;
+		if (fd < 0)
+			continue;
+		int r = kvs_ident_of_fd(fd, true, &id);
+		close(fd);
+		if (r)
+			continue;
+		sm->files++;
+		if (!id.write_once) {
+			sm->no_id++;
+			continue;
+		}
+		if (!id.has_btime)
+			continue; /* a generation alone says nothing of when it was written */
+		uint64_t b = kvs_time_ns(id.btime), m = kvs_time_ns(id.mtime);
+		if (m <= b || m - b <= settle_ns) {
+			sm->once++;
+		} else {
+			sm->rewritten++;
+			if (!sm->example[0])
+				snprintf(sm->example, sizeof(sm->example), "%s/%s", path,
+					 de->d_name);
+		}
+	}
+	closedir(d);
+}
+
+/* Is path under one of the colon-separated directories of list (as written, and canonical)? */
+static bool listed_under(const char *list, const char *path)
+{
+	char dir[PATH_MAX], real[PATH_MAX];
+	const char *p = list;
+
+	while (*p) {
+		const char *end = strchr(p, ':');
+		size_t n = end ? (size_t)(end - p) : strlen(p);
+
+		if (n && n < sizeof(dir)) {
+			memcpy(dir, p, n);
+			dir[n] = '\0';
+			if (realpath(dir, real)) {
+				size_t k = strlen(real);
+
+				if (k == 1 || (strncmp(path, real, k) == 0 &&
+					       (path[k] == '/' || path[k] == '\0')))
+					return true;
+			}
+		}
+		if (!end)
+			break;
+		p = end + 1;
+	}
+	return false;
+}
+
+/* files.write_once against the store: each write-once directory within files.roots, its
+ * files keyed by birth and not rewritten; and a hint for a root that looks written once but
+ * is not declared.  Advice only: nothing here blocks a launch. */
+static void check_store(struct check *ck, const struct kvs_config *cfg)
+{
+	const char *lists[2] = {cfg->files_roots, cfg->files_write_once};
+	uint64_t settle_ns =
+	    (cfg->files_settle >= 0 ? (uint64_t)cfg->files_settle : 2000) * 1000000ull;
+
+	for (int l = 0; l < 2; l++) {
+		const char *p = lists[l];
+
+		while (*p) {
+			const char *end = strchr(p, ':');
+			size_t n = end ? (size_t)(end - p) : strlen(p);
+			char dir[PATH_MAX], real[PATH_MAX];
+			struct sample sm = {0};
+			int fd;
+
+			if (!n || n >= sizeof(dir))
+				goto next;
+			memcpy(dir, p, n);
+			dir[n] = '\0';
+			if (!realpath(dir, real))
+				goto next;
+			bool declared = listed_under(cfg->files_write_once, real);
+			if (l == 1 && !listed_under(cfg->files_roots, real)) {
+				fprintf(stderr,
+					"kvshim: warning: files.write_once: %s is not within "
+					"files.roots: it changes nothing\n",
+					dir);
+				goto next;
+			}
+			if (l == 0 && declared)
+				goto next; /* said below, as a write-once directory */
+			fd = open(real, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+			if (fd < 0)
+				goto next;
+			sample_dir(fd, real, 0, settle_ns, &sm);
+			if (l == 1 && sm.no_id)
+				fprintf(
+				    stderr,
+				    "kvshim: warning: files.write_once: %s is on a file system "
+				    "that gives neither a birth time nor an inode generation: its "
+				    "files are kept as files.roots keeps them (by change times, "
+				    "with files.settle)\n",
+				    dir);
+			else if (l == 1 && sm.rewritten)
+				fprintf(
+				    stderr,
+				    "kvshim: warning: files.write_once: %d of %d sampled files of "
+				    "%s were changed more than files.settle after they were made "
+				    "(%s): if a file there is ever rewritten in place, readers may "
+				    "get its old bytes; take it out of files.write_once, or see "
+				    "\"Write-once roots\" in docs/operations.md\n",
+				    sm.rewritten, sm.files, dir, sm.example);
+			else if (l == 1)
+				ok(ck,
+				   "ok   files.write_once: %s (%d sampled files, each written "
+				   "once)",
+				   dir, sm.files);
+			else if (sm.files >= 4 && sm.once == sm.files)
+				ok(ck,
+				   "hint files.roots: the %d sampled files of %s look written once "
+				   "(each last changed within files.settle of its birth); if the "
+				   "store "
+				   "never rewrites a file in place (UCM, vLLM, LMCache, SGLang, "
+				   "llm-d, "
+				   "model weights), declare it: files.write_once = %s "
+				   "(docs/operations.md, \"Write-once roots\")",
+				   sm.files, dir, dir);
+		next:
+			if (!end)
+				break;
+			p = end + 1;
+		}
+	}
+}
+
 /* The region: an existing one against the configuration, else room for a new one. */
 static void check_region(struct check *ck, const struct kvs_config *cfg)
 {
@@ -305,6 +485,7 @@ int tool_check(bool quiet, bool check_library, bool *config_ok)
 			ok(&ck, "note the shim is off (%s)",
 			   cfg->kvshim_enable_env_off ? "KVSHIM_ENABLE=0" : "shim.enable = false");
 		check_roots(&ck, cfg);
+		check_store(&ck, cfg);
 		check_region(&ck, cfg);
 	}
 	if (check_library) {
