@@ -3,12 +3,14 @@
 
     kv_ranks.py write DIR NFILES SIZE [--gen G] [--shape SHAPE] [--prefix P]
     kv_ranks.py load DIR NFILES SIZE [--gen G] [--ranks N] [--chunk BYTES] [--skew BYTES]
-                [--buffered] [--prefix P]
+                [--buffered] [--prefix P] [--stagger SEC]
+    kv_ranks.py touch DIR NFILES SIZE [--how utime|atime] [--prefix P]
 
 Every file P<i> holds 64-bit words: word w of file i, generation G is
 (G << 56) | (i << 36) | w, so any byte read can be checked without a reference copy.
 
-write: one process writes the NFILES files of SIZE bytes in the shape of a real client:
+write: one process writes the NFILES files of SIZE bytes in the shape of a real client,
+--pace SEC apart:
   tiering  vLLM's tiering fs: one O_DIRECT write of the block to NAME.tmp, then os.replace
   ucm      UCM's PosixStore: 256 KiB pwrites to NAME.tmp, fsync, rename
   lmcache  LMCache's local disk: one buffered write under the final name
@@ -25,14 +27,22 @@ load: N ranks (forked processes, started together) each read every file with O_D
 into page-aligned buffers (--buffered: without O_DIRECT), rank r starting at file r, in
 reads of --chunk bytes (default the whole file) from offset --skew (default 0; the bytes
 before it are read first as one read), so that reads need not be aligned to the cache's
-shards, as llama.cpp's tensor reads are not.  Every byte is checked.  Prints
-"load: N ranks, F files, B bytes asked, ok"; exits 1 on a wrong byte (stderr says where).
+shards, as llama.cpp's tensor reads are not.  Rank r starts r * --stagger seconds after the
+first.  Every byte is checked.  Prints "load: N ranks, F files, B bytes asked, ok, storage S"
+where S is the sum of the ranks' /proc/self/io read_bytes over their loads (what the kernel
+read from storage for them); exits 1 on a wrong byte (stderr says where).
+
+touch: a thread of this process touches every file the way engines do, and exits:
+  utime   UCM's PosixStore lookup: utime(path, NULL) from a worker thread (libc's utime)
+  atime   llm-d's fs backend: futimens(fd, {UTIME_NOW, UTIME_OMIT}) on an open descriptor
+          (atime only; ctime moves)
 """
 import argparse
 import ctypes
 import mmap
 import os
 import sys
+import threading
 import time
 
 import numpy as np
@@ -55,6 +65,8 @@ def aligned(n):
 def write_files(a):
     os.makedirs(a.dir, exist_ok=True)
     for i in range(a.nfiles):
+        if i and a.pace:
+            time.sleep(a.pace)
         path = os.path.join(a.dir, f"{a.prefix}{i}")
         data = pattern(a.gen, i, 0, a.size).tobytes()
         shape = a.shape
@@ -132,6 +144,45 @@ def read_range(fd, buf, off, n, direct):
     return os.preadv(fd, [memoryview(buf)[:want]], off)
 
 
+def storage_bytes():
+    """What the kernel read from storage for this process so far (/proc/self/io)."""
+    with open("/proc/self/io") as f:
+        for line in f:
+            if line.startswith("read_bytes:"):
+                return int(line.split()[1])
+    return 0
+
+
+def touch(a):
+    libc = ctypes.CDLL(None, use_errno=True)
+    errors = []
+
+    class Timespec(ctypes.Structure):
+        _fields_ = [("tv_sec", ctypes.c_long), ("tv_nsec", ctypes.c_long)]
+
+    UTIME_NOW, UTIME_OMIT = (1 << 30) - 1, (1 << 30) - 2
+
+    def work():
+        for i in range(a.nfiles):
+            path = os.path.join(a.dir, f"{a.prefix}{i}")
+            if a.how == "utime":
+                r = libc.utime(path.encode(), None)
+            else:
+                fd = os.open(path, os.O_RDONLY)
+                ts = (Timespec * 2)(Timespec(0, UTIME_NOW), Timespec(0, UTIME_OMIT))
+                r = libc.futimens(fd, ts)
+                os.close(fd)
+            if r != 0:
+                errors.append(f"{path}: errno {ctypes.get_errno()}")
+
+    t = threading.Thread(target=work)
+    t.start()
+    t.join()
+    if errors:
+        sys.exit("kv_ranks: touch: " + "; ".join(errors[:3]))
+    print(f"touch: {a.nfiles} files ({a.how})")
+
+
 def load_rank(a, rank, go):
     flags = os.O_RDONLY | (0 if a.buffered else os.O_DIRECT)
     chunk = a.chunk or a.size
@@ -139,6 +190,8 @@ def load_rank(a, rank, go):
     asked = 0
     while go[0] == 0:  # start together
         time.sleep(0.0005)
+    if a.stagger:
+        time.sleep(rank * a.stagger)
     for k in range(a.nfiles):
         i = (rank + k) % a.nfiles
         path = os.path.join(a.dir, f"{a.prefix}{i}")
@@ -168,13 +221,15 @@ def load_rank(a, rank, go):
 def load(a):
     go = mmap.mmap(-1, PAGE)
     done = mmap.mmap(-1, PAGE)
-    asked = np.frombuffer(done, dtype=np.uint64, count=a.ranks)
+    asked = np.frombuffer(done, dtype=np.uint64, count=2 * a.ranks)
     pids = []
     for r in range(a.ranks):
         pid = os.fork()
         if pid == 0:
             try:
+                b0 = storage_bytes()
                 asked[r] = load_rank(a, r, go)
+                asked[a.ranks + r] = storage_bytes() - b0
                 os._exit(0)
             except SystemExit as e:
                 print(e, file=sys.stderr)
@@ -191,12 +246,15 @@ def load(a):
         bad += st != 0
     if bad:
         sys.exit(1)
-    print(f"load: {a.ranks} ranks, {a.nfiles} files, {int(asked.sum())} bytes asked, ok")
+    print(
+        f"load: {a.ranks} ranks, {a.nfiles} files, {int(asked[: a.ranks].sum())} bytes asked, ok, "
+        f"storage {int(asked[a.ranks :].sum())}"
+    )
 
 
 def main():
     p = argparse.ArgumentParser()
-    p.add_argument("cmd", choices=["write", "load"])
+    p.add_argument("cmd", choices=["write", "load", "touch"])
     p.add_argument("dir")
     p.add_argument("nfiles", type=int)
     p.add_argument("size", type=int)
@@ -207,9 +265,14 @@ def main():
     p.add_argument("--chunk", type=int, default=0)
     p.add_argument("--skew", type=int, default=0)
     p.add_argument("--buffered", action="store_true")
+    p.add_argument("--stagger", type=float, default=0.0)
+    p.add_argument("--pace", type=float, default=0.0)
+    p.add_argument("--how", choices=["utime", "atime"], default="utime")
     a = p.parse_args()
     if a.cmd == "write":
         write_files(a)
+    elif a.cmd == "touch":
+        touch(a)
     else:
         load(a)
 
