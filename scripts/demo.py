@@ -6,7 +6,9 @@ into a page-aligned buffer), checks every byte against the manifest written with
 and reports its load time.  The orchestrator runs the ranks once without the shim, then
 prepares the region's memory with `kvshim prepare` (untimed, as each rank faults its own buffer
 in before its clock starts), then runs them twice under `kvshim run`: the first run finds the
-region empty, the second warm.  Then an engine saves a new store of the same size through the
+region empty, the second warm.  Then the engine touches every block (UCM's lookup:
+utime(path, NULL) from a thread of a process under the shim) and the ranks load again.  Then
+an engine saves a new store of the same size through the
 shim (vLLM's tiering fs: an O_DIRECT write of each block to NAME.tmp, then os.replace; timed
 against the same save without the shim), and the ranks load what it saved: write-through kept
 it, so that reload should read nothing from storage.  It reads `kvshim stat --json`, prints a
@@ -15,10 +17,12 @@ plain line every 10% otherwise (a log file), so stdout holds only the table and 
 
   demo.py store  DIR NBLOCKS BLOCK_BYTES      write a KV store and its manifest
   demo.py save   DIR NBLOCKS BLOCK_BYTES      save one as an engine does (tmp + os.replace)
+  demo.py touch  DIR                          touch every block as UCM's lookup does
   demo.py rank   DIR                          one rank (used by `run`)
   demo.py run    DIR NRANKS KVSHIM CONFIG SAVED   the runs and the table; SAVED: where the
                                                   engine saves (under the config's roots)
 """
+import ctypes
 import hashlib
 import json
 import mmap
@@ -28,6 +32,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 
 
@@ -109,6 +114,35 @@ def save_store(d, nblocks, block_bytes):
     print(json.dumps({"save_s": save_s}))
 
 
+def touch_store(d):
+    """Touch every block of the store as UCM's PosixStore does on a lookup hit: utime(path,
+    NULL) from a worker thread (libc's utime, as its C++ calls it)."""
+    with open(os.path.join(d, "manifest.json")) as f:
+        manifest = json.load(f)
+    libc = ctypes.CDLL(None, use_errno=True)
+    failed = []
+
+    def work():
+        for name, _, _ in manifest:
+            if libc.utime(os.path.join(d, name).encode(), None) != 0:
+                failed.append(name)
+
+    t = threading.Thread(target=work)
+    t.start()
+    t.join()
+    if failed:
+        sys.exit("demo: utime failed on %d blocks" % len(failed))
+
+
+def storage_read():
+    """Bytes the kernel read from storage for this process so far (/proc/self/io)."""
+    with open("/proc/self/io") as f:
+        for line in f:
+            if line.startswith("read_bytes:"):
+                return int(line.split()[1])
+    return 0
+
+
 def rank(d):
     """Load every block into its own page-aligned buffer (timed), then check them (untimed).
 
@@ -130,6 +164,7 @@ def rank(d):
         while not os.path.exists(os.path.join(sync, "go")):
             time.sleep(0.0005)
     r0 = resource.getrusage(resource.RUSAGE_SELF)
+    io0 = storage_read()
     t0 = time.perf_counter()
     got = []
     for (name, size, _), view in zip(manifest, views):
@@ -140,11 +175,13 @@ def rank(d):
             os.close(fd)
     load_s = time.perf_counter() - t0
     r1 = resource.getrusage(resource.RUSAGE_SELF)
+    io1 = storage_read()
     end = time.time()
     bad = sum(1 for (_, size, digest), view, n in zip(manifest, views, got)
               if n != size or hashlib.blake2b(view[:n], digest_size=16).hexdigest() != digest)
     print(json.dumps({"load_s": load_s, "end": end, "bytes": sum(got), "bad_blocks": bad,
-                      "user_s": r1.ru_utime - r0.ru_utime, "sys_s": r1.ru_stime - r0.ru_stime}))
+                      "user_s": r1.ru_utime - r0.ru_utime, "sys_s": r1.ru_stime - r0.ru_stime,
+                      "storage": io1 - io0}))
 
 
 def run_ranks(d, nranks, prefix, label):
@@ -217,30 +254,36 @@ def run(d, nranks, kvshim, config, saved):
     env_cfg = dict(os.environ, KVSHIM_CONFIG=config)
     subprocess.run([kvshim, "reset", "--force"], env=env_cfg, stderr=subprocess.DEVNULL)
     storage_s, copy_s = limits(d, manifest, nranks, kvshim)
-    wall0, outs0 = run_ranks(d, nranks, [], "run 1/4 (without kvshim)")
+    wall0, outs0 = run_ranks(d, nranks, [], "run 1/5 (without kvshim)")
     # The region's memory, before the clock, as the ranks' own buffers are (see rank()): an
     # operator runs `kvshim prepare` before the engines start.
     t = time.perf_counter()
     subprocess.run([kvshim, "prepare", "--config", config], check=True, stdout=sys.stderr)
     prepare_s = time.perf_counter() - t
     shim = [kvshim, "run", "--config", config, "--"]
-    wall1, outs1 = run_ranks(d, nranks, shim, "run 2/4 (kvshim, region empty)")
+    wall1, outs1 = run_ranks(d, nranks, shim, "run 2/5 (kvshim, region empty)")
     t1 = stat(kvshim, config)["totals"]
     # the cache outlives its processes
-    wall2, outs2 = run_ranks(d, nranks, shim, "run 3/4 (kvshim, region warm)")
+    wall2, outs2 = run_ranks(d, nranks, shim, "run 3/5 (kvshim, region warm)")
     t2a = stat(kvshim, config)["totals"]
     t2 = {k: t2a[k] - t1[k] for k in t2a}
+    # The engine's scheduler looks the blocks up, which touches them (UCM), then the ranks load.
+    print("demo: touching every block as UCM's lookup does", file=sys.stderr)
+    subprocess.run(shim + [sys.executable, __file__, "touch", d], check=True)
+    wallt, outst = run_ranks(d, nranks, shim, "run 4/5 (kvshim, every block touched)")
+    tta = stat(kvshim, config)["totals"]
+    tt = {k: tta[k] - t2a[k] for k in tta}
     # An engine saves new KV through the shim, then the ranks load it back.
     nblocks, block_bytes = len(manifest), manifest[0][1]
     save_plain_s = timed_save([], saved + "-plain", nblocks, block_bytes, "save without kvshim")
     shutil.rmtree(saved + "-plain")
     save_s = timed_save(shim, saved, nblocks, block_bytes, "save through kvshim")
     t3a = stat(kvshim, config)["totals"]
-    wall3, outs3 = run_ranks(saved, nranks, shim, "run 4/4 (kvshim, after the save)")
+    wall3, outs3 = run_ranks(saved, nranks, shim, "run 5/5 (kvshim, after the save)")
     t3b = stat(kvshim, config)["totals"]
     t3 = {k: t3b[k] - t3a[k] for k in t3b}
-    kept = t3a["write_through_bytes"] - t2a["write_through_bytes"]
-    bad = sum(o["bad_blocks"] for o in outs0 + outs1 + outs2 + outs3)
+    kept = t3a["write_through_bytes"] - tta["write_through_bytes"]
+    bad = sum(o["bad_blocks"] for o in outs0 + outs1 + outs2 + outst + outs3)
     mib = 1 << 20
 
     def slowest(outs):
@@ -252,49 +295,51 @@ def run(d, nranks, kvshim, config, saved):
     def shards(t):
         return "%d / %d / %d" % (t["shards_loaded"], t["shards_waited"], t["shards_hit"])
 
+    runs = [(wall0, outs0, None), (wall1, outs1, t1), (wall2, outs2, t2), (wallt, outst, tt),
+            (wall3, outs3, t3)]
+
+    def row(label, f, first="-"):
+        return (label, first) + tuple(f(w, o, t) for w, o, t in runs[1:])
+
+    def kernel(outs):
+        return sum(o["storage"] for o in outs)
+
     rows = [
-        ("wall time, all ranks loaded (s)", "%.2f" % wall0, "%.2f" % wall1, "%.2f" % wall2,
-         "%.2f" % wall3),
-        ("  speed-up over no kvshim", "", "%.2fx" % (wall0 / wall1), "%.2fx" % (wall0 / wall2),
-         "%.2fx" % (wall0 / wall3)),
-        ("slowest rank's load time (s)", slowest(outs0), slowest(outs1), slowest(outs2),
-         slowest(outs3)),
-        ("ranks' CPU while loading (s)", cpu(outs0), cpu(outs1), cpu(outs2), cpu(outs3)),
-        ("region memory prepared before (s)", "-", "%.2f" % prepare_s, "-", "-"),
-        ("the engine's save (s) [m]", "%.2f" % save_plain_s, "", "", "%.2f" % save_s),
-        ("limit: storage once (s) [m]", "", "%.2f" % storage_s, "-", "-"),
-        ("limit: copy (s) [m]", "", "%.2f" % copy_s, "%.2f" % copy_s, "%.2f" % copy_s),
+        ("wall time, all ranks loaded (s)",) + tuple("%.2f" % w for w, _, _ in runs),
+        row("  speed-up over no kvshim", lambda w, o, t: "%.2fx" % (wall0 / w), ""),
+        ("slowest rank's load time (s)",) + tuple(slowest(o) for _, o, _ in runs),
+        ("ranks' CPU while loading (s)",) + tuple(cpu(o) for _, o, _ in runs),
+        ("region memory prepared before (s)", "-", "%.2f" % prepare_s, "-", "-", "-"),
+        ("the engine's save (s) [m]", "%.2f" % save_plain_s, "", "", "", "%.2f" % save_s),
+        ("limit: storage once (s) [m]", "", "%.2f" % storage_s, "-", "-", "-"),
+        row("limit: copy (s) [m]", lambda w, o, t: "%.2f" % copy_s, ""),
         ("  wall time / limit [c]", "", "%.2fx" % (wall1 / max(storage_s, copy_s)),
-         "%.2fx" % (wall2 / copy_s), "%.2fx" % (wall3 / copy_s)),
-        ("bytes read from storage (MiB)", "%d" % (nranks * unique // mib),
-         "%d" % (t1["backend_bytes"] // mib), "%d" % (t2["backend_bytes"] // mib),
-         "%d" % (t3["backend_bytes"] // mib)),
-        ("  per unique byte", "%.3f" % nranks, "%.3f" % (t1["backend_bytes"] / unique),
-         "%.3f" % (t2["backend_bytes"] / unique), "%.3f" % (t3["backend_bytes"] / unique)),
-        ("bytes kept at the save (MiB)", "-", "-", "-", "%d" % (kept // mib)),
-        ("bytes delivered to ranks (MiB)", "%d" % (sum(o["bytes"] for o in outs0) // mib),
-         "%d" % (sum(o["bytes"] for o in outs1) // mib),
-         "%d" % (sum(o["bytes"] for o in outs2) // mib),
-         "%d" % (sum(o["bytes"] for o in outs3) // mib)),
-        ("shards loaded / waited / hit", "-", shards(t1), shards(t2), shards(t3)),
-        ("fallbacks / failures", "-", "%d / %d" % (t1["fallbacks"], t1["failures"]),
-         "%d / %d" % (t2["fallbacks"], t2["failures"]),
-         "%d / %d" % (t3["fallbacks"], t3["failures"])),
-        ("blocks with wrong bytes", "%d" % sum(o["bad_blocks"] for o in outs0),
-         "%d" % sum(o["bad_blocks"] for o in outs1), "%d" % sum(o["bad_blocks"] for o in outs2),
-         "%d" % sum(o["bad_blocks"] for o in outs3)),
+         "%.2fx" % (wall2 / copy_s), "%.2fx" % (wallt / copy_s), "%.2fx" % (wall3 / copy_s)),
+        ("bytes read from storage (MiB) [k]",) +
+        tuple("%d" % (kernel(o) // mib) for _, o, _ in runs),
+        ("  per unique byte",) + tuple("%.3f" % (kernel(o) / unique) for _, o, _ in runs),
+        row("  as kvshim counts it (MiB)", lambda w, o, t: "%d" % (t["backend_bytes"] // mib)),
+        ("bytes kept at the save (MiB)", "-", "-", "-", "-", "%d" % (kept // mib)),
+        ("bytes delivered to ranks (MiB)",) +
+        tuple("%d" % (sum(x["bytes"] for x in o) // mib) for _, o, _ in runs),
+        row("shards loaded / waited / hit", lambda w, o, t: shards(t)),
+        row("fallbacks / failures",
+            lambda w, o, t: "%d / %d" % (t["fallbacks"], t["failures"])),
+        ("blocks with wrong bytes",) +
+        tuple("%d" % sum(x["bad_blocks"] for x in o) for _, o, _ in runs),
     ]
     print("\n%d ranks, %d blocks, %d MiB unique (O_DIRECT preadv, every byte checked)\n" %
           (nranks, len(manifest), unique // mib))
-    fmt = "%-36s %14s %15s %15s %15s"
-    print(fmt % ("", "without kvshim", "kvshim, 1st", "kvshim, 2nd", "kvshim, reload"))
-    print(fmt % ("", "", "(region empty)", "(region warm)", "(after a save)"))
+    fmt = "%-34s %14s %16s %16s %16s %16s"
+    print(fmt % ("", "without kvshim", "kvshim, 1st", "kvshim, 2nd", "kvshim, 3rd", "kvshim, reload"))
+    print(fmt % ("", "", "(region empty)", "(region warm)", "(all touched)", "(after a save)"))
     for r in rows:
         print(fmt % r)
-    print("\n[m] measured without kvshim just before (kvshim-bench-read), or timed by the saving"
-          " process; [c]\ncomputed.  The limit of a load from an empty region is max(storage,"
-          " copy): the two overlap;\na warm load, and a reload of what was saved through"
-          " kvshim, only copy.")
+    print("\n[k] the kernel's count (the ranks' /proc/self/io read_bytes).  [m] measured without"
+          " kvshim just\nbefore (kvshim-bench-read), or timed by the saving process; [c]"
+          " computed.\nThe limit of a load from an empty region is max(storage, copy): the"
+          " two overlap; a warm\nload, and a reload of what was saved through kvshim, only"
+          " copy.")
     # reset says what it removed: housekeeping, so stderr, and the sentence follows the table
     subprocess.run([kvshim, "reset", "--force"], env=env_cfg, stdout=sys.stderr)
     if bad:
@@ -305,10 +350,11 @@ def run(d, nranks, kvshim, config, saved):
                 "%.1fx slower" % (wall / wall0))
 
     print("\nkvshim read %s from storage instead of %s, and the ranks loaded %s on the first"
-          " run and %s with the region warm; reloading what the engine had just saved through"
-          " kvshim read %s from storage, %s." %
-          (human(t1["backend_bytes"]), human(nranks * unique), pace(wall1), pace(wall2),
-           human(t3["backend_bytes"]), pace(wall3)))
+          " run and %s with the region warm (%s after the engine touched every block, reading"
+          " %s); reloading what the engine had just saved through kvshim read %s from storage,"
+          " %s." %
+          (human(kernel(outs1)), human(kernel(outs0)), pace(wall1), pace(wall2), pace(wallt),
+           human(kernel(outst)), human(kernel(outs3)), pace(wall3)))
 
 
 def main():
@@ -317,6 +363,8 @@ def main():
         write_store(sys.argv[2], int(sys.argv[3]), int(sys.argv[4]))
     elif cmd == "rank" and len(sys.argv) == 3:
         rank(sys.argv[2])
+    elif cmd == "touch" and len(sys.argv) == 3:
+        touch_store(sys.argv[2])
     elif cmd == "save" and len(sys.argv) == 5:
         save_store(sys.argv[2], int(sys.argv[3]), int(sys.argv[4]))
     elif cmd == "run" and len(sys.argv) == 7:

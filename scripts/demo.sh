@@ -2,7 +2,8 @@
 # The main job: on a fresh machine, install what is needed, build, write a replicated KV store
 # (every rank reads the same files), and run 8 rank processes that load every block with
 # O_DIRECT preadv, once without kvshim, then (after `kvshim prepare` has given the region its
-# memory, untimed as the ranks' own buffers are) twice with it; then save a new store through
+# memory, untimed as the ranks' own buffers are) twice with it, and once more after the engine
+# touched every block (UCM's lookup); then save a new store through
 # kvshim as an engine offloads KV (timed against the same save without it) and load that back
 # with the ranks: write-through kept it, so the reload reads no storage; print what changed.  Progress
 # goes to stderr (in place on a terminal, every 10% in a log); the table and a closing sentence
@@ -31,6 +32,8 @@ capacity=$(((nblocks * block_mib * 5 / 4) + 64))
 cat >"$work/kvshim.ini" <<INI
 [files]
 roots = $store:$work/saved
+; an engine's KV store: each block written once (tmp + rename), never rewritten in place
+write_once = $store:$work/saved
 [cache]
 name = demo-$$
 capacity = ${capacity}M
