@@ -7,6 +7,10 @@
 # generation older than the last write that returned files.settle before the read began (a read
 # within files.settle of a write may see older bytes: that is the documented rule).
 # At the end it checks that every reader finished (no hang) and that no pin is left.
+# KVS_SOAK_ONCE=1: the store is a files.write_once root, written as such stores are (each
+# generation a new file, renamed into place; its inode often the one just freed), and read as
+# engines read (open, read, close); then no read may see a generation older than the last rename
+# that returned before its open began, with no settle window.
 #   scripts/soak.sh [SECONDS] [BUILD_DIR]      (default 600 s, build-soak)
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
@@ -25,6 +29,11 @@ export KVSHIM_CONFIG= KVSHIM_FILES_ROOTS=$work/kv KVSHIM_CACHE_NAME=soak-$$
 export KVSHIM_CACHE_CAPACITY=32M KVSHIM_CACHE_SHARD_SIZE=1M KVSHIM_LOADER_WAIT_TIMEOUT_MS=2000
 settle=2000 # the default for local file systems (files.settle = auto)
 export KVSHIM_FILES_SETTLE=$settle
+once=()
+if [ -n "${KVS_SOAK_ONCE:-}" ]; then
+	export KVSHIM_FILES_WRITE_ONCE=$work/kv
+	once=(once)
+fi
 pids=()
 cleanup() {
 	kill -CONT "${pids[@]}" 2>/dev/null || true
@@ -35,7 +44,7 @@ cleanup() {
 trap cleanup EXIT
 mkdir -p "$work/kv" "$work/log"
 nfiles=${KVS_SOAK_FILES:-16}
-"$h" soakwriter "$work/kv" $nfiles 8 $((secs + 5)) "$work/state" >"$work/writer" \
+"$h" soakwriter "$work/kv" $nfiles 8 $((secs + 5)) "$work/state" "${once[@]}" >"$work/writer" \
 	2>"$work/log/writes" &
 writer=$!
 sleep 1
@@ -44,7 +53,7 @@ end=$((start + secs))
 spawn() { # N: start reader N for the time that is left; its log keeps every life's last line
 	local left=$((end - $(date +%s)))
 	((left > 0)) || left=1
-	LD_PRELOAD=$lib "$h" soakreader "$work/kv" $nfiles $left "$work/state" $settle \
+	LD_PRELOAD=$lib "$h" soakreader "$work/kv" $nfiles $left "$work/state" $settle "${once[@]}" \
 		>>"$work/log/r$1.$RANDOM" 2>>"$work/log/err" &
 	pids[$1]=$!
 }
@@ -80,12 +89,12 @@ for i in 0 1 2 3 4 5 6 7; do
 done
 wait "$writer" || true
 # A last reader reaps the dead; then no pin may be left.
-LD_PRELOAD=$lib "$h" soakreader "$work/kv" $nfiles 1 "$work/state" $settle >/dev/null
+LD_PRELOAD=$lib "$h" soakreader "$work/kv" $nfiles 1 "$work/state" $settle "${once[@]}" >/dev/null
 sleep 0.5
 pinned=$("$kvshim" stat --json | python3 -c 'import json,sys; print(json.load(sys.stdin)["region"]["slots_pinned"])')
 read -r reads bad stale torn early < <(for f in "$work"/log/r*; do tail -n 1 "$f"; done |
 	awk '{r+=$1; b+=$2; s+=$3; t+=$4; e+=$5} END {print r+0, b+0, s+0, t+0, e+0}')
-echo "soak: ${secs} s, 8 processes x 4 threads, $nfiles files of 8 MiB (one in four of 192 KiB, one in four with a 320 KiB tail) over a 32 MiB cache, settle ${settle} ms"
+echo "soak: ${secs} s, 8 processes x 4 threads, $nfiles files of 8 MiB (one in four of 192 KiB, one in four with a 320 KiB tail) over a 32 MiB cache, settle ${settle} ms${once:+, write-once root (tmp + rename, open per read)}"
 echo "soak: reads $reads; wrong (another file's, offset's, or torn with no write near) $bad; stale $stale"
 echo "soak: allowed: torn by a write overlapping the read $torn, older bytes within settle of a write $early"
 echo "soak: SIGKILLs $kills, SIGSTOPs $stops, hangs $hangs, pins left $pinned"

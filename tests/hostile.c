@@ -39,6 +39,10 @@
  *                                            of the 1 MiB chunks (or the tail); prints
  *                                            cumulative "reads wrong stale torn early" every
  *                                            second
+ *   (both with a last argument "once": the files.write_once way; the writer writes each
+ *   generation to NAME.tmp and renames it over NAME, so every generation is a new file; the
+ *   reader opens the file for each read, and a read whose open began after a generation's
+ *   rename returned must see it: no settle window)
  */
 #include <errno.h>
 #include <fcntl.h>
@@ -727,7 +731,7 @@ static size_t soak_size(unsigned i, unsigned mib)
 }
 
 static int cmd_soakwriter(const char *dir, unsigned nfiles, unsigned mib, double seconds,
-			  const char *state)
+			  const char *state, bool once)
 {
 	struct soak_file *sf = soak_map(state, nfiles, true);
 	char *buf = aligned((size_t)mib * MIB + MIB), path[4096];
@@ -757,12 +761,18 @@ static int cmd_soakwriter(const char *dir, unsigned nfiles, unsigned mib, double
 
 		size_t size = soak_size(i, mib);
 
+		char tmp[4200];
+
 		snprintf(path, sizeof(path), "%s/s%u", dir, i);
-		fd = open(path, O_WRONLY | O_DIRECT);
+		snprintf(tmp, sizeof(tmp), "%s.tmp", path);
+		/* Write-once: a new file under a temporary name, then renamed into place. */
+		fd = once ? open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_DIRECT, 0644)
+			  : open(path, O_WRONLY | O_DIRECT);
 		stamp_fill(buf, size, i, 0, g);
 		atomic_store(&sf[i].writing, 1);
 		double t0 = now_s();
-		if (fd < 0 || pwrite(fd, buf, size, 0) != (ssize_t)size) {
+		if (fd < 0 || pwrite(fd, buf, size, 0) != (ssize_t)size ||
+		    (once && (close(fd) || (fd = -1, rename(tmp, path))))) {
 			perror("soakwriter");
 			return 2;
 		}
@@ -775,7 +785,8 @@ static int cmd_soakwriter(const char *dir, unsigned nfiles, unsigned mib, double
 		atomic_store(&sf[i].returned_ns, now_ns());
 		atomic_store(&sf[i].gen, g);
 		atomic_store(&sf[i].writing, 0);
-		close(fd);
+		if (fd >= 0)
+			close(fd);
 		usleep(200000);
 	}
 	printf("writes %ld, longest %.3f s\n", writes, longest);
@@ -788,6 +799,7 @@ struct soak_args {
 	double end;
 	struct soak_file *sf;
 	uint64_t settle_ns;
+	bool once; /* open per read; no settle window from the open on */
 };
 
 static _Atomic long soak_reads, soak_bad, soak_stale, soak_torn, soak_early;
@@ -805,8 +817,14 @@ static void *soak_thread(void *arg)
 	}
 	while (now_s() < a->end) {
 		unsigned i = (unsigned)rand_r(&seed) % a->nfiles;
+		uint64_t topen = now_ns(), gopen = atomic_load(&a->sf[i].gen);
 		struct stat st;
 
+		if (a->once) { /* as an engine reads a block: open, read, close */
+			snprintf(path, sizeof(path), "%s/s%u", a->dir, i);
+			close(fds[i]);
+			fds[i] = open(path, O_RDONLY | O_DIRECT);
+		}
 		if (fstat(fds[i], &st) || st.st_size < (off_t)BLOCK)
 			continue;
 		/* A chunk at a MiB boundary: 1 MiB, or what is left of the file (a tail, a file
@@ -837,6 +855,24 @@ static void *soak_thread(void *arg)
 		 * a load that overlapped the write (handed out to its readers, not kept). */
 		bool settled = !r0 || t0 >= r0 + a->settle_ns;
 
+		if (a->once) {
+			/* Every generation is a file of its own, renamed into place: a read sees
+			 * one generation whole, never one older than the last rename that returned
+			 * before its open began. */
+			(void)t0;
+			(void)w0;
+			(void)w1;
+			(void)g1;
+			if (g < 0 || (uint64_t)g < gopen) {
+				fprintf(stderr,
+					"%s: file %u off %lld: generation %lld, %llu renamed into "
+					"place before the open (%.3f s)\n",
+					g < 0 ? "torn" : "stale", i, (long long)off, (long long)g,
+					(unsigned long long)gopen, (double)(topen - r0) * 1e-9);
+				atomic_fetch_add(g < 0 ? &soak_bad : &soak_stale, 1);
+			}
+			continue;
+		}
 		if (g < 0 && (w0 || w1 || g0 != g1)) {
 			atomic_fetch_add(&soak_torn, 1); /* the read overlapped a write */
 		} else if ((g < 0 || (uint64_t)g < g0) && !settled) {
@@ -855,10 +891,14 @@ static void *soak_thread(void *arg)
 }
 
 static int cmd_soakreader(const char *dir, unsigned nfiles, double seconds, const char *state,
-			  unsigned settle_ms)
+			  unsigned settle_ms, bool once)
 {
-	struct soak_args a = {dir, nfiles, now_s() + seconds, soak_map(state, nfiles, false),
-			      (uint64_t)settle_ms * 1000000ull};
+	struct soak_args a = {dir,
+			      nfiles,
+			      now_s() + seconds,
+			      soak_map(state, nfiles, false),
+			      (uint64_t)settle_ms * 1000000ull,
+			      once};
 	pthread_t th[4];
 
 	if (nfiles > 256)
@@ -912,12 +952,13 @@ int main(int argc, char **argv)
 				  (unsigned)atoi(argv[5]), argv[6]);
 	if (!strcmp(c, "reader") && argc == 5)
 		return cmd_reader(argv[2], atof(argv[3]), argv[4]);
-	if (!strcmp(c, "soakwriter") && argc == 7)
+	bool once = argc == 8 && !strcmp(argv[7], "once");
+	if (!strcmp(c, "soakwriter") && (argc == 7 || once))
 		return cmd_soakwriter(argv[2], (unsigned)atoi(argv[3]), (unsigned)atoi(argv[4]),
-				      atof(argv[5]), argv[6]);
-	if (!strcmp(c, "soakreader") && argc == 7)
+				      atof(argv[5]), argv[6], once);
+	if (!strcmp(c, "soakreader") && (argc == 7 || once))
 		return cmd_soakreader(argv[2], (unsigned)atoi(argv[3]), atof(argv[4]), argv[5],
-				      (unsigned)atoi(argv[6]));
+				      (unsigned)atoi(argv[6]), once);
 	fprintf(stderr, "usage: see the comment at the top of tests/hostile.c\n");
 	return 2;
 }
