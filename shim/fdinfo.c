@@ -262,8 +262,8 @@ static uint64_t settle_for(unsigned long type, const struct kvs_ident *id)
 	return ms;
 }
 
-/* The identity words of v's scheme, and what follows from them: the block id and settle. */
-static void set_identity(struct verdict *v, const struct kvs_ident *id)
+/* The words of id's scheme that v is matched on (no hashing: this runs at every look). */
+static void identity_words(struct verdict *v, const struct kvs_ident *id)
 {
 	v->size = id->size;
 	v->write_once = id->write_once;
@@ -280,15 +280,21 @@ static void set_identity(struct verdict *v, const struct kvs_ident *id)
 		v->v2_ns = id->ctime.nsec;
 		v->gen = 0;
 	}
+}
+
+/* v's identity words from id, and what follows from them: the block id and settle. */
+static void set_identity(struct verdict *v, const struct kvs_ident *id)
+{
+	identity_words(v, id);
 	kvs_ident_key(id, &v->block);
 	v->settle_ns = settle_for((unsigned long)v->fs_type, id) * 1000000ull;
 }
 
 static bool same_identity(const struct verdict *v, const struct kvs_ident *id)
 {
-	struct verdict w = *v;
+	struct verdict w;
 
-	set_identity(&w, id); /* hashing is cheaper than a mismatch would be wrong: compare words */
+	identity_words(&w, id);
 	return w.size == v->size && w.write_once == v->write_once && w.v1_s == v->v1_s &&
 	       w.v1_ns == v->v1_ns && w.v2_s == v->v2_s && w.v2_ns == v->v2_ns && w.gen == v->gen;
 }
@@ -365,8 +371,10 @@ bool kvs_fdinfo_atime_due(int rule, const struct kvs_ident *id)
 		return false;
 	if (rule == KVS_ATIME_RELATIME && (a <= m || a <= ch))
 		return true;
+	/* The coarse clock (a tick old at most) is fine for a second's or a day's rule, and costs
+	 * the hit path next to nothing. */
 	struct timespec ts;
-	clock_gettime(CLOCK_REALTIME, &ts);
+	clock_gettime(CLOCK_REALTIME_COARSE, &ts);
 	uint64_t now = (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
 	return now > a && now - a >= (rule == KVS_ATIME_STRICT ? 1000000000ull : DAY_NS);
 }
