@@ -316,10 +316,13 @@ struct kvs_ident {
 };
 
 /* The identity of fd's file: one statx (STATX_BTIME; fstat where there is none), and with
- * write_once an FS_IOC_GETVERSION ioctl.  write_once asked for on a file system that gives
- * neither a birth time nor a generation leaves id->write_once false: keyed by change.
- * Returns 0 or -errno of statx/fstat.  Raw system calls only, no hooked name. */
+ * write_once an FS_IOC_GETVERSION ioctl (and fstatfs where it fails).  write_once asked for on
+ * a file system that gives no generation (but tmpfs, with a birth time) leaves id->write_once
+ * false: keyed by change.  Returns 0 or -errno of statx/fstat.  No hooked name is called. */
 int kvs_ident_of_fd(int fd, bool write_once, struct kvs_ident *id);
+/* May id (its has_btime and has_gen read) be keyed by birth on a file system of fs_type
+ * (statfs f_type)?  The one rule kvs_ident_of_fd applies. */
+bool kvs_ident_by_birth(const struct kvs_ident *id, unsigned long fs_type);
 /* Only the generation of fd's file (id->has_gen, id->gen); 0 or -errno of the ioctl. */
 int kvs_ident_generation(int fd, struct kvs_ident *id);
 /* The identity by change of what fstat said (no birth time, write_once false). */
@@ -364,6 +367,10 @@ int kvs_cache_stage_publish(struct kvs_cache *c, uint32_t slot, const struct kvs
 			    uint32_t length, uint64_t expires_ns);
 void kvs_cache_stage_drop(struct kvs_cache *c, uint32_t slot);
 int kvs_cache_rekey(struct kvs_cache *c, const struct kvs_key *from, const struct kvs_key *to);
+/* kvs_cache_rekey, the slot's expiry brought down to cap_ns (CLOCK_MONOTONIC) when it is
+ * later or for good; 0: kept as it is. */
+int kvs_cache_rekey_until(struct kvs_cache *c, const struct kvs_key *from, const struct kvs_key *to,
+			  uint64_t cap_ns);
 
 /*
  * Write sequences (cache/wseq.c): did another process under the shim write the file (st_dev,

@@ -115,6 +115,12 @@ int kvs_cache_stage_publish(struct kvs_cache *c, uint32_t slot, const struct kvs
 
 int kvs_cache_rekey(struct kvs_cache *c, const struct kvs_key *from, const struct kvs_key *to)
 {
+	return kvs_cache_rekey_until(c, from, to, 0);
+}
+
+int kvs_cache_rekey_until(struct kvs_cache *c, const struct kvs_key *from, const struct kvs_key *to,
+			  uint64_t cap_ns)
+{
 	uint32_t b, stripe;
 
 	if (c->self < 0)
@@ -135,6 +141,8 @@ int kvs_cache_rekey(struct kvs_cache *c, const struct kvs_key *from, const struc
 	/* Claimed before unhashed, as a victim: a crash in between leaves a claim reclaim frees. */
 	uint32_t length = load_relaxed(&s->length);
 	uint64_t expires = load_relaxed(&s->expires);
+	if (cap_ns && (!expires || expires > cap_ns))
+		expires = cap_ns;
 	store_release(&s->state, KVS_ST_CLAIMED_BY(c->self));
 	store_relaxed(&s->bucket, KVS_NIL);
 	kvs_stripe_unlock(c, stripe);

@@ -35,7 +35,9 @@
  *   - a writer dies in flight: its count stays; later writes of that file, and of files that
  *     share the entry, are unclean until `kvshim reset`;
  *   - two files share the key bits and the entry: each other's writes look foreign;
- *   - 255 writes in flight at once: the next is unclean.
+ *   - 255 writes in flight at once, or another file's writes in flight on the entry: the
+ *     next is unclean, and moves the entry's gen all the same (moved_anyway), so that a mark
+ *     (kvs_cache_write_mark) never reads the entry as quiet across it.
  * Writers not under the shim are not seen here; the identity check (their write moves mtime or
  * ctime) and the expiry of what is published (files.settle) cover them.
  */
@@ -90,6 +92,16 @@ static uint64_t file_hash(uint64_t dev, uint64_t ino)
 	return x;
 }
 
+/* A begin that cannot take the entry (another file's writes in flight on it, or 255 of this
+ * file's) still moves its gen, once, so that no mark taken before it (kvs_cache_write_mark)
+ * and no writer's last end reads the entry as quiet: the file's write is unseen otherwise. */
+static void moved_anyway(_Atomic uint64_t *e, uint64_t w)
+{
+	uint64_t nw = w_make(w_key(w), w_own(w), w_fly(w), w_gen(w) + 1);
+
+	cas_acq_rel(e, &w, nw); /* one try: a failed CAS means someone else moved it */
+}
+
 void kvs_cache_write_begin(struct kvs_cache *c, uint64_t dev, uint64_t ino, struct kvs_wtok *t)
 {
 	uint64_t h = file_hash(dev, ino);
@@ -107,8 +119,10 @@ void kvs_cache_write_begin(struct kvs_cache *c, uint64_t dev, uint64_t ino, stru
 		bool foreign;
 
 		if (w_key(w) == t->key) {
-			if (fly == 0xff)
+			if (fly == 0xff) {
+				moved_anyway(e, w);
 				return;
+			}
 			if (w_own(w) == me) {
 				own = me;
 				foreign = false;
@@ -128,7 +142,9 @@ void kvs_cache_write_begin(struct kvs_cache *c, uint64_t dev, uint64_t ino, stru
 			nw = w_make(t->key, me, 1,
 				    (uint32_t)(kvs_mono_ns() * 0x9e3779b97f4a7c15ULL >> 40));
 		} else {
-			return; /* another file's write is in flight here: cannot tell */
+			moved_anyway(e,
+				     w); /* another file's write is in flight here: cannot tell */
+			return;
 		}
 		if (cas_acq_rel(e, &w, nw)) {
 			t->held = true;

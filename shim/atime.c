@@ -3,7 +3,9 @@
  *
  * DESIGN.  A queue of KVS_ATIME_JOBS entries, each a state word: FREE, then FILLING (claimed
  * by CAS by a reader thread, which dups its anchor and fills the entry), READY (release store),
- * TAKEN (CAS by the worker), FREE again once the worker has closed the descriptor.  The worker
+ * TAKEN (CAS by the worker, which takes the descriptor out of the entry), FREE again once the
+ * worker has closed it.  The worker is started at the attach (kvs_atime_start), never on the
+ * read path, which may run in a signal handler.  The worker
  * sleeps on a futex word every note moves.  No lock anywhere: a note may come from a signal
  * handler that interrupted a served read.  A full queue drops the note (the next hit notes
  * again, a day later at the most).  recent[] remembers, racily, which files were noted in the
@@ -67,21 +69,27 @@ static uint64_t now_s(void)
 	return (uint64_t)ts.tv_sec;
 }
 
-/* Was the file noted within window seconds?  If not, note it now (racily: see DESIGN). */
+/* Was the file noted within window seconds (racily: see DESIGN)? */
 static bool noted_within(uint64_t dev, uint64_t ino, uint32_t window)
 {
 	uint64_t tag = file_tag(dev, ino) >> 32, t = now_s() & 0xffffffffu;
-	_Atomic uint64_t *e = &recent[file_tag(dev, ino) % KVS_ATIME_RECENT];
-	uint64_t w = atomic_load_explicit(e, memory_order_relaxed);
+	uint64_t w = atomic_load_explicit(&recent[file_tag(dev, ino) % KVS_ATIME_RECENT],
+					  memory_order_relaxed);
 
-	if ((w >> 32) == tag && ((t - w) & 0xffffffffu) < window)
-		return true;
-	atomic_store_explicit(e, tag << 32 | t, memory_order_relaxed);
-	return false;
+	return (w >> 32) == tag && ((t - w) & 0xffffffffu) < window;
 }
 
-/* One job: read the first block of its file if its atime is still due. */
-static void run(struct job *j)
+/* The file's read is queued: note when. */
+static void note_now(uint64_t dev, uint64_t ino)
+{
+	uint64_t tag = file_tag(dev, ino) >> 32, t = now_s() & 0xffffffffu;
+
+	atomic_store_explicit(&recent[file_tag(dev, ino) % KVS_ATIME_RECENT], tag << 32 | t,
+			      memory_order_relaxed);
+}
+
+/* One job: read the first block of its file through fd if its atime is still due. */
+static void run(struct job *j, int fd)
 {
 	static char buf[KVS_ATIME_BUF] __attribute__((aligned(4096)));
 	struct kvs_ident id;
@@ -91,12 +99,11 @@ static void run(struct job *j)
 	 * owner), gets the read. */
 	static const struct timespec now_omit[2] = {{0, UTIME_NOW}, {0, UTIME_OMIT}};
 
-	if (kvs_ident_of_fd(j->fd, false, &id) == 0 && id.size &&
-	    kvs_fdinfo_atime_due(j->rule, &id) &&
-	    ((j->write_once && kvs_real.futimens(j->fd, now_omit) == 0) ||
-	     kvs_real.pread(j->fd, buf, j->len, 0) > 0))
+	if (kvs_ident_of_fd(fd, false, &id) == 0 && id.size && kvs_fdinfo_atime_due(j->rule, &id) &&
+	    ((j->write_once && kvs_real.futimens(fd, now_omit) == 0) ||
+	     kvs_real.pread(fd, buf, j->len, 0) > 0))
 		kvs_cache_count(j->c, KVS_CTR_atime_updates, 1);
-	kvs_real.close(j->fd);
+	kvs_real.close(fd);
 }
 
 static void *worker_main(void *arg)
@@ -112,7 +119,12 @@ static void *worker_main(void *arg)
 			/* Pairs with the release store of J_READY in kvs_atime_note. */
 			if (!atomic_compare_exchange_strong(&jobs[i].state, &ready, J_TAKEN))
 				continue;
-			run(&jobs[i]);
+			/* The descriptor is the worker's from here on: a fork child that finds
+			 * the job TAKEN must not close a number the worker may have closed and
+			 * the program been given again. */
+			int fd = jobs[i].fd;
+			jobs[i].fd = -1;
+			run(&jobs[i], fd);
 			atomic_store_explicit(&jobs[i].state, J_FREE, memory_order_release);
 			any = true;
 		}
@@ -122,10 +134,21 @@ static void *worker_main(void *arg)
 	return NULL;
 }
 
+int kvs_atime_start(void)
+{
+	int not_yet = 0;
+
+	if (!atomic_compare_exchange_strong(&started, &not_yet, 1))
+		return atomic_load(&started) == 1 ? 0 : -EAGAIN;
+	int r = kvs_thread_start(&worker, worker_main, NULL, KVS_STACK_OWN);
+	atomic_store(&started, r ? 2 : 1);
+	return r;
+}
+
 void kvs_atime_note(struct kvs_cache *c, int anchor, const struct kvs_fdinfo *fi)
 {
 	if (!fi->atime_due || anchor < 0 ||
-	    atomic_load_explicit(&started, memory_order_relaxed) == 2 ||
+	    atomic_load_explicit(&started, memory_order_acquire) != 1 ||
 	    noted_within(fi->dev, fi->ino, fi->atime_rule == KVS_ATIME_STRICT ? 1 : DAY_S))
 		return;
 	int saved = errno;
@@ -135,7 +158,6 @@ void kvs_atime_note(struct kvs_cache *c, int anchor, const struct kvs_fdinfo *fi
 
 		if (!atomic_compare_exchange_strong(&j->state, &free_, J_FILLING))
 			continue;
-		kvs_real_init();
 		j->fd = kvs_real.fcntl(anchor, F_DUPFD_CLOEXEC, 0);
 		if (j->fd < 0) {
 			atomic_store_explicit(&j->state, J_FREE, memory_order_relaxed);
@@ -148,14 +170,7 @@ void kvs_atime_note(struct kvs_cache *c, int anchor, const struct kvs_fdinfo *fi
 		j->write_once = fi->write_once;
 		atomic_store_explicit(&j->state, J_READY,
 				      memory_order_release); /* pairs in worker */
-		int not_yet = 0;
-		if (atomic_compare_exchange_strong(&started, &not_yet, 1) &&
-		    kvs_thread_start(&worker, worker_main, NULL, KVS_STACK_OWN) != 0) {
-			atomic_store(&started, 2); /* no thread: nothing will run the job */
-			kvs_real.close(j->fd);
-			atomic_store_explicit(&j->state, J_FREE, memory_order_relaxed);
-			break;
-		}
+		note_now(fi->dev, fi->ino); /* queued: a full queue leaves it for the next hit */
 		atomic_fetch_add_explicit(&wake, 1, memory_order_release);
 		kvs_futex_wake(&wake, 1, false);
 		break;
@@ -168,8 +183,9 @@ void kvs_atime_atfork_child(void)
 	for (int i = 0; i < KVS_ATIME_JOBS; i++) {
 		uint32_t st = atomic_load_explicit(&jobs[i].state, memory_order_relaxed);
 
-		if (st == J_READY || st == J_TAKEN)
+		if (st == J_READY) /* queued, never taken: the descriptor is ours */
 			kvs_real.close(jobs[i].fd);
+		/* FILLING: its dup may be made or not (left); TAKEN: the worker's (gone). */
 		atomic_store_explicit(&jobs[i].state, J_FREE, memory_order_relaxed);
 	}
 	atomic_store(&started, 0);

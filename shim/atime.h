@@ -18,10 +18,14 @@
 
 struct kvs_cache;
 
+/* Start the thread that makes the reads (at the attach: it sleeps until a note).  0, or the
+ * thread's error, after which notes do nothing. */
+int kvs_atime_start(void);
+
 /* A read of fi's file, through the shim's descriptor anchor, is about to be served: if
  * fi->atime_due, queue the file's small read (c counts it in atime_updates once made).  No
- * malloc, no lock wait: a CAS on a queue entry, a dup of anchor, and a futex wake (the first
- * call starts the thread).  Leaves errno alone. */
+ * malloc, no lock: a CAS on a queue entry, a dup of anchor, and a futex wake.  Nothing before
+ * kvs_atime_start.  Leaves errno alone. */
 void kvs_atime_note(struct kvs_cache *c, int anchor, const struct kvs_fdinfo *fi);
 
 /* The fork child: the thread is gone; the queued descriptors are closed. */

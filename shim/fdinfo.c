@@ -144,6 +144,11 @@ int kvs_fdinfo_set_write_once(const char *spec)
 	return nonce;
 }
 
+bool kvs_fdinfo_any_write_once(void)
+{
+	return nonce > 0;
+}
+
 /* The index of the first of dirs that path lies under, or -1. */
 static int under(const char *path, char dirs[][PATH_MAX], const size_t *len, int n)
 {
@@ -190,13 +195,15 @@ static bool entry_read(struct entry *e, struct verdict *out)
 	return s1 == s2;
 }
 
-static void entry_write(struct entry *e, const struct verdict *v, uint8_t cls)
+/* Write entry e, if its counter is still s (the value read before the look that found v): a
+ * forget or another writer since means the look may describe a file the number no longer
+ * names, and the entry is left to the next look. */
+static void entry_write(struct entry *e, uint32_t s, const struct verdict *v, uint8_t cls)
 {
 	uint64_t w[VERDICT_WORDS];
-	uint32_t s = atomic_load_explicit(&e->seq, memory_order_relaxed);
 
 	if ((s & 1) || !atomic_compare_exchange_strong(&e->seq, &s, s + 1))
-		return;				   /* another writer: leave it to them */
+		return;				   /* moved since the look: leave it */
 	atomic_thread_fence(memory_order_release); /* odd seq is visible before the words */
 	if (v) {
 		memcpy(w, v, sizeof(*v));
@@ -307,10 +314,10 @@ static void say_no_birth_id(int root)
 	if (atomic_fetch_or(&once_noid_said, bit) & bit)
 		return;
 	kvs_log_line(KVS_LOG_WARN,
-		     "files.write_once: %s is on a file system that gives neither a birth time "
-		     "nor an inode generation, so a file created anew cannot be told from an old "
-		     "one of the same size; its files are kept as files.roots keeps them (by their "
-		     "change times, with files.settle)",
+		     "files.write_once: %s is on a file system that gives no inode generation, so "
+		     "a file created anew on a reused inode cannot be told from an old one of the "
+		     "same size; its files are kept as files.roots keeps them (by their change "
+		     "times, with files.settle)",
 		     once[root]);
 }
 
@@ -332,18 +339,18 @@ static uint8_t classify(int fd, struct kvs_ident *id, struct verdict *v)
 	path[n] = '\0';
 	if (under(path, roots, root_len, nroots) < 0)
 		return CLS_NOT_KV;
-	int oroot = under(path, once, once_len, nonce);
-	v->once_root = oroot >= 0;
-	if (v->once_root) {
-		v->fs_gen = kvs_ident_generation(fd, id) == 0;
-		id->write_once = id->has_btime || id->has_gen;
-		if (!id->write_once)
-			say_no_birth_id(oroot);
-	}
 	/* ext4, XFS and btrfs (iomap) zero the caller's buffer past the end of the file on a
 	 * short O_DIRECT read; FUSE, NFS and tmpfs leave it alone.  The shim does the same. */
 	struct statfs sf = {0};
 	unsigned long type = fstatfs(fd, &sf) == 0 ? (unsigned long)sf.f_type : 0;
+	int oroot = under(path, once, once_len, nonce);
+	v->once_root = oroot >= 0;
+	if (v->once_root) {
+		v->fs_gen = kvs_ident_generation(fd, id) == 0;
+		id->write_once = kvs_ident_by_birth(id, type);
+		if (!id->write_once)
+			say_no_birth_id(oroot);
+	}
 	v->fs_type = type;
 	v->atime = (sf.f_flags & ST_NOATIME)	? KVS_ATIME_NEVER
 		   : (sf.f_flags & ST_RELATIME) ? KVS_ATIME_RELATIME
@@ -402,7 +409,7 @@ static int describe(int fd, struct kvs_fdinfo *out, bool known_only)
 		return r;
 	if (!S_ISREG(id.mode)) {
 		if (e)
-			entry_write(e, NULL, CLS_NOT_KV);
+			entry_write(e, seq0, NULL, CLS_NOT_KV);
 		return known_only ? -ENOENT : 0;
 	}
 	fl = fcntl(fd, F_GETFL);
@@ -416,18 +423,18 @@ static int describe(int fd, struct kvs_fdinfo *out, bool known_only)
 		if (v.once_root) {
 			if (v.fs_gen)
 				kvs_ident_generation(fd, &id);
-			id.write_once = id.has_btime || id.has_gen;
+			id.write_once = kvs_ident_by_birth(&id, (unsigned long)v.fs_type);
 		}
 		if (!same_identity(&v, &id)) {
 			set_identity(&v, &id);
-			entry_write(e, &v, CLS_KV);
+			entry_write(e, seq0, &v, CLS_KV);
 		}
 	} else {
 		if (known_only)
 			return -ENOENT;
 		cls = classify(fd, &id, &v);
 		if (e)
-			entry_write(e, cls == CLS_KV ? &v : NULL, cls);
+			entry_write(e, seq0, cls == CLS_KV ? &v : NULL, cls);
 		if (cls != CLS_KV) {
 			out->dev = id.dev;
 			out->ino = id.ino;
@@ -489,14 +496,16 @@ void kvs_fdinfo_forget(int fd)
 	if (!t || fd < 0 || fd >= FD_SLOTS)
 		return;
 	struct entry *e = &t[fd];
-	if (atomic_load_explicit(&e->cls, memory_order_relaxed) == CLS_UNKNOWN)
-		return;
-	atomic_store_explicit(&e->cls, CLS_UNKNOWN, memory_order_release);
-	/* Move the counter (from an even value only: an odd one is a writer's, whose words a
-	 * reader will reject anyway, and whose class the next forget clears). */
+	/* Move the counter whatever the class: a look in progress on another thread (begun
+	 * before the number changed hands) then finds it moved and stores nothing.  From an even
+	 * value only: an odd one is a writer's between its CAS and its last store; it may store
+	 * a class of the old file, which a look re-checks ((dev, ino) for KV) or, for NOT_KV,
+	 * keeps until the next forget: the race of a program that uses a number while another
+	 * thread replaces it. */
 	uint32_t s = atomic_load_explicit(&e->seq, memory_order_relaxed);
 	if (!(s & 1))
 		atomic_compare_exchange_strong(&e->seq, &s, s + 2);
+	atomic_store_explicit(&e->cls, CLS_UNKNOWN, memory_order_release);
 }
 
 void kvs_fdinfo_forget_range(unsigned int lo, unsigned int hi)
@@ -507,6 +516,9 @@ void kvs_fdinfo_forget_range(unsigned int lo, unsigned int hi)
 		return;
 	if (hi >= FD_SLOTS)
 		hi = FD_SLOTS - 1;
+	/* Numbers never looked at (counter 0) are left alone: close_range(3, ~0U) before an exec
+	 * must not write (and so allocate) every page of the table. */
 	for (unsigned int fd = lo; fd <= hi; fd++)
-		kvs_fdinfo_forget((int)fd);
+		if (atomic_load_explicit(&t[fd].seq, memory_order_relaxed))
+			kvs_fdinfo_forget((int)fd);
 }

@@ -9,9 +9,11 @@
  * or by birth under a files.write_once root) and gives the block id of what it holds now.
  * The protocol of the table is the essay at the top of fdinfo.c.
  *
- * Every function here is async-signal-safe once the table is mapped (atomics and system calls;
- * the first look maps it) and leaves errno alone only where it says so.  The descriptors the
- * loader reads through are anchor.h's.
+ * kvs_fdinfo_forget, _forget_range, _hint_kv and _not_kv are atomics only, async-signal-safe.
+ * A look (kvs_fdinfo_get, _known) makes system calls, and the first look of a write-once root
+ * on a file system without a generation says so once (a formatted line): a served read from a
+ * signal handler relies on the looks before it.  The descriptors the loader reads through are
+ * anchor.h's.
  */
 #ifndef KVS_SHIM_FDINFO_H
 #define KVS_SHIM_FDINFO_H
@@ -50,6 +52,9 @@ int kvs_fdinfo_set_roots(const char *roots);
 
 /* Set the write-once roots (files.write_once, the same form).  Returns how many are usable. */
 int kvs_fdinfo_set_write_once(const char *dirs);
+
+/* Is any write-once root configured (one load)? */
+bool kvs_fdinfo_any_write_once(void);
 
 /* Set files.settle in milliseconds, or -1 for the default of each file system type
  * (docs/operations.md has the table). */

@@ -926,23 +926,23 @@ KVS_EXPORT long syscall(long number, ...)
 		break;
 	/* A number closed or replaced: what fdinfo knew of it goes, before and after (fdinfo.h). */
 	case SYS_close:
-		kvs_fdinfo_forget((int)a[0]);
+		kvs_shim_fd_gone((int)a[0]);
 		r = raw_args(number, a);
-		kvs_fdinfo_forget((int)a[0]);
+		kvs_shim_fd_gone((int)a[0]);
 		break;
 #ifdef SYS_dup2
 	case SYS_dup2:
 #endif
 	case SYS_dup3:
-		kvs_fdinfo_forget((int)a[1]);
+		kvs_shim_fd_gone((int)a[1]);
 		r = raw_args(number, a);
-		kvs_fdinfo_forget((int)a[1]);
+		kvs_shim_fd_gone((int)a[1]);
 		break;
 #ifdef SYS_close_range
 	case SYS_close_range:
-		kvs_fdinfo_forget_range((unsigned int)a[0], (unsigned int)a[1]);
+		kvs_shim_fds_gone((unsigned int)a[0], (unsigned int)a[1]);
 		r = raw_args(number, a);
-		kvs_fdinfo_forget_range((unsigned int)a[0], (unsigned int)a[1]);
+		kvs_shim_fds_gone((unsigned int)a[0], (unsigned int)a[1]);
 		break;
 #endif
 	default:

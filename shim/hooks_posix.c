@@ -279,10 +279,10 @@ KVS_EXPORT int fclose(FILE *f)
 	int dupfd, fd = fileno(f);
 	struct wt_file *w = kvs_shim_fclosing(fd, &dupfd);
 
-	kvs_fdinfo_forget(fd); /* glibc closes it inside, past the close hook */
+	kvs_shim_fd_gone(fd); /* glibc closes it inside, past the close hook */
 	kvs_real_init();
 	int r = kvs_real.fclose(f);
-	kvs_fdinfo_forget(fd);
+	kvs_shim_fd_gone(fd);
 	if (w) {
 		int saved = errno;
 
@@ -374,8 +374,7 @@ KVS_EXPORT ssize_t pwritev64v2(int fd, const struct iovec *iov, int iovcnt, off6
  * neither. */
 KVS_EXPORT int close(int fd)
 {
-	kvs_fdinfo_forget(fd); /* before: a racing look must not keep the old file's class */
-	kvs_wonce_closed(fd);
+	kvs_shim_fd_gone(fd); /* before: a racing look must not keep the old file's class */
 	kvs_aio_closing(fd); /* aio writes over but never asked about: seen, so kept now */
 	struct wt_file *f = kvs_shim_closing(fd);
 
@@ -384,7 +383,7 @@ KVS_EXPORT int close(int fd)
 
 	kvs_real_init();
 	int r = kvs_real.close(fd);
-	kvs_fdinfo_forget(fd); /* and after: the number may be another file's now */
+	kvs_shim_fd_gone(fd); /* and after: the number may be another file's now */
 	if (f) {
 		int saved = errno;
 
@@ -398,28 +397,28 @@ KVS_EXPORT int close(int fd)
  * goes, before the call and after it (fdinfo.h). */
 KVS_EXPORT int dup2(int oldfd, int newfd)
 {
-	kvs_fdinfo_forget(newfd);
+	kvs_shim_fd_gone(newfd);
 	kvs_real_init();
 	int r = kvs_real.dup2(oldfd, newfd);
-	kvs_fdinfo_forget(newfd);
+	kvs_shim_fd_gone(newfd);
 	return r;
 }
 
 KVS_EXPORT int dup3(int oldfd, int newfd, int flags)
 {
-	kvs_fdinfo_forget(newfd);
+	kvs_shim_fd_gone(newfd);
 	kvs_real_init();
 	int r = kvs_real.dup3(oldfd, newfd, flags);
-	kvs_fdinfo_forget(newfd);
+	kvs_shim_fd_gone(newfd);
 	return r;
 }
 
 KVS_EXPORT int close_range(unsigned int first, unsigned int last, int flags)
 {
-	kvs_fdinfo_forget_range(first, last);
+	kvs_shim_fds_gone(first, last);
 	kvs_real_init();
 	int r = kvs_real.close_range(first, last, flags);
-	kvs_fdinfo_forget_range(first, last);
+	kvs_shim_fds_gone(first, last);
 	return r;
 }
 

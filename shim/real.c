@@ -219,11 +219,43 @@ static int sys_close_range(unsigned int lo, unsigned int hi, int flags)
 #endif
 }
 
+static int sys_openat(int dirfd, const char *path, int flags, ...)
+{
+	va_list ap;
+
+	va_start(ap, flags);
+	mode_t mode = (flags & (O_CREAT | O_TMPFILE)) ? (mode_t)va_arg(ap, unsigned int) : 0;
+	va_end(ap);
+	return (int)syscall(SYS_openat, dirfd, path, flags, mode);
+}
+static int sys_open(const char *path, int flags, ...)
+{
+	va_list ap;
+
+	va_start(ap, flags);
+	mode_t mode = (flags & (O_CREAT | O_TMPFILE)) ? (mode_t)va_arg(ap, unsigned int) : 0;
+	va_end(ap);
+	return sys_openat(AT_FDCWD, path, flags, mode);
+}
+static int sys_creat(const char *path, mode_t mode)
+{
+	return sys_openat(AT_FDCWD, path, O_CREAT | O_WRONLY | O_TRUNC, mode);
+}
+static int sys_open_2(const char *path, int flags)
+{
+	return sys_openat(AT_FDCWD, path, flags);
+}
+static int sys_openat_2(int dirfd, const char *path, int flags)
+{
+	return sys_openat(dirfd, path, flags);
+}
+
 /* glibc exports fread, fwrite and fclose under these names too; the fallbacks while RTLD_NEXT
  * is being resolved. */
 extern size_t _IO_fread(void *ptr, size_t size, size_t n, FILE *f);
 extern size_t _IO_fwrite(const void *ptr, size_t size, size_t n, FILE *f);
 extern int _IO_fclose(FILE *f);
+extern FILE *_IO_fopen(const char *path, const char *mode);
 
 struct kvs_real kvs_real = {
     .read = sys_read,
@@ -272,6 +304,18 @@ struct kvs_real kvs_real = {
     .dup2 = sys_dup2,
     .dup3 = sys_dup3,
     .close_range = sys_close_range,
+    .open = sys_open,
+    .open64 = sys_open,
+    .openat = sys_openat,
+    .openat64 = sys_openat,
+    .creat = sys_creat,
+    .creat64 = sys_creat,
+    .open_2 = sys_open_2,
+    .open64_2 = sys_open_2,
+    .openat_2 = sys_openat_2,
+    .openat64_2 = sys_openat_2,
+    .fopen = _IO_fopen, /* no system call for it: glibc's own alias until resolved */
+    .fopen64 = _IO_fopen,
 };
 
 enum { UNRESOLVED, RESOLVING, RESOLVED };
@@ -355,6 +399,18 @@ static void resolve(void)
 	RESOLVE(dup2, "dup2");
 	RESOLVE(dup3, "dup3");
 	RESOLVE(close_range, "close_range");
+	RESOLVE(open, "open");
+	RESOLVE(open64, "open64");
+	RESOLVE(openat, "openat");
+	RESOLVE(openat64, "openat64");
+	RESOLVE(creat, "creat");
+	RESOLVE(creat64, "creat64");
+	RESOLVE(open_2, "__open_2");
+	RESOLVE(open64_2, "__open64_2");
+	RESOLVE(openat_2, "__openat_2");
+	RESOLVE(openat64_2, "__openat64_2");
+	RESOLVE(fopen, "fopen");
+	RESOLVE(fopen64, "fopen64");
 }
 
 void kvs_real_init(void)

@@ -60,6 +60,18 @@ struct kvs_real {
 	int (*dup2)(int, int);
 	int (*dup3)(int, int, int);
 	int (*close_range)(unsigned int, unsigned int, int);
+	int (*open)(const char *, int, ...);
+	int (*open64)(const char *, int, ...);
+	int (*openat)(int, const char *, int, ...);
+	int (*openat64)(int, const char *, int, ...);
+	int (*creat)(const char *, mode_t);
+	int (*creat64)(const char *, mode_t);
+	int (*open_2)(const char *, int);
+	int (*open64_2)(const char *, int);
+	int (*openat_2)(int, const char *, int);
+	int (*openat64_2)(int, const char *, int);
+	FILE *(*fopen)(const char *, const char *);
+	FILE *(*fopen64)(const char *, const char *);
 };
 
 extern struct kvs_real kvs_real;

@@ -140,7 +140,11 @@ static void init(void)
 				     "files.roots is empty: the shim serves nothing");
 		goto out;
 	}
-	kvs_fdinfo_set_write_once(cfg.files_write_once);
+	if (kvs_fdinfo_set_write_once(cfg.files_write_once) == 0 && cfg.files_write_once[0])
+		kvs_log_once(KVS_CAUSE_CONFIG, KVS_LOG_WARN,
+			     "files.write_once: no usable directory in \"%s\": its files are kept "
+			     "as files.roots keeps them",
+			     cfg.files_write_once);
 	min_read = cfg.files_min_read ? cfg.files_min_read : 1;
 	kvs_fdinfo_set_settle(cfg.files_settle);
 	kvs_wthru_configure(&cfg);
@@ -186,8 +190,10 @@ void kvs_shim_leave(int saved_errno)
 	errno = saved_errno;
 }
 
-/* Map the region, once (a failure is final for this process).  Caller holds attach_mu. */
-static bool map_locked(void)
+/* Map the region, once (a failure is final for this process); with create false, only one
+ * that exists (its absence is no failure: a later call may create it).  Caller holds
+ * attach_mu. */
+static bool map_locked(bool create)
 {
 	char msg[512];
 	int m = atomic_load_explicit(&mapped, memory_order_relaxed);
@@ -195,7 +201,10 @@ static bool map_locked(void)
 	if (m != AT_NONE)
 		return m == AT_OK;
 	m = AT_FAILED;
-	int r = kvs_cache_open(KVS_CACHE_PARAMS(&cfg), KVS_OPEN_CREATE, &cache, msg, sizeof(msg));
+	int r = kvs_cache_open(KVS_CACHE_PARAMS(&cfg), create ? KVS_OPEN_CREATE : 0, &cache, msg,
+			       sizeof(msg));
+	if (r == -ENOENT && !create)
+		return false; /* nothing to map yet */
 	if (r)
 		kvs_log_once(KVS_CAUSE_ATTACH, KVS_LOG_WARN,
 			     "cannot use the cache (%s); reads go to storage",
@@ -209,23 +218,28 @@ static bool map_locked(void)
 }
 
 /* The region, mapped on first use without the loader: enough to count what is not served.
- * NULL when it cannot be mapped. */
-static struct kvs_cache *region(void)
+ * NULL when it cannot be mapped (with create false: also when there is none yet). */
+static struct kvs_cache *region_mapped(bool create)
 {
 	int m = atomic_load_explicit(&mapped, memory_order_acquire); /* pairs in map_locked */
 
 	if (m == AT_NONE) {
 		pthread_mutex_lock(&attach_mu);
-		map_locked();
+		map_locked(create);
 		pthread_mutex_unlock(&attach_mu);
 		m = atomic_load_explicit(&mapped, memory_order_acquire);
 	}
 	return m == AT_OK ? cache : NULL;
 }
 
-struct kvs_cache *kvs_shim_region(void)
+static struct kvs_cache *region(void)
 {
-	return region();
+	return region_mapped(true);
+}
+
+struct kvs_cache *kvs_shim_region(bool create)
+{
+	return region_mapped(create);
 }
 
 /* Map the region and start the loader, once; a failure is final for this process. */
@@ -241,7 +255,7 @@ static bool attach(void)
 	if (a != AT_NONE)
 		goto out;
 	a = AT_FAILED;
-	if (!map_locked())
+	if (!map_locked(true))
 		goto out;
 	r = kvs_loader_create(cache, &cfg, &loader);
 	if (r) {
@@ -249,6 +263,11 @@ static bool attach(void)
 			     "cannot start the loader (%s); reads go to storage", strerror(-r));
 		goto out; /* the region stays mapped: what is not served is still counted */
 	}
+	if (kvs_atime_start())
+		kvs_log_once(
+		    KVS_CAUSE_LOADER, KVS_LOG_WARN,
+		    "cannot start the thread that keeps atime; files served from the cache "
+		    "keep the atime of their last storage read");
 	kvs_log_once(KVS_CAUSE_ATTACHED, KVS_LOG_INFO,
 		     "attached as process %d, backend %s, kvshim " KVS_VERSION,
 		     kvs_cache_self(cache), kvs_loader_backend(loader));
@@ -1146,6 +1165,41 @@ void kvs_shim_renamed(int dirfd, const char *path)
 	kvs_wthru_renamed(cache, dirfd, path);
 	guard--;
 	errno = saved;
+}
+
+bool kvs_shim_opening(struct kvs_wonce_open *o, int dirfd, const char *path, int flags)
+{
+	o->on = false;
+	if (guard || !kvs_fdinfo_any_write_once() || !shim_on())
+		return false;
+	int saved = errno;
+	guard++;
+	bool on = kvs_wonce_opening(o, region, dirfd, path, flags);
+	guard--;
+	errno = saved;
+	return on;
+}
+
+void kvs_shim_opened(const struct kvs_wonce_open *o, int fd)
+{
+	int saved = errno;
+
+	guard++;
+	kvs_wonce_opened(o, fd);
+	guard--;
+	errno = saved;
+}
+
+void kvs_shim_fd_gone(int fd)
+{
+	kvs_fdinfo_forget(fd);
+	kvs_wonce_closed(fd);
+}
+
+void kvs_shim_fds_gone(unsigned int lo, unsigned int hi)
+{
+	kvs_fdinfo_forget_range(lo, hi);
+	kvs_wonce_closed_range(lo, hi);
 }
 
 void kvs_shim_invalidate(int fd, off_t off, size_t len, bool use_pos, off_t pos_delta)

@@ -45,6 +45,17 @@ ssize_t kvs_shim_read(int fd, const struct iovec *iov, int iovcnt, off_t off, bo
  * process may have loaded while the write was landing).  Never fails; never changes errno. */
 void kvs_shim_invalidate(int fd, off_t off, size_t len, bool use_pos, off_t pos_delta);
 
+/* An open that may write path (relative to dirfd) with flags is about to be made / returned fd
+ * (wonce.h: a write-once file's size at the open, and a truncation of its bytes). */
+struct kvs_wonce_open;
+bool kvs_shim_opening(struct kvs_wonce_open *o, int dirfd, const char *path, int flags);
+void kvs_shim_opened(const struct kvs_wonce_open *o, int fd);
+
+/* The program closed or replaced fd, or [lo, hi]: what the shim knew of those numbers goes
+ * (fdinfo.h, wonce.h).  Atomics only, async-signal-safe. */
+void kvs_shim_fd_gone(int fd);
+void kvs_shim_fds_gone(unsigned int lo, unsigned int hi);
+
 /* A cuFile read served asynchronously (a batch entry): storage for the whole read, owned by
  * the caller until done() is called. */
 struct kvs_shim_async {
@@ -176,7 +187,8 @@ bool kvs_shim_enter(int *saved_errno);
 void kvs_shim_leave(int saved_errno);
 
 /* The region, mapped on first use without starting the loader (it takes a process-table
- * slot), or NULL when it cannot be; the caller holds the guard (kvs_shim_enter). */
-struct kvs_cache *kvs_shim_region(void);
+ * slot), created if absent when create; NULL when it cannot be mapped, or (create false) does
+ * not exist.  The caller holds the guard (kvs_shim_enter). */
+struct kvs_cache *kvs_shim_region(bool create);
 
 #endif

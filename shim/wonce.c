@@ -1,26 +1,32 @@
 /*
  * wonce: see wonce.h.
  *
- * A table of KVS_WONCE_FILES records, one per file keyed by birth that this process is
- * writing: (dev, ino), the size the file had at the first write seen, the descriptor of that
- * write, and whether it was already counted.  Writers (the shim's guard held) look records up
- * and make them under wonce_mu.  The close hook, which may run in a signal handler, takes no
- * lock: it clears the records of the closed number with one atomic store each (used, release),
+ * A table of KVS_WONCE_FILES records, one per file keyed by birth that this process has open
+ * for writing: (dev, ino), the size the file had when this process opened it (or first wrote
+ * to it, for a descriptor whose open the shim did not see), the descriptor, and whether a
+ * rewrite of it was counted.  Opens and writes (the shim's guard held) look records up and
+ * make them under wonce_mu; an open replaces the file's record (a new session: a file created
+ * again on a reused inode starts afresh).  The close hooks, which may run in a signal handler,
+ * take no lock: they clear the records of the closed numbers with one atomic CAS each (used),
  * which a writer under the mutex sees as a free record.  A full table replaces the oldest
- * record: a file that loses its record starts over with its size then (a rewrite of its
- * first bytes is then not seen: a miss, as for a writer outside the shim).
+ * record: a file that loses its record starts over with its size then (a rewrite of its first
+ * bytes is then not seen: a miss, as for a writer outside the shim).
  *
- * Warned once per file: a second table of file tags (dev, ino hashed), never cleared.
+ * Said once per file: a second table of file tags (dev, ino hashed), never cleared; the line is
+ * printed after wonce_mu is let go (stderr may be a full pipe).
  */
+#include <errno.h>
+#include <fcntl.h>
 #include <pthread.h>
-#include <stdio.h>
-#include <unistd.h>
 #include <stdatomic.h>
+#include <stdio.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "cache.h"
 #include "config.h"
 #include "log.h"
+#include "real.h"
 #include "wonce.h"
 
 #define KVS_WONCE_FILES 64
@@ -38,9 +44,10 @@ struct record {
 
 static pthread_mutex_t wonce_mu = PTHREAD_MUTEX_INITIALIZER;
 static struct record files[KVS_WONCE_FILES]; /* under wonce_mu, but for used (see above) */
-static _Atomic uint32_t nused;		     /* a hint for the close hook: 0, nothing to do */
+static _Atomic uint32_t nused;		     /* a hint for the close hooks: 0, nothing to do */
 static uint64_t clock_age;		     /* under wonce_mu */
 static uint64_t said[KVS_WONCE_SAID];	     /* under wonce_mu */
+static int nsaid;			     /* under wonce_mu */
 
 static uint64_t tag(uint64_t dev, uint64_t ino)
 {
@@ -54,40 +61,53 @@ static uint64_t tag(uint64_t dev, uint64_t ino)
 	return x | 1; /* never 0, the empty tag */
 }
 
-/* Say once per file, for the first KVS_WONCE_SAY files, that the declaration was wrong for
- * it (then once that the rest are only counted).  Caller holds wonce_mu. */
-static void say_locked(int fd, const struct kvs_fdinfo *fi)
+enum { SAY_NOTHING, SAY_FILE, SAY_REST };
+
+/* Whether to say a rewrite of (dev, ino): by name for the first KVS_WONCE_SAY files, then
+ * once that the rest are only counted.  Caller holds wonce_mu. */
+static int to_say_locked(uint64_t dev, uint64_t ino)
 {
-	static int nsaid;
-	uint64_t t = tag(fi->dev, fi->ino);
+	uint64_t t = tag(dev, ino);
 	uint32_t i = (uint32_t)(t % KVS_WONCE_SAID);
-	char link[64], path[512];
 
 	if (said[i] == t || nsaid > KVS_WONCE_SAY)
-		return;
+		return SAY_NOTHING;
 	said[i] = t;
-	if (nsaid++ == KVS_WONCE_SAY) {
+	return nsaid++ == KVS_WONCE_SAY ? SAY_REST : SAY_FILE;
+}
+
+/* Say it (no lock held).  fd: a descriptor of the file, for its name, or -1. */
+static void say(int what, int fd, uint64_t dev, uint64_t ino)
+{
+	char link[64], path[512];
+	ssize_t n = -1;
+
+	if (what == SAY_NOTHING)
+		return;
+	if (what == SAY_REST) {
 		kvs_log_line(KVS_LOG_WARN, "files.write_once: more files rewritten in place; from "
 					   "now on they are only counted (write_once_violations)");
 		return;
 	}
-	snprintf(link, sizeof(link), "/proc/self/fd/%d", fd);
-	ssize_t n = readlink(link, path, sizeof(path) - 1);
+	if (fd >= 0) {
+		snprintf(link, sizeof(link), "/proc/self/fd/%d", fd);
+		n = readlink(link, path, sizeof(path) - 1);
+	}
 	path[n > 0 ? n : 0] = '\0';
 	kvs_log_line(KVS_LOG_WARN,
 		     "files.write_once: %s (dev %llu, inode %llu) is on a write-once root but was "
 		     "rewritten in place by this process: its cached shards were dropped, and it "
 		     "does not follow the write-once rule (counted in `kvshim stat` "
 		     "write_once_violations; see docs/operations.md)",
-		     n > 0 ? path : "a file", (unsigned long long)fi->dev,
-		     (unsigned long long)fi->ino);
+		     n > 0 ? path : "a file", (unsigned long long)dev, (unsigned long long)ino);
 }
 
-/* The record of fi's file, made (with the size it has now) if there is none.  Caller holds
- * wonce_mu. */
-static struct record *record_locked(int fd, const struct kvs_fdinfo *fi)
+/* The record of (dev, ino): the one there is, or, with fresh or none there, a new one of
+ * open_size (an open replaces the old session's).  Caller holds wonce_mu. */
+static struct record *record_locked(int fd, uint64_t dev, uint64_t ino, uint64_t open_size,
+				    bool fresh)
 {
-	struct record *r = NULL, *oldest = &files[0];
+	struct record *r = NULL, *oldest = NULL;
 
 	for (int i = 0; i < KVS_WONCE_FILES; i++) {
 		struct record *x = &files[i];
@@ -97,18 +117,23 @@ static struct record *record_locked(int fd, const struct kvs_fdinfo *fi)
 				r = x;
 			continue;
 		}
-		if (x->dev == fi->dev && x->ino == fi->ino)
-			return x;
-		if (x->age < oldest->age)
+		if (x->dev == dev && x->ino == ino) {
+			if (!fresh)
+				return x;
+			r = x; /* a new open: this record starts over */
+			break;
+		}
+		if (!oldest || x->age < oldest->age)
 			oldest = x;
 	}
-	if (!r) {
+	if (!r)
 		r = oldest;
+	uint32_t one = 1; /* a record in use is taken back first (a close may beat us to it) */
+	if (atomic_compare_exchange_strong(&r->used, &one, 0))
 		atomic_fetch_sub_explicit(&nused, 1, memory_order_relaxed);
-	}
-	r->dev = fi->dev;
-	r->ino = fi->ino;
-	r->open_size = fi->size;
+	r->dev = dev;
+	r->ino = ino;
+	r->open_size = open_size;
 	r->age = ++clock_age;
 	r->counted = false;
 	atomic_store_explicit(&r->fd, fd, memory_order_relaxed);
@@ -117,42 +142,107 @@ static struct record *record_locked(int fd, const struct kvs_fdinfo *fi)
 	return r;
 }
 
+bool kvs_wonce_opening(struct kvs_wonce_open *o, struct kvs_cache *(*region)(void), int dirfd,
+		       const char *path, int flags)
+{
+	struct kvs_fdinfo fi;
+
+	o->on = o->truncates = false;
+	o->c = NULL;
+	if ((flags & O_ACCMODE) == O_RDONLY && !(flags & O_TRUNC))
+		return false; /* cannot write it */
+	if ((flags & (O_CREAT | O_EXCL)) == (O_CREAT | O_EXCL))
+		return false; /* a new file, or the open fails */
+	int fd = openat(dirfd, path, O_PATH | O_CLOEXEC | (flags & O_NOFOLLOW));
+	if (fd < 0)
+		return false; /* no such file yet (a create), or the kernel's error to give */
+	int r = kvs_fdinfo_get(fd, &fi);
+	kvs_fdinfo_forget(fd); /* the number is the shim's for a moment only */
+	if (r == 0 && fi.kv && fi.write_once) {
+		o->on = true;
+		o->dev = fi.dev;
+		o->ino = fi.ino;
+		o->open_size = fi.size;
+		if ((flags & O_TRUNC) && fi.size) {
+			/* The bytes it held go at the open: drop them now, before a reader can
+			 * see the file grow back to their size under their key. */
+			o->truncates = true;
+			o->c = region();
+			if (o->c) {
+				uint64_t S = kvs_cache_shard_size(o->c);
+
+				kvs_cache_invalidate(o->c, &fi.block, 0, (fi.size - 1) / S);
+			}
+		}
+	}
+	kvs_real_init();
+	kvs_real.close(fd);
+	return o->on;
+}
+
+void kvs_wonce_opened(const struct kvs_wonce_open *o, int fd)
+{
+	int say_what = SAY_NOTHING;
+
+	if (!o->on || fd < 0)
+		return;
+	pthread_mutex_lock(&wonce_mu);
+	struct record *r = record_locked(fd, o->dev, o->ino, o->open_size, true);
+	if (o->truncates) {
+		r->counted = true;
+		say_what = to_say_locked(o->dev, o->ino);
+	}
+	pthread_mutex_unlock(&wonce_mu);
+	if (o->truncates && o->c)
+		kvs_cache_count(o->c, KVS_CTR_write_once_violations, 1);
+	say(say_what, fd, o->dev, o->ino);
+}
+
 bool kvs_wonce_rewrites(struct kvs_cache *c, int fd, const struct kvs_fdinfo *fi, uint64_t off,
 			uint64_t len)
 {
 	bool rewrite, count = false;
+	int say_what = SAY_NOTHING;
 
 	if (!fi->write_once || len == 0)
 		return false;
 	pthread_mutex_lock(&wonce_mu);
-	struct record *r = record_locked(fd, fi);
+	struct record *r = record_locked(fd, fi->dev, fi->ino, fi->size, false);
 	/* O_APPEND writes go to the end, whatever offset the caller thinks: never in place. */
 	rewrite = !fi->append && off < r->open_size;
 	if (rewrite && !r->counted) {
 		r->counted = count = true;
-		say_locked(fd, fi);
+		say_what = to_say_locked(fi->dev, fi->ino);
 	}
 	pthread_mutex_unlock(&wonce_mu);
 	if (count && c)
 		kvs_cache_count(c, KVS_CTR_write_once_violations, 1);
+	say(say_what, fd, fi->dev, fi->ino);
 	return rewrite;
 }
 
-void kvs_wonce_closed(int fd)
+void kvs_wonce_closed_range(unsigned int lo, unsigned int hi)
 {
 	if (!atomic_load_explicit(&nused, memory_order_relaxed))
 		return;
 	for (int i = 0; i < KVS_WONCE_FILES; i++) {
 		struct record *x = &files[i];
+		int fd = atomic_load_explicit(&x->fd, memory_order_relaxed);
 
-		if (atomic_load_explicit(&x->used, memory_order_relaxed) &&
-		    atomic_load_explicit(&x->fd, memory_order_relaxed) == fd) {
+		if (atomic_load_explicit(&x->used, memory_order_relaxed) && fd >= 0 &&
+		    (unsigned int)fd >= lo && (unsigned int)fd <= hi) {
 			uint32_t one = 1;
 
 			if (atomic_compare_exchange_strong(&x->used, &one, 0))
 				atomic_fetch_sub_explicit(&nused, 1, memory_order_relaxed);
 		}
 	}
+}
+
+void kvs_wonce_closed(int fd)
+{
+	if (fd >= 0)
+		kvs_wonce_closed_range((unsigned int)fd, (unsigned int)fd);
 }
 
 void kvs_wonce_atfork_child(void)

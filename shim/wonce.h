@@ -3,18 +3,21 @@
  *
  * A file there is keyed by birth (cache.h, struct kvs_ident): its block id does not move when
  * it is written, so a rewrite in place would leave old bytes under its key.  The declaration
- * says it never happens; when a process under the shim does it anyway, the shim sees it:
- * a write that overlaps the bytes the file held when this process first wrote to it (since it
- * last closed it) is a rewrite in place.  The file's shards are then dropped around each such
- * write (the caller invalidates them all, before the write and after it), and the first one
- * per file is counted (write_once_violations) and said once (the declaration was wrong for
- * that file).  A new file written in any order, appended to, or patched over its own new
- * bytes (a header written last) is no violation.
+ * says it never happens; when a process under the shim does it anyway, the shim sees it: an
+ * open for writing with O_TRUNC of a file that held bytes, a truncation, or a write that
+ * overlaps the bytes the file held when this process opened it (or, for a descriptor opened
+ * where the shim did not see it, when it first wrote to it) is a rewrite in place.  The
+ * file's shards are then dropped (the caller invalidates them all, before the write and after
+ * it), and the first one per file and open is counted (write_once_violations) and said (the
+ * declaration was wrong for that file).  A new file written in any order, appended to, or
+ * patched over its own new bytes (a header written last) is no violation.
  *
  * What a process outside the shim does is not seen: docs/operations.md says what goes wrong
  * when a declared root is rewritten in place.
  *
- * Called with the shim's guard held; takes a mutex for a few loads and stores.
+ * kvs_wonce_opening/_opened and kvs_wonce_rewrites run with the shim's guard held and take a
+ * mutex for a few loads and stores; kvs_wonce_closed takes no lock (close may be called from a
+ * signal handler).
  */
 #ifndef KVS_SHIM_WONCE_H
 #define KVS_SHIM_WONCE_H
@@ -26,14 +29,35 @@
 
 struct kvs_cache;
 
+/* An open for writing in progress (hooks_open.c), on the caller's stack. */
+struct kvs_wonce_open {
+	bool on;	    /* an existing file of a write-once root: kvs_wonce_opened records it */
+	bool truncates;	    /* O_TRUNC of bytes it held: a rewrite, counted once the open is made */
+	uint64_t dev, ino;  /* the file */
+	uint64_t open_size; /* its size before the open (before O_TRUNC) */
+	struct kvs_cache *c; /* the region, where truncates dropped the shards */
+};
+
+/* Before open/openat/creat of path (relative to dirfd) with flags: if it names an existing
+ * file of a write-once root and the open may write it, note its size; with O_TRUNC on a file
+ * that held bytes, drop its shards now (region() maps the region for it) and count the rewrite
+ * once the open is made.  Returns false when nothing is to be done after the open. */
+bool kvs_wonce_opening(struct kvs_wonce_open *o, struct kvs_cache *(*region)(void), int dirfd,
+		       const char *path, int flags);
+
+/* The open returned fd (>= 0): record the file's size at the open for its later writes. */
+void kvs_wonce_opened(const struct kvs_wonce_open *o, int fd);
+
 /* A write of len bytes at off to fd, which fi describes (a KV file keyed by birth), is about
  * to be made, or was just made (called again after it): true when it rewrites bytes in
  * place, and the caller must drop every shard of the file.  c (may be NULL) counts it. */
 bool kvs_wonce_rewrites(struct kvs_cache *c, int fd, const struct kvs_fdinfo *fi, uint64_t off,
 			uint64_t len);
 
-/* The program closed fd: this process's record of a file written through it ends. */
+/* The program closed fd, or every number of [lo, hi]: this process's records of files opened
+ * through them end.  Atomics only, async-signal-safe. */
 void kvs_wonce_closed(int fd);
+void kvs_wonce_closed_range(unsigned int lo, unsigned int hi);
 
 /* The fork child: the parent's records are the parent's. */
 void kvs_wonce_atfork_child(void);

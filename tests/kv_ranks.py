@@ -17,6 +17,7 @@ write: one process writes the NFILES files of SIZE bytes in the shape of a real 
   sglang   SGLang's file backend: buffered writes of 64 KiB pieces under the final name
   rename   (the default) a buffered write to NAME.tmp, close, rename: another process's save
   inplace  an O_DIRECT rewrite in place, same size (the identity may not change)
+  truncate a rewrite as open(path, "wb") does it: O_TRUNC, then 1 MiB writes
   pieces   a rewrite in place in 256 KiB pwrites (two writers racing on one file)
   stdio    llama.cpp's slot save: libc's fopen, a 100-byte header fwrite, then 600 KiB
            fwrites, fclose
@@ -128,6 +129,11 @@ def write_files(a):
             os.pwritev(fd, [memoryview(buf)[: (a.size + PAGE - 1) // PAGE * PAGE]], 0)
             print("holding", flush=True)
             time.sleep(600)
+        elif shape == "truncate":
+            with open(path, "wb") as f:  # O_TRUNC of the file there, then 1 MiB writes
+                for off in range(0, a.size, 1 << 20):
+                    f.write(data[off : off + (1 << 20)])
+                    f.flush()
         elif shape == "inplace":
             buf = aligned(a.size)
             buf[: a.size] = data

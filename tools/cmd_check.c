@@ -246,19 +246,22 @@ static void check_roots(struct check *ck, const struct kvs_config *cfg)
 /*
  * What a sample of a store's files says about how they are written (files.write_once).  A
  * file written once (created, written, renamed into place, never rewritten) has its last data
- * change within files.settle of its birth; one rewritten in place, later.  The walk looks at
- * up to KVS_SAMPLE regular files, KVS_SAMPLE_DEPTH directories deep, in directory order.
+ * change within a minute (or files.settle, if longer) of its birth; one rewritten in place,
+ * later.  The walk looks at up to KVS_SAMPLE regular files, KVS_SAMPLE_DEPTH directories deep
+ * and KVS_SAMPLE_ENTRIES directory entries in all, in directory order, following no symbolic
+ * link.
  */
-#define KVS_SAMPLE	 64
-#define KVS_SAMPLE_DEPTH 4
+#define KVS_SAMPLE	   64
+#define KVS_SAMPLE_DEPTH   4
+#define KVS_SAMPLE_ENTRIES 4096
 
 struct sample {
-	int files, once, rewritten, no_id; /* no_id: neither birth time nor generation */
+	int files, once, rewritten, no_id; /* no_id: no birth id there (kvs_ident_by_birth) */
+	int entries;			   /* directory entries looked at so far */
 	char example[PATH_MAX];		   /* a file that looks rewritten */
 };
 
-static void sample_dir(int dirfd, const char *path, int depth, uint64_t settle_ns,
-		       struct sample *sm)
+static void sample_dir(int dirfd, const char *path, int depth, uint64_t once_ns, struct sample *sm)
 {
 	DIR *d = fdopendir(dirfd);
 	struct dirent *de;
@@ -267,19 +270,21 @@ static void sample_dir(int dirfd, const char *path, int depth, uint64_t settle_n
 		close(dirfd);
 		return;
 	}
-	while (sm->files < KVS_SAMPLE && (de = readdir(d))) {
+	while (sm->files < KVS_SAMPLE && sm->entries < KVS_SAMPLE_ENTRIES && (de = readdir(d))) {
 		struct stat st;
 
+		sm->entries++;
 		if (de->d_name[0] == '.' ||
 		    fstatat(dirfd, de->d_name, &st, AT_SYMLINK_NOFOLLOW) != 0)
 			continue;
 		if (S_ISDIR(st.st_mode) && depth < KVS_SAMPLE_DEPTH) {
 			char sub[PATH_MAX];
-			int fd = openat(dirfd, de->d_name, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+			int fd = openat(dirfd, de->d_name,
+					O_RDONLY | O_DIRECTORY | O_CLOEXEC | O_NOFOLLOW);
 
 			snprintf(sub, sizeof(sub), "%s/%s", path, de->d_name);
 			if (fd >= 0)
-				sample_dir(fd, sub, depth + 1, settle_ns, sm);
+				sample_dir(fd, sub, depth + 1, once_ns, sm);
 			continue;
 		}
 		if (!S_ISREG(st.st_mode) || st.st_size == 0)
@@ -300,7 +305,7 @@ static void sample_dir(int dirfd, const char *path, int depth, uint64_t settle_n
 		if (!id.has_btime)
 			continue; /* a generation alone says nothing of when it was written */
 		uint64_t b = kvs_time_ns(id.btime), m = kvs_time_ns(id.mtime);
-		if (m <= b || m - b <= settle_ns) {
+		if (m <= b || m - b <= once_ns) {
 			sm->once++;
 		} else {
 			sm->rewritten++;
@@ -346,8 +351,10 @@ static bool listed_under(const char *list, const char *path)
 static void check_store(struct check *ck, const struct kvs_config *cfg)
 {
 	const char *lists[2] = {cfg->files_roots, cfg->files_write_once};
-	uint64_t settle_ns =
-	    (cfg->files_settle >= 0 ? (uint64_t)cfg->files_settle : 2000) * 1000000ull;
+	/* Written once: last changed within this of its birth.  A long save (a large model
+	 * downloaded, then renamed) takes seconds; a rewrite in place comes much later. */
+	uint64_t settle_ms = cfg->files_settle >= 0 ? (uint64_t)cfg->files_settle : 2000;
+	uint64_t once_ns = (settle_ms > 60000 ? settle_ms : 60000) * 1000000ull;
 
 	for (int l = 0; l < 2; l++) {
 		const char *p = lists[l];
@@ -378,24 +385,27 @@ static void check_store(struct check *ck, const struct kvs_config *cfg)
 			fd = open(real, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
 			if (fd < 0)
 				goto next;
-			sample_dir(fd, real, 0, settle_ns, &sm);
+			sample_dir(fd, real, 0, once_ns, &sm);
 			if (l == 1 && sm.no_id)
 				fprintf(
 				    stderr,
 				    "kvshim: warning: files.write_once: %s is on a file system "
-				    "that gives neither a birth time nor an inode generation: its "
-				    "files are kept as files.roots keeps them (by change times, "
-				    "with files.settle)\n",
+				    "that gives no inode generation: its files are kept as "
+				    "files.roots keeps them (by change times, with files.settle)\n",
 				    dir);
 			else if (l == 1 && sm.rewritten)
 				fprintf(
 				    stderr,
 				    "kvshim: warning: files.write_once: %d of %d sampled files of "
-				    "%s were changed more than files.settle after they were made "
-				    "(%s): if a file there is ever rewritten in place, readers may "
-				    "get its old bytes; take it out of files.write_once, or see "
-				    "\"Write-once roots\" in docs/operations.md\n",
+				    "%s were changed more than a minute after they were made (%s): "
+				    "if a file there is ever rewritten in place, readers may get "
+				    "its "
+				    "old bytes; take it out of files.write_once, or see "
+				    "\"Write-once "
+				    "roots\" in docs/operations.md\n",
 				    sm.rewritten, sm.files, dir, sm.example);
+			else if (l == 1 && !sm.files)
+				ok(ck, "ok   files.write_once: %s (no files yet)", dir);
 			else if (l == 1)
 				ok(ck,
 				   "ok   files.write_once: %s (%d sampled files, each written "
@@ -404,12 +414,13 @@ static void check_store(struct check *ck, const struct kvs_config *cfg)
 			else if (sm.files >= 4 && sm.once == sm.files)
 				ok(ck,
 				   "hint files.roots: the %d sampled files of %s look written once "
-				   "(each last changed within files.settle of its birth); if the "
-				   "store "
-				   "never rewrites a file in place (UCM, vLLM, LMCache, SGLang, "
-				   "llm-d, "
-				   "model weights), declare it: files.write_once = %s "
-				   "(docs/operations.md, \"Write-once roots\")",
+				   "(each "
+				   "last changed within a minute of its birth); if the store never "
+				   "rewrites a file in place (UCM, vLLM, LMCache, SGLang, llm-d, "
+				   "model "
+				   "weights), declare it: files.write_once = %s "
+				   "(docs/operations.md, "
+				   "\"Write-once roots\")",
 				   sm.files, dir, dir);
 		next:
 			if (!end)

@@ -1,9 +1,10 @@
 /*
  * kvshim evict PATH...: drop the cached shards of files.
  *
- * A file's shards are cached under its block id, which kvs_block_id derives from what fstat
- * says of it now (device, inode, size, mtime, ctime): evict removes every shard of that id,
- * the whole shard range, with kvs_cache_invalidate.  A shard pinned at that moment is unhashed
+ * A file's shards are cached under its block id (cache.h, struct kvs_ident): by change
+ * (device, inode, size, mtime, ctime) or, on a files.write_once root, by birth (device, inode,
+ * size, birth time, generation).  evict removes every shard of both ids that the file has
+ * now, the whole shard range, with kvs_cache_invalidate.  A shard pinned at that moment is unhashed
  * now and freed by its last release.  A file changed since it was read has another id already,
  * and its old shards age out; evict cannot name them.
  *
@@ -30,21 +31,26 @@ static const char usage[] = "usage: kvshim evict PATH...\n"
 			    "  drop the cached shards of each file PATH\n"
 			    "  -h, --help  print this help\n";
 
-/* The block id of the file at path, as the shim computes it; 0 or -errno. */
-static int block_of(const char *path, struct kvs_key *key)
+/* The block ids of the file at path, as the shim computes them: by change, and by birth when
+ * its file system gives one (*nkeys 2, else 1); 0 or -errno. */
+static int blocks_of(const char *path, struct kvs_key key[2], int *nkeys)
 {
-	struct stat st;
+	struct kvs_ident id;
 	int fd, r = 0;
 
 	fd = open(path, O_RDONLY | O_CLOEXEC | O_NONBLOCK);
 	if (fd < 0)
 		return -errno;
-	if (fstat(fd, &st) < 0)
-		r = -errno;
-	else if (!S_ISREG(st.st_mode))
+	r = kvs_ident_of_fd(fd, true, &id);
+	if (!r && !S_ISREG(id.mode))
 		r = -EINVAL;
-	else
-		kvs_block_id(&st, key);
+	if (!r) {
+		*nkeys = 1;
+		if (id.write_once)
+			kvs_ident_key(&id, &key[(*nkeys)++]);
+		id.write_once = false;
+		kvs_ident_key(&id, &key[0]);
+	}
 	close(fd);
 	return r;
 }
@@ -92,9 +98,10 @@ int cmd_evict(int argc, char **argv)
 		goto out;
 	}
 	for (int i = optind; i < argc; i++) {
-		struct kvs_key key;
+		struct kvs_key key[2];
+		int nkeys = 0, dropped = 0;
 
-		r = block_of(argv[i], &key);
+		r = blocks_of(argv[i], key, &nkeys);
 		if (r) {
 			tool_err("%s: %s", argv[i],
 				 r == -EINVAL ? "not a regular file" : strerror(-r));
@@ -105,13 +112,16 @@ int cmd_evict(int argc, char **argv)
 			printf("%s: 0 slots dropped\n", argv[i]);
 			continue;
 		}
-		r = kvs_cache_invalidate(c, &key, 0, UINT64_MAX);
+		for (int k = 0; k < nkeys && r >= 0; k++) {
+			r = kvs_cache_invalidate(c, &key[k], 0, UINT64_MAX);
+			dropped += r > 0 ? r : 0;
+		}
 		if (r < 0) {
 			tool_err("%s: %s (some of its shards may remain)", argv[i], strerror(-r));
 			status = KVS_EXIT_FAIL;
 			continue;
 		}
-		printf("%s: %d slots dropped\n", argv[i], r);
+		printf("%s: %d slots dropped\n", argv[i], dropped);
 	}
 out:
 	kvs_cache_close(c);
