@@ -7,10 +7,11 @@
  * struct kvs_gpu is written once by kvs_gpu_open (the entry points, the library handle, the
  * driver version) and read without a lock afterwards.  kvs_gpu.lock guards the tables that
  * grow while threads use the module: the per-context streams (copy.c), the retained primary
- * contexts, the registration's home context and the registration thread's start and stop
- * flags (register.c).  The lock is never held across a driver call: a table entry is looked up
- * under the lock, created unlocked, then inserted under the lock, and an entry that lost the
- * race is destroyed unlocked.  Entries are never removed before kvs_gpu_close.
+ * contexts, the registration's home context and the registration thread's flags
+ * (register.c), and which gates are free (gate.c).  The lock is never held across a driver call: a
+ * table entry is looked up under the lock, created unlocked, then inserted under the lock, and an
+ * entry that lost the race is destroyed unlocked.  A stream entry is removed only when its context
+ * is gone (the driver destroyed the stream with it: copy.c); the others stay until kvs_gpu_close.
  */
 #include <dlfcn.h>
 #include <errno.h>
