@@ -464,6 +464,22 @@ else
 		--pause-ms 1500
 	if gate "$label" "$dir" $((8 * unique + 8 * block)) $((8 * nblocks + 8)) 1 "$block"; then
 		out INFO "$label: registered_bytes $(total registered_bytes) (summed over the 8 processes)"
+		# The same shards again, by one engine whose stream is kept busy 200 ms before each
+		# file's reads, registration off: hits from pageable slots are copied by a batch
+		# that reads during the call; the calls must not wait for the stream (F2).
+		label="cuFileReadAsync behind a stream busy 200 ms (hits, registration off)"
+		LD_PRELOAD=$lib LD_LIBRARY_PATH=$libpath KVSHIM_CUDA_REGISTER_HOST=false \
+			timeout "$(budget 30)" "$engine_dl" --api async --block $block --busy-ms 200 \
+			--report "$dir/busy.rep" "${files[@]}" >"$dir/busy.out" 2>"$dir/busy.err"
+		rc=$?
+		us=$(awk '$1 == "async_call_us" { print $2 }' "$dir/busy.rep" 2>/dev/null)
+		if [ $rc -ne 0 ] || [ -z "$us" ]; then
+			out FAIL "$label: exit $rc: $(tail -2 "$dir/busy.err" | tr '\n' ' ' | head -c 300)"
+		elif [ "$us" -lt $((nfiles * 100000)) ]; then
+			out PASS "$label: the calls for $nfiles files took $((us / 1000)) ms in all, every byte right"
+		else
+			out FAIL "$label: the calls for $nfiles files took $((us / 1000)) ms: they waited for the stream"
+		fi
 	fi
 fi
 if [ "$(left)" -lt 20 ]; then
