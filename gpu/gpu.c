@@ -7,10 +7,11 @@
  * struct kvs_gpu is written once by kvs_gpu_open (the entry points, the library handle, the
  * driver version) and read without a lock afterwards.  kvs_gpu.lock guards the tables that
  * grow while threads use the module: the per-context streams (copy.c), the retained primary
- * contexts, the registration's home context and the registration thread's start and stop
- * flags (register.c).  The lock is never held across a driver call: a table entry is looked up
- * under the lock, created unlocked, then inserted under the lock, and an entry that lost the
- * race is destroyed unlocked.  Entries are never removed before kvs_gpu_close.
+ * contexts, the registration's home context and the registration thread's flags
+ * (register.c), and which gates are free (gate.c).  The lock is never held across a driver call: a
+ * table entry is looked up under the lock, created unlocked, then inserted under the lock, and an
+ * entry that lost the race is destroyed unlocked.  A stream entry is removed only when its context
+ * is gone (the driver destroyed the stream with it: copy.c); the others stay until kvs_gpu_close.
  */
 #include <dlfcn.h>
 #include <errno.h>
@@ -24,14 +25,20 @@ typedef kvs_cu_result (*gpa_v2_fn)(const char *, void **, int, unsigned long lon
 typedef kvs_cu_result (*gpa_v1_fn)(const char *, void **, int, unsigned long long);
 
 /* Each entry point: the name cuGetProcAddress knows, the exported name of the version gpu/
- * wants (for drivers without cuGetProcAddress), and where it goes. */
+ * wants (for drivers without cuGetProcAddress), where it goes, and whether gpu/ works without
+ * it (the field stays NULL). */
 static const struct {
 	const char *name, *exported;
 	size_t off;
+	bool optional;
 } entries[] = {
 #define E(n, x, f)                                                                                 \
 	{                                                                                          \
-		n, x, offsetof(struct kvs_cu_fns, f)                                               \
+		n, x, offsetof(struct kvs_cu_fns, f), false                                        \
+	}
+#define OPT(n, x, f)                                                                               \
+	{                                                                                          \
+		n, x, offsetof(struct kvs_cu_fns, f), true                                         \
 	}
     E("cuInit", "cuInit", init),
     E("cuDriverGetVersion", "cuDriverGetVersion", driver_get_version),
@@ -46,11 +53,35 @@ static const struct {
     E("cuStreamSynchronize", "cuStreamSynchronize", stream_synchronize),
     E("cuMemcpyHtoDAsync", "cuMemcpyHtoDAsync_v2", memcpy_htod_async),
     E("cuMemcpyDtoH", "cuMemcpyDtoH_v2", memcpy_dtoh),
+    E("cuMemcpyDtoHAsync", "cuMemcpyDtoHAsync_v2", memcpy_dtoh_async),
+    E("cuMemHostGetDevicePointer", "cuMemHostGetDevicePointer_v2", mem_host_get_device_pointer),
     E("cuLaunchHostFunc", "cuLaunchHostFunc", launch_host_func),
     E("cuMemHostRegister", "cuMemHostRegister_v2", mem_host_register),
     E("cuMemHostUnregister", "cuMemHostUnregister", mem_host_unregister),
+    OPT("cuStreamWaitValue32", "cuStreamWaitValue32_v2", stream_wait_value32),
+    OPT("cuCtxGetId", "cuCtxGetId", ctx_get_id),
+    OPT("cuStreamIsCapturing", "cuStreamIsCapturing", stream_is_capturing),
+#undef OPT
 #undef E
 };
+
+unsigned long long kvs_gpu_ctx_id(struct kvs_gpu *g, kvs_cu_context c)
+{
+	unsigned long long id = 0;
+
+	if (!g->cu.ctx_get_id || g->cu.ctx_get_id(c, &id) != KVS_CU_SUCCESS)
+		return 0;
+	return id;
+}
+
+bool kvs_gpu_ctx_alive(struct kvs_gpu *g, kvs_cu_context c, unsigned long long id)
+{
+	unsigned long long now = 0;
+
+	if (!g->cu.ctx_get_id)
+		return true;
+	return g->cu.ctx_get_id(c, &now) == KVS_CU_SUCCESS && now == id;
+}
 
 int kvs_gpu_errno(kvs_cu_result r)
 {
@@ -100,7 +131,7 @@ static int resolve(struct kvs_gpu *g, void *(*sym)(void *, const char *))
 			fn = NULL;
 		if (!fn)
 			fn = sym(g->lib, entries[i].exported);
-		if (!fn)
+		if (!fn && !entries[i].optional)
 			return -ENOSYS;
 		memcpy((char *)&g->cu + entries[i].off, &fn, sizeof(fn));
 	}
@@ -242,6 +273,7 @@ void kvs_gpu_close(struct kvs_gpu *g)
 	if (atomic_load_explicit(&g->forgotten, memory_order_relaxed))
 		return;
 	kvs_gpu_register_stop(g);
+	kvs_gpu_gates_free(g);
 	kvs_gpu_streams_destroy(g);
 	for (int d = 0; d < KVS_GPU_MAX_DEVICES; d++)
 		if (g->primary[d]) /* pairs with the retain in primary_ctx */

@@ -102,26 +102,83 @@ int kvs_gpu_fence(struct kvs_gpu_copy *cp);
 
 /*
  * Enqueue the copy of [src, src+len) to dst->dptr + dst_off on the caller's stream (for
- * cuFileReadAsync) instead of the module's.  Nothing waits for it.  Returns 0 or -errno.
+ * cuFileReadAsync) instead of the module's (cuMemcpyHtoDAsync: the driver reads a pinned
+ * source in stream order, a pageable one at the call, and may then wait for the stream's
+ * earlier work first).  Nothing waits for it.  Returns 0 or -errno.
  */
 int kvs_gpu_copy_on_stream(struct kvs_gpu *g, void *stream, const struct kvs_gpu_ptr *dst,
 			   uint64_t dst_off, const void *src, size_t len);
 
+/* Does the driver have cuMemcpyBatchAsync (12.8 and later)? */
+bool kvs_gpu_has_batch(const struct kvs_gpu *g);
+
+/* When a batch of copies reads its sources. */
+enum kvs_gpu_order {
+	KVS_GPU_READ_AT_CALL,  /* during the call, never waiting for the stream (ready sources) */
+	KVS_GPU_READ_IN_ORDER, /* when the stream reaches the copies, pinned or pageable */
+};
+
 /*
- * Copy len bytes of the device memory src->dptr + src_off (kind DEVICE) to host memory dst
- * (cuMemcpyDtoH, in src's context), and return once they are there: what write-through keeps
- * of a cuFileWrite from device memory.  Returns 0 or -errno.
+ * Enqueue n copies (at most 64) on the caller's stream with one cuMemcpyBatchAsync, sources
+ * read as order says: copy i goes from srcs[i] to dst->dptr + offs[i], lens[i] bytes.
+ * Returns 0, -ENOTSUP where the driver has no cuMemcpyBatchAsync (nothing enqueued), -E2BIG,
+ * or another -errno (some of the copies may be enqueued).
+ */
+int kvs_gpu_copy_many_on_stream(struct kvs_gpu *g, void *stream, const struct kvs_gpu_ptr *dst,
+				size_t n, const uint64_t *offs, const void *const *srcs,
+				const size_t *lens, enum kvs_gpu_order order);
+
+/*
+ * A gate: a 32-bit word in host memory mapped for the device, that a stream waits on until
+ * the host raises it (cuStreamWaitValue32), so that work behind it on the stream waits for
+ * something the host does (a load) without a host function: the driver's host-function
+ * thread is never held up.  kvs_gpu_gate_wait takes a free gate, lowers it and enqueues the
+ * wait on stream (dst gives the context); returns 0, -ENOTSUP where the driver has no stream
+ * memory operations (or cannot map the gates), -ENOSPC when every gate is taken, or another
+ * -errno (nothing enqueued, the gate given back).  kvs_gpu_gate_raise, from any thread and
+ * with no driver call, lets the stream go on; kvs_gpu_gate_release gives the gate back once
+ * the stream is past the wait (from a host function behind it: no driver call).
+ */
+struct kvs_gpu_gate {
+	_Atomic uint32_t *word;
+	unsigned idx;
+};
+int kvs_gpu_gate_wait(struct kvs_gpu *g, void *stream, const struct kvs_gpu_ptr *dst,
+		      struct kvs_gpu_gate *gate);
+void kvs_gpu_gate_raise(const struct kvs_gpu_gate *gate);
+void kvs_gpu_gate_release(struct kvs_gpu *g, const struct kvs_gpu_gate *gate);
+
+/*
+ * Is stream capturing into a graph (cuStreamIsCapturing, in dst's context)?  1 yes, 0 no (and
+ * where the driver cannot say), or -errno.  Work enqueued while capturing runs only when the
+ * graph is launched, maybe many times.
+ */
+int kvs_gpu_stream_capturing(struct kvs_gpu *g, void *stream, const struct kvs_gpu_ptr *dst);
+
+/*
+ * Copy len bytes of the device memory src->dptr + src_off (kind DEVICE) to host memory dst,
+ * and return once they are there: what write-through keeps of a cuFileWrite from device
+ * memory.  The copy goes on the module's non-blocking stream for src's context
+ * (cuMemcpyDtoHAsync, then a synchronisation of that stream only), so it waits for none of
+ * the program's streams, as GPUDirect's own DMA does not.  Returns 0 or -errno.
  */
 int kvs_gpu_copy_to_host(struct kvs_gpu *g, const struct kvs_gpu_ptr *src, uint64_t src_off,
 			 void *dst, size_t len);
 
 /*
  * Enqueue fn(arg) on stream (cuLaunchHostFunc): the driver runs it on a thread of its own once
- * the work before it on the stream has finished; fn must not call CUDA.  dst gives the context
+ * the work before it on the stream has finished; fn must not call CUDA, and must not block
+ * (host functions of all streams may run one at a time on one thread).  dst gives the context
  * (NULL: the calling thread's current one).  Returns 0 or -errno (fn will not run).
  */
 int kvs_gpu_host_func(struct kvs_gpu *g, void *stream, const struct kvs_gpu_ptr *dst,
 		      void (*fn)(void *), void *arg);
+
+/* Make p's context (kind DEVICE) current on the calling thread, for a call into another
+ * library that needs it (libcufile's GPU-buffer calls); 0 or -errno.  kvs_gpu_ctx_pop undoes
+ * a push that returned 0. */
+int kvs_gpu_ctx_push(struct kvs_gpu *g, const struct kvs_gpu_ptr *p);
+void kvs_gpu_ctx_pop(struct kvs_gpu *g);
 
 /* Whether every page of [off, off+len) of a registered region has its memory already, so
  * that pinning it allocates nothing; called from the registration thread. */
@@ -130,6 +187,9 @@ typedef bool (*kvs_gpu_ready_fn)(void *ctx, size_t off, size_t len);
 /*
  * Register [base, base+len) with the driver (cuMemHostRegister, PORTABLE) chunk by chunk on a
  * background thread, so that copies from it run at pinned speed; copies never wait for it.
+ * Each chunk is 64 MiB rounded up to a whole number of units (unit: the region's frame size;
+ * 0: 64 MiB), so that no frame, and no copy from one, spans two registrations or a registered
+ * and an unregistered range (the driver refuses such a copy with INVALID_VALUE).
  * Pinning faults in every page, so only chunks that ready() says have their memory are
  * registered (ready NULL: all): registration follows the pages the region has (what
  * cache.populate and cache.shm_headroom allowed) and never allocates one; the thread looks
@@ -137,27 +197,39 @@ typedef bool (*kvs_gpu_ready_fn)(void *ctx, size_t off, size_t len);
  * in a process starts it, later calls and params.register_host false do nothing.  The thread
  * needs a context: the calling thread's current one, else that of the first device pointer
  * classified, so it never creates one (no context on device 0 for every rank).  A chunk
- * someone else registered already is skipped; any other failure stops the registration
- * (kvs_gpu_register_error says which).
+ * someone else registered already is skipped; a chunk the driver refuses is tried again
+ * after KVS_GPU_REG_RETRY_MS, doubling up to KVS_GPU_REG_RETRY_MAX (kvs_gpu_register_error
+ * says why meanwhile).  When the context it registered in goes away (the program reset or
+ * destroyed it; seen at the next copy session), its registrations are gone with it: the
+ * thread starts over in the next context gpu/ learns of.
  */
-void kvs_gpu_register_region(struct kvs_gpu *g, void *base, size_t len, kvs_gpu_ready_fn ready,
-			     void *ready_ctx);
+void kvs_gpu_register_region(struct kvs_gpu *g, void *base, size_t len, size_t unit,
+			     kvs_gpu_ready_fn ready, void *ready_ctx);
 
 /*
- * Is [p, p+len) pinned for this process's copies: inside the region given to
- * kvs_gpu_register_region, in chunks the registration has finished (or found registered
- * already)?  The driver reads a pinned source of an asynchronous copy when the stream reaches
- * the copy, and a pageable one when the copy is enqueued; a caller that orders a copy after
- * work that fills its source must wait for that work itself when this is false.  Lock-free,
- * from any thread.
+ * Is [p, p+len) pinned for this process's copies: inside one registration (one chunk) of the
+ * region given to kvs_gpu_register_region that the registration has finished (or found
+ * registered already), in a context still alive as far as gpu/ knows?  The driver reads a
+ * pinned source of an asynchronous copy when the stream reaches the copy, and a pageable one
+ * when the copy is enqueued; a caller that orders a copy after work that fills its source
+ * must wait for that work itself when this is false.  Lock-free, from any thread.
  */
 bool kvs_gpu_pinned(const struct kvs_gpu *g, const void *p, size_t len);
 
 /* Bytes of the region registered so far. */
 uint64_t kvs_gpu_registered_bytes(const struct kvs_gpu *g);
 
-/* The error that stopped the registration (-errno), or 0. */
+/* The last error the driver gave the registration (-errno), 0 when none, or once the chunk it
+ * refused has been registered after all. */
 int kvs_gpu_register_error(const struct kvs_gpu *g);
+
+/*
+ * At exit (an atexit handler): stop the registration thread and wait until it is out of the
+ * driver, so that it is never inside cuMemHostRegister while the driver tears down.  Nothing
+ * is unregistered (the driver does that at exit) and g stays usable: copies from the region
+ * still work, and no chunk is registered after this.  Idempotent; a forgotten g is left alone.
+ */
+void kvs_gpu_quiesce(struct kvs_gpu *g);
 
 /*
  * In a fork child: abandon g without a single driver call (the child's CUDA state is not

@@ -778,6 +778,14 @@ uint32_t kvs_loader_nops(const struct kvs_task *t)
 	return t->nops;
 }
 
+bool kvs_loader_pinned_ready(const struct kvs_task *t)
+{
+	for (uint32_t i = 0; i < t->nops; i++)
+		if (t->ops[i].kind != OP_HIT)
+			return false;
+	return true;
+}
+
 void kvs_loader_op(struct kvs_loader *ld, struct kvs_task *t, uint32_t i, const void **src,
 		   uint64_t *pos, uint32_t *len)
 {

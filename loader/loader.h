@@ -154,6 +154,9 @@ int kvs_loader_start(struct kvs_loader *ld, struct kvs_task *t, const struct kvs
  */
 int kvs_loader_pin(struct kvs_loader *ld, struct kvs_task *t, const struct kvs_read *rd);
 uint32_t kvs_loader_nops(const struct kvs_task *t);
+/* Was every op READY when kvs_loader_pin pinned it (so that kvs_loader_settle waits for
+ * nothing)? */
+bool kvs_loader_pinned_ready(const struct kvs_task *t);
 void kvs_loader_op(struct kvs_loader *ld, struct kvs_task *t, uint32_t i, const void **src,
 		   uint64_t *pos, uint32_t *len);
 int kvs_loader_settle(struct kvs_loader *ld, struct kvs_task *t);

@@ -115,7 +115,10 @@ KVS_EXPORT kvs_cufile_error_t cuFileBatchIOSetUp(kvs_cufile_batch_handle_t *batc
 }
 
 /* A served entry is over (the loader's completion thread): on failure read it with the real
- * cuFileRead here, so that the entry completes as it would have without the shim. */
+ * cuFileRead here, so that the entry completes as it would have without the shim.  That
+ * thread has no CUDA context of its own, and libcufile needs the buffer's for a GPU buffer
+ * ("APIs with GPU buffers should be called in a valid CUDA context"): the entry's is made
+ * current around the call. */
 static void entry_done(struct kvs_shim_async *a, int64_t result)
 {
 	struct entry *en = a->arg;
@@ -124,10 +127,13 @@ static void entry_done(struct kvs_shim_async *a, int64_t result)
 	if (result < 0) {
 		kvs_cufile_read_fn rd = REAL_FN(kvs_cufile_read_fn, cuFileRead);
 		const kvs_cufile_io_params_t *io = &en->io;
+		bool pushed = kvs_device_push(&a->tg) == 0;
 
 		result = rd ? rd(io->fh, io->u.batch.devPtr_base, io->u.batch.size,
 				 io->u.batch.file_offset, io->u.batch.devPtr_offset)
 			    : -KVS_CU_FILE_DRIVER_NOT_INITIALIZED;
+		if (pushed)
+			kvs_device_pop(&a->tg);
 	}
 	pthread_mutex_lock(&b->mu);
 	en->result = result;

@@ -8,12 +8,20 @@
  * counted is the part of gpu's registered bytes already added to the region's counter; the
  * thread that moves it forward does so with a CAS, so each byte is counted once.
  *
+ * Exit: the open registers an atexit handler (once per process image), which stops and joins
+ * gpu's registration thread (kvs_gpu_quiesce).  It is registered after the program's cuInit,
+ * so it runs before the driver's own exit handlers: the thread is never inside
+ * cuMemHostRegister while the driver tears down.  gpu itself is never freed (other threads
+ * may still be copying while exit runs).
+ *
  * Fork: the child forgets gpu without a call into the driver (kvs_gpu_forget) and may open it
- * again if it reads into device memory itself.
+ * again if it reads into device memory itself; the inherited atexit handler then finds the
+ * child's own handle, or none.
  */
 #include <errno.h>
 #include <pthread.h>
 #include <stdatomic.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "config.h"
@@ -27,6 +35,14 @@ static pthread_mutex_t open_mu = PTHREAD_MUTEX_INITIALIZER;
 static _Atomic int state = DEV_UNOPENED;
 static struct kvs_gpu *gpu;
 static _Atomic uint64_t counted;
+static bool exit_handler; /* under open_mu; inherited by a fork child, as the handler is */
+
+/* At exit: the registration thread out of the driver before the driver's own handlers run. */
+static void device_exit(void)
+{
+	if (atomic_load_explicit(&state, memory_order_acquire) == DEV_OPEN) /* pairs: driver() */
+		kvs_gpu_quiesce(gpu);
+}
 
 static struct kvs_gpu *driver(const struct kvs_config *cfg)
 {
@@ -49,6 +65,8 @@ static struct kvs_gpu *driver(const struct kvs_config *cfg)
 				     cfg->cuda_library, strerror(-r));
 		s = r ? DEV_FAILED : DEV_OPEN;
 		atomic_store_explicit(&state, s, memory_order_release); /* publishes gpu */
+		if (s == DEV_OPEN && !exit_handler)
+			exit_handler = atexit(device_exit) == 0;
 	}
 	pthread_mutex_unlock(&open_mu);
 	return s == DEV_OPEN ? gpu : NULL;
@@ -121,8 +139,8 @@ int kvs_device_begin(struct kvs_device_target *t, struct kvs_cache *c, const str
 	if (r)
 		return r;
 	kvs_cache_data_region(c, &base, &len);
-	/* Once per process; never waited for; only the pages the region has. */
-	kvs_gpu_register_region(g, base, len, data_ready, c);
+	/* Once per process; never waited for; only the pages the region has; whole frames. */
+	kvs_gpu_register_region(g, base, len, kvs_cache_shard_size(c), data_ready, c);
 	t->dest = (struct kvs_dest){.copy = device_copy, .fence = device_fence, .ctx = t};
 	return 0;
 }
@@ -131,6 +149,50 @@ int kvs_device_stream_copy(struct kvs_device_target *t, void *stream, uint64_t p
 			   size_t len)
 {
 	return kvs_gpu_copy_on_stream(t->cp.g, stream, &t->dst, pos, src, len);
+}
+
+int kvs_device_stream_copies(struct kvs_device_target *t, void *stream, size_t n,
+			     const uint64_t *pos, const void *const *srcs, const size_t *lens,
+			     bool in_order)
+{
+	return kvs_gpu_copy_many_on_stream(t->cp.g, stream, &t->dst, n, pos, srcs, lens,
+					   in_order ? KVS_GPU_READ_IN_ORDER : KVS_GPU_READ_AT_CALL);
+}
+
+bool kvs_device_has_batch(const struct kvs_device_target *t)
+{
+	return t->cp.g && kvs_gpu_has_batch(t->cp.g);
+}
+
+int kvs_device_gate_wait(struct kvs_device_target *t, void *stream, struct kvs_gpu_gate *gate)
+{
+	return kvs_gpu_gate_wait(t->cp.g, stream, &t->dst, gate);
+}
+
+void kvs_device_gate_release(const struct kvs_device_target *t, const struct kvs_gpu_gate *gate)
+{
+	kvs_gpu_gate_release(t->cp.g, gate);
+}
+
+int kvs_device_stream_capturing(struct kvs_device_target *t, void *stream)
+{
+	return kvs_gpu_stream_capturing(t->cp.g, stream, &t->dst);
+}
+
+int kvs_device_push(const struct kvs_device_target *t)
+{
+	struct kvs_gpu *g =
+	    atomic_load_explicit(&state, memory_order_acquire) == DEV_OPEN ? gpu : NULL;
+
+	if (t->host)
+		return 0;
+	return g ? kvs_gpu_ctx_push(g, &t->dst) : -ENODEV;
+}
+
+void kvs_device_pop(const struct kvs_device_target *t)
+{
+	if (!t->host)
+		kvs_gpu_ctx_pop(gpu); /* a push succeeded: gpu is open */
 }
 
 int kvs_device_stream_func(struct kvs_device_target *t, void *stream, void (*fn)(void *), void *arg)

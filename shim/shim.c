@@ -58,6 +58,7 @@
 #include "log.h"
 #include "real.h"
 #include "shim.h"
+#include "sys.h"
 #include "why.h"
 #include "wonce.h"
 #include "wthru.h"
@@ -94,6 +95,8 @@ static void atfork_parent(void)
 /* The fork child: the parent's threads do not exist here and its mapping, descriptor and
  * process slot are the parent's.  Drop them without touching shared state; the child attaches
  * again, as itself, at its first cacheable read. */
+static void settle_atfork_child(void);
+
 static void atfork_child(void)
 {
 	if (loader)
@@ -102,6 +105,7 @@ static void atfork_child(void)
 		kvs_cache_forget(cache);
 	kvs_anchor_atfork_child();
 	kvs_device_atfork_child();
+	settle_atfork_child();
 	kvs_wthru_atfork_child();
 	kvs_uring_atfork_child();
 	kvs_wonce_atfork_child();
@@ -780,30 +784,118 @@ out:
 	return ret;
 }
 
-/* A read on the program's stream: lives from the enqueue until its last host function. */
+/*
+ * cuFileReadAsync (design.md, "cuFileReadAsync: stream order").  The copies from the slots go
+ * on the program's stream, so they must not read a slot before its shard is READY, and
+ * nothing may block the driver's host-function thread (host functions of every stream of the
+ * process may share it).  After the pins, one of two orders:
+ *
+ *   SETTLED  every shard was READY at the pin, or there is no other way: the calling thread
+ *            settles (kvs_loader_settle; for hits it waits for nothing), then enqueues the
+ *            copies, which may read the slots whenever the driver likes;
+ *   GATED    a miss, and copies that read their sources in stream order (cuMemcpyBatchAsync
+ *            with CU_MEMCPY_SRC_ACCESS_ORDER_STREAM, or cuMemcpyHtoDAsync from slots pinned
+ *            by one registration each): a gate (gpu.h) on the stream first, then the copies;
+ *            the settler thread settles and raises the gate; the stream goes on then.
+ *
+ * Last on the stream in both, stream_done: a host function that only releases, counts and
+ * reports (it never blocks).  Once anything is on the stream the rest must follow (nothing
+ * can be taken back), so a later failure becomes the read's error; before that, a failure
+ * passes the read through.
+ *
+ * The settler: one thread per process, started with the first GATED read, that settles the
+ * reads queued to it (settle_head/tail under settle_mu, signalled on settle_cond) one after
+ * the other; their loads are in flight already, so it mostly waits.  It writes only
+ * sr->settle_err, then raises the gate (release), and touches sr no more: stream_done, which
+ * runs only after the stream is past the gate, loads the gate (acquire) before it reads
+ * settle_err, and frees sr.  The fork child forgets the queue and the thread, which it does
+ * not have.
+ */
+
+/* A read on the program's stream: lives from the enqueue until stream_done. */
 struct stream_read {
 	struct kvs_shim_async a;
 	ssize_t *bytes_read;
-	int64_t result;
+	int64_t result;		  /* what *bytes_read gets, unless settle_err */
+	bool gated;		  /* GATED: gate is on the stream, the settler raises it */
+	struct kvs_gpu_gate gate; /* GATED */
+	int settle_err;		  /* written by the settler before the raise */
+	struct stream_read *next; /* the settler's queue */
 };
 
-/* First on the stream: make every shard READY (the copies behind it read the slots). */
-static void stream_settle(void *arg)
-{
-	struct stream_read *sr = arg;
-	int r = kvs_loader_settle(loader, &sr->a.task);
+static pthread_mutex_t settle_mu = PTHREAD_MUTEX_INITIALIZER;
+static pthread_cond_t settle_cond = PTHREAD_COND_INITIALIZER;
+static struct stream_read *settle_head, *settle_tail; /* under settle_mu */
+static bool settler_running;			      /* under settle_mu */
 
-	if (r)
-		sr->result = r;
+static void *settler(void *arg)
+{
+	(void)arg;
+	guard++; /* the shim's own thread: any hooked call it makes is the real one */
+	for (;;) {
+		pthread_mutex_lock(&settle_mu);
+		while (!settle_head)
+			pthread_cond_wait(&settle_cond, &settle_mu);
+		struct stream_read *sr = settle_head;
+		settle_head = sr->next;
+		if (!settle_head)
+			settle_tail = NULL;
+		pthread_mutex_unlock(&settle_mu);
+
+		sr->settle_err = kvs_loader_settle(loader, &sr->a.task);
+		kvs_gpu_gate_raise(
+		    &sr->gate); /* pairs with stream_done's load; sr is not ours now */
+	}
+	return NULL;
 }
 
-/* Last on the stream: the copies are over; release, count and report. */
+/* Is there a settler (started now if need be)? */
+static bool settler_ready(void)
+{
+	pthread_mutex_lock(&settle_mu);
+	if (!settler_running)
+		settler_running = kvs_thread_start(NULL, settler, NULL, KVS_STACK_OWN) == 0;
+	bool ok = settler_running;
+	pthread_mutex_unlock(&settle_mu);
+	return ok;
+}
+
+/* Queue sr for the settler (settler_ready said yes: it never stops). */
+static void settle_later(struct stream_read *sr)
+{
+	sr->next = NULL;
+	pthread_mutex_lock(&settle_mu);
+	if (settle_tail)
+		settle_tail->next = sr;
+	else
+		settle_head = sr;
+	settle_tail = sr;
+	pthread_cond_signal(&settle_cond);
+	pthread_mutex_unlock(&settle_mu);
+}
+
+static void settle_atfork_child(void)
+{
+	pthread_mutex_init(&settle_mu, NULL);
+	pthread_cond_init(&settle_cond, NULL);
+	settle_head = settle_tail = NULL; /* the parent's reads, on the parent's streams */
+	settler_running = false;
+}
+
+/* Last on the stream: the copies are over; release, count and report.  Never blocks. */
 static void stream_done(void *arg)
 {
 	struct stream_read *sr = arg;
 
+	if (sr->gated) {
+		/* pairs with the raise: settle_err is the settler's last word */
+		(void)atomic_load_explicit(sr->gate.word, memory_order_acquire);
+		if (sr->settle_err && sr->result >= 0)
+			sr->result = sr->settle_err;
+		kvs_device_gate_release(&sr->a.tg, &sr->gate);
+	}
 	kvs_loader_unpin(loader, &sr->a.task);
-	kvs_anchor_put(sr->a.rd.fd); /* a failed shard was read through it by stream_settle */
+	kvs_anchor_put(sr->a.rd.fd); /* a failed shard was read through it by the settle */
 	if (sr->result >= 0) {
 		kvs_cache_count(cache, KVS_CTR_h2d_bytes, (uint64_t)sr->result);
 		kvs_cache_count(cache, KVS_CTR_cufile_requests, 1);
@@ -814,10 +906,7 @@ static void stream_done(void *arg)
 	free(sr);
 }
 
-/* May sr's copies be ordered behind the settle host function?  Only when the driver reads
- * every slot in stream order, that is when the region's registration has pinned all of them:
- * "host memory is copied to a staging buffer immediately" for a pageable source, so a copy
- * from a slot that is not pinned would take its bytes from before the load. */
+/* Is every slot of sr pinned by one registration (read by the driver in stream order)? */
 static bool stream_pinned(struct stream_read *sr)
 {
 	for (uint32_t i = 0; i < kvs_loader_nops(&sr->a.task); i++) {
@@ -830,6 +919,41 @@ static bool stream_pinned(struct stream_read *sr)
 			return false;
 	}
 	return true;
+}
+
+/* Enqueue sr's copies on stream: one batch (in_order or at the call), else, when plain is
+ * allowed, one cuMemcpyHtoDAsync each.  Returns 0, or -errno with *queued saying whether any
+ * may be on the stream. */
+static int stream_copies(struct stream_read *sr, void *stream, bool batch, bool in_order,
+			 bool plain, bool *queued)
+{
+	uint32_t n = kvs_loader_nops(&sr->a.task);
+	uint64_t pos[KVS_TASK_OPS];
+	const void *src[KVS_TASK_OPS];
+	size_t len[KVS_TASK_OPS];
+
+	*queued = false;
+	for (uint32_t i = 0; i < n; i++) {
+		uint32_t l;
+
+		kvs_loader_op(loader, &sr->a.task, i, &src[i], &pos[i], &l);
+		len[i] = l;
+	}
+	if (batch) {
+		int r = kvs_device_stream_copies(&sr->a.tg, stream, n, pos, src, len, in_order);
+
+		*queued = r != -ENOTSUP;
+		if (r != -ENOTSUP || !plain)
+			return r;
+	}
+	for (uint32_t i = 0; i < n; i++) {
+		int r = kvs_device_stream_copy(&sr->a.tg, stream, pos[i], src[i], len[i]);
+
+		if (r)
+			return r;
+		*queued = true;
+	}
+	return 0;
 }
 
 int kvs_shim_read_to_stream(int fd, uint64_t ptr, size_t size, off_t off, ssize_t *bytes_read,
@@ -845,49 +969,51 @@ int kvs_shim_read_to_stream(int fd, uint64_t ptr, size_t size, off_t off, ssize_
 	if (prepare_to(&sr->a, fd, ptr, size, off))
 		goto out;
 	anchor = sr->a.rd.fd; /* held until stream_done, or put on the way out */
-	if (sr->a.tg.host || kvs_loader_pin(loader, &sr->a.task, &sr->a.rd))
+	/* A capturing stream runs what is enqueued at every launch of its graph, after the
+	 * first has freed sr: not a read the shim can serve (nor one it can ask about). */
+	if (sr->a.tg.host || kvs_device_stream_capturing(&sr->a.tg, stream) != 0 ||
+	    kvs_loader_pin(loader, &sr->a.task, &sr->a.rd))
 		goto out;
 	sr->bytes_read = bytes_read;
 	sr->result = (int64_t)(sr->a.task.end - sr->a.rd.off);
-	/* Once the first host function is on the stream, the last must follow it: nothing can be
-	 * taken back, so a copy that cannot be enqueued becomes the read's error.  A pageable
-	 * slot is read by the driver at the enqueue, so the shards must be READY before it: then
-	 * this call waits for them, and a failure still passes the read through. */
-	if (!stream_pinned(sr)) {
-		if (kvs_loader_settle(loader, &sr->a.task)) {
-			kvs_loader_unpin(loader, &sr->a.task);
-			goto out;
-		}
-	} else if (kvs_device_stream_func(&sr->a.tg, stream, stream_settle, sr)) {
-		kvs_loader_unpin(loader, &sr->a.task);
+
+	bool batch = kvs_device_has_batch(&sr->a.tg);
+	bool pinned = stream_pinned(sr);
+	if (!kvs_loader_pinned_ready(&sr->a.task) && (batch || pinned) && settler_ready() &&
+	    kvs_device_gate_wait(&sr->a.tg, stream, &sr->gate) == 0) {
+		sr->gated = true;
+	} else if (kvs_loader_settle(loader, &sr->a.task)) {
+		kvs_loader_unpin(loader, &sr->a.task); /* nothing on the stream: pass through */
 		goto out;
 	}
-	for (uint32_t i = 0; i < kvs_loader_nops(&sr->a.task); i++) {
-		const void *src;
-		uint64_t pos;
-		uint32_t len;
-		int r;
-
-		kvs_loader_op(loader, &sr->a.task, i, &src, &pos, &len);
-		r = kvs_device_stream_copy(&sr->a.tg, stream, pos, src, len);
-		if (r) {
-			sr->result = -KVS_CU_FILE_CUDA_DRIVER_ERROR;
-			break;
-		}
+	/* GATED: in stream order (batch, else pinned slots).  SETTLED: the slots are READY, so
+	 * any order: pinned slots by DMA, else a batch that reads them during the call without
+	 * waiting for the stream (a pageable cuMemcpyHtoDAsync may wait for it first). */
+	bool queued;
+	int r = stream_copies(sr, stream, sr->gated ? batch : batch && !pinned, sr->gated,
+			      !sr->gated || pinned, &queued);
+	if (r && !queued && !sr->gated) {
+		kvs_loader_unpin(loader, &sr->a.task); /* nothing on the stream: pass through */
+		goto out;
 	}
+	if (r)
+		sr->result = -KVS_CU_FILE_CUDA_DRIVER_ERROR;
+	bool gated = sr->gated;
 	if (kvs_device_stream_func(&sr->a.tg, stream, stream_done, sr)) {
 		/* Cannot happen after the first enqueue worked, short of a dying context: the
 		 * pins stay until the process exits, and the reaper returns them then. */
 		kvs_log_once(KVS_CAUSE_CUFILE, KVS_LOG_WARN,
 			     "cuFileReadAsync: the driver refused a host function; pins kept");
-		sr = NULL;
-		ret = 0;
-		anchor = -1; /* kept with the pins */
-		goto out;
+		if (gated)
+			sr->gated = false; /* stream_done will not run: nothing reads it */
 	}
+	/* From here on sr belongs to stream_done (and, GATED, to the settler until it raises
+	 * the gate): not touched again. */
+	if (gated)
+		settle_later(sr);
 	sr = NULL;
 	ret = 0;
-	anchor = -1; /* stream_done puts it */
+	anchor = -1; /* stream_done puts it, or the pins keep it */
 out:
 	kvs_anchor_put(anchor);
 	pthread_setcancelstate(cancel_state, NULL);
@@ -921,6 +1047,27 @@ static int write_look(int fd, struct kvs_fdinfo *fi)
 	return kvs_fdinfo_get(fd, fi);
 }
 
+/*
+ * The cuFileWrite this thread is inside, when the shim staged it (kvs_shim_cufile_write_before
+ * to _after): libcufile in compatibility mode moves the bytes with its own pwrite (or kernel
+ * AIO), which the write hooks see, nested in the shim's cuFileWrite.  Those writes are the
+ * cuFileWrite's own bytes, already staged and covered by its write token: staging them again
+ * would give the range two staged copies and the file two tokens, and it would not be kept.
+ * A write on this thread, of this file, inside this range, is left to the outer one; any other
+ * write (another thread's, another range) is handled as always.
+ */
+static __thread struct {
+	bool on;
+	uint64_t dev, ino, off, len;
+} cf_outer __attribute__((tls_model("initial-exec")));
+
+static bool inside_cufile_write(const struct kvs_fdinfo *fi, int64_t off, uint64_t len)
+{
+	return cf_outer.on && fi->dev == cf_outer.dev && fi->ino == cf_outer.ino && off >= 0 &&
+	       (uint64_t)off >= cf_outer.off && len <= cf_outer.len &&
+	       (uint64_t)off - cf_outer.off <= cf_outer.len - len;
+}
+
 bool kvs_shim_write_before(struct kvs_wthru_op *op, int fd, const struct iovec *iov, int iovcnt,
 			   int64_t off)
 {
@@ -942,6 +1089,8 @@ bool kvs_shim_write_before(struct kvs_wthru_op *op, int fd, const struct iovec *
 	int saved = errno;
 	guard++;
 	int got = write_look(fd, &fi);
+	if (got == 0 && fi.kv && inside_cufile_write(&fi, off, iov ? len : 0))
+		got = -EALREADY; /* libcufile moving the shim's own cuFileWrite: staged already */
 	/* With write-through on, the region is mapped for it; off, a write of a process that
 	 * has mapped it (a reader) is still counted in the write sequences below. */
 	struct kvs_cache *c = got || !fi.kv    ? NULL
@@ -1002,7 +1151,8 @@ struct kvs_shim_wpend *kvs_shim_write_submitted(int fd, const struct iovec *iov,
 	int saved = errno;
 	guard++;
 	int got = write_look(fd, &fi);
-	struct kvs_cache *c = got == 0 && fi.kv ? region() : NULL;
+	struct kvs_cache *c =
+	    got == 0 && fi.kv && !inside_cufile_write(&fi, (int64_t)off, len) ? region() : NULL;
 	if (c)
 		p = malloc(sizeof(*p) + (size_t)iovcnt * sizeof(struct iovec));
 	if (p) {
@@ -1055,6 +1205,9 @@ bool kvs_shim_cufile_write_before(struct kvs_shim_cfwrite *w, int fd, uint64_t p
 		r = kvs_wthru_before(c, &w->op, fd, &fi, &w->iov, 1, size, off, true,
 				     w->tg.host ? NULL : device_src_copy, &w->tg);
 	}
+	if (r) /* the real call's own writes of these bytes are this one's (inside_cufile_write) */
+		cf_outer.dev = fi.dev, cf_outer.ino = fi.ino, cf_outer.off = (uint64_t)off,
+		cf_outer.len = size, cf_outer.on = true;
 	guard--;
 	errno = saved;
 	return r;
@@ -1062,6 +1215,7 @@ bool kvs_shim_cufile_write_before(struct kvs_shim_cfwrite *w, int fd, uint64_t p
 
 void kvs_shim_cufile_write_after(struct kvs_shim_cfwrite *w, int fd, ssize_t ret)
 {
+	cf_outer.on = false;
 	kvs_shim_write_after(&w->op, fd, ret);
 }
 

@@ -60,10 +60,16 @@ else()
 endif()
 set_tests_properties(check_cufile_abi PROPERTIES SKIP_RETURN_CODE 77 TIMEOUT 60)
 
-# --- gpu: 8 engine processes at once per api and link form, under LD_PRELOAD, on the fakes.
+# --- gpu: 8 engine processes at once per api and link form, under LD_PRELOAD, on the fakes;
+# slowfs (when built) for the case of host functions and slow storage.
+if(TARGET slowfs)
+  set(kvs_gpu_slowfs $<TARGET_FILE:slowfs>)
+else()
+  set(kvs_gpu_slowfs "")
+endif()
 add_test(NAME gpu COMMAND bash ${CMAKE_CURRENT_LIST_DIR}/gpu_test.sh
   $<TARGET_FILE:kvshim> $<TARGET_FILE:kvshim-cli> $<TARGET_FILE:kvshim-gpu-engine-dl>
-  $<TARGET_FILE:kvshim-gpu-engine-ln> ${KVS_FAKE_DIR})
+  $<TARGET_FILE:kvshim-gpu-engine-ln> ${KVS_FAKE_DIR} ${kvs_gpu_slowfs})
 set_tests_properties(gpu PROPERTIES SKIP_RETURN_CODE 77 TIMEOUT 600)
 
 # --- gpu_faults: the engine under the shim when something fails (driver missing, copies or

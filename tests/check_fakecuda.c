@@ -13,6 +13,8 @@
 #include <string.h>
 #include <sys/mman.h>
 #include <sys/wait.h>
+#include <pthread.h>
+#include <time.h>
 #include <unistd.h>
 
 void *fakecuda_host_view(CUdeviceptr p, size_t len);
@@ -169,6 +171,11 @@ START_TEST(fail_syntax)
 	setenv("FAKECUDA_FAIL", "", 1); /* a new value starts again */
 	ck_assert_int_eq(cuMemAlloc(&e, 4096), CUDA_SUCCESS);
 	ck_assert_int_eq(cuMemcpyHtoD(d, b, sizeof(b)), CUDA_SUCCESS);
+	setenv("FAKECUDA_FAIL", "cuMemcpyHtoD:2-3=1", 1); /* calls 2 and 3 only */
+	ck_assert_int_eq(cuMemcpyHtoD(d, b, sizeof(b)), CUDA_SUCCESS);
+	ck_assert_int_eq(cuMemcpyHtoD(d, b, sizeof(b)), CUDA_ERROR_INVALID_VALUE);
+	ck_assert_int_eq(cuMemcpyHtoD(d, b, sizeof(b)), CUDA_ERROR_INVALID_VALUE);
+	ck_assert_int_eq(cuMemcpyHtoD(d, b, sizeof(b)), CUDA_SUCCESS);
 	unsetenv("FAKECUDA_FAIL");
 	setenv("FAKECUDA_MISSING", "1", 1);
 	ck_assert_int_eq(cuInit(0), CUDA_ERROR_NO_DEVICE);
@@ -265,6 +272,252 @@ static void host_fn(void *arg)
 	*(int *)arg = 1;
 }
 
+static double now_s(void)
+{
+	struct timespec ts;
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
+static void sleep_fn(void *arg)
+{
+	usleep(*(unsigned *)arg);
+}
+
+/* core: a copy over registered and unregistered host memory, or over two registrations, is
+ * refused with CUDA_ERROR_INVALID_VALUE, every way a copy can be made; inside one is pinned. */
+START_TEST(mixed_registration)
+{
+	setenv("FAKECUDA_ASYNC_DELAY_US", "0", 1);
+	setup();
+	size_t chunk = 1 << 20;
+	char *h = mmap(NULL, 3 * chunk, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+	CUdeviceptr d;
+	CUstream s;
+	ck_assert_int_eq(cuMemAlloc(&d, 2 * chunk), CUDA_SUCCESS);
+	ck_assert_int_eq(cuStreamCreate(&s, CU_STREAM_NON_BLOCKING), CUDA_SUCCESS);
+	ck_assert_int_eq(cuMemHostRegister(h, chunk, 0), CUDA_SUCCESS);
+	ck_assert_int_eq(cuMemHostRegister(h + chunk, chunk, 0), CUDA_SUCCESS);
+	char *over_two = h + chunk - 4096, *mixed = h + 2 * chunk - 4096;
+	ck_assert_int_eq(cuMemcpyHtoDAsync(d, over_two, 8192, s), CUDA_ERROR_INVALID_VALUE);
+	ck_assert_int_eq(cuMemcpyHtoDAsync(d, mixed, 8192, s), CUDA_ERROR_INVALID_VALUE);
+	ck_assert_int_eq(cuMemcpyHtoD(d, mixed, 8192), CUDA_ERROR_INVALID_VALUE);
+	ck_assert_int_eq(cuMemcpyDtoH(mixed, d, 8192), CUDA_ERROR_INVALID_VALUE);
+	ck_assert_int_eq(cuMemcpyDtoHAsync(over_two, d, 8192, s), CUDA_ERROR_INVALID_VALUE);
+	ck_assert_int_eq(cuMemcpyAsync(d, (CUdeviceptr)(uintptr_t)mixed, 8192, s),
+			 CUDA_ERROR_INVALID_VALUE);
+	CUdeviceptr dsts[1] = {d}, srcs[1] = {(CUdeviceptr)(uintptr_t)mixed};
+	size_t sizes[1] = {8192}, idx = 0;
+	CUmemcpyAttributes a = {.srcAccessOrder = CU_MEMCPY_SRC_ACCESS_ORDER_STREAM};
+	ck_assert_int_eq(cuMemcpyBatchAsync(dsts, srcs, sizes, 1, &a, &idx, 1, s),
+			 CUDA_ERROR_INVALID_VALUE);
+	ck_assert_uint_eq(counter("mixed_copies"), 7);
+	/* Inside one registration, or wholly outside: fine. */
+	ck_assert_int_eq(cuMemcpyHtoDAsync(d, h + chunk, chunk, s), CUDA_SUCCESS);
+	ck_assert_int_eq(cuMemcpyHtoDAsync(d, h + 2 * chunk, chunk, s), CUDA_SUCCESS);
+	ck_assert_int_eq(cuStreamSynchronize(s), CUDA_SUCCESS);
+	ck_assert_uint_eq(counter("h2d_bytes_registered"), chunk);
+	ck_assert_uint_eq(counter("h2d_bytes_pageable"), chunk);
+	ck_assert_uint_eq(counter("mixed_copies"), 7);
+}
+END_TEST
+
+/* core: the legacy default stream waits for the context's blocking streams, not for its
+ * non-blocking ones. */
+START_TEST(legacy_stream_waits)
+{
+	setenv("FAKECUDA_ASYNC_DELAY_US", "0", 1);
+	setup();
+	CUdeviceptr d;
+	CUstream blocking, nonblocking;
+	char b[64];
+	unsigned us = 300000;
+	ck_assert_int_eq(cuMemAlloc(&d, 4096), CUDA_SUCCESS);
+	ck_assert_int_eq(cuStreamCreate(&blocking, CU_STREAM_DEFAULT), CUDA_SUCCESS);
+	ck_assert_int_eq(cuStreamCreate(&nonblocking, CU_STREAM_NON_BLOCKING), CUDA_SUCCESS);
+	ck_assert_int_eq(cuLaunchHostFunc(nonblocking, sleep_fn, &us), CUDA_SUCCESS);
+	double t0 = now_s();
+	ck_assert_int_eq(cuMemcpyDtoH(b, d, sizeof(b)), CUDA_SUCCESS);
+	ck_assert_msg(now_s() - t0 < 0.15, "waited for a non-blocking stream");
+	ck_assert_int_eq(cuStreamSynchronize(nonblocking), CUDA_SUCCESS);
+	ck_assert_int_eq(cuLaunchHostFunc(blocking, sleep_fn, &us), CUDA_SUCCESS);
+	t0 = now_s();
+	ck_assert_int_eq(cuMemcpyDtoH(b, d, sizeof(b)), CUDA_SUCCESS);
+	ck_assert_msg(now_s() - t0 > 0.25, "did not wait for the blocking stream");
+	ck_assert_uint_eq(counter("legacy_waits"), 1);
+	/* An asynchronous copy on a non-blocking stream of the program's does not wait. */
+	ck_assert_int_eq(cuLaunchHostFunc(blocking, sleep_fn, &us), CUDA_SUCCESS);
+	t0 = now_s();
+	ck_assert_int_eq(cuMemcpyDtoHAsync(b, d, sizeof(b), nonblocking), CUDA_SUCCESS);
+	ck_assert_int_eq(cuStreamSynchronize(nonblocking), CUDA_SUCCESS);
+	ck_assert_msg(now_s() - t0 < 0.15, "a non-blocking stream waited");
+}
+END_TEST
+
+struct hf {
+	unsigned us;
+	double at;
+};
+
+static void timed_fn(void *arg)
+{
+	struct hf *h = arg;
+	usleep(h->us);
+	h->at = now_s();
+}
+
+/* concurrency: host functions of independent streams may be serialized, and are here: one
+ * that blocks holds up another stream's; the longest is counted. */
+START_TEST(host_functions_serialized)
+{
+	setup();
+	CUstream a, b;
+	ck_assert_int_eq(cuStreamCreate(&a, CU_STREAM_NON_BLOCKING), CUDA_SUCCESS);
+	ck_assert_int_eq(cuStreamCreate(&b, CU_STREAM_NON_BLOCKING), CUDA_SUCCESS);
+	struct hf slow = {.us = 300000}, quick = {.us = 0};
+	double t0 = now_s();
+	ck_assert_int_eq(cuLaunchHostFunc(a, timed_fn, &slow), CUDA_SUCCESS);
+	usleep(20000);
+	ck_assert_int_eq(cuLaunchHostFunc(b, timed_fn, &quick), CUDA_SUCCESS);
+	ck_assert_int_eq(cuStreamSynchronize(b), CUDA_SUCCESS);
+	ck_assert_msg(quick.at - t0 > 0.28, "stream b's host function ran at %.3f s",
+		      quick.at - t0);
+	ck_assert_int_eq(cuStreamSynchronize(a), CUDA_SUCCESS);
+	ck_assert_uint_ge(counter("hostfn_max_us"), 290000);
+}
+END_TEST
+
+struct raiser {
+	volatile uint32_t *word;
+	unsigned us;
+};
+
+static void *raise_later(void *arg)
+{
+	struct raiser *r = arg;
+	usleep(r->us);
+	__atomic_store_n(r->word, 1, __ATOMIC_RELEASE);
+	return NULL;
+}
+
+/* core: cuStreamWaitValue32 on mapped host memory holds the stream until the host writes. */
+START_TEST(wait_value)
+{
+	setenv("FAKECUDA_ASYNC_DELAY_US", "0", 1);
+	setup();
+	CUstream s;
+	uint32_t *word;
+	CUdeviceptr dw;
+	int ran = 0;
+	ck_assert_int_eq(cuStreamCreate(&s, CU_STREAM_NON_BLOCKING), CUDA_SUCCESS);
+	ck_assert_int_eq(cuMemHostAlloc((void **)&word, 4096, CU_MEMHOSTALLOC_DEVICEMAP),
+			 CUDA_SUCCESS);
+	ck_assert_int_eq(cuMemHostGetDevicePointer(&dw, word, 0), CUDA_SUCCESS);
+	*word = 0;
+	uint32_t pageable = 0;
+	ck_assert_int_eq(cuStreamWaitValue32(s, (CUdeviceptr)(uintptr_t)&pageable, 1, 0),
+			 CUDA_ERROR_INVALID_VALUE); /* not mapped */
+	ck_assert_int_eq(cuStreamWaitValue32(s, dw, 1, CU_STREAM_WAIT_VALUE_GEQ), CUDA_SUCCESS);
+	ck_assert_int_eq(cuLaunchHostFunc(s, host_fn, &ran), CUDA_SUCCESS);
+	usleep(100000);
+	ck_assert_int_eq(cuStreamQuery(s), CUDA_ERROR_NOT_READY);
+	ck_assert_int_eq(ran, 0);
+	struct raiser r = {.word = word, .us = 50000};
+	pthread_t th;
+	pthread_create(&th, NULL, raise_later, &r);
+	ck_assert_int_eq(cuStreamSynchronize(s), CUDA_SUCCESS);
+	ck_assert_int_eq(ran, 1);
+	pthread_join(th, NULL);
+}
+END_TEST
+
+/* core: FAKECUDA_PAGEABLE_SYNC=1: a pageable async copy waits for the stream's earlier work
+ * ("may synchronize with the stream"); pinned ones and stream-ordered batches do not. */
+START_TEST(pageable_may_sync)
+{
+	setenv("FAKECUDA_ASYNC_DELAY_US", "0", 1);
+	setenv("FAKECUDA_PAGEABLE_SYNC", "1", 1);
+	setup();
+	CUdeviceptr d;
+	CUstream s;
+	static char src[4096];
+	void *pinned;
+	unsigned us = 300000;
+	ck_assert_int_eq(cuMemAlloc(&d, 4096), CUDA_SUCCESS);
+	ck_assert_int_eq(cuMemAllocHost(&pinned, 4096), CUDA_SUCCESS);
+	ck_assert_int_eq(cuStreamCreate(&s, CU_STREAM_NON_BLOCKING), CUDA_SUCCESS);
+	ck_assert_int_eq(cuLaunchHostFunc(s, sleep_fn, &us), CUDA_SUCCESS);
+	double t0 = now_s();
+	ck_assert_int_eq(cuMemcpyHtoDAsync(d, pinned, 4096, s), CUDA_SUCCESS);
+	CUdeviceptr dsts[1] = {d}, srcs[1] = {(CUdeviceptr)(uintptr_t)src};
+	size_t sizes[1] = {4096}, idx = 0;
+	CUmemcpyAttributes a = {.srcAccessOrder = CU_MEMCPY_SRC_ACCESS_ORDER_STREAM};
+	ck_assert_int_eq(cuMemcpyBatchAsync(dsts, srcs, sizes, 1, &a, &idx, 1, s), CUDA_SUCCESS);
+	ck_assert_msg(now_s() - t0 < 0.15, "a pinned copy or an ordered batch waited");
+	ck_assert_int_eq(cuMemcpyHtoDAsync(d, src, 4096, s), CUDA_SUCCESS);
+	ck_assert_msg(now_s() - t0 > 0.25, "the pageable copy did not wait for the stream");
+	ck_assert_int_eq(cuStreamSynchronize(s), CUDA_SUCCESS);
+}
+END_TEST
+
+/* crash: a reset primary context takes its streams, memory and registrations with it; the
+ * handle stays, with a new id.  Work queued behind a wait that never ends is dropped. */
+START_TEST(context_reset)
+{
+	CUcontext ctx = setup();
+	unsigned long long id0 = 0, id1 = 0;
+	ck_assert_int_eq(cuCtxGetId(ctx, &id0), CUDA_SUCCESS);
+	CUdeviceptr d;
+	CUstream s;
+	uint32_t *word;
+	CUdeviceptr dw;
+	char *h = mmap(NULL, 1 << 20, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+	ck_assert_int_eq(cuMemAlloc(&d, 4096), CUDA_SUCCESS);
+	ck_assert_int_eq(cuStreamCreate(&s, CU_STREAM_NON_BLOCKING), CUDA_SUCCESS);
+	ck_assert_int_eq(cuMemHostRegister(h, 1 << 20, 0), CUDA_SUCCESS);
+	ck_assert_int_eq(cuMemHostAlloc((void **)&word, 4096, CU_MEMHOSTALLOC_DEVICEMAP),
+			 CUDA_SUCCESS);
+	ck_assert_int_eq(cuMemHostGetDevicePointer(&dw, word, 0), CUDA_SUCCESS);
+	*word = 0;
+	ck_assert_int_eq(cuStreamWaitValue32(s, dw, 1, 0), CUDA_SUCCESS); /* never raised */
+	ck_assert_uint_eq(counter("registered_bytes"), 1 << 20);
+	ck_assert_int_eq(cuDevicePrimaryCtxReset(0), CUDA_SUCCESS);
+	ck_assert_int_eq(cuCtxGetId(ctx, &id1), CUDA_SUCCESS);
+	ck_assert_uint_ne(id0, id1);
+	ck_assert_uint_eq(counter("registered_bytes"), 0);
+	ck_assert_int_eq(cuStreamSynchronize(s), CUDA_ERROR_INVALID_HANDLE);
+	char b[16];
+	ck_assert_int_eq(cuMemcpyHtoD(d, b, sizeof(b)), CUDA_ERROR_INVALID_VALUE);
+	ck_assert_int_eq(cuMemHostUnregister(h), CUDA_ERROR_HOST_MEMORY_NOT_REGISTERED);
+	/* A context created and destroyed: its id is asked in vain. */
+	CUcontext c2;
+	ck_assert_int_eq(cuCtxCreate(&c2, NULL, 0, 0), CUDA_SUCCESS);
+	ck_assert_int_eq(cuCtxDestroy(c2), CUDA_SUCCESS);
+	ck_assert_int_eq(cuCtxGetId(c2, &id1), CUDA_ERROR_INVALID_CONTEXT);
+}
+END_TEST
+
+/* core: work enqueued on a capturing stream does not run. */
+START_TEST(capture_drops_work)
+{
+	setup();
+	CUstream s;
+	int ran = 0;
+	CUstreamCaptureStatus st = 99;
+	CUgraph g;
+	ck_assert_int_eq(cuStreamCreate(&s, CU_STREAM_NON_BLOCKING), CUDA_SUCCESS);
+	ck_assert_int_eq(cuStreamBeginCapture(s, CU_STREAM_CAPTURE_MODE_GLOBAL), CUDA_SUCCESS);
+	ck_assert_int_eq(cuStreamIsCapturing(s, &st), CUDA_SUCCESS);
+	ck_assert_int_eq(st, CU_STREAM_CAPTURE_STATUS_ACTIVE);
+	ck_assert_int_eq(cuLaunchHostFunc(s, host_fn, &ran), CUDA_SUCCESS);
+	ck_assert_int_eq(cuStreamEndCapture(s, &g), CUDA_SUCCESS);
+	ck_assert_int_eq(cuStreamIsCapturing(s, &st), CUDA_SUCCESS);
+	ck_assert_int_eq(st, CU_STREAM_CAPTURE_STATUS_NONE);
+	ck_assert_int_eq(cuStreamSynchronize(s), CUDA_SUCCESS);
+	ck_assert_int_eq(ran, 0);
+}
+END_TEST
+
 /* concurrency: host functions and events run in stream order. */
 START_TEST(stream_order)
 {
@@ -338,12 +591,19 @@ static Suite *fakecuda_suite(void)
 	tcase_add_test(core, fail_syntax);
 	tcase_add_test(core, pointer_attributes);
 	tcase_add_test(core, proc_address);
+	tcase_add_test(core, mixed_registration);
+	tcase_add_test(core, legacy_stream_waits);
+	tcase_add_test(core, wait_value);
+	tcase_add_test(core, pageable_may_sync);
+	tcase_add_test(core, capture_drops_work);
 	suite_add_tcase(s, core);
 	TCase *conc = tcase_create("concurrency");
 	tcase_add_test(conc, stream_order);
+	tcase_add_test(conc, host_functions_serialized);
 	suite_add_tcase(s, conc);
 	TCase *crash = tcase_create("crash");
 	tcase_add_test(crash, fork_and_stats);
+	tcase_add_test(crash, context_reset);
 	suite_add_tcase(s, crash);
 	return s;
 }

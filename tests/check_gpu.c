@@ -253,11 +253,16 @@ START_TEST(register_background)
 			    MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
 	ck_assert_ptr_ne(region, MAP_FAILED);
 	ck_assert(!kvs_gpu_pinned(g, region, 4096)); /* before the registration starts */
-	kvs_gpu_register_region(g, region, len, NULL, NULL);
-	kvs_gpu_register_region(g, region, len, NULL, NULL); /* once per process */
+	kvs_gpu_register_region(g, region, len, 0, NULL, NULL);
+	kvs_gpu_register_region(g, region, len, 0, NULL, NULL); /* once per process */
 	ck_assert(wait_registered(g, len));
 	ck_assert_int_eq(kvs_gpu_register_error(g), 0);
-	ck_assert(kvs_gpu_pinned(g, region, len));
+	for (size_t off = 0; off < len; off += 64 << 20) /* each chunk, a registration of its own */
+		ck_assert(kvs_gpu_pinned(g, (char *)region + off,
+					 len - off < (64 << 20) ? len - off : 64 << 20));
+	/* A copy over two registrations is not documented as pinned: not promised. */
+	ck_assert(!kvs_gpu_pinned(g, region, len));
+	ck_assert(!kvs_gpu_pinned(g, (char *)region + (64 << 20) - 4096, 8192));
 	ck_assert(kvs_gpu_pinned(g, (char *)region + len - 1, 1));
 	ck_assert(!kvs_gpu_pinned(g, (char *)region + len - 1, 2)); /* past the region */
 	ck_assert(!kvs_gpu_pinned(g, (char *)region - 1, 2));
@@ -292,7 +297,7 @@ START_TEST(register_follows_pages)
 	ck_assert_ptr_ne(region, MAP_FAILED);
 	atomic_store(&chunk_ready[0], true);
 	atomic_store(&chunk_ready[2], true);
-	kvs_gpu_register_region(g, region, len, ready_chunks, NULL);
+	kvs_gpu_register_region(g, region, len, 0, ready_chunks, NULL);
 	ck_assert(wait_registered(g, 2 * (64 << 20)));
 	usleep(700000); /* a rescan finds nothing new */
 	ck_assert_uint_eq(kvs_gpu_registered_bytes(g), 2 * (64 << 20));
@@ -303,7 +308,8 @@ START_TEST(register_follows_pages)
 	atomic_store(&chunk_ready[1], true);
 	atomic_store(&chunk_ready[3], true);
 	ck_assert(wait_registered(g, len)); /* within a rescan or two */
-	ck_assert(kvs_gpu_pinned(g, region, len));
+	for (int i = 0; i < 4; i++)
+		ck_assert(kvs_gpu_pinned(g, (char *)region + i * (64 << 20), 64 << 20));
 	ck_assert_int_eq(kvs_gpu_register_error(g), 0);
 	kvs_gpu_close(g);
 	ck_assert_uint_eq(counter("registered_bytes"), 0);
@@ -319,7 +325,7 @@ START_TEST(register_waits_for_context)
 			    MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
 	CUdeviceptr d = dev_alloc(4096);
 	ck_assert_int_eq(cuCtxSetCurrent(NULL), CUDA_SUCCESS);
-	kvs_gpu_register_region(g, region, len, NULL, NULL);
+	kvs_gpu_register_region(g, region, len, 0, NULL, NULL);
 	usleep(100000);
 	ck_assert_uint_eq(kvs_gpu_registered_bytes(g), 0);
 	struct kvs_gpu_ptr ptr;
@@ -329,14 +335,15 @@ START_TEST(register_waits_for_context)
 }
 END_TEST
 
-START_TEST(register_failure_stops)
+/* A registration the driver keeps refusing: reported, the rest of the region pageable. */
+START_TEST(register_failure_reported)
 {
 	setenv("FAKECUDA_FAIL", "cuMemHostRegister_v2:2=2", 1);
 	struct kvs_gpu *g = setup(true);
 	size_t len = 4 * (64 << 20);
 	void *region = mmap(NULL, len, PROT_READ | PROT_WRITE,
 			    MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
-	kvs_gpu_register_region(g, region, len, NULL, NULL);
+	kvs_gpu_register_region(g, region, len, 0, NULL, NULL);
 	for (int i = 0; i < 500 && kvs_gpu_register_error(g) == 0; i++)
 		usleep(10000);
 	ck_assert_int_eq(kvs_gpu_register_error(g), -ENOMEM);
@@ -353,6 +360,314 @@ START_TEST(register_failure_stops)
 }
 END_TEST
 
+/* A refusal is transient (memory pressure, a page gone): the chunk is tried again, with a
+ * backoff, and the whole region ends up registered; the error is cleared then. */
+START_TEST(register_retries)
+{
+	setenv("FAKECUDA_FAIL", "cuMemHostRegister_v2:2-3=2", 1); /* calls 2 and 3 refused */
+	struct kvs_gpu *g = setup(true);
+	size_t len = 4 * (64 << 20);
+	void *region = mmap(NULL, len, PROT_READ | PROT_WRITE,
+			    MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+	kvs_gpu_register_region(g, region, len, 0, NULL, NULL);
+	for (int i = 0; i < 500 && kvs_gpu_register_error(g) == 0; i++)
+		usleep(10000);
+	ck_assert_int_eq(kvs_gpu_register_error(g), -ENOMEM); /* seen while it lasts */
+	ck_assert(wait_registered(g, len));		      /* 0.5 s, then 1 s of backoff */
+	ck_assert_int_eq(kvs_gpu_register_error(g), 0);
+	for (int i = 0; i < 4; i++)
+		ck_assert(kvs_gpu_pinned(g, (char *)region + i * (64 << 20), 64 << 20));
+	ck_assert_uint_eq(counter("host_register_calls"), 4); /* refusals are not counted */
+	unsetenv("FAKECUDA_FAIL");
+	kvs_gpu_close(g);
+}
+END_TEST
+
+/* Frames of 3 MiB, which do not divide 64 MiB: a registration is 66 MiB (22 frames), so the
+ * frame at 63 MiB lies inside the first one.  With 64 MiB registrations it would straddle a
+ * registered and an unregistered range, and the driver refuses such a copy (INVALID_VALUE). */
+START_TEST(register_whole_frames)
+{
+	struct kvs_gpu *g = setup(true);
+	size_t frame = 3 << 20, len = 44 * frame; /* two registrations of 22 frames */
+	char *region = mmap(NULL, len, PROT_READ | PROT_WRITE,
+			    MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+	ck_assert_ptr_ne(region, MAP_FAILED);
+	atomic_store(&chunk_ready[0], true); /* ready_chunks counts in 64 MiB: [0, 64 MiB) */
+	atomic_store(&chunk_ready[1], true); /* and [64, 128 MiB): covers the first 66 MiB */
+	kvs_gpu_register_region(g, region, len, frame, ready_chunks, NULL);
+	ck_assert(wait_registered(g, 22 * frame));
+	char *slot21 = region + 21 * frame; /* [63 MiB, 66 MiB) */
+	ck_assert(kvs_gpu_pinned(g, slot21, frame));
+	ck_assert(!kvs_gpu_pinned(g, slot21, 2 * frame)); /* into the second registration */
+	memset(slot21, 's', frame);
+	CUdeviceptr d = dev_alloc(frame);
+	struct kvs_gpu_ptr dst;
+	struct kvs_gpu_copy cp;
+	ck_assert_int_eq(kvs_gpu_classify(g, d, frame, &dst), 0);
+	ck_assert_int_eq(kvs_gpu_copy_begin(g, &dst, &cp), 0);
+	ck_assert_int_eq(kvs_gpu_copy(&cp, 0, slot21, frame), 0);
+	ck_assert_int_eq(kvs_gpu_fence(&cp), 0);
+	unsigned char *view = fakecuda_host_view(d, frame);
+	ck_assert_int_eq(view[0], 's');
+	ck_assert_int_eq(view[frame - 1], 's');
+	ck_assert_uint_eq(counter("mixed_copies"), 0);
+	ck_assert_uint_eq(counter("h2d_bytes_registered"), frame);
+	kvs_gpu_close(g);
+}
+END_TEST
+
+/* At exit: the thread stops and is joined, nothing is registered after, and copies from the
+ * region still work (other threads may still be serving while exit runs). */
+START_TEST(register_quiesce)
+{
+	struct kvs_gpu *g = setup(true);
+	size_t len = 4 * (64 << 20);
+	char *region = mmap(NULL, len, PROT_READ | PROT_WRITE,
+			    MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+	atomic_store(&chunk_ready[0], true);
+	kvs_gpu_register_region(g, region, len, 0, ready_chunks, NULL);
+	ck_assert(wait_registered(g, 64 << 20));
+	kvs_gpu_quiesce(g);
+	kvs_gpu_quiesce(g); /* idempotent */
+	atomic_store(&chunk_ready[1], true);
+	usleep(1200000); /* two rescans would have registered it */
+	ck_assert_uint_eq(kvs_gpu_registered_bytes(g), 64 << 20);
+	ck_assert(kvs_gpu_pinned(g, region, 4096));
+	CUdeviceptr d = dev_alloc(4096);
+	struct kvs_gpu_ptr dst;
+	struct kvs_gpu_copy cp;
+	memset(region, 'q', 4096);
+	ck_assert_int_eq(kvs_gpu_classify(g, d, 4096, &dst), 0);
+	ck_assert_int_eq(kvs_gpu_copy_begin(g, &dst, &cp), 0);
+	ck_assert_int_eq(kvs_gpu_copy(&cp, 0, region, 4096), 0);
+	ck_assert_int_eq(kvs_gpu_fence(&cp), 0);
+	ck_assert_int_eq(*(char *)fakecuda_host_view(d, 1), 'q');
+	kvs_gpu_close(g);
+	ck_assert_uint_eq(counter("registered_bytes"), 0);
+}
+END_TEST
+
+/* The program resets its primary context (cudaDeviceReset) and carries on in the new one, at
+ * the same address: the module's stream and the registrations died with the old one.  The
+ * next session makes a new stream, and the registration starts over. */
+START_TEST(context_reset)
+{
+	struct kvs_gpu *g = setup(true);
+	size_t len = 64 << 20;
+	char *region = mmap(NULL, len, PROT_READ | PROT_WRITE,
+			    MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+	CUdeviceptr d = dev_alloc(4096);
+	struct kvs_gpu_ptr dst;
+	struct kvs_gpu_copy cp;
+	ck_assert_int_eq(kvs_gpu_classify(g, d, 4096, &dst), 0);
+	ck_assert_int_eq(kvs_gpu_copy_begin(g, &dst, &cp), 0);
+	kvs_gpu_register_region(g, region, len, 0, NULL, NULL);
+	ck_assert(wait_registered(g, len));
+	ck_assert(kvs_gpu_pinned(g, region, 4096));
+
+	ck_assert_int_eq(cuDevicePrimaryCtxReset(0), CUDA_SUCCESS);
+	CUcontext again;
+	ck_assert_int_eq(cuDevicePrimaryCtxRetain(&again, 0), CUDA_SUCCESS);
+	ck_assert_ptr_eq(again, ctx0); /* the same handle, another context */
+	ck_assert_uint_eq(counter("registered_bytes"), 0);
+	d = dev_alloc(4096);
+	ck_assert_int_eq(kvs_gpu_classify(g, d, 4096, &dst), 0);
+	ck_assert_int_eq(kvs_gpu_copy_begin(g, &dst, &cp), 0);
+	ck_assert(!kvs_gpu_pinned(g, region, 4096)); /* not what the driver thinks any more */
+	memset(region, 'r', 4096);
+	ck_assert_int_eq(kvs_gpu_copy(&cp, 0, region, 4096), 0);
+	ck_assert_int_eq(kvs_gpu_fence(&cp), 0);
+	ck_assert_int_eq(*(char *)fakecuda_host_view(d, 1), 'r');
+	ck_assert(wait_registered(g, len)); /* registered again, in the new context */
+	ck_assert(kvs_gpu_pinned(g, region, 4096));
+	ck_assert_uint_eq(counter("registered_bytes"), len);
+	kvs_gpu_close(g);
+}
+END_TEST
+
+static void sleep_fn(void *arg)
+{
+	usleep(*(unsigned *)arg);
+}
+
+static double now_s(void)
+{
+	struct timespec ts;
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
+/* A cuFileWrite's device bytes are copied on the module's stream: a program's blocking stream
+ * that is busy is not waited for (the legacy default stream would wait for it). */
+START_TEST(copy_to_host_own_stream)
+{
+	setenv("FAKECUDA_ASYNC_DELAY_US", "0", 1);
+	struct kvs_gpu *g = setup(false);
+	CUdeviceptr d = dev_alloc(8192);
+	ck_assert_int_eq(cuMemsetD8(d, 'w', 8192), CUDA_SUCCESS);
+	CUstream busy;
+	ck_assert_int_eq(cuStreamCreate(&busy, CU_STREAM_DEFAULT), CUDA_SUCCESS); /* blocking */
+	unsigned us = 400000;
+	ck_assert_int_eq(cuLaunchHostFunc(busy, sleep_fn, &us), CUDA_SUCCESS);
+	struct kvs_gpu_ptr src;
+	ck_assert_int_eq(kvs_gpu_classify(g, d, 8192, &src), 0);
+	char buf[4096] = {0};
+	double t0 = now_s();
+	ck_assert_int_eq(kvs_gpu_copy_to_host(g, &src, 4096, buf, sizeof(buf)), 0);
+	double took = now_s() - t0;
+	ck_assert_int_eq(buf[0], 'w');
+	ck_assert_int_eq(buf[4095], 'w');
+	ck_assert_msg(took < 0.2, "copy_to_host waited %.3f s for the program's stream", took);
+	ck_assert_uint_eq(counter("legacy_waits"), 0);
+	ck_assert_int_eq(cuStreamSynchronize(busy), CUDA_SUCCESS);
+	kvs_gpu_close(g);
+}
+END_TEST
+
+struct raiser {
+	struct kvs_gpu_gate gate;
+	unsigned us;
+};
+
+static void *raise_later(void *arg)
+{
+	struct raiser *r = arg;
+	usleep(r->us);
+	kvs_gpu_gate_raise(&r->gate);
+	return NULL;
+}
+
+struct release_arg {
+	struct kvs_gpu *g;
+	struct kvs_gpu_gate gate;
+	int ran;
+};
+
+static void release_fn(void *arg)
+{
+	struct release_arg *a = arg;
+	kvs_gpu_gate_release(a->g, &a->gate);
+	a->ran = 1;
+}
+
+/* A gate holds the work behind it on the stream until the host raises it; a batch behind it
+ * that reads its source in stream order reads it after the raise (a pageable source). */
+START_TEST(gate_holds_stream)
+{
+	setenv("FAKECUDA_ASYNC_DELAY_US", "0", 1);
+	struct kvs_gpu *g = setup(false);
+	CUdeviceptr d = dev_alloc(4096);
+	CUstream s;
+	ck_assert_int_eq(cuStreamCreate(&s, CU_STREAM_NON_BLOCKING), CUDA_SUCCESS);
+	struct kvs_gpu_ptr dst;
+	ck_assert_int_eq(kvs_gpu_classify(g, d, 4096, &dst), 0);
+	static char src[4096];
+	memset(src, 'o', sizeof(src)); /* old bytes: what the slot holds before its load */
+	struct raiser r = {.us = 200000};
+	ck_assert_int_eq(kvs_gpu_gate_wait(g, s, &dst, &r.gate), 0);
+	const uint64_t off[1] = {0};
+	const void *srcs[1] = {src};
+	const size_t lens[1] = {sizeof(src)};
+	ck_assert_int_eq(
+	    kvs_gpu_copy_many_on_stream(g, s, &dst, 1, off, srcs, lens, KVS_GPU_READ_IN_ORDER), 0);
+	struct release_arg rel = {.g = g, .gate = r.gate};
+	ck_assert_int_eq(kvs_gpu_host_func(g, s, &dst, release_fn, &rel), 0);
+	pthread_t th;
+	pthread_create(&th, NULL, raise_later, &r);
+	usleep(50000);
+	ck_assert_int_eq(cuStreamQuery(s), CUDA_ERROR_NOT_READY); /* held */
+	memset(src, 'n', sizeof(src));				  /* the load lands */
+	pthread_join(th, NULL);
+	ck_assert_int_eq(cuStreamSynchronize(s), CUDA_SUCCESS);
+	ck_assert_int_eq(rel.ran, 1);
+	ck_assert_int_eq(*(char *)fakecuda_host_view(d, 1), 'n');
+	/* Every gate can be taken and given back; taken, none is left. */
+	struct kvs_gpu_gate all[1024], extra;
+	for (int i = 0; i < 1024; i++) {
+		ck_assert_int_eq(kvs_gpu_gate_wait(g, s, &dst, &all[i]), 0);
+		kvs_gpu_gate_raise(&all[i]);
+	}
+	ck_assert_int_eq(kvs_gpu_gate_wait(g, s, &dst, &extra), -ENOSPC);
+	ck_assert_int_eq(cuStreamSynchronize(s), CUDA_SUCCESS);
+	for (int i = 0; i < 1024; i++)
+		kvs_gpu_gate_release(g, &all[i]);
+	ck_assert_int_eq(kvs_gpu_gate_wait(g, s, &dst, &extra), 0);
+	kvs_gpu_gate_raise(&extra);
+	ck_assert_int_eq(cuStreamSynchronize(s), CUDA_SUCCESS);
+	kvs_gpu_close(g);
+}
+END_TEST
+
+/* A batch on a caller's stream: in order reads a pageable source when the stream reaches it,
+ * at the call reads it during the call and never waits for the stream. */
+START_TEST(batch_on_stream_order)
+{
+	setenv("FAKECUDA_ASYNC_DELAY_US", "0", 1);
+	struct kvs_gpu *g = setup(false);
+	ck_assert(kvs_gpu_has_batch(g));
+	CUdeviceptr d = dev_alloc(8192);
+	CUstream s;
+	ck_assert_int_eq(cuStreamCreate(&s, CU_STREAM_NON_BLOCKING), CUDA_SUCCESS);
+	struct kvs_gpu_ptr dst;
+	ck_assert_int_eq(kvs_gpu_classify(g, d, 8192, &dst), 0);
+	static char a[4096], b[4096];
+	memset(a, 'a', sizeof(a));
+	memset(b, 'b', sizeof(b));
+	unsigned us = 200000;
+	ck_assert_int_eq(cuLaunchHostFunc(s, sleep_fn, &us), CUDA_SUCCESS);
+	const uint64_t off[2] = {0, 4096};
+	const void *srcs[2] = {a, b};
+	const size_t lens[2] = {4096, 4096};
+	double t0 = now_s();
+	ck_assert_int_eq(
+	    kvs_gpu_copy_many_on_stream(g, s, &dst, 1, off, srcs, lens, KVS_GPU_READ_IN_ORDER), 0);
+	ck_assert_int_eq(kvs_gpu_copy_many_on_stream(g, s, &dst, 1, off + 1, srcs + 1, lens + 1,
+						     KVS_GPU_READ_AT_CALL),
+			 0);
+	ck_assert_msg(now_s() - t0 < 0.1, "the batches waited for the stream");
+	memset(a, 'A', sizeof(a)); /* before the stream gets there: read in order */
+	memset(b, 'B', sizeof(b)); /* read at the call already */
+	ck_assert_int_eq(cuStreamSynchronize(s), CUDA_SUCCESS);
+	ck_assert_int_eq(*(char *)fakecuda_host_view(d, 1), 'A');
+	ck_assert_int_eq(*(char *)fakecuda_host_view(d + 4096, 1), 'b');
+	ck_assert_int_eq(
+	    kvs_gpu_copy_many_on_stream(g, s, &dst, 65, off, srcs, lens, KVS_GPU_READ_AT_CALL),
+	    -E2BIG);
+	kvs_gpu_close(g);
+}
+END_TEST
+
+/* A capturing stream is told apart; a device pointer's context made current and back. */
+START_TEST(capture_and_push)
+{
+	struct kvs_gpu *g = setup(false);
+	CUdeviceptr d = dev_alloc(4096);
+	CUstream s;
+	ck_assert_int_eq(cuStreamCreate(&s, CU_STREAM_NON_BLOCKING), CUDA_SUCCESS);
+	struct kvs_gpu_ptr dst;
+	ck_assert_int_eq(kvs_gpu_classify(g, d, 4096, &dst), 0);
+	ck_assert_int_eq(kvs_gpu_stream_capturing(g, s, &dst), 0);
+	ck_assert_int_eq(cuStreamBeginCapture(s, CU_STREAM_CAPTURE_MODE_GLOBAL), CUDA_SUCCESS);
+	ck_assert_int_eq(kvs_gpu_stream_capturing(g, s, &dst), 1);
+	CUgraph graph;
+	ck_assert_int_eq(cuStreamEndCapture(s, &graph), CUDA_SUCCESS);
+	ck_assert_int_eq(kvs_gpu_stream_capturing(g, s, &dst), 0);
+
+	ck_assert_int_eq(cuCtxSetCurrent(NULL), CUDA_SUCCESS);
+	CUcontext cur = (CUcontext)1;
+	ck_assert_int_eq(kvs_gpu_ctx_push(g, &dst), 0);
+	ck_assert_int_eq(cuCtxGetCurrent(&cur), CUDA_SUCCESS);
+	ck_assert_ptr_eq(cur, ctx0);
+	kvs_gpu_ctx_pop(g);
+	ck_assert_int_eq(cuCtxGetCurrent(&cur), CUDA_SUCCESS);
+	ck_assert_ptr_null(cur);
+	struct kvs_gpu_ptr host = {.kind = KVS_MEM_HOST};
+	ck_assert_int_eq(kvs_gpu_ctx_push(g, &host), -EINVAL);
+	kvs_gpu_close(g);
+}
+END_TEST
+
 /* The fork child forgets without a single driver call, even mid-registration. */
 START_TEST(forget_after_fork)
 {
@@ -361,7 +676,7 @@ START_TEST(forget_after_fork)
 	size_t len = 64 << 20;
 	void *region = mmap(NULL, len, PROT_READ | PROT_WRITE,
 			    MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
-	kvs_gpu_register_region(g, region, len, NULL, NULL);
+	kvs_gpu_register_region(g, region, len, 0, NULL, NULL);
 	CUdeviceptr d = dev_alloc(4096);
 	struct kvs_gpu_ptr dst;
 	struct kvs_gpu_copy cp;
@@ -491,7 +806,15 @@ static Suite *gpu_suite(void)
 	tcase_add_test(core, register_background);
 	tcase_add_test(core, register_follows_pages);
 	tcase_add_test(core, register_waits_for_context);
-	tcase_add_test(core, register_failure_stops);
+	tcase_add_test(core, register_failure_reported);
+	tcase_add_test(core, register_retries);
+	tcase_add_test(core, register_whole_frames);
+	tcase_add_test(core, register_quiesce);
+	tcase_add_test(core, context_reset);
+	tcase_add_test(core, copy_to_host_own_stream);
+	tcase_add_test(core, gate_holds_stream);
+	tcase_add_test(core, batch_on_stream_order);
+	tcase_add_test(core, capture_and_push);
 	tcase_add_test(core, streams_per_context);
 	suite_add_tcase(s, core);
 	TCase *conc = tcase_create("concurrency");

@@ -24,6 +24,32 @@
  *    cuPointerGetAttribute reports it as CU_MEMORYTYPE_DEVICE with IS_MANAGED = 1.
  *  - A fork child of a process that called cuInit gets CUDA_ERROR_NOT_INITIALIZED from every
  *    entry point, and the call is counted as forked_calls (its other counters start at zero).
+ *  - What NVIDIA documents and a test here must not pass without:
+ *    . "Memory regions spanning over allocations that are both registered and not registered
+ *      with CUDA are not supported and will return CUDA_ERROR_INVALID_VALUE" (the memcpy
+ *      note of cuda.h): a copy whose host side is partly inside a registration (or
+ *      cuMemHostAlloc memory) fails so.  A copy over two registrations is not documented; the
+ *      fake refuses it the same way, so that nothing that passes here can depend on it.
+ *      Counted as mixed_copies.
+ *    . The legacy default stream (stream 0, CU_STREAM_LEGACY, and the synchronous copies)
+ *      "first waits on all blocking streams" of the context: work on it runs inline only once
+ *      every stream created without CU_STREAM_NON_BLOCKING in the current context is idle.
+ *    . "Host functions without a mandated order (such as in independent streams) execute in
+ *      undefined order and may be serialized": every host function of the process runs on one
+ *      callback thread, one at a time, so one that blocks holds up every stream's.  The
+ *      longest one run is counted as hostfn_max_us.
+ *    . A context reset (cuDevicePrimaryCtxReset) or destroyed takes its streams, allocations
+ *      and registrations with it; the primary context keeps its handle (the address may be
+ *      reused) but gets a new cuCtxGetId.
+ *    . Stream capture (cuStreamBeginCapture ... cuStreamEndCapture): work enqueued on a
+ *      capturing stream is not run (it would run when a graph is launched, which the fake has
+ *      not); cuStreamIsCapturing says so.
+ *    . cuStreamWaitValue32 on mapped host memory: the stream waits until the word is >= the
+ *      value (cyclic), as the host writes it.
+ *    . With FAKECUDA_PAGEABLE_SYNC=1, a pageable asynchronous copy first waits for the
+ *      stream's earlier work, then stages ("the driver may synchronize with the stream and
+ *      stage the copy into pinned memory"); by default it stages at once without waiting, the
+ *      other permitted behaviour, which catches code that counts on stream order instead.
  *
  * Environment:
  *  FAKECUDA_DEVICES=N          devices (default 1)
@@ -31,13 +57,15 @@
  *                              halved until the reservation succeeds)
  *  FAKECUDA_ASYNC_DELAY_US=US  delay before each asynchronous copy (default 2000), read by cuInit
  *  FAKECUDA_MISSING=1          cuInit returns CUDA_ERROR_NO_DEVICE
- *  FAKECUDA_FAIL=RULE[,RULE..] RULE is NAME[:FROM][=CODE]: calls of entry point NAME fail with
- *                              CUresult CODE (default 999, CUDA_ERROR_UNKNOWN) from its FROM-th
- *                              call on (1-based, default 1).  NAME is the exported name
+ *  FAKECUDA_FAIL=RULE[,RULE..] RULE is NAME[:FROM[-TO]][=CODE]: calls of entry point NAME
+ *                              fail with CUresult CODE (default 999, CUDA_ERROR_UNKNOWN) from
+ *                              its FROM-th call on (1-based, default 1), up to its TO-th call
+ *                              (default: for ever).  NAME is the exported name
  *                              (cuMemcpyHtoDAsync_v2); a plain name (cuMemcpyHtoDAsync) also
  *                              matches its versions.  Read at every call: a changed value
  *                              starts the counts again.
- *                              Example: "cuMemcpyHtoDAsync_v2,cuMemHostRegister_v2:3=2".
+ *                              Example: "cuMemcpyHtoDAsync_v2,cuMemHostRegister_v2:3-4=2".
+ *  FAKECUDA_PAGEABLE_SYNC=1    see above: a pageable async copy waits for its stream first
  *  FAKECUDA_STACK_KB=KB        every entry point uses KB KiB of its caller's stack first (a
  *                              real driver's call chains are deep): a thread with a small stack
  *                              faults
@@ -86,7 +114,10 @@
 	X(registered_bytes)                                                                        \
 	X(stream_syncs)                                                                            \
 	X(batch_copies)                                                                            \
-	X(forked_calls)
+	X(forked_calls)                                                                            \
+	X(mixed_copies)                                                                            \
+	X(hostfn_max_us)                                                                           \
+	X(legacy_waits)
 
 enum {
 #define X(n) C_##n,
@@ -126,6 +157,7 @@ struct CUctx_st {
 	int device;
 	bool primary;
 	int refs;
+	unsigned long long id; /* cuCtxGetId: new after a reset */
 	struct CUctx_st *next;
 };
 
@@ -135,7 +167,7 @@ struct CUevent_st {
 	struct CUevent_st *next;
 };
 
-enum optype { OP_COPY, OP_HOSTFN, OP_RECORD, OP_WAIT };
+enum optype { OP_COPY, OP_HOSTFN, OP_RECORD, OP_WAIT, OP_WAITVAL };
 
 struct op {
 	struct op *next;
@@ -147,23 +179,29 @@ struct op {
 	CUhostFn fn;
 	void *arg;
 	struct CUevent_st *ev;
+	volatile uint32_t *word; /* OP_WAITVAL: wait until the condition holds */
+	uint32_t value;
+	unsigned flags;
 };
 
 struct CUstream_st {
 	uint32_t magic;
 	CUcontext ctx;
+	unsigned flags;		/* CU_STREAM_NON_BLOCKING or not */
+	_Atomic bool capturing; /* between cuStreamBeginCapture and cuStreamEndCapture */
 	pthread_mutex_t mu;
 	pthread_cond_t cv;
 	struct op *head, *tail;
 	unsigned pending; /* queued or running, under mu */
 	bool worker, stop;
+	_Atomic bool killed; /* its context went away: queued work is dropped */
 	pthread_t th;
 	struct CUstream_st *next;
 };
 
 struct rule {
 	char name[64];
-	unsigned from;
+	unsigned from, to; /* to 0: no end */
 	CUresult code;
 	unsigned calls;
 };
@@ -176,6 +214,8 @@ static unsigned delay_us = 2000;
 static struct alloc *allocs;
 static size_t nallocs, allocs_cap;
 static unsigned long long next_id = 1;
+static unsigned long long next_ctx_id = 1; /* under lk */
+static bool pageable_sync;		   /* FAKECUDA_PAGEABLE_SYNC=1, read by cuInit */
 static unsigned char *dev_base, *shadow;
 static size_t arena_size, arena_used;
 static struct CUctx_st *ctxs;
@@ -213,6 +253,9 @@ static void parse_rules(const char *spec)
 		if (colon) {
 			*colon = 0;
 			r->from = (unsigned)atoi(colon + 1);
+			char *dash = strchr(colon + 1, '-');
+			if (dash)
+				r->to = (unsigned)atoi(dash + 1);
 		}
 		snprintf(r->name, sizeof(r->name), "%s", tok);
 		if (r->name[0])
@@ -267,7 +310,9 @@ static CUresult enter(const char *fn, bool need_init)
 	for (int i = 0; i < nrules && rc == CUDA_SUCCESS; i++) {
 		if (!rule_matches(rules[i].name, fn))
 			continue;
-		if (++rules[i].calls >= rules[i].from)
+		++rules[i].calls;
+		if (rules[i].calls >= rules[i].from &&
+		    (!rules[i].to || rules[i].calls <= rules[i].to))
 			rc = rules[i].code;
 	}
 	pthread_mutex_unlock(&lk);
@@ -350,17 +395,32 @@ static void *dev_shadow(uintptr_t p, size_t len)
 	return r;
 }
 
-/* Is host range [p, p+len) pinned (registered or cuMemHostAlloc'ed)? */
+enum host_state { H_PAGEABLE, H_PINNED, H_MIXED };
+
+/* Host range [p, p+len): pageable (no registration or cuMemHostAlloc memory touches it),
+ * pinned (all inside one), or mixed (partly inside one, or over two: the driver refuses the
+ * copy with CUDA_ERROR_INVALID_VALUE). */
+static enum host_state host_state(uintptr_t p, size_t len)
+{
+	enum host_state r = H_PAGEABLE;
+	int touching = 0;
+	pthread_mutex_lock(&lk);
+	for (size_t i = 0; i < nallocs; i++) {
+		struct alloc *a = &allocs[i];
+		if (a->kind != A_REGISTERED && a->kind != A_HOSTALLOC)
+			continue;
+		if (!(p < a->base + a->size && a->base < p + (len ? len : 1)))
+			continue;
+		touching++;
+		r = p >= a->base && len <= a->size - (p - a->base) ? H_PINNED : H_MIXED;
+	}
+	pthread_mutex_unlock(&lk);
+	return touching > 1 ? H_MIXED : r;
+}
+
 static bool host_pinned(uintptr_t p, size_t len)
 {
-	bool r = false;
-	pthread_mutex_lock(&lk);
-	struct alloc *a = find_locked(p);
-	if (a && (a->kind == A_REGISTERED || a->kind == A_HOSTALLOC) &&
-	    len <= a->size - (p - a->base))
-		r = true;
-	pthread_mutex_unlock(&lk);
-	return r;
+	return host_state(p, len) == H_PINNED;
 }
 
 /* Resolve a unified address for cuMemcpy: device memory to its shadow, anything else as is. */
@@ -479,6 +539,7 @@ CUresult CUDAAPI cuInit(unsigned int Flags)
 		if (ndevices > MAX_DEVICES)
 			ndevices = MAX_DEVICES;
 		delay_us = (unsigned)env_ull("FAKECUDA_ASYNC_DELAY_US", 2000);
+		pageable_sync = env_ull("FAKECUDA_PAGEABLE_SYNC", 0) == 1;
 		if (ndevices > 0 && arena_map() == 0)
 			initialized = true;
 		rc = ndevices <= 0 ? CUDA_ERROR_NO_DEVICE
@@ -623,6 +684,7 @@ static CUcontext ctx_new_locked(int dev, bool prim)
 	c->magic = CTX_MAGIC;
 	c->device = dev;
 	c->primary = prim;
+	c->id = next_ctx_id++;
 	c->next = ctxs;
 	ctxs = c;
 	return c;
@@ -642,6 +704,48 @@ static bool ctx_valid(CUcontext c)
 	bool r = ctx_valid_locked(c);
 	pthread_mutex_unlock(&lk);
 	return r;
+}
+
+static void stream_kill(struct CUstream_st *s);
+
+/* Context c goes away (destroyed, or reset): its streams are killed (their queued work
+ * dropped) and freed, its allocations and registrations are gone.  Not under lk. */
+static void ctx_teardown(CUcontext c)
+{
+	for (;;) {
+		struct CUstream_st *victim = NULL;
+		pthread_mutex_lock(&lk);
+		for (struct CUstream_st **pp = &streams; *pp; pp = &(*pp)->next) {
+			if ((*pp)->ctx == c) {
+				victim = *pp;
+				*pp = victim->next;
+				break;
+			}
+		}
+		pthread_mutex_unlock(&lk);
+		if (!victim)
+			break;
+		stream_kill(victim);
+	}
+	pthread_mutex_lock(&lk);
+	for (size_t i = 0; i < nallocs;) {
+		struct alloc *a = &allocs[i];
+		if (a->ctx != c) {
+			i++;
+			continue;
+		}
+		if (a->kind == A_DEVICE) {
+			arena_used -= a->size;
+			madvise(shadow + (a->base - (uintptr_t)dev_base), a->size, MADV_REMOVE);
+		} else if (a->kind == A_REGISTERED) {
+			atomic_fetch_sub_explicit(&counters[C_registered_bytes], a->size,
+						  memory_order_relaxed);
+		} else {
+			munmap((void *)a->base, a->size); /* cuMemHostAlloc'd, managed */
+		}
+		remove_locked(a);
+	}
+	pthread_mutex_unlock(&lk);
 }
 
 CUresult CUDAAPI cuDevicePrimaryCtxRetain(CUcontext *pctx, CUdevice dev)
@@ -682,6 +786,42 @@ CUresult CUDAAPI cuDevicePrimaryCtxRelease(CUdevice dev)
 	return rc;
 }
 
+/* The primary context of dev loses everything it had (cudaDeviceReset): the handle stays
+ * valid, with a new id, as a context made again at the same address would be. */
+CUresult CUDAAPI cuDevicePrimaryCtxReset(CUdevice dev)
+{
+	ENTER("cuDevicePrimaryCtxReset_v2");
+	if (check_dev(dev) != CUDA_SUCCESS)
+		return CUDA_ERROR_INVALID_DEVICE;
+	pthread_mutex_lock(&lk);
+	CUcontext c = primary[dev];
+	if (c) {
+		c->id = next_ctx_id++;
+		c->refs = 0;
+	}
+	pthread_mutex_unlock(&lk);
+	if (c)
+		ctx_teardown(c);
+	return CUDA_SUCCESS;
+}
+
+CUresult CUDAAPI cuCtxGetId(CUcontext ctx, unsigned long long *ctxId)
+{
+	ENTER("cuCtxGetId");
+	if (!ctxId)
+		return CUDA_ERROR_INVALID_VALUE;
+	if (!ctx)
+		ctx = current();
+	CUresult rc = CUDA_ERROR_INVALID_CONTEXT;
+	pthread_mutex_lock(&lk);
+	if (ctx && ctx_valid_locked(ctx)) {
+		*ctxId = ctx->id;
+		rc = CUDA_SUCCESS;
+	}
+	pthread_mutex_unlock(&lk);
+	return rc;
+}
+
 static CUresult ctx_create(const char *fn, CUcontext *pctx, CUdevice dev)
 {
 	ENTER(fn);
@@ -718,6 +858,8 @@ CUresult CUDAAPI cuCtxCreate_v2(CUcontext *pctx, unsigned int flags, CUdevice de
 	return ctx_create("cuCtxCreate_v2", pctx, dev);
 }
 
+/* A destroyed context's memory is not freed: the address must not come back as another
+ * context's in the tests (the real driver may reuse it; a reset shows that case). */
 CUresult CUDAAPI cuCtxDestroy(CUcontext ctx)
 {
 	ENTER("cuCtxDestroy_v2");
@@ -728,11 +870,12 @@ CUresult CUDAAPI cuCtxDestroy(CUcontext ctx)
 			continue;
 		*pp = ctx->next;
 		ctx->magic = 0;
-		free(ctx);
 		rc = CUDA_SUCCESS;
 		break;
 	}
 	pthread_mutex_unlock(&lk);
+	if (rc == CUDA_SUCCESS)
+		ctx_teardown(ctx);
 	if (rc == CUDA_SUCCESS) {
 		int j = 0;
 		for (int i = 0; i < ctx_depth; i++)
@@ -1146,17 +1289,111 @@ static void sleep_us(unsigned us)
 		;
 }
 
-static void op_run(struct op *o, bool async)
+/* ---- the callback thread: every host function of the process, one at a time ---- */
+
+struct cb_job {
+	CUhostFn fn;
+	void *arg;
+	bool done; /* under cb_mu */
+	struct cb_job *next;
+};
+
+static pthread_mutex_t cb_mu = PTHREAD_MUTEX_INITIALIZER;
+static pthread_cond_t cb_cv = PTHREAD_COND_INITIALIZER;	  /* a job queued */
+static pthread_cond_t cb_done = PTHREAD_COND_INITIALIZER; /* a job done */
+static struct cb_job *cb_head, *cb_tail;
+static bool cb_started;
+
+static uint64_t mono_us(void)
+{
+	struct timespec ts;
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return (uint64_t)ts.tv_sec * 1000000u + (uint64_t)ts.tv_nsec / 1000u;
+}
+
+static void *cb_thread(void *arg)
+{
+	(void)arg;
+	pthread_mutex_lock(&cb_mu);
+	for (;;) {
+		while (!cb_head)
+			pthread_cond_wait(&cb_cv, &cb_mu);
+		struct cb_job *j = cb_head;
+		cb_head = j->next;
+		if (!cb_head)
+			cb_tail = NULL;
+		pthread_mutex_unlock(&cb_mu);
+		uint64_t t0 = mono_us();
+		j->fn(j->arg);
+		unsigned long long took = mono_us() - t0;
+		unsigned long long max = atomic_load(&counters[C_hostfn_max_us]);
+		while (took > max &&
+		       !atomic_compare_exchange_weak(&counters[C_hostfn_max_us], &max, took))
+			;
+		pthread_mutex_lock(&cb_mu);
+		j->done = true;
+		pthread_cond_broadcast(&cb_done);
+	}
+	return NULL;
+}
+
+/* Run fn(arg) on the callback thread and wait for it (a stream worker: stream order). */
+static void run_host_fn(CUhostFn fn, void *arg)
+{
+	struct cb_job j = {.fn = fn, .arg = arg};
+	pthread_mutex_lock(&cb_mu);
+	if (!cb_started) {
+		pthread_t th;
+		cb_started = pthread_create(&th, NULL, cb_thread, NULL) == 0;
+		if (cb_started)
+			pthread_detach(th);
+	}
+	if (!cb_started) { /* no thread to be had: run it here */
+		pthread_mutex_unlock(&cb_mu);
+		fn(arg);
+		return;
+	}
+	if (cb_tail)
+		cb_tail->next = &j;
+	else
+		cb_head = &j;
+	cb_tail = &j;
+	pthread_cond_signal(&cb_cv);
+	while (!j.done)
+		pthread_cond_wait(&cb_done, &cb_mu);
+	pthread_mutex_unlock(&cb_mu);
+}
+
+/* Does the condition of cuStreamWaitValue32 hold for the word now? */
+static bool value_ok(const struct op *o)
+{
+	uint32_t v = __atomic_load_n(o->word, __ATOMIC_ACQUIRE);
+	switch (o->flags & 3u) {
+	case CU_STREAM_WAIT_VALUE_EQ:
+		return v == o->value;
+	case CU_STREAM_WAIT_VALUE_AND:
+		return (v & o->value) != 0;
+	case CU_STREAM_WAIT_VALUE_NOR:
+		return ~(v | o->value) != 0;
+	default: /* GEQ, cyclic */
+		return (int32_t)(v - o->value) >= 0;
+	}
+}
+
+static void op_run(struct op *o, struct CUstream_st *s)
 {
 	switch (o->type) {
 	case OP_COPY:
-		if (async && delay_us)
+		if (s && delay_us)
 			sleep_us(delay_us);
 		memmove(o->dst, o->owned ? o->owned : o->src, o->len);
 		free(o->owned);
 		break;
 	case OP_HOSTFN:
-		o->fn(o->arg);
+		if (s)
+			run_host_fn(o->fn, o->arg);
+		else
+			o->fn(o->arg);
 		break;
 	case OP_RECORD:
 		pthread_mutex_lock(&lk);
@@ -1169,6 +1406,10 @@ static void op_run(struct op *o, bool async)
 		while (!o->ev->done)
 			pthread_cond_wait(&ev_cv, &lk);
 		pthread_mutex_unlock(&lk);
+		break;
+	case OP_WAITVAL: /* the GPU polls host memory; a killed stream stops waiting */
+		while (!value_ok(o) && !(s && atomic_load(&s->killed)))
+			sleep_us(50);
 		break;
 	}
 }
@@ -1187,7 +1428,10 @@ static void *stream_worker(void *arg)
 		if (!s->head)
 			s->tail = NULL;
 		pthread_mutex_unlock(&s->mu);
-		op_run(o, true);
+		if (atomic_load(&s->killed)) /* its context is gone: so is its work */
+			free(o->owned);
+		else
+			op_run(o, s);
 		free(o);
 		pthread_mutex_lock(&s->mu);
 		s->pending--;
@@ -1197,14 +1441,45 @@ static void *stream_worker(void *arg)
 	return NULL;
 }
 
-/* Run o now on a synchronous stream, else queue it behind the stream's earlier work. */
+/* The legacy default stream first waits for every blocking stream of the current context. */
+static void legacy_wait(void)
+{
+	CUcontext c = current();
+	struct CUstream_st *list[256];
+	int n = 0;
+	if (!c)
+		return;
+	pthread_mutex_lock(&lk);
+	for (struct CUstream_st *x = streams; x && n < 256; x = x->next)
+		if (x->ctx == c && !(x->flags & CU_STREAM_NON_BLOCKING))
+			list[n++] = x;
+	pthread_mutex_unlock(&lk);
+	for (int i = 0; i < n; i++) {
+		pthread_mutex_lock(&list[i]->mu);
+		bool busy = list[i]->pending != 0;
+		pthread_mutex_unlock(&list[i]->mu);
+		if (busy) {
+			count(C_legacy_waits, 1);
+			stream_drain(list[i]);
+		}
+	}
+}
+
+/* Run o now on a synchronous stream, else queue it behind the stream's earlier work; drop it
+ * on a capturing stream (it belongs to a graph the fake never launches). */
 static CUresult submit(CUstream hs, struct op o)
 {
 	if (sync_stream(hs)) {
-		op_run(&o, false);
+		if (hs != CU_STREAM_PER_THREAD)
+			legacy_wait();
+		op_run(&o, NULL);
 		return CUDA_SUCCESS;
 	}
 	struct CUstream_st *s = hs;
+	if (atomic_load(&s->capturing)) {
+		free(o.owned);
+		return CUDA_SUCCESS;
+	}
 	struct op *q = malloc(sizeof(*q));
 	if (!q) {
 		free(o.owned);
@@ -1245,7 +1520,7 @@ static void stream_drain(struct CUstream_st *s)
 	pthread_mutex_unlock(&s->mu);
 }
 
-static CUresult stream_create(CUstream *ph)
+static CUresult stream_create(CUstream *ph, unsigned flags)
 {
 	NEED_CTX();
 	if (!ph)
@@ -1254,6 +1529,7 @@ static CUresult stream_create(CUstream *ph)
 	if (!s)
 		return CUDA_ERROR_OUT_OF_MEMORY;
 	s->magic = STREAM_MAGIC;
+	s->flags = flags;
 	s->ctx = current();
 	pthread_mutex_init(&s->mu, NULL);
 	pthread_cond_init(&s->cv, NULL);
@@ -1268,13 +1544,13 @@ static CUresult stream_create(CUstream *ph)
 CUresult CUDAAPI cuStreamCreate(CUstream *phStream, unsigned int Flags)
 {
 	ENTER("cuStreamCreate");
-	return stream_create(phStream);
+	return stream_create(phStream, Flags);
 }
 
 CUresult CUDAAPI cuStreamCreateWithPriority(CUstream *phStream, unsigned int flags, int priority)
 {
 	ENTER("cuStreamCreateWithPriority");
-	return stream_create(phStream);
+	return stream_create(phStream, flags);
 }
 
 CUresult CUDAAPI cuStreamGetCtx(CUstream hStream, CUcontext *pctx)
@@ -1284,6 +1560,23 @@ CUresult CUDAAPI cuStreamGetCtx(CUstream hStream, CUcontext *pctx)
 		return CUDA_ERROR_INVALID_HANDLE;
 	*pctx = hStream->ctx;
 	return CUDA_SUCCESS;
+}
+
+/* Stop s's worker, dropping its queued work (its context is gone), and free s. */
+static void stream_kill(struct CUstream_st *s)
+{
+	pthread_mutex_lock(&s->mu);
+	atomic_store(&s->killed, true);
+	s->stop = true;
+	pthread_cond_broadcast(&s->cv);
+	bool joinable = s->worker;
+	pthread_mutex_unlock(&s->mu);
+	if (joinable)
+		pthread_join(s->th, NULL);
+	pthread_mutex_destroy(&s->mu);
+	pthread_cond_destroy(&s->cv);
+	s->magic = 0;
+	free(s);
 }
 
 /* Unlike the real driver, which returns at once and lets queued work finish, this waits for
@@ -1343,6 +1636,64 @@ CUresult CUDAAPI cuStreamQuery(CUstream hStream)
 	bool busy = s->pending != 0;
 	pthread_mutex_unlock(&s->mu);
 	return busy ? CUDA_ERROR_NOT_READY : CUDA_SUCCESS;
+}
+
+CUresult CUDAAPI cuStreamBeginCapture(CUstream hStream, CUstreamCaptureMode mode)
+{
+	ENTER("cuStreamBeginCapture_v2");
+	if (sync_stream(hStream) || !stream_valid(hStream))
+		return CUDA_ERROR_INVALID_HANDLE;
+	if (atomic_exchange(&hStream->capturing, true))
+		return CUDA_ERROR_ILLEGAL_STATE;
+	return CUDA_SUCCESS;
+}
+
+CUresult CUDAAPI cuStreamEndCapture(CUstream hStream, CUgraph *phGraph)
+{
+	ENTER("cuStreamEndCapture");
+	if (!phGraph || sync_stream(hStream) || !stream_valid(hStream))
+		return CUDA_ERROR_INVALID_VALUE;
+	if (!atomic_exchange(&hStream->capturing, false))
+		return CUDA_ERROR_ILLEGAL_STATE;
+	*phGraph = NULL; /* the fake keeps no graph: what was captured is dropped */
+	return CUDA_SUCCESS;
+}
+
+CUresult CUDAAPI cuStreamIsCapturing(CUstream hStream, CUstreamCaptureStatus *captureStatus)
+{
+	ENTER("cuStreamIsCapturing");
+	CHECK_STREAM(hStream);
+	if (!captureStatus)
+		return CUDA_ERROR_INVALID_VALUE;
+	*captureStatus = !sync_stream(hStream) && atomic_load(&hStream->capturing)
+			     ? CU_STREAM_CAPTURE_STATUS_ACTIVE
+			     : CU_STREAM_CAPTURE_STATUS_NONE;
+	return CUDA_SUCCESS;
+}
+
+/* addr must be mapped host memory (registered or cuMemHostAlloc'd: with unified addressing
+ * its device pointer is its host address) or device memory. */
+CUresult CUDAAPI cuStreamWaitValue32(CUstream stream, CUdeviceptr addr, cuuint32_t value,
+				     unsigned int flags)
+{
+	ENTER("cuStreamWaitValue32_v2");
+	NEED_CTX();
+	CHECK_STREAM(stream);
+	if (addr % 4 || (flags & ~(3u | CU_STREAM_WAIT_VALUE_FLUSH)))
+		return CUDA_ERROR_INVALID_VALUE;
+	volatile uint32_t *word = dev_shadow(addr, 4);
+	if (!word) {
+		pthread_mutex_lock(&lk);
+		struct alloc *a = find_locked(addr);
+		if (a && (a->kind == A_REGISTERED || a->kind == A_HOSTALLOC) &&
+		    4 <= a->size - (addr - a->base))
+			word = (volatile uint32_t *)(uintptr_t)addr;
+		pthread_mutex_unlock(&lk);
+	}
+	if (!word)
+		return CUDA_ERROR_INVALID_VALUE;
+	return submit(
+	    stream, (struct op){.type = OP_WAITVAL, .word = word, .value = value, .flags = flags});
 }
 
 CUresult CUDAAPI cuLaunchHostFunc(CUstream hStream, CUhostFn fn, void *userData)
@@ -1462,6 +1813,16 @@ static void count_h2d(const void *src, size_t len)
 	      len);
 }
 
+/* The host side of a copy, refused when it is over registered and unregistered memory. */
+static CUresult check_host(const void *p, size_t len)
+{
+	if (len && host_state((uintptr_t)p, len) == H_MIXED) {
+		count(C_mixed_copies, 1);
+		return CUDA_ERROR_INVALID_VALUE;
+	}
+	return CUDA_SUCCESS;
+}
+
 static CUresult copy_h2d(CUdeviceptr dst, const void *src, size_t len, CUstream s)
 {
 	NEED_CTX();
@@ -1469,9 +1830,14 @@ static CUresult copy_h2d(CUdeviceptr dst, const void *src, size_t len, CUstream 
 	void *sh = dev_shadow(dst, len);
 	if (!sh || (!src && len))
 		return CUDA_ERROR_INVALID_VALUE;
+	CUresult rc = check_host(src, len);
+	if (rc != CUDA_SUCCESS)
+		return rc;
 	count_h2d(src, len);
 	void *owned = NULL;
 	if (!sync_stream(s) && len && !host_pinned((uintptr_t)src, len)) {
+		if (pageable_sync)
+			stream_drain(s); /* "may synchronize with the stream", then stage */
 		owned = malloc(len); /* staged now: the driver reads pageable memory at the call */
 		if (!owned)
 			return CUDA_ERROR_OUT_OF_MEMORY;
@@ -1488,6 +1854,9 @@ static CUresult copy_d2h(void *dst, CUdeviceptr src, size_t len, CUstream s)
 	void *sh = dev_shadow(src, len);
 	if (!sh || (!dst && len))
 		return CUDA_ERROR_INVALID_VALUE;
+	CUresult rc = check_host(dst, len);
+	if (rc != CUDA_SUCCESS)
+		return rc;
 	count(C_d2h_bytes, len);
 	return submit(s, (struct op){.type = OP_COPY, .dst = dst, .src = sh, .len = len});
 }
@@ -1506,6 +1875,8 @@ static CUresult copy_any(CUdeviceptr dst, CUdeviceptr src, size_t len, CUstream 
 	CUresult rc = resolve(dst, len, &d, &ddev);
 	if (rc == CUDA_SUCCESS)
 		rc = resolve(src, len, &sp, &sdev);
+	if (rc == CUDA_SUCCESS && ddev != sdev)
+		rc = check_host(ddev ? sp : d, len);
 	if (rc != CUDA_SUCCESS) {
 		free(owned);
 		return rc;
@@ -1516,6 +1887,8 @@ static CUresult copy_any(CUdeviceptr dst, CUdeviceptr src, size_t len, CUstream 
 		count(C_d2h_bytes, len);
 	if (stage && !owned && ddev && !sdev && len && !sync_stream(s) &&
 	    !host_pinned((uintptr_t)sp, len)) {
+		if (pageable_sync)
+			stream_drain(s); /* as in copy_h2d */
 		owned = malloc(len); /* pageable to device: staged at the call, as in copy_h2d */
 		if (!owned)
 			return CUDA_ERROR_OUT_OF_MEMORY;
@@ -1705,6 +2078,12 @@ ALIAS(cuStreamDestroy, cuStreamDestroy_v2);
 ALIAS(cuEventDestroy, cuEventDestroy_v2);
 #undef cuDevicePrimaryCtxRelease
 ALIAS(cuDevicePrimaryCtxRelease, cuDevicePrimaryCtxRelease_v2);
+#undef cuDevicePrimaryCtxReset
+ALIAS(cuDevicePrimaryCtxReset, cuDevicePrimaryCtxReset_v2);
+#undef cuStreamWaitValue32
+ALIAS(cuStreamWaitValue32, cuStreamWaitValue32_v2);
+#undef cuStreamBeginCapture
+ALIAS(cuStreamBeginCapture, cuStreamBeginCapture_v2);
 
 /* ---- cuGetProcAddress ---- */
 
@@ -1730,6 +2109,15 @@ static const struct sym {
     S(cuDevicePrimaryCtxRetain, 7000),
     S(cuDevicePrimaryCtxRelease, 7000),
     S(cuDevicePrimaryCtxRelease_v2, 11000),
+    S(cuDevicePrimaryCtxReset, 7000),
+    S(cuDevicePrimaryCtxReset_v2, 11000),
+    S(cuCtxGetId, 12000),
+    S(cuStreamWaitValue32, 8000),
+    S(cuStreamWaitValue32_v2, 11070),
+    S(cuStreamBeginCapture, 10000),
+    S(cuStreamBeginCapture_v2, 10010),
+    S(cuStreamEndCapture, 10000),
+    S(cuStreamIsCapturing, 10000),
     S(cuCtxCreate, 2000),
     S(cuCtxCreate_v2, 3020),
     S(cuCtxCreate_v3, 11040),

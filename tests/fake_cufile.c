@@ -34,11 +34,29 @@
  *                                            (for tests that the caller's check can fail)
  *   FAKECUFILE_SUBMIT_DELAY_US=US  cuFileBatchIOSubmit sleeps US microseconds before it
  *                          answers (to widen a race for a test)
- *   FAKECUFILE_POSIX=1     move file data with libc's pread/pwrite, which an LD_PRELOAD
- *                          interposer sees (as in cuFile's compatibility mode).  By default
- *                          they are raw system calls, as GPUDirect's DMA is invisible to libc
- *                          hooks: whatever the fake reads bypassed the shim's cache.
+ *   FAKECUFILE_POSIX=1     compatibility mode: move file data with libc's pread/pwrite, which
+ *                          an LD_PRELOAD interposer sees, as libcufile's compatibility mode
+ *                          does ("using POSIX pread, pwrite").  A cuFileWrite then registers a
+ *                          handle of its own for a duplicate of the descriptor, through its
+ *                          exported cuFileHandleRegister, writes through it and deregisters it
+ *                          the same way.  By default the data moves by raw system calls, as
+ *                          GPUDirect's DMA is invisible to libc hooks: whatever the fake reads
+ *                          bypassed the shim's cache.
  * Nothing is ever written to stdout; a malformed FAKECUFILE_FAIL is reported once on stderr.
+ *
+ * What the real libcufile does that callers must not be surprised by, modelled here:
+ *  - "APIs with GPU buffers should be called in a valid CUDA context" (GDS best practices):
+ *    cuFileRead, cuFileWrite, cuFileBatchIOSubmit and the async calls refuse a buffer in
+ *    (fake) device memory with CU_FILE_INVALID_CONTEXT_ERROR when no context is current on
+ *    the calling thread.  The library's own threads (batch workers, stream host functions)
+ *    carry on with what was checked at the call.
+ *  - libcufile 1.20 calls its own exported entry points through its PLT (objdump: calls of
+ *    cuFileHandleRegister@plt, cuFileStreamDeregister@plt, cuFileDriverOpen@plt), which an
+ *    interposer that exports those names receives: here cuFileStreamRegister of a stream
+ *    registered already deregisters it first, cuFileDriverClose deregisters the streams
+ *    still registered, the implicit open is a call of cuFileDriverOpen, and compatibility
+ *    mode's cuFileWrite registers its own handle (above), all through the exported names.
+ *    Which of the real library's calls make them is not known; that they happen is.
  *
  * DESIGN (threads).  File handles, registered buffers, batches and streams live in fixed
  * tables under one mutex each (`tables`), taken only to look up, add or remove; never across
@@ -240,6 +258,30 @@ static launch_host_func_fn launch_host_func(void)
 	return f;
 }
 
+typedef int (*ctx_get_current_fn)(void **ctx);
+static _Atomic(ctx_get_current_fn) ctx_current_ptr;
+
+/* 0 when [base + off, +len) is host memory or a context is current on this thread, else
+ * CU_FILE_INVALID_CONTEXT_ERROR: a GPU buffer needs the caller's context. */
+static int need_context(const void *base, off_t off, size_t len)
+{
+	host_view_fn view = host_view();
+	ctx_get_current_fn cur = atomic_load_explicit(&ctx_current_ptr, memory_order_acquire);
+	void *ctx = NULL;
+
+	if (!view || !base || off < 0 ||
+	    !view((unsigned long long)(uintptr_t)base + (unsigned long long)off, len ? len : 1))
+		return 0;
+	if (!cur) {
+		cur = (ctx_get_current_fn)cuda_sym("cuCtxGetCurrent");
+		atomic_store_explicit(&ctx_current_ptr, cur,
+				      memory_order_release); /* pairs: above */
+	}
+	if (!cur || cur(&ctx) != 0 || !ctx)
+		return KVS_CU_FILE_INVALID_CONTEXT_ERROR;
+	return 0;
+}
+
 /*
  * Point *out at the host bytes behind [base + off, +len): the shadow of fake device memory,
  * else base + off itself as host memory.  Returns 0 or a CU_FILE error code (positive).
@@ -288,21 +330,28 @@ static kvs_cufile_error_t cf_err(kvs_cufile_op_error_t e)
 	return (kvs_cufile_error_t){.err = e, .cu_err = 0};
 }
 
-/* Open the driver implicitly on first use, as the real library does. */
+API kvs_cufile_error_t cuFileDriverOpen(void);
+
+/* Open the driver implicitly on first use, as the real library does: through its exported
+ * cuFileDriverOpen (an interposer sees the call). */
 static void driver_need(void)
 {
-	long zero = 0;
-
-	atomic_compare_exchange_strong(&driver_users, &zero, 1);
+	if (atomic_load(&driver_users) == 0)
+		cuFileDriverOpen();
 }
 
-/* Drop one open of the driver; CU_FILE_DRIVER_NOT_INITIALIZED when it is not open. */
+static void streams_deregister_all(void);
+
+/* Drop one open of the driver; CU_FILE_DRIVER_NOT_INITIALIZED when it is not open.  The last
+ * close deregisters the streams still registered, through the exported name. */
 static kvs_cufile_error_t driver_close(void)
 {
 	long n = atomic_load(&driver_users);
 
 	while (n > 0 && !atomic_compare_exchange_weak(&driver_users, &n, n - 1))
 		;
+	if (n == 1)
+		streams_deregister_all();
 	return cf_err(n > 0 ? KVS_CU_FILE_SUCCESS : KVS_CU_FILE_DRIVER_NOT_INITIALIZED);
 }
 
@@ -586,24 +635,48 @@ static ssize_t do_io(kvs_cufile_handle_t fh, int write, const void *base, size_t
 API ssize_t cuFileRead(kvs_cufile_handle_t fh, void *bufPtr_base, size_t size, off_t file_offset,
 		       off_t bufPtr_offset)
 {
+	int rc;
+
 	count(C_READS, 1);
 	if (should_fail(F_READ)) {
 		errno = EIO;
 		return -1;
 	}
+	if ((rc = need_context(bufPtr_base, bufPtr_offset, size)) != 0)
+		return -rc;
 	return do_io(fh, 0, bufPtr_base, size, file_offset, bufPtr_offset);
 }
 
-/* Write size bytes at file_offset from device or host memory, with cuFileRead's conventions. */
+/* Write size bytes at file_offset from device or host memory, with cuFileRead's conventions.
+ * Compatibility mode (FAKECUFILE_POSIX=1) writes through a handle of its own, registered and
+ * deregistered through the exported names, of a duplicate of the descriptor. */
 API ssize_t cuFileWrite(kvs_cufile_handle_t fh, const void *bufPtr_base, size_t size,
 			off_t file_offset, off_t bufPtr_offset)
 {
+	kvs_cufile_descr_t descr = {.type = KVS_CU_FILE_HANDLE_TYPE_OPAQUE_FD};
+	kvs_cufile_handle_t own;
+	int fd, direct, rc;
+	ssize_t n;
+
 	count(C_WRITES, 1);
 	if (should_fail(F_WRITE)) {
 		errno = EIO;
 		return -1;
 	}
-	return do_io(fh, 1, bufPtr_base, size, file_offset, bufPtr_offset);
+	if ((rc = need_context(bufPtr_base, bufPtr_offset, size)) != 0)
+		return -rc;
+	pthread_once(&env_once, env_parse);
+	if (!posix_io || handle_get(fh, &fd, &direct) != 0 ||
+	    (descr.handle.fd = fcntl(fd, F_DUPFD_CLOEXEC, 0)) < 0)
+		return do_io(fh, 1, bufPtr_base, size, file_offset, bufPtr_offset);
+	if (cuFileHandleRegister(&own, &descr).err != KVS_CU_FILE_SUCCESS) {
+		close(descr.handle.fd);
+		return do_io(fh, 1, bufPtr_base, size, file_offset, bufPtr_offset);
+	}
+	n = do_io(own, 1, bufPtr_base, size, file_offset, bufPtr_offset);
+	cuFileHandleDeregister(own);
+	close(descr.handle.fd);
+	return n;
 }
 
 /* --- batches ---------------------------------------------------------------------------- */
@@ -779,12 +852,16 @@ API kvs_cufile_error_t cuFileBatchIOSubmit(kvs_cufile_batch_handle_t batch_idp, 
 		return cf_err(KVS_CU_FILE_INVALID_VALUE);
 	for (unsigned k = 0; k < nr; k++) {
 		const kvs_cufile_io_params_t *p = &iocbp[k];
+		int rc;
 
 		if (p->mode != KVS_CUFILE_BATCH ||
 		    (p->opcode != KVS_CUFILE_READ && p->opcode != KVS_CUFILE_WRITE) ||
 		    !p->u.batch.devPtr_base || p->u.batch.file_offset < 0 ||
 		    p->u.batch.devPtr_offset < 0 || handle_get(p->fh, &fd, &direct) != 0)
 			return cf_err(KVS_CU_FILE_INVALID_VALUE);
+		if ((rc = need_context(p->u.batch.devPtr_base, p->u.batch.devPtr_offset,
+				       p->u.batch.size)) != 0)
+			return cf_err(rc);
 	}
 	bool fails = should_fail(F_BATCH_SUBMIT); /* parses the environment first */
 	if (submit_delay_us)
@@ -935,7 +1012,10 @@ static unsigned stream_flags(kvs_cu_stream_t stream)
 	return flags;
 }
 
-/* Register stream (NULL is the default stream) with CU_FILE_STREAM_* flags. */
+API kvs_cufile_error_t cuFileStreamDeregister(kvs_cu_stream_t stream);
+
+/* Register stream (NULL is the default stream) with CU_FILE_STREAM_* flags; one registered
+ * already is deregistered first, through the exported cuFileStreamDeregister. */
 API kvs_cufile_error_t cuFileStreamRegister(kvs_cu_stream_t stream, unsigned flags)
 {
 	int slot = -1;
@@ -943,6 +1023,8 @@ API kvs_cufile_error_t cuFileStreamRegister(kvs_cu_stream_t stream, unsigned fla
 	if (flags > 15 || should_fail(F_STREAM_REGISTER))
 		return cf_err(KVS_CU_FILE_INVALID_VALUE);
 	driver_need();
+	if (stream_flags(stream))
+		cuFileStreamDeregister(stream);
 	pthread_mutex_lock(&tables); /* pairs: unlock below */
 	for (int i = 0; i < MAX_STREAMS; i++) {
 		if (streams[i].used && streams[i].stream == stream) {
@@ -975,6 +1057,21 @@ API kvs_cufile_error_t cuFileStreamDeregister(kvs_cu_stream_t stream)
 	}
 	pthread_mutex_unlock(&tables);
 	return cf_err(rc);
+}
+
+/* Deregister every stream still registered, each through the exported name. */
+static void streams_deregister_all(void)
+{
+	kvs_cu_stream_t left[MAX_STREAMS];
+	int n = 0;
+
+	pthread_mutex_lock(&tables); /* pairs: unlock below */
+	for (int i = 0; i < MAX_STREAMS; i++)
+		if (streams[i].used)
+			left[n++] = streams[i].stream;
+	pthread_mutex_unlock(&tables);
+	for (int i = 0; i < n; i++)
+		cuFileStreamDeregister(left[i]);
 }
 
 /* An async op: the values fixed at submission, the pointers to read the others from later. */
@@ -1027,6 +1124,8 @@ static kvs_cufile_error_t async_submit(int write, kvs_cufile_handle_t fh, void *
 		return cf_err(KVS_CU_FILE_INVALID_VALUE);
 	if (should_fail(F_ASYNC))
 		return cf_err(KVS_CU_FILE_ASYNC_NOT_SUPPORTED);
+	if ((rc = need_context(base, *buf_off_p, *size_p)) != 0)
+		return cf_err(rc);
 	op = malloc(sizeof(*op));
 	if (!op)
 		return cf_err(KVS_CU_FILE_NOMEM_ERROR);

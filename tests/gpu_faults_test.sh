@@ -10,7 +10,9 @@
 # a destination the driver does not know; a handle registered behind the shim's back; a process
 # SIGKILLed while its device copy is in flight; dlsym semantics; libcufile reached through a
 # plugin loaded RTLD_LOCAL, and unloaded then loaded again at another address; a driver
-# that needs a deep stack; two batch submits racing for one entry.
+# that needs a deep stack; two batch submits racing for one entry; a read on a capturing
+# stream.  Case 2's batch fallback runs on the shim's completion thread, where libcufile
+# needs the buffer's context made current (the fake refuses a GPU buffer without one).
 set -uo pipefail
 engine=$3
 prereg=$4
@@ -330,6 +332,29 @@ if [ $r -eq 0 ] && [ "$(echo "$out" | tail -1)" = consistent ]; then
 	ok "two batch submits racing for one entry: $(echo "$out" | tr '\n' ';')"
 else
 	fail "two batch submits racing for one entry: exit $r, $(echo "$out" | tr '\n' ';')"
+fi
+
+# --- 12. cuFileReadAsync on a stream capturing into a graph: what is enqueued runs only when
+# the graph is launched (never, here), maybe many times; the shim must pass it through before
+# it pins anything (a first launch would free what a second one uses).  The engine reads the
+# first block of each file that way, then every block as usual.
+label="cuFileReadAsync on a capturing stream"
+"$kvshim" reset --force >/dev/null 2>&1
+mkdir -p "$work/st.capture"
+LD_PRELOAD="$lib" LD_LIBRARY_PATH="$fakedir" timeout 120 "$engine" --api async --block $block \
+	--capture 1 --report "$work/capture.rep" "${files[@]}" >"$work/out.capture" \
+	2>"$work/err.capture"
+rc=$?
+cres=$(awk '$1 == "captured_result" { print $2 }' "$work/capture.rep" 2>/dev/null)
+reqs=$(totals requests)
+creqs=$(totals cufile_requests)
+nblocks=$((unique / block))
+if ! engine_ok "$label" capture async; then
+	:
+elif [ "$cres" = -12345 ] && [ "$reqs" -eq "$nblocks" ] && [ "$creqs" -eq "$nblocks" ]; then
+	ok "$label: passed through, nothing pinned for it (requests $reqs, the $nblocks ordinary reads); the captured read did not run"
+else
+	fail "$label: captured read's count $cres (want -12345: never run), requests $reqs and cufile_requests $creqs (want $nblocks each)"
 fi
 
 echo "gpu_faults: $fails failed"

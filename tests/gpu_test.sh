@@ -3,17 +3,25 @@
 # device memory through cuFile, under LD_PRELOAD=libkvshim.so, for each cuFile api (read,
 # batch, async) and each way of reaching libcufile (dlopen + dlsym, or linked).  Every engine
 # must exit 0 with every byte right; then `kvshim stat` must show storage read once
-# (totals.backend_bytes == the unique bytes) and each process served from the cache
-# (totals.h2d_bytes == 8 x them), and the fake libcufile must have read nothing itself.
-#   gpu_test.sh LIBKVSHIM KVSHIM ENGINE_DL ENGINE_LN FAKEDIR
+# (totals.backend_bytes == the unique bytes, and what /proc/PID/io says the engines read from
+# storage within 5% of them) and each process served from the cache (totals.h2d_bytes == 8 x
+# them), the fake libcufile must have read nothing itself, and the fake driver must have
+# refused no copy over registered and unregistered memory.  Then what the real driver and
+# libcufile do that the fakes now model: frames that straddle 64 MiB (3 MiB shards), a save
+# in libcufile's compatibility mode (its own pwrite, nested in the shim's cuFileWrite),
+# cuFileReadAsync behind a busy stream, host functions never held up by storage (on slowfs),
+# POSIX O_DIRECT reads into pinned host memory.
+#   gpu_test.sh LIBKVSHIM KVSHIM ENGINE_DL ENGINE_LN FAKEDIR [SLOWFS]
 # FAKEDIR holds the fakes libcufile.so.0 (tests/fake_cufile.c) and libcuda.so.1
-# (tests/fake_cuda.c); without them the test skips.
+# (tests/fake_cuda.c); without them the test skips.  SLOWFS (tests/slowfs.c): without it, or
+# without FUSE, the slowfs case alone is skipped.
 # KVS_GPU_TEST_EXPECT_SERVED=0 checks instead that the engines work through the fake alone
 # (every byte read by the fake libcufile), for use while the shim has no cuFile hooks.
 set -uo pipefail
 engine_dl=$3
 engine_ln=$4
 fakedir=$5
+slowfs=${6:-}
 expect_served=${KVS_GPU_TEST_EXPECT_SERVED:-1}
 
 for f in "$fakedir/libcufile.so.0" "$fakedir/libcuda.so.1"; do
@@ -74,7 +82,8 @@ for api in read batch async; do
 		pids=()
 		for r in 0 1 2 3 4 5 6 7; do
 			LD_PRELOAD=$lib LD_LIBRARY_PATH=$fakedir FAKECUFILE_STATS=$stats \
-				timeout 120 "$engine" --api $api --block $((1024 * 1024)) "${files[@]}" \
+				FAKECUDA_STATS=$stats timeout 120 "$engine" --api $api \
+				--block $((1024 * 1024)) --report "$stats/report.$r" "${files[@]}" \
 				>"$work/out.$r" 2>"$work/err.$r" &
 			pids+=($!)
 		done
@@ -104,14 +113,18 @@ for api in read batch async; do
 		h2d=$(totals h2d_bytes)
 		nstats=$(ls "$stats" | grep -c '^fakecufile\.[0-9]*$')
 		fake_bytes=$(fake_sum "$stats" fakecufile read_bytes)
+		mixed=$(fake_sum "$stats" fakecuda mixed_copies)
+		storage=$(fake_sum "$stats" report storage_bytes)
+		ratio=$(awk -v s="$storage" -v u="$unique" 'BEGIN { printf "%.2f", s / u }')
 		if [ "$nstats" -ne 8 ]; then
 			fail "$label: $nstats of 8 fake libcufile stats files"
 		elif [ "$expect_served" = 1 ]; then
 			if [ "$backend" -eq "$unique" ] && [ "$h2d" -eq $((8 * unique)) ] &&
-				[ "$fake_bytes" -eq 0 ]; then
-				ok "$label: served: storage read $backend bytes, $h2d to device, 0 by the fake"
+				[ "$fake_bytes" -eq 0 ] && [ "$mixed" -eq 0 ] &&
+				awk -v r="$ratio" 'BEGIN { exit !(r >= 0.95 && r <= 1.05) }'; then
+				ok "$label: served: storage read $backend bytes ($ratio x unique by /proc/PID/io), $h2d to device, 0 by the fake, no mixed copy"
 			else
-				fail "$label: backend_bytes $backend (want $unique), h2d_bytes $h2d (want $((8 * unique))), fake libcufile read $fake_bytes (want 0)"
+				fail "$label: backend_bytes $backend (want $unique), /proc/PID/io storage $storage = $ratio x unique (want 1.00 +- 5%), h2d_bytes $h2d (want $((8 * unique))), fake libcufile read $fake_bytes (want 0), mixed_copies $mixed (want 0)"
 			fi
 		else
 			if [ "$fake_bytes" -eq $((8 * unique)) ]; then
@@ -199,6 +212,179 @@ if LD_PRELOAD=$lib LD_LIBRARY_PATH=$fakedir timeout 120 "$engine_dl" --api write
 else
 	fail "cuFileWrite save: $(head -c 300 "$work/err.w")"
 fi
+
+# --- Frames that straddle 64 MiB: with 3 MiB shards the 22nd frame lies over [63, 66) MiB.
+# The driver refuses a copy over registered and unregistered memory (INVALID_VALUE), and
+# promises nothing for one over two registrations: registrations are whole frames (66 MiB),
+# so no copy from a frame is ever either.  The region gets every page first (kvshim prepare),
+# a warm-up read starts its registration, and the cold reads come after it.
+mkdir -p "$work/kv3"
+for i in $(seq 0 7); do
+	head -c $((9 * 1024 * 1024)) /dev/urandom >"$work/kv3/blk$i"
+done
+head -c $((3 * 1024 * 1024)) /dev/urandom >"$work/kv3/warm"
+files3=("$work"/kv3/blk*)
+unique3=$(cat "${files3[@]}" | wc -c)
+for api in read async; do
+	label="3 MiB shards over 64 MiB registrations, api $api, 8 processes"
+	reset_region
+	KVSHIM_FILES_ROOTS=$work/kv3 KVSHIM_CACHE_SHARD_SIZE=3M KVSHIM_CACHE_CAPACITY=192M \
+		"$kvshim" prepare >/dev/null 2>&1
+	st3=$work/st3.$api
+	mkdir -p "$st3"
+	pids=()
+	for r in 0 1 2 3 4 5 6 7; do
+		LD_PRELOAD=$lib LD_LIBRARY_PATH=$fakedir FAKECUDA_STATS=$st3 FAKECUFILE_STATS=$st3 \
+			KVSHIM_FILES_ROOTS=$work/kv3 KVSHIM_CACHE_SHARD_SIZE=3M \
+			KVSHIM_CACHE_CAPACITY=192M timeout 120 "$engine_dl" --api $api \
+			--block $((3 * 1024 * 1024)) --warm "$work/kv3/warm" --pause-ms 500 \
+			"${files3[@]}" >"$work/out.$r" 2>"$work/err.$r" &
+		pids+=($!)
+	done
+	bad=""
+	for r in 0 1 2 3 4 5 6 7; do
+		wait "${pids[$r]}" || bad="$bad rank $r: $(head -c 200 "$work/err.$r");"
+	done
+	mixed=$(fake_sum "$st3" fakecuda mixed_copies)
+	pinned=$(fake_sum "$st3" fakecuda h2d_bytes_registered)
+	h2d=$(totals h2d_bytes)
+	fb=$(totals fallbacks)
+	warm=$((8 * 3 * 1024 * 1024))
+	if [ -n "$bad" ]; then
+		fail "$label:$bad (mixed_copies $mixed)"
+	elif [ "$mixed" -eq 0 ] && [ "$fb" -eq 0 ] && [ "$h2d" -eq $((8 * unique3 + warm)) ] &&
+		[ "$pinned" -gt 0 ]; then
+		ok "$label: every byte right, no copy refused, no fallback, h2d_bytes $h2d, $pinned bytes copied from registered frames"
+	else
+		fail "$label: mixed_copies $mixed (want 0), fallbacks $fb (want 0), h2d_bytes $h2d (want $((8 * unique3 + warm))), from registered memory $pinned (want > 0)"
+	fi
+done
+
+# --- A save in libcufile's compatibility mode: the library moves the bytes with its own
+# pwrite (FAKECUFILE_POSIX=1), through a handle it registers itself, nested inside the shim's
+# cuFileWrite; the nested writes are the save's own, already staged.  The save must be kept
+# whole, and 8 readers then read storage 0 times.
+reset_region
+if LD_PRELOAD=$lib LD_LIBRARY_PATH=$fakedir FAKECUFILE_POSIX=1 timeout 120 "$engine_dl" \
+	--api write --block $((1024 * 1024)) "${files[@]}" >"$work/out.w" 2>"$work/err.w"; then
+	kept=$(totals write_through_bytes)
+	pids=()
+	for r in 0 1 2 3 4 5 6 7; do
+		LD_PRELOAD=$lib LD_LIBRARY_PATH=$fakedir FAKECUFILE_POSIX=1 \
+			timeout 120 "$engine_dl" --api read --block $((1024 * 1024)) "${files[@]}" \
+			>"$work/out.$r" 2>"$work/err.$r" &
+		pids+=($!)
+	done
+	bad=""
+	for r in 0 1 2 3 4 5 6 7; do
+		wait "${pids[$r]}" || bad="$bad rank $r: $(head -c 200 "$work/err.$r");"
+	done
+	backend=$(totals backend_bytes)
+	if [ -n "$bad" ]; then
+		fail "compatibility-mode save then 8 readers:$bad"
+	elif [ "$kept" -eq "$unique" ] && [ "$backend" -eq 0 ]; then
+		ok "compatibility-mode save (libcufile's own pwrite and handle, nested): kept $kept bytes; 8 readers read storage 0 times"
+	else
+		fail "compatibility-mode save then 8 readers: write_through_bytes $kept (want $unique), backend_bytes $backend (want 0)"
+	fi
+else
+	fail "compatibility-mode save: $(head -c 300 "$work/err.w")"
+fi
+
+# --- cuFileReadAsync behind a busy stream: a pageable source "may synchronize with the
+# stream" (FAKECUDA_PAGEABLE_SYNC=1 makes the fake do so), so with registration off the shim
+# copies hits with a batch that reads them during the call: the call must not wait 400 ms
+# for the stream's earlier work.
+label="cuFileReadAsync behind a stream busy for 400 ms, registration off"
+reset_region
+LD_PRELOAD=$lib LD_LIBRARY_PATH=$fakedir KVSHIM_CUDA_REGISTER_HOST=false timeout 120 \
+	"$engine_dl" --api async --block $((1024 * 1024)) "${files[@]}" >/dev/null 2>&1
+LD_PRELOAD=$lib LD_LIBRARY_PATH=$fakedir KVSHIM_CUDA_REGISTER_HOST=false FAKECUDA_PAGEABLE_SYNC=1 \
+	timeout 120 "$engine_dl" --api async --block $((1024 * 1024)) --busy-ms 400 \
+	--report "$work/busy.rep" "${files[@]}" >"$work/out.busy" 2>"$work/err.busy"
+rc=$?
+us=$(awk '$1 == "async_call_us" { print $2 }' "$work/busy.rep" 2>/dev/null)
+if [ $rc -ne 0 ] || [ -z "$us" ]; then
+	fail "$label: exit $rc: $(head -c 300 "$work/err.busy")"
+elif [ "$us" -lt 400000 ]; then
+	ok "$label: the calls of 4 files took $((us / 1000)) ms in all (each file's stream busy 400 ms), every byte right"
+else
+	fail "$label: the cuFileReadAsync calls took $((us / 1000)) ms: they waited for the stream"
+fi
+
+# --- Host functions are never held up by storage: the driver may run every stream's host
+# functions on one thread (the fake does), so a read whose shards are still loading must not
+# wait for them in one.  Cold reads from slowfs (300 ms a request) with the region registered
+# (the old pinned path waited there): the longest host function stays well under 300 ms.
+if [ -n "$slowfs" ] && [ -x "$slowfs" ] && [ -w /dev/fuse ] && command -v fusermount3 >/dev/null; then
+	mkdir -p "$work/src" "$work/mnt"
+	head -c $((2 * 1024 * 1024)) /dev/urandom >"$work/src/slow0"
+	"$slowfs" --latency-us 300000 "$work/src" "$work/mnt" -f >/dev/null 2>&1 &
+	sfpid=$!
+	for _ in $(seq 50); do
+		mountpoint -q "$work/mnt" && break
+		sleep 0.1
+	done
+	if mountpoint -q "$work/mnt"; then
+		label="host functions with slow storage (slowfs, 300 ms a read)"
+		reset_region
+		KVSHIM_FILES_ROOTS=$work/mnt:$work/kv3 "$kvshim" prepare >/dev/null 2>&1
+		mkdir -p "$work/st.slow"
+		LD_PRELOAD=$lib LD_LIBRARY_PATH=$fakedir FAKECUDA_STATS=$work/st.slow \
+			KVSHIM_FILES_ROOTS=$work/mnt:$work/kv3 timeout 120 "$engine_dl" --api async \
+			--block $((1024 * 1024)) --warm "$work/kv3/warm" --pause-ms 500 \
+			"$work/mnt/slow0" >"$work/out.slow" 2>"$work/err.slow"
+		rc=$?
+		maxus=$(fake_sum "$work/st.slow" fakecuda hostfn_max_us)
+		reg=$(totals registered_bytes)
+		if [ $rc -ne 0 ]; then
+			fail "$label: exit $rc: $(head -c 300 "$work/err.slow")"
+		elif [ "$maxus" -lt 150000 ] && [ "$reg" -gt 0 ]; then
+			ok "$label: every byte right; the longest host function took $((maxus / 1000)) ms (registered_bytes $reg)"
+		else
+			fail "$label: the longest host function took $((maxus / 1000)) ms (want < 150: none waits for storage), registered_bytes $reg (want > 0)"
+		fi
+		fusermount3 -u "$work/mnt" 2>/dev/null
+	else
+		echo "SKIP (case) - host functions with slow storage: slowfs did not mount"
+	fi
+	kill "$sfpid" 2>/dev/null
+	wait "$sfpid" 2>/dev/null
+else
+	echo "SKIP (case) - host functions with slow storage: slowfs or FUSE is unavailable here"
+fi
+
+# --- POSIX O_DIRECT reads under the shim into memory the driver pinned (cuMemHostAlloc, and
+# malloc'd pages cuMemHostRegister'd), copied to the device and compared: 8 processes, served
+# (copy_bytes 8 x unique), storage read once.
+for kind in alloc register; do
+	label="POSIX O_DIRECT preads into $kind pinned memory, 8 processes"
+	reset_region
+	stp=$work/stp.$kind
+	mkdir -p "$stp"
+	pids=()
+	for r in 0 1 2 3 4 5 6 7; do
+		LD_PRELOAD=$lib LD_LIBRARY_PATH=$fakedir timeout 120 "$engine_dl" --api pread \
+			--host $kind --block $((1024 * 1024)) --report "$stp/report.$r" "${files[@]}" \
+			>"$work/out.$r" 2>"$work/err.$r" &
+		pids+=($!)
+	done
+	bad=""
+	for r in 0 1 2 3 4 5 6 7; do
+		wait "${pids[$r]}" || bad="$bad rank $r: $(head -c 200 "$work/err.$r");"
+	done
+	copy=$(totals copy_bytes)
+	backend=$(totals backend_bytes)
+	storage=$(fake_sum "$stp" report storage_bytes)
+	if [ -n "$bad" ]; then
+		fail "$label:$bad"
+	elif [ "$copy" -eq $((8 * unique)) ] && [ "$backend" -eq "$unique" ] &&
+		[ "$storage" -le $((unique + unique / 20)) ]; then
+		ok "$label: every byte right on the device; copy_bytes $copy, storage read $backend bytes (/proc/PID/io: $storage)"
+	else
+		fail "$label: copy_bytes $copy (want $((8 * unique))), backend_bytes $backend (want $unique), /proc/PID/io $storage"
+	fi
+done
 
 echo "gpu: $fails failed"
 [ $fails -eq 0 ]
