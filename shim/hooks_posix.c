@@ -15,6 +15,9 @@
 #include <stdio.h>
 #include <string.h>
 #include <sys/mman.h>
+#include <sys/stat.h>
+#include <sys/sendfile.h>
+#include <stdint.h>
 #include <sys/uio.h>
 #include <unistd.h>
 
@@ -41,25 +44,14 @@ static ssize_t serve1(int fd, void *buf, size_t count, off_t off, bool use_pos)
 	return kvs_shim_read(fd, &v, 1, off, use_pos);
 }
 
-static size_t iov_len(const struct iovec *iov, int iovcnt)
-{
-	size_t n = 0;
-
-	for (int i = 0; iov && i < iovcnt && i < IOV_MAX; i++)
-		n += iov[i].iov_len;
-	return n;
-}
-
+/* A vector read: the program's iovec array is read only for a KV file, and as the kernel reads
+ * it (kvs_shim_readv): one the kernel refuses is the real call's to refuse. */
 static ssize_t servev(int fd, const struct iovec *iov, int iovcnt, off_t off, bool use_pos)
 {
-	if (!iov || iovcnt <= 0)
+	if (!kvs_shim_wants(SIZE_MAX))
 		return -1;
-	if (!kvs_shim_wants(iov_len(iov, iovcnt))) {
-		kvs_shim_note_small(fd, iov_len(iov, iovcnt));
-		return -1;
-	}
 	pthread_testcancel();
-	return kvs_shim_read(fd, iov, iovcnt, off, use_pos);
+	return kvs_shim_readv(fd, iov, iovcnt, off, use_pos);
 }
 
 KVS_EXPORT ssize_t read(int fd, void *buf, size_t count)
@@ -238,8 +230,10 @@ KVS_EXPORT size_t fread(void *ptr, size_t size, size_t nmemb, FILE *f)
 /*
  * fwrite puts bytes in the stream's buffer; they reach the file at the stream's position when
  * it flushes.  For write-through they are staged at that position (ftello, under the stream's
- * lock) and kept once fclose has flushed them (below).  A stream in append mode is not
- * staged: its position is not where the bytes go.
+ * lock) and kept once fclose has flushed them (below).  A stream in append mode (O_APPEND on
+ * its descriptor) keeps nothing: its position is not where the bytes go.  A stream found
+ * elsewhere than the last fwrite left it, here or at fclose, keeps nothing either: stdio calls
+ * the shim does not hook (fputc, fprintf, fwrite_unlocked, putc_unlocked) wrote or moved it.
  */
 KVS_EXPORT size_t fwrite(const void *ptr, size_t size, size_t nmemb, FILE *f)
 {
@@ -253,17 +247,17 @@ KVS_EXPORT size_t fwrite(const void *ptr, size_t size, size_t nmemb, FILE *f)
 	    !kvs_wthru_on())
 		return kvs_real.fwrite(ptr, size, nmemb, f);
 	flockfile(f);
-	int fd = fileno_unlocked(f);
+	int fd = fileno_unlocked(f), saved = errno;
 	off_t pos = fd >= 0 ? ftello(f) : -1;
+	errno = saved; /* a pipe's ESPIPE is not the program's */
 	struct iovec v = {(void *)ptr, total};
 	if (pos >= 0) {
 		kvs_shim_invalidate(fd, pos, total, false, 0);
-		staged = kvs_shim_write_before(&op, fd, &v, 1, pos);
+		staged = kvs_shim_write_before(&op, fd, &v, 1, total, pos, true);
 	}
 	done = kvs_real.fwrite(ptr, size, nmemb, f);
 	if (staged) {
-		int saved = errno;
-
+		saved = errno;
 		/* Short: the stream has an error now, and fclose will say so. */
 		kvs_shim_write_after(&op, fd, done == nmemb ? (ssize_t)total : -1);
 		errno = saved;
@@ -275,7 +269,15 @@ KVS_EXPORT size_t fwrite(const void *ptr, size_t size, size_t nmemb, FILE *f)
 KVS_EXPORT int fclose(FILE *f)
 {
 	int dupfd;
-	struct wt_file *w = kvs_shim_fclosing(fileno(f), &dupfd);
+	int64_t pos = -1;
+
+	if (kvs_wthru_busy()) { /* where the stream stands, for write-through (wthru.h) */
+		int saved = errno;
+
+		pos = ftello(f);
+		errno = saved;
+	}
+	struct wt_file *w = kvs_shim_fclosing(fileno(f), pos, &dupfd);
 
 	kvs_real_init();
 	int r = kvs_real.fclose(f);
@@ -296,8 +298,8 @@ KVS_EXPORT int fclose(FILE *f)
 	do {                                                                                       \
 		struct kvs_wthru_op op_;                                                           \
 		kvs_shim_invalidate(fd, off, len, use_pos, 0);                                     \
-		bool staged_ =                                                                     \
-		    kvs_shim_write_before(&op_, fd, iov, iovcnt, (use_pos) ? -1 : (off));          \
+		bool staged_ = kvs_shim_write_before(&op_, fd, iov, iovcnt, len,                   \
+						     (use_pos) ? -1 : (off), false);               \
 		kvs_real_init();                                                                   \
 		ssize_t ret_ = (call);                                                             \
 		int saved_ = errno;                                                                \
@@ -307,6 +309,21 @@ KVS_EXPORT int fclose(FILE *f)
 			kvs_shim_invalidate(fd, off, (size_t)ret_, use_pos, -(off_t)ret_);         \
 		errno = saved_;                                                                    \
 		return ret_;                                                                       \
+	} while (0)
+
+/* A vector write: AROUND_WRITE with the program's iovec array read only for a KV file, and as
+ * the kernel reads it (kvs_shim_write_iov); any other, and one the kernel refuses, is the real
+ * call alone.  plain: its bytes can be kept (else only invalidated and followed). */
+#define AROUND_WRITEV(fd, iov, iovcnt, off, use_pos, plain, call)                                  \
+	do {                                                                                       \
+		struct iovec local_[KVS_IOV_LOCAL];                                                \
+		uint64_t len_ = 0;                                                                 \
+		const struct iovec *v_ = kvs_shim_write_iov(fd, iov, iovcnt, local_, &len_);       \
+		if (!v_) {                                                                         \
+			kvs_real_init();                                                           \
+			return (call);                                                             \
+		}                                                                                  \
+		AROUND_WRITE(fd, (plain) ? v_ : NULL, iovcnt, off, (size_t)len_, use_pos, call);   \
 	} while (0)
 
 /* pwritev2 flags that leave a write a plain one at its offset (RWF_APPEND does not). */
@@ -335,48 +352,49 @@ KVS_EXPORT ssize_t pwrite64(int fd, const void *buf, size_t count, off64_t off)
 
 KVS_EXPORT ssize_t writev(int fd, const struct iovec *iov, int iovcnt)
 {
-	AROUND_WRITE(fd, iov, iovcnt, 0, iov_len(iov, iovcnt), true,
-		     kvs_real.writev(fd, iov, iovcnt));
+	AROUND_WRITEV(fd, iov, iovcnt, 0, true, true, kvs_real.writev(fd, iov, iovcnt));
 }
 
 KVS_EXPORT ssize_t pwritev(int fd, const struct iovec *iov, int iovcnt, off_t off)
 {
-	AROUND_WRITE(fd, iov, iovcnt, off, iov_len(iov, iovcnt), false,
-		     kvs_real.pwritev(fd, iov, iovcnt, off));
+	AROUND_WRITEV(fd, iov, iovcnt, off, false, true, kvs_real.pwritev(fd, iov, iovcnt, off));
 }
 
 KVS_EXPORT ssize_t pwritev64(int fd, const struct iovec *iov, int iovcnt, off64_t off)
 {
-	AROUND_WRITE(fd, iov, iovcnt, (off_t)off, iov_len(iov, iovcnt), false,
-		     kvs_real.pwritev64(fd, iov, iovcnt, off));
+	AROUND_WRITEV(fd, iov, iovcnt, (off_t)off, false, true,
+		      kvs_real.pwritev64(fd, iov, iovcnt, off));
 }
 
 KVS_EXPORT ssize_t pwritev2(int fd, const struct iovec *iov, int iovcnt, off_t off, int flags)
 {
-	/* A write with other flags is not staged (no iovecs given): only invalidated. */
-	AROUND_WRITE(fd, (flags & ~PLAIN_RWF) ? NULL : iov, iovcnt, off, iov_len(iov, iovcnt),
-		     off == -1, kvs_real.pwritev2(fd, iov, iovcnt, off, flags));
+	/* A write with other flags is not staged (no iovecs given): invalidated and followed. */
+	AROUND_WRITEV(fd, iov, iovcnt, off, off == -1, !(flags & ~PLAIN_RWF),
+		      kvs_real.pwritev2(fd, iov, iovcnt, off, flags));
 }
 
 KVS_EXPORT ssize_t pwritev64v2(int fd, const struct iovec *iov, int iovcnt, off64_t off, int flags)
 {
-	AROUND_WRITE(fd, (flags & ~PLAIN_RWF) ? NULL : iov, iovcnt, (off_t)off,
-		     iov_len(iov, iovcnt), off == -1,
-		     kvs_real.pwritev64v2(fd, iov, iovcnt, off, flags));
+	AROUND_WRITEV(fd, iov, iovcnt, (off_t)off, off == -1, !(flags & ~PLAIN_RWF),
+		      kvs_real.pwritev64v2(fd, iov, iovcnt, off, flags));
 }
 
 /* The end of a writer's use of a descriptor publishes what it wrote through it (write-
  * through), and retires the descriptor's anchor (anchor.h); a load or two when there is
- * neither. */
+ * neither.  close is async-signal-safe: inside the shim (its own close, or a handler that
+ * interrupted it) it is the real call alone; else it takes only the shim's own locks, under
+ * its guard, and allocates nothing (shim.h, kvs_shim_inside). */
 KVS_EXPORT int close(int fd)
 {
-	kvs_aio_closing(fd); /* aio writes over but never asked about: seen, so kept now */
+	kvs_real_init();
+	if (kvs_shim_inside())
+		return kvs_real.close(fd);
+	kvs_aio_closing(fd); /* aio writes never asked about: their result unknown, kept nothing */
 	struct wt_file *f = kvs_shim_closing(fd);
 
 	kvs_anchor_closing(fd);
 	kvs_uring_closed(fd);
 
-	kvs_real_init();
 	int r = kvs_real.close(fd);
 	if (f) {
 		int saved = errno;
@@ -459,6 +477,156 @@ KVS_EXPORT int lockf64(int fd, int cmd, off64_t len)
 		kvs_anchor_note_lock(fd);
 	kvs_real_init();
 	return kvs_real.lockf64(fd, cmd, len);
+}
+
+/*
+ * Changes whose bytes write-through does not copy: each is followed from before the real call
+ * to after it (kvs_shim_change_before), so that the shards it touches are dropped from the
+ * cache and no staged copy of the file, this process's or another's, keeps them.  Every
+ * descriptor but a KV file's costs what kvs_fdinfo_get costs, once.
+ */
+#ifndef FALLOC_FL_COLLAPSE_RANGE
+#define FALLOC_FL_COLLAPSE_RANGE 0x08
+#endif
+#ifndef FALLOC_FL_INSERT_RANGE
+#define FALLOC_FL_INSERT_RANGE 0x20
+#endif
+
+/* A collapse or an insert moves every byte past off. */
+static uint64_t falloc_len(int mode, off64_t len)
+{
+	return mode & (FALLOC_FL_COLLAPSE_RANGE | FALLOC_FL_INSERT_RANGE) ? UINT64_MAX
+									  : (uint64_t)len;
+}
+
+KVS_EXPORT int fallocate(int fd, int mode, off_t off, off_t len)
+{
+	struct kvs_shim_change ch;
+	bool on = off >= 0 && len > 0 &&
+		  kvs_shim_change_before(&ch, fd, off, NULL, falloc_len(mode, len), true);
+
+	kvs_real_init();
+	int r = kvs_real.fallocate(fd, mode, off, len);
+	if (on)
+		kvs_shim_change_after(&ch, r); /* keeps errno */
+	return r;
+}
+
+KVS_EXPORT int fallocate64(int fd, int mode, off64_t off, off64_t len)
+{
+	struct kvs_shim_change ch;
+	bool on = off >= 0 && len > 0 &&
+		  kvs_shim_change_before(&ch, fd, off, NULL, falloc_len(mode, len), true);
+
+	kvs_real_init();
+	int r = kvs_real.fallocate64(fd, mode, off, len);
+	if (on)
+		kvs_shim_change_after(&ch, r);
+	return r;
+}
+
+KVS_EXPORT ssize_t copy_file_range(int in, off64_t *in_off, int out, off64_t *out_off, size_t len,
+				   unsigned int flags)
+{
+	struct kvs_shim_change ch;
+	bool on =
+	    kvs_shim_change_before(&ch, out, KVS_WT_AT_POS, (const int64_t *)out_off, len, true);
+
+	kvs_real_init();
+	ssize_t r = kvs_real.copy_file_range(in, in_off, out, out_off, len, flags);
+	if (on)
+		kvs_shim_change_after(&ch, r);
+	return r;
+}
+
+/* sendfile writes at out's position (its offset argument is in's). */
+KVS_EXPORT ssize_t sendfile(int out, int in, off_t *off, size_t count)
+{
+	struct kvs_shim_change ch;
+	bool on = kvs_shim_change_before(&ch, out, KVS_WT_AT_POS, NULL, count, true);
+
+	kvs_real_init();
+	ssize_t r = kvs_real.sendfile(out, in, off, count);
+	if (on)
+		kvs_shim_change_after(&ch, r);
+	return r;
+}
+
+KVS_EXPORT ssize_t sendfile64(int out, int in, off64_t *off, size_t count)
+{
+	struct kvs_shim_change ch;
+	bool on = kvs_shim_change_before(&ch, out, KVS_WT_AT_POS, NULL, count, true);
+
+	kvs_real_init();
+	ssize_t r = kvs_real.sendfile64(out, in, off, count);
+	if (on)
+		kvs_shim_change_after(&ch, r);
+	return r;
+}
+
+KVS_EXPORT ssize_t splice(int in, off64_t *in_off, int out, off64_t *out_off, size_t len,
+			  unsigned int flags)
+{
+	struct kvs_shim_change ch;
+	bool on =
+	    kvs_shim_change_before(&ch, out, KVS_WT_AT_POS, (const int64_t *)out_off, len, true);
+
+	kvs_real_init();
+	ssize_t r = kvs_real.splice(in, in_off, out, out_off, len, flags);
+	if (on)
+		kvs_shim_change_after(&ch, r);
+	return r;
+}
+
+/* A truncation by path changes every byte from the lesser of the old and the new size on: the
+ * file is looked at through a descriptor of the shim's own (O_PATH), closed after. */
+static int truncating(const char *path, off64_t len, struct kvs_shim_change *ch)
+{
+	struct stat st;
+
+	if (!path || len < 0 || !kvs_shim_wants(SIZE_MAX))
+		return -1;
+	int saved = errno, fd = open(path, O_PATH | O_CLOEXEC);
+	if (fd >= 0 && (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode) ||
+			!kvs_shim_change_before(ch, fd, len < st.st_size ? len : st.st_size, NULL,
+						UINT64_MAX, false))) {
+		kvs_real.close(fd);
+		fd = -1;
+	}
+	errno = saved;
+	return fd;
+}
+
+static void truncated(int fd, struct kvs_shim_change *ch, int r)
+{
+	if (fd < 0)
+		return;
+	int saved = errno;
+	kvs_shim_change_after(ch, r);
+	kvs_real.close(fd);
+	errno = saved;
+}
+
+KVS_EXPORT int truncate(const char *path, off_t len)
+{
+	struct kvs_shim_change ch;
+
+	kvs_real_init();
+	int fd = truncating(path, len, &ch);
+	int r = kvs_real.truncate(path, len);
+	truncated(fd, &ch, r);
+	return r;
+}
+
+KVS_EXPORT int truncate64(const char *path, off64_t len)
+{
+	struct kvs_shim_change ch;
+
+	kvs_real_init();
+	int fd = truncating(path, len, &ch);
+	int r = kvs_real.truncate64(path, len);
+	truncated(fd, &ch, r);
+	return r;
 }
 
 /* A writer's own truncation of a file it stages is one of its writes (wthru.h). */
