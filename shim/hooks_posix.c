@@ -688,16 +688,26 @@ KVS_EXPORT int renameat2(int fromdir, const char *from, int todir, const char *t
 }
 
 /* Mappings are not served (the kernel's page faults read the file), but one of a KV file is
- * counted and said once, so that an operator sees why the cache stays cold. */
-/* A KV file mapped is counted; an io_uring's rings mapped are noted (hooks_uring.c). */
+ * counted and said once, so that an operator sees why the cache stays cold; one shared and
+ * writable keeps the file out of write-through while it lives; an io_uring's rings mapped are
+ * noted (hooks_uring.c). */
+static void mapped(void *p, int prot, int flags, int fd, off64_t off)
+{
+	if (fd < 0 || (flags & MAP_ANONYMOUS) || p == MAP_FAILED)
+		return;
+	int saved = errno;
+	kvs_shim_mapped(fd, prot, flags);
+	kvs_uring_mapped(fd, (long)off, p);
+	errno = saved;
+}
+
 KVS_EXPORT void *mmap(void *addr, size_t len, int prot, int flags, int fd, off_t off)
 {
 	if (fd >= 0 && !(flags & MAP_ANONYMOUS))
 		kvs_shim_note_mmap(fd);
 	kvs_real_init();
 	void *p = kvs_real.mmap(addr, len, prot, flags, fd, off);
-	if (fd >= 0 && !(flags & MAP_ANONYMOUS))
-		kvs_uring_mapped(fd, (long)off, p);
+	mapped(p, prot, flags, fd, off);
 	return p;
 }
 
@@ -707,7 +717,6 @@ KVS_EXPORT void *mmap64(void *addr, size_t len, int prot, int flags, int fd, off
 		kvs_shim_note_mmap(fd);
 	kvs_real_init();
 	void *p = kvs_real.mmap64(addr, len, prot, flags, fd, off);
-	if (fd >= 0 && !(flags & MAP_ANONYMOUS))
-		kvs_uring_mapped(fd, (long)off, p);
+	mapped(p, prot, flags, fd, off);
 	return p;
 }

@@ -403,6 +403,22 @@ void kvs_shim_note_mmap(int fd)
 			 "a KV file mapped with mmap (its reads are page faults)", KVS_WHY_MMAP);
 }
 
+void kvs_shim_mapped(int fd, int prot, int flags)
+{
+	struct kvs_fdinfo fi;
+
+	if (guard || fd < 0 || !(flags & MAP_SHARED) || (flags & MAP_ANONYMOUS) || !kvs_wthru_on())
+		return;
+	int saved = errno;
+	guard++;
+	/* PROT_WRITE, or a descriptor that lets mprotect add it later. */
+	int fl = (prot & PROT_WRITE) ? O_RDWR : fcntl(fd, F_GETFL);
+	if (fl >= 0 && (fl & O_ACCMODE) == O_RDWR && kvs_fdinfo_get(fd, &fi) == 0 && fi.kv)
+		kvs_wthru_mapped(fi.dev, fi.ino);
+	guard--;
+	errno = saved;
+}
+
 void kvs_shim_note_stdio(int fd)
 {
 	note_kv_unserved(fd, KVS_CTR_unserved_stdio, KVS_CAUSE_UNSERVED_STDIO,

@@ -201,6 +201,10 @@ void kvs_shim_truncated(struct wt_file *f, int fd, struct kvs_wtok *tok, int ret
  * changes errno or fails. */
 void kvs_shim_note_small(int fd, size_t len);
 void kvs_shim_note_mmap(int fd);
+/* mmap of fd with prot and flags succeeded: a KV file mapped MAP_SHARED through a descriptor
+ * that can write keeps nothing of write-through while the mapping lives (wthru.h,
+ * kvs_wthru_mapped).  Never changes errno. */
+void kvs_shim_mapped(int fd, int prot, int flags);
 /* An fread of fd's stream that cannot be served (bytes to write, ungetc'd bytes, wide): counted
  * as unserved_stdio when fd is a KV file.  Never changes errno. */
 void kvs_shim_note_stdio(int fd);
