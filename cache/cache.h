@@ -310,12 +310,13 @@ uint64_t kvs_cache_first_seen(struct kvs_cache *c, const struct kvs_key *block, 
  * kvs_cache_stage_data: the slot's shard_size bytes.
  * kvs_cache_stage_publish hashes a staged slot under key as READY with length bytes, kept
  * until expires_ns (CLOCK_MONOTONIC; 0: for good).  If key is there already (a reader loaded
- * it meanwhile), the staged slot is freed and the other stays.  1 published, 0 key present,
- * -EINVAL (not a slot this process staged), -EUCLEAN (freed).
+ * it, or a writer published it, before), that slot is taken out of use first (freed, or left
+ * to the pins that hold it): it may hold an older file's bytes under the same identity.
+ * 1 published, -EINVAL (not a slot this process staged), -EUCLEAN (freed).
  * kvs_cache_stage_drop frees a staged slot.
  * kvs_cache_rekey moves the READY slot of key from, unless it is pinned, to key to (a rename
- * gave the file another identity), keeping its length and expiry.  1 moved, 0 not moved
- * (absent, pinned, or to present: then from's slot is freed), -errno.
+ * gave the file another identity), keeping its length and expiry; what to held is taken out
+ * of use as by a publication.  1 moved, 0 not moved (absent, pinned), -errno.
  */
 int kvs_cache_stage_claim(struct kvs_cache *c, uint32_t *slot);
 void *kvs_cache_stage_data(struct kvs_cache *c, uint32_t slot);

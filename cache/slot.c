@@ -542,6 +542,11 @@ static void drop_unlinked_locked(struct kvs_cache *c, uint32_t i, uint32_t b)
 		store_relaxed(&s->bucket, b | KVS_ORPHAN);
 }
 
+int kvs_slot_drop_locked(struct kvs_cache *c, uint32_t i, uint32_t b)
+{
+	return drop_locked(c, i, b);
+}
+
 static int drop_locked(struct kvs_cache *c, uint32_t i, uint32_t b)
 {
 	int r = kvs_slot_unlink_locked(c, i, b);

@@ -14,13 +14,17 @@
  * a staged slot's data; nothing else reads it.
  *
  * Publication takes the key's stripe and looks the key up (expired slots dropped, as every
- * lookup does).  Absent: the slot is hashed as a load would be (kvs_slot_insert_locked:
- * LOADING, unowned, unpinned), then, still under the stripe, length and expires are stored
- * and READY with a release store; nobody can see it in between, since every lookup takes the
- * stripe.  Present (a reader loaded the shard meanwhile, or another writer published it): the
- * slot goes back to FREE and the one there stays.  A crash under the stripe is repaired as
- * for any insert: the chain is rebuilt from slot metadata, and a slot caught LOADING with no
- * owner is loaded by its next pinner.
+ * lookup does).  Present (a reader loaded the shard, or a writer published it, before): that
+ * slot is taken out of use first (kvs_slot_drop_locked: freed, or left an orphan to the pins
+ * that hold it, which go on reading it), for it may hold an older file's bytes under the same
+ * identity (a file deleted and made again on its inode, with its size, in the same timestamp
+ * tick of a file system of whole-second stamps), where the writer's are the file's own (its
+ * checks said no one else wrote it).  Then the slot is hashed as a load would be
+ * (kvs_slot_insert_locked: LOADING, unowned, unpinned) and, still under the stripe, length
+ * and expires are stored and READY with a release store; nobody can see it in between, since
+ * every lookup takes the stripe.  A crash under the stripe is repaired as for any insert: the
+ * chain is rebuilt from slot metadata, and a slot caught LOADING with no owner is loaded by
+ * its next pinner.
  *
  *   dies ...                       leaves                          repaired by
  *   while staging                  slots CLAIMED by it             reclaim frees them
@@ -98,11 +102,13 @@ int kvs_cache_stage_publish(struct kvs_cache *c, uint32_t slot, const struct kvs
 	slot = repack(c, slot, length);
 	s = &c->slots[slot];
 	int64_t i = kvs_slot_lock_find(c, key, &b, &stripe);
-	if (i != KVS_NIL) {
-		if (i >= 0)
-			kvs_stripe_unlock(c, stripe);
+	if (i >= 0 && i != KVS_NIL && kvs_slot_drop_locked(c, (uint32_t)i, b)) {
+		kvs_stripe_unlock(c, stripe);
+		i = euclean(c); /* a corrupt chain: the old bytes cannot be taken out */
+	}
+	if (i < 0) {
 		kvs_cache_stage_drop(c, slot);
-		return i < 0 ? (int)i : 0;
+		return (int)i;
 	}
 	kvs_slot_insert_locked(c, slot, b, key);
 	store_relaxed(&s->length, length);

@@ -1062,11 +1062,19 @@ static void publish_locked(struct kvs_cache *c, struct wt_file *f, const struct 
 			uint64_t sh = k->first + (uint64_t)i, s0 = sh * S;
 			uint64_t len = s0 < size ? (size - s0 < S ? size - s0 : S) : 0;
 
-			if (e->slot == KVS_WT_NIL)
+			/* A shard this process wrote and does not publish: whatever the cache holds
+			 * under this identity may be older than what storage holds now (an identity
+			 * can come back: a same-size rewrite in one tick of whole-second stamps, a
+			 * deleted file's inode), so it goes. */
+			if (e->slot == KVS_WT_NIL) {
+				if (e->holey)
+					kvs_cache_invalidate(c, &block, sh, sh);
 				continue;
+			}
 			staged_slots--;
 			if (!ok || e->holey || !len || e->lo != 0 || e->hi != len) {
 				kvs_cache_stage_drop(c, e->slot);
+				kvs_cache_invalidate(c, &block, sh, sh);
 				continue;
 			}
 			struct kvs_key key = {block.block_lo, block.block_hi, sh};

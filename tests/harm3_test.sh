@@ -112,5 +112,27 @@ done
 # 11. Stores through a shared mapping.
 stored "stores through a shared mapping around a pwrite" "$work/kv/map" "$h" mapstore "$work/kv/map"
 
+# 6(b). Whole-second stamps (ext2): a file written and closed, deleted, and made again with
+#       other bytes on the same inode, with the same size, in the same second: the second
+#       publication must replace the first, never leave its bytes under the key.
+if only "a deleted file's inode"; then
+	if [ "$(id -u)" = 0 ] && command -v mkfs.ext2 >/dev/null &&
+		truncate -s 64M "$work/ext2.img" && mkfs.ext2 -q -I 128 -F "$work/ext2.img" >/dev/null 2>&1 &&
+		mkdir -p "$work/ext2" && mount -o loop "$work/ext2.img" "$work/ext2" 2>/dev/null; then
+		reset_region
+		out=$(KVSHIM_FILES_ROOTS=$work/ext2 LD_PRELOAD=$lib timeout 120 "$h" reborn "$work/ext2/f" 2>&1)
+		again=$(KVSHIM_FILES_ROOTS=$work/ext2 LD_PRELOAD=$lib timeout 60 "$h" verify "$work/ext2/f" 2>&1)
+		umount "$work/ext2"
+		if [[ "$out" == *"the same inode, size and stamps"*"served as stored" ]] &&
+			[[ "$again" == *"served as stored" ]]; then
+			ok "a deleted file's inode made again in the same second: $(echo "$out" | tail -2 | tr '\n' ';')"
+		else
+			fail "a deleted file's inode made again in the same second: $(echo "$out" | tr '\n' ';'); a new reader: $again"
+		fi
+	else
+		echo "skip - a deleted file's inode made again: needs root, mkfs.ext2 and a loop device"
+	fi
+fi
+
 echo "harm3: $fails failed"
 [ $fails -eq 0 ]
