@@ -79,6 +79,7 @@ enum kvs_alloc_class {
 	KVS_ALLOC_NORMAL = 0,
 	KVS_ALLOC_LOAD = 1,	/* a demand load an engine thread is waiting for */
 	KVS_ALLOC_PREFETCH = 2, /* a preallocation or read-ahead */
+	KVS_ALLOC_STAGE = 3,	/* write-through's staging: free frames, or ones unused lately */
 };
 
 /* Slot states as the existence query reports them. */
@@ -304,9 +305,14 @@ uint64_t kvs_cache_first_seen(struct kvs_cache *c, const struct kvs_key *block, 
  * which no lookup finds until the writer publishes them under the file's final identity.
  *
  * kvs_cache_stage_claim takes a slot for this process (CLAIMED by it, in no chain; its
- * reclaim frees it if it dies) from the main share, evicting an unpinned slot if need be; it
- * never waits for a load.  0 with *slot, -ENOSPC (every slot of the main share pinned or
- * claimed, or /dev/shm at the headroom), -EPERM (a watcher), -EUCLEAN.
+ * reclaim frees it if it dies) from the main share: a free frame, or one whose slots are
+ * unpinned and were not used since the hand last passed (it takes no second chance from a
+ * frame readers use, nor clears one: bytes that may never be published do not push out bytes
+ * in use); it never waits for a load.  And only while the slots staged on the node, summed
+ * over the processes attached (kvs_cache_stage_count), are below a quarter of the region's.
+ * 0 with *slot, -ENOSPC (the node's share spent, nothing idle in the main share, or /dev/shm
+ * at the headroom), -EPERM (a watcher), -EUCLEAN.
+ * kvs_cache_stage_count: this process holds n slots staged now (for the node's bound).
  * kvs_cache_stage_data: the slot's shard_size bytes.
  * kvs_cache_stage_publish hashes a staged slot under key as READY with length bytes, kept
  * until expires_ns (CLOCK_MONOTONIC; 0: for good).  If key is there already (a reader loaded
@@ -319,6 +325,7 @@ uint64_t kvs_cache_first_seen(struct kvs_cache *c, const struct kvs_key *block, 
  * of use as by a publication.  1 moved, 0 not moved (absent, pinned), -errno.
  */
 int kvs_cache_stage_claim(struct kvs_cache *c, uint32_t *slot);
+void kvs_cache_stage_count(struct kvs_cache *c, uint32_t n);
 void *kvs_cache_stage_data(struct kvs_cache *c, uint32_t slot);
 int kvs_cache_stage_publish(struct kvs_cache *c, uint32_t slot, const struct kvs_key *key,
 			    uint32_t length, uint64_t expires_ns);

@@ -134,7 +134,10 @@ struct kvs_proc {
 	_Atomic uint32_t state;
 	int32_t pid;	      /* in the process's own PID namespace */
 	_Atomic int32_t rank; /* written by the process itself */
-	uint32_t pad0;
+	/* Slots the process holds staged for write-through, as it last said (relaxed, by itself,
+	 * kvs_cache_stage_count); summed by stagers for the node's bound (stage.c).  It was
+	 * padding before: an older build's process counts 0. */
+	_Atomic uint32_t staged;
 	uint64_t attach_ns;
 	uint64_t pidns; /* inode of its /proc/self/ns/pid, 0 if unknown */
 	uint8_t pad1[KVS_CACHELINE - 32];

@@ -276,6 +276,7 @@ static void drop_shards_locked(struct kvs_cache *c, struct wt_file *f)
 		k->next = free_chunks;
 		free_chunks = k;
 	}
+	kvs_cache_stage_count(c, (uint32_t)staged_slots); /* for the node's bound */
 }
 
 static void unlink_locked(struct wt_file *f)
@@ -359,6 +360,7 @@ static uint32_t shard_slot(struct kvs_cache *c, struct wt_file *f, uint64_t sh)
 			e->holey = true; /* this shard is not kept */
 		} else {
 			staged_slots++;
+			kvs_cache_stage_count(c, (uint32_t)staged_slots); /* for the node's bound */
 		}
 	}
 	if (e && !e->holey)
@@ -662,7 +664,8 @@ static bool mapped_now(uint64_t dev, uint64_t ino)
 
 /* ------------------------------------------------------------------ writes */
 
-/* The most slots one process keeps staged: a quarter of the region. */
+/* The most slots one process keeps staged: a quarter of the region (the node's writers
+ * together stage no more: kvs_cache_stage_claim). */
 static uint64_t slot_cap(struct kvs_cache *c)
 {
 	uint64_t n = kvs_cache_slots(c) / 4;
@@ -1087,6 +1090,7 @@ static void publish_locked(struct kvs_cache *c, struct wt_file *f, const struct 
 		k->next = free_chunks;
 		free_chunks = k;
 	}
+	kvs_cache_stage_count(c, (uint32_t)staged_slots); /* for the node's bound */
 	f->wrote = false;
 	f->poisoned = false;
 	if (!bytes)

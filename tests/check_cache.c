@@ -955,6 +955,43 @@ START_TEST(test_corrupt_chains_contained)
 }
 END_TEST
 
+/* Staging's bounds: the node's writers together stage at most a quarter of the frames (each
+ * process says how many it holds), and a stager takes only a free frame or one nobody used
+ * since the hand last passed: it neither evicts nor ages the frames readers use. */
+START_TEST(test_stage_bound)
+{
+	struct kvs_config cfg;
+	uint32_t a, b, x;
+
+	test_config(&cfg, 8, 4096);
+	struct kvs_cache *c = open_ok(&cfg), *d = open_ok(&cfg);
+	ck_assert_int_eq(kvs_cache_stage_claim(c, &a), 0);
+	kvs_cache_stage_count(c, 1);
+	ck_assert_int_eq(kvs_cache_stage_claim(d, &b), 0);
+	kvs_cache_stage_count(d, 1);
+	ck_assert_int_eq(kvs_cache_stage_claim(d, &x), -ENOSPC); /* 2 of 8 on the node */
+	kvs_cache_stage_drop(c, a);
+	kvs_cache_stage_count(c, 0);
+	ck_assert_int_eq(kvs_cache_stage_claim(d, &x), 0);
+	kvs_cache_stage_drop(d, x);
+	kvs_cache_stage_drop(d, b);
+	kvs_cache_stage_count(d, 0);
+	/* Every frame of the main share loaded (an allocation sets its access byte). */
+	for (uint32_t i = 0; i < c->nmain; i++)
+		load_one(c, 100 + i);
+	ck_assert_int_eq(kvs_cache_stage_claim(c, &a), -ENOSPC);
+	for (uint32_t f = 0; f < c->nframes; f++)
+		ck_assert_uint_eq(load_relaxed(&c->access[f]), f < c->nmain); /* none aged */
+	store_relaxed(&c->access[3], 0); /* frame 3 unused since the hand passed */
+	ck_assert_int_eq(kvs_cache_stage_claim(c, &a), 0);
+	ck_assert_uint_eq(frame_of(c, a), 3);
+	kvs_cache_stage_drop(c, a);
+	kvs_cache_close(d);
+	kvs_cache_close(c);
+	remove_region(&cfg);
+}
+END_TEST
+
 /* Write-through's edges: a publication of a key already cached (a slot that is not slot 0)
  * replaces the cached slot and leaves the stripe unlocked; a slot claimed by another process is
  * not ours to publish; a rekey moves only READY slots (not one left for a retry after a
@@ -3317,6 +3354,7 @@ static Suite *cache_suite(void)
 	tcase_add_test(core, test_first_seen);
 	tcase_add_test(core, test_stage_publish_rekey);
 	tcase_add_test(core, test_stage_edges);
+	tcase_add_test(core, test_stage_bound);
 	tcase_add_test(conc, test_write_sequences);
 	tcase_add_test(conc, test_first_seen_concurrent);
 	tcase_add_test(core, test_create_attach_mismatch);

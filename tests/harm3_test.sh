@@ -112,6 +112,41 @@ done
 # 11. Stores through a shared mapping.
 stored "stores through a shared mapping around a pwrite" "$work/kv/map" "$h" mapstore "$work/kv/map"
 
+# 7. Four writers each write 20 MiB to a file of their own and hold it open, while a reader
+#    reads 16 shards again and again (a 64-slot region): staging has a bound for the node and
+#    never pushes out what readers use, so the reader hits every shard on each pass.
+if only "writers holding files open"; then
+	rm -rf "$work/kv"/*
+	reset_region
+	"$h" hold "$work/kv/r" 16 >/dev/null 2>&1 & # a file of 16 MiB, written without the shim
+	for _ in $(seq 1 200); do [ "$(stat -c %s "$work/kv/r" 2>/dev/null)" = 16777216 ] && break; sleep 0.05; done
+	kill %1 2>/dev/null
+	wait 2>/dev/null
+	LD_PRELOAD=$lib "$h" verify "$work/kv/r" >/dev/null 2>&1 # loaded: 16 shards
+	holders=()
+	for i in 1 2 3 4; do
+		LD_PRELOAD=$lib "$h" hold "$work/kv/w$i" 20 >"$work/hold$i" 2>&1 &
+		holders+=($!)
+	done
+	for i in 1 2 3 4; do
+		for _ in $(seq 1 400); do grep -q holding "$work/hold$i" && break; sleep 0.05; done
+	done
+	claimed=$(region slots_claimed)
+	hits=""
+	for pass in 1 2 3; do
+		h0=$(totals shards_hit)
+		LD_PRELOAD=$lib "$h" verify "$work/kv/r" >/dev/null 2>&1
+		hits="$hits $(($(totals shards_hit) - h0))"
+	done
+	kill "${holders[@]}" 2>/dev/null
+	wait 2>/dev/null
+	if [ "$hits" = " 16 16 16" ] && [ "$claimed" -le 16 ]; then
+		ok "writers holding files open: $claimed of 64 slots staged, the reader hit$hits of 16"
+	else
+		fail "writers holding files open: $claimed of 64 slots staged (at most 16 wanted), the reader hit$hits of 16 (16 each wanted)"
+	fi
+fi
+
 # 6(b). Whole-second stamps (ext2): a file written and closed, deleted, and made again with
 #       other bytes on the same inode, with the same size, in the same second: the second
 #       publication must replace the first, never leave its bytes under the key.
