@@ -229,6 +229,9 @@ int kvs_slot_free_claim(struct kvs_cache *c, uint32_t slot, uint32_t p);
  * changed meanwhile, publish FAILED with EOWNERDEAD under its stripe (waking its waiters).
  * Returns 1 if it did, 0 if the slot had moved on, or -EUCLEAN. */
 int kvs_slot_take_over(struct kvs_cache *c, uint32_t slot, uint32_t owner);
+/* wseq.c: dead process p's writes in flight are over: every write-sequence entry it owns, or
+ * shares with another process's writes, is left with none in flight (the reclaim of p). */
+void kvs_wseq_repair(struct kvs_cache *c, uint32_t p);
 /* slot.c: retry this process's deferred releases (kvs_cache_release could not lock). */
 void kvs_slot_retry_deferred(struct kvs_cache *c);
 /* slot.c: unlink slot from its chain; caller holds the stripe. */

@@ -128,6 +128,7 @@ int kvs_proc_reclaim(struct kvs_cache *c, uint32_t p)
 			left += kvs_slot_free_claim(c, i, p) != 0;
 	if (left)
 		goto out_unlock; /* a stripe is stuck: the next reap finishes */
+	kvs_wseq_repair(c, p);	 /* its writes in flight will never end */
 	if (kvs_proc_lock(c) == 0) {
 		retire_locked(c, pr);
 		kvs_proc_unlock(c);

@@ -483,7 +483,8 @@ START_TEST(test_write_sequences)
 	kvs_cache_write_begin(c, 8, 100, &a);
 	ck_assert(kvs_cache_write_end(c, &a));
 	ck_assert(kvs_cache_write_last(c, &a));
-	/* A writer that dies in flight: the file's later writes are unclean. */
+	/* A writer that dies in flight: the file's later writes are unclean until the dead one is
+	 * reaped, which ends its writes; then the next is clean, and foreign. */
 	pid_t kid = fork_alone();
 	ck_assert_int_ge(kid, 0);
 	if (kid == 0) {
@@ -501,6 +502,11 @@ START_TEST(test_write_sequences)
 	kvs_cache_write_begin(c, 9, 100, &a);
 	ck_assert(!a.clean);
 	ck_assert(!kvs_cache_write_end(c, &a));
+	ck_assert_int_eq(kvs_cache_reap(c), 1);
+	kvs_cache_write_begin(c, 9, 100, &a);
+	ck_assert(a.held && a.clean && a.foreign);
+	ck_assert(kvs_cache_write_end(c, &a));
+	ck_assert(kvs_cache_write_last(c, &a));
 	/* A watcher is never clean. */
 	struct kvs_cache *w = NULL;
 	ck_assert_int_eq(kvs_cache_open(KVS_CACHE_PARAMS(&cfg), KVS_OPEN_WATCH, &w, NULL, 0), 0);

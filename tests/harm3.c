@@ -683,8 +683,8 @@ static int cmd_aiokill(const char *path)
 	cb.aio_nbytes = MIB;
 	if (aio_write(&cb))
 		die("aio_write");
-	while (aio_error(&cb) == EINPROGRESS)
-		aio_suspend(l, 1, NULL);
+	while (aio_suspend(l, 1, NULL) != 0) /* over, and the shim not told: still in flight */
+		;
 	raise(SIGKILL);
 	return 2;
 }

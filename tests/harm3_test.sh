@@ -147,6 +147,23 @@ if only "writers holding files open"; then
 	fi
 fi
 
+# Also: a writer SIGKILLed inside a write (an aio_write seen over, never reaped) leaves the
+# file's write sequence busy only until it is reclaimed: the next writer's save is kept.
+if only "a writer killed inside a write"; then
+	rm -rf "$work/kv"/*
+	reset_region
+	LD_PRELOAD=$lib timeout 60 "$h" aiokill "$work/kv/k" >/dev/null 2>&1
+	st=$?
+	LD_PRELOAD=$lib dd if=/dev/urandom of="$work/kv/k" bs=1M count=2 status=none
+	wt=$(totals write_through_bytes)
+	again=$(LD_PRELOAD=$lib timeout 60 "$h" verify "$work/kv/k" 2>&1)
+	if [ $st = 137 ] && [ "$wt" = 2097152 ] && [[ "$again" == *"served as stored" ]]; then
+		ok "a writer killed inside a write: the next save kept ($wt bytes), $again"
+	else
+		fail "a writer killed inside a write (status $st): the next save kept $wt bytes (2097152 wanted); $again"
+	fi
+fi
+
 # 6(b). Whole-second stamps (ext2): a file written and closed, deleted, and made again with
 #       other bytes on the same inode, with the same size, in the same second: the second
 #       publication must replace the first, never leave its bytes under the key.
