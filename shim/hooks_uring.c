@@ -300,8 +300,10 @@ static bool probe_inject(void)
 
 	memset(&p, 0, sizeof(p));
 	int fd = (int)syscall(SYS_io_uring_setup, 2, &p);
-	if (fd < 0)
+	if (fd < 0) {
+		probing--; /* else this thread's later rings go unseen for good */
 		return false;
+	}
 	size_t sq_len = p.sq_off.array + p.sq_entries * sizeof(unsigned);
 	size_t cq_len = p.cq_off.cqes + p.cq_entries * sizeof(struct io_uring_cqe);
 	size_t sqe_len = p.sq_entries * sizeof(struct io_uring_sqe);

@@ -39,6 +39,9 @@
  *                                open until the process is killed
  *   harm3 aiokill FILE           an aio_write of FILE seen over, then SIGKILL before it is
  *                                reaped (the shim sees a write that never ends)
+ *   harm3 uringprobe FILE N      N reads of FILE, each through a ring of its own set up and
+ *                                entered through libc's syscall(), with a seccomp filter that
+ *                                refuses io_uring_setup of 2 entries (the shim's probe ring)
  *   harm3 vread FILE BLOCK       vLLM's file tier: FILE read in BLOCK-byte blocks with preadv
  *                                (O_DIRECT); a block whose count is not BLOCK (or the end) or
  *                                that fails would be deleted: "vread: N blocks, M deleted"
@@ -69,6 +72,11 @@
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
+#include <linux/filter.h>
+#include <linux/io_uring.h>
+#include <linux/seccomp.h>
+#include <stddef.h>
+#include <sys/prctl.h>
 #ifdef HARM3_URING
 #include <liburing.h>
 #endif
@@ -689,6 +697,71 @@ static int cmd_aiokill(const char *path)
 	return 2;
 }
 
+/* ------------------------------------------------------------------ io_uring's probe */
+
+/* N 1 MiB reads of FILE through a ring of 8 entries set up and entered through libc's
+ * syscall() (fio's own ring code does so), with io_uring_setup of 2 entries refused by a
+ * seccomp filter: the shim's probe of the kernel uses a ring of 2, and must fail without
+ * blinding the thread to the rings it sets up or enters after. */
+static int cmd_uringprobe(const char *path, int n)
+{
+	struct sock_filter f[] = {
+	    BPF_STMT(BPF_LD | BPF_W | BPF_ABS, offsetof(struct seccomp_data, nr)),
+	    BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, __NR_io_uring_setup, 0, 3),
+	    BPF_STMT(BPF_LD | BPF_W | BPF_ABS, offsetof(struct seccomp_data, args[0])),
+	    BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, 2, 0, 1),
+	    BPF_STMT(BPF_RET | BPF_K, SECCOMP_RET_ERRNO | EPERM),
+	    BPF_STMT(BPF_RET | BPF_K, SECCOMP_RET_ALLOW),
+	};
+	struct sock_fprog prog = {sizeof(f) / sizeof(f[0]), f};
+	struct io_uring_params p;
+	unsigned char *buf = big(MIB);
+	int fd = open(path, O_RDONLY | O_DIRECT);
+
+	if (fd < 0 || prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) ||
+	    prctl(PR_SET_SECCOMP, SECCOMP_MODE_FILTER, &prog))
+		die("seccomp");
+	long res = 0;
+	for (int i = 0; i < n; i++) {
+		memset(&p, 0, sizeof(p));
+		int r = (int)syscall(SYS_io_uring_setup, 8, &p);
+		if (r < 0)
+			die("io_uring_setup");
+		size_t sq_len = p.sq_off.array + p.sq_entries * sizeof(unsigned);
+		size_t cq_len = p.cq_off.cqes + p.cq_entries * sizeof(struct io_uring_cqe);
+		size_t sqe_len = p.sq_entries * sizeof(struct io_uring_sqe);
+		char *sq = mmap(NULL, sq_len, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_POPULATE, r,
+				IORING_OFF_SQ_RING);
+		char *cq = mmap(NULL, cq_len, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_POPULATE, r,
+				IORING_OFF_CQ_RING);
+		struct io_uring_sqe *sqe = mmap(NULL, sqe_len, PROT_READ | PROT_WRITE,
+						MAP_SHARED | MAP_POPULATE, r, IORING_OFF_SQES);
+		if (sq == MAP_FAILED || cq == MAP_FAILED || sqe == MAP_FAILED)
+			die("mmap");
+		unsigned *tail = (unsigned *)(sq + p.sq_off.tail);
+		unsigned *array = (unsigned *)(sq + p.sq_off.array);
+		memset(sqe, 0, sizeof(*sqe));
+		sqe->opcode = IORING_OP_READ;
+		sqe->fd = fd;
+		sqe->addr = (uint64_t)(uintptr_t)buf;
+		sqe->len = MIB;
+		array[*tail & *(unsigned *)(sq + p.sq_off.ring_mask)] = 0;
+		__atomic_store_n(tail, *tail + 1, __ATOMIC_RELEASE);
+		if (syscall(SYS_io_uring_enter, r, 1, 1, IORING_ENTER_GETEVENTS, NULL, 0) != 1)
+			die("io_uring_enter");
+		unsigned head = __atomic_load_n((unsigned *)(cq + p.cq_off.head), __ATOMIC_ACQUIRE);
+		res = ((struct io_uring_cqe
+			    *)(cq + p.cq_off.cqes))[head & *(unsigned *)(cq + p.cq_off.ring_mask)]
+			  .res;
+		munmap(sq, sq_len);
+		munmap(cq, cq_len);
+		munmap(sqe, sqe_len);
+		close(r);
+	}
+	printf("uringprobe: %d reads, the last %ld\n", n, res);
+	return 0;
+}
+
 /* ------------------------------------------------------------------ vLLM's reader */
 
 static int cmd_vread(const char *path, size_t block)
@@ -748,6 +821,8 @@ int main(int argc, char **argv)
 		return cmd_hold(argv[2], atoi(argv[3]));
 	if (argc == 3 && !strcmp(argv[1], "aiokill"))
 		return cmd_aiokill(argv[2]);
+	if (argc == 4 && !strcmp(argv[1], "uringprobe"))
+		return cmd_uringprobe(argv[2], atoi(argv[3]));
 	if (argc == 4 && !strcmp(argv[1], "vread"))
 		return cmd_vread(argv[2], (size_t)strtoull(argv[3], NULL, 0));
 	fprintf(stderr, "usage: see the top of tests/harm3.c\n");
