@@ -183,7 +183,7 @@ int kvs_cache_pin(struct kvs_cache *c, const struct kvs_key *key, enum kvs_alloc
 
 /*
  * kvs_cache_pin for a load of bytes bytes (the shard's length in its file; 0: a whole shard)
- * whose bytes may be kept only until expires_ns (CLOCK_MONOTONIC; 0: for good, as
+ * whose bytes may be kept only until expires_ns (the node's clock, kvs_node_ns; 0: for good, as
  * kvs_cache_pin).  A slot allocated for fewer bytes than a shard is packed with others into
  * one frame and costs the cache its bytes rounded up to pages (at least shard_size /
  * per-frame slots; layout.h); kvs_cache_room says what a slot holds.  Whichever slot the key
@@ -294,8 +294,8 @@ void kvs_block_id(const struct stat *st, struct kvs_key *out);
 /*
  * When did this node first load a shard of block (a file identity: kvs_block_id, shard
  * ignored)?  The time recorded in the region's seen table, or, when none is, now_ns after
- * recording it (CLOCK_MONOTONIC ns; never later than now_ns).  Lock-free.  A record may be
- * lost (the table is a cache): the answer is then later than the truth, never earlier.  A
+ * recording it (the node's clock, kvs_node_ns; never later than now_ns).  Lock-free.  A record may
+ * be lost (the table is a cache): the answer is then later than the truth, never earlier.  A
  * watcher records nothing and gets now_ns.
  */
 uint64_t kvs_cache_first_seen(struct kvs_cache *c, const struct kvs_key *block, uint64_t now_ns);
@@ -315,8 +315,8 @@ uint64_t kvs_cache_first_seen(struct kvs_cache *c, const struct kvs_key *block, 
  * kvs_cache_stage_count: this process holds n slots staged now (for the node's bound).
  * kvs_cache_stage_data: the slot's shard_size bytes.
  * kvs_cache_stage_publish hashes a staged slot under key as READY with length bytes, kept
- * until expires_ns (CLOCK_MONOTONIC; 0: for good).  If key is there already (a reader loaded
- * it, or a writer published it, before), that slot is taken out of use first (freed, or left
+ * until expires_ns (the node's clock, kvs_node_ns; 0: for good).  If key is there already (a reader
+ * loaded it, or a writer published it, before), that slot is taken out of use first (freed, or left
  * to the pins that hold it): it may hold an older file's bytes under the same identity.
  * 1 published, -EINVAL (not a slot this process staged), -EUCLEAN (freed).
  * kvs_cache_stage_drop frees a staged slot.

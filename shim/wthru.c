@@ -118,7 +118,7 @@ struct wt_file {
 	uint32_t after_gen;    /* moves with after */
 	struct stat close_st;  /* fstat just before the close that publishes it */
 	struct kvs_wtok tok;   /* of the last write */
-	uint64_t t_first;      /* CLOCK_MONOTONIC start of the first write since publication */
+	uint64_t t_first;      /* kvs_node_ns start of the first write since publication */
 	uint64_t settle_ns;
 	struct wt_chunk *chunks;
 	/* The writes of this process in flight on the file, and their ranges: two of them that
@@ -818,7 +818,7 @@ bool kvs_wthru_before(struct kvs_cache *c, struct kvs_wthru_op *op, int fd,
 	op->iovcnt = iovcnt;
 	op->off = (uint64_t)off;
 	op->len = len;
-	op->t0 = kvs_mono_ns();
+	op->t0 = kvs_node_ns(); /* expiries are shared: sys.h */
 	op->at_pos = at_pos;
 	op->deferred = deferred;
 	if (!follow(c, op, fd, fi, true))
@@ -863,7 +863,7 @@ bool kvs_wthru_change(struct kvs_cache *c, struct kvs_wthru_op *op, int fd,
 	}
 	op->off = (uint64_t)off;
 	op->len = len;
-	op->t0 = kvs_mono_ns();
+	op->t0 = kvs_node_ns(); /* expiries are shared: sys.h */
 	return follow(c, op, fd, fi, named);
 }
 

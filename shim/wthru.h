@@ -42,7 +42,7 @@ struct kvs_wthru_op {
 	bool change; /* no bytes copied (kvs_wthru_change): its range keeps nothing */
 	bool stream; /* an fwrite at the stream's position off (KVS_WT_STREAM) */
 	struct kvs_wtok tok;
-	uint64_t t0; /* CLOCK_MONOTONIC when the write began */
+	uint64_t t0; /* the node's clock (kvs_node_ns) when the write began */
 	struct kvs_wthru_op *next;
 	_Atomic uint32_t copied; /* the copier is done with the op (release) */
 	/* Where the bytes come from when not iov (device memory, cuFileWrite): copies n bytes at
