@@ -227,5 +227,72 @@ if only "a deleted file's inode"; then
 	fi
 fi
 
+# Also: vLLM's file tier deletes a block file on any short read or error.  A reader in that
+# shape (tests/harm3.c vread: 2 MiB blocks by preadv, O_DIRECT, the count checked) over slow
+# storage (slowfs) must never see one where the kernel returns them all: with the region full,
+# the loader failing, a waiter timing out and a dead owner.
+mnt_down() {
+	fusermount3 -u "$work/mnt" 2>/dev/null || umount "$work/mnt" 2>/dev/null || umount -l "$work/mnt" 2>/dev/null
+}
+mnt_up() { # SLOWFS_OPTIONS...
+	mnt_down
+	"$slowfs" "$@" "$work/src" "$work/mnt" -o max_read=1048576 2>"$work/slowfs.log" || return 1
+	for _ in $(seq 1 100); do
+		grep -qs " $work/mnt fuse" /proc/mounts && return 0
+		sleep 0.05
+	done
+	return 1
+}
+trap 'mnt_down; cleanup' EXIT
+# vreads LABEL N [ENV...]: N readers of the block file at once; every one deletes nothing.
+vreads() {
+	local label=$1 n=$2 bad=0 outs=""
+	shift 2
+	reset_region
+	for i in $(seq 1 "$n"); do
+		env "$@" LD_PRELOAD="$lib" timeout 120 "$h" vread "$work/mnt/blk" 2097152 \
+			>"$work/vread.$i" 2>&1 &
+	done
+	wait
+	for i in $(seq 1 "$n"); do
+		grep -q "^vread: 16 blocks, 0 deleted" "$work/vread.$i" || bad=$((bad + 1))
+		outs="$outs $(tr '\n' ' ' <"$work/vread.$i")"
+	done
+	local counts="requests $(totals requests), failures $(totals failures), fallbacks $(totals fallbacks)"
+	[ $bad = 0 ] && [ "$(totals requests)" -gt 0 ] && ok "vLLM's reader, $label: $n readers deleted nothing ($counts)" ||
+		fail "vLLM's reader, $label: $bad of $n readers would delete ($counts):$(echo "$outs" | head -c 600)"
+}
+if only "vLLM's reader"; then
+	if [ -n "$slowfs" ] && [ -x "$slowfs" ] && [ -e /dev/fuse ]; then
+		rm -rf "$work/src"/*
+		head -c $((32 * 1024 * 1024)) /dev/urandom >"$work/src/blk"
+		# The region full: 2 slots for 6 readers of 32 shards, each load 200 ms.
+		mnt_up --latency-us 200000 && vreads "the region full" 6 KVSHIM_CACHE_CAPACITY=2M
+		# The loader failing: every read of a thread other than the program's own is EIO.
+		mnt_up --latency-us 20000 --fail-threads && vreads "the loader failing" 2
+		# A waiter timing out: 100 ms of waiting for loads of 600 ms.
+		mnt_up --latency-us 600000 && vreads "a waiter timing out" 2 KVSHIM_LOADER_WAIT_TIMEOUT_MS=100
+		# A dead owner: the first reader SIGKILLed while it loads, the second waiting on it.
+		if mnt_up --latency-us 1000000; then
+			reset_region
+			LD_PRELOAD=$lib "$h" vread "$work/mnt/blk" 2097152 >/dev/null 2>&1 &
+			owner=$!
+			sleep 0.3
+			LD_PRELOAD=$lib timeout 120 "$h" vread "$work/mnt/blk" 2097152 >"$work/vread.w" 2>&1 &
+			waiter=$!
+			sleep 0.5
+			kill -9 $owner
+			{ wait $owner; } 2>/dev/null
+			wait $waiter
+			grep -q "^vread: 16 blocks, 0 deleted" "$work/vread.w" &&
+				ok "vLLM's reader, a dead owner: the waiter deleted nothing ($(cat "$work/vread.w"), failures $(totals failures))" ||
+				fail "vLLM's reader, a dead owner: $(tr '\n' ' ' <"$work/vread.w" | head -c 600)"
+		fi
+		mnt_down
+	else
+		echo "skip - vLLM's reader: no FUSE (slowfs) here"
+	fi
+fi
+
 echo "harm3: $fails failed"
 [ $fails -eq 0 ]
