@@ -893,8 +893,29 @@ int io_pgetevents(void *ctx, long min_nr, long nr, struct io_event *events,
 int io_cancel(void *ctx, struct iocb *iocb, struct io_event *evt);
 int io_destroy(void *ctx);
 
-/* libc's syscall(): the io_* numbers that touch served entries come here; every other number
- * goes to the kernel as glibc's would (-1 and errno for -4095..-1). */
+/* A change of a file made through libc's syscall() (a write, a truncation, a copy into it):
+ * followed as the shim's hooks follow one (kvs_shim_change_before), over the whole file (the
+ * arguments are the kernel's to check): the file keeps nothing of write-through meanwhile,
+ * and its shards are dropped.  The kernel's answer, -errno on failure. */
+static long changing(long number, const long *a)
+{
+	struct kvs_shim_change ch;
+	int fd = (number == SYS_copy_file_range || number == SYS_splice) ? (int)a[2] : (int)a[0];
+	bool on = kvs_shim_change_before(&ch, fd, KVS_WT_ANYWHERE, NULL, UINT64_MAX, true);
+	long r = raw6(number, a[0], a[1], a[2], a[3], a[4], a[5]);
+
+	if (on) {
+		int saved = errno;
+
+		kvs_shim_change_after(&ch, r < 0 ? -1 : r);
+		errno = saved;
+	}
+	return r;
+}
+
+/* libc's syscall(): the io_* numbers that touch served entries come here, and the numbers
+ * that change a file's bytes are followed (changing); every other number goes to the kernel
+ * as glibc's would (-1 and errno for -4095..-1). */
 KVS_EXPORT long syscall(long number, ...)
 {
 	long a[6], r;
@@ -955,6 +976,18 @@ KVS_EXPORT long syscall(long number, ...)
 		}
 		break;
 #endif
+	case SYS_write:
+	case SYS_pwrite64:
+	case SYS_writev:
+	case SYS_pwritev:
+	case SYS_pwritev2:
+	case SYS_fallocate:
+	case SYS_ftruncate:
+	case SYS_copy_file_range:
+	case SYS_sendfile:
+	case SYS_splice:
+		r = changing(number, a);
+		break;
 	default:
 		r = raw6(number, a[0], a[1], a[2], a[3], a[4], a[5]);
 		break;

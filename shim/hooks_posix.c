@@ -290,6 +290,17 @@ KVS_EXPORT int fclose(FILE *f)
 	return r;
 }
 
+/* The first line of the hook of a function POSIX lists as async-signal-safe: inside the shim
+ * (its own call, or a signal handler that interrupted it), the real call and nothing more
+ * (shim.h, kvs_shim_inside). */
+#define REAL_IF_INSIDE(call)                                                                       \
+	do {                                                                                       \
+		if (kvs_shim_inside()) {                                                           \
+			kvs_real_init();                                                           \
+			return (call);                                                             \
+		}                                                                                  \
+	} while (0)
+
 /* Around a write: invalidate before it the shards as they were, stage its bytes for
  * write-through (wthru.h), make the real call, then keep what it wrote and invalidate any
  * shard another process loaded while it was landing.  iov/iovcnt describe the bytes; off is
@@ -297,6 +308,7 @@ KVS_EXPORT int fclose(FILE *f)
 #define AROUND_WRITE(fd, iov, iovcnt, off, len, use_pos, call)                                     \
 	do {                                                                                       \
 		struct kvs_wthru_op op_;                                                           \
+		REAL_IF_INSIDE(call);                                                              \
 		kvs_shim_invalidate(fd, off, len, use_pos, 0);                                     \
 		bool staged_ = kvs_shim_write_before(&op_, fd, iov, iovcnt, len,                   \
 						     (use_pos) ? -1 : (off), false);               \
@@ -318,6 +330,7 @@ KVS_EXPORT int fclose(FILE *f)
 	do {                                                                                       \
 		struct iovec local_[KVS_IOV_LOCAL];                                                \
 		uint64_t len_ = 0;                                                                 \
+		REAL_IF_INSIDE(call);                                                              \
 		const struct iovec *v_ = kvs_shim_write_iov(fd, iov, iovcnt, local_, &len_);       \
 		if (!v_) {                                                                         \
 			kvs_real_init();                                                           \
@@ -386,9 +399,7 @@ KVS_EXPORT ssize_t pwritev64v2(int fd, const struct iovec *iov, int iovcnt, off6
  * its guard, and allocates nothing (shim.h, kvs_shim_inside). */
 KVS_EXPORT int close(int fd)
 {
-	kvs_real_init();
-	if (kvs_shim_inside())
-		return kvs_real.close(fd);
+	REAL_IF_INSIDE(kvs_real.close(fd));
 	kvs_aio_closing(fd); /* aio writes never asked about: their result unknown, kept nothing */
 	struct wt_file *f = kvs_shim_closing(fd);
 
@@ -407,6 +418,7 @@ KVS_EXPORT int close(int fd)
 
 KVS_EXPORT int fsync(int fd)
 {
+	REAL_IF_INSIDE(kvs_real.fsync(fd));
 	kvs_real_init();
 	int r = kvs_real.fsync(fd);
 	if (r == 0)
@@ -416,6 +428,7 @@ KVS_EXPORT int fsync(int fd)
 
 KVS_EXPORT int fdatasync(int fd)
 {
+	REAL_IF_INSIDE(kvs_real.fdatasync(fd));
 	kvs_real_init();
 	int r = kvs_real.fdatasync(fd);
 	if (r == 0)
@@ -446,6 +459,7 @@ KVS_EXPORT int fcntl(int fd, int cmd, ...)
 	va_start(ap, cmd);
 	void *arg = va_arg(ap, void *);
 	va_end(ap);
+	REAL_IF_INSIDE(kvs_real.fcntl(fd, cmd, arg));
 	note_lock(fd, cmd, arg);
 	kvs_real_init();
 	return kvs_real.fcntl(fd, cmd, arg);
@@ -458,6 +472,7 @@ KVS_EXPORT int fcntl64(int fd, int cmd, ...)
 	va_start(ap, cmd);
 	void *arg = va_arg(ap, void *);
 	va_end(ap);
+	REAL_IF_INSIDE(kvs_real.fcntl64(fd, cmd, arg));
 	note_lock(fd, cmd, arg);
 	kvs_real_init();
 	return kvs_real.fcntl64(fd, cmd, arg);
@@ -633,6 +648,8 @@ KVS_EXPORT int truncate64(const char *path, off64_t len)
 KVS_EXPORT int ftruncate(int fd, off_t len)
 {
 	struct kvs_wtok tok;
+
+	REAL_IF_INSIDE(kvs_real.ftruncate(fd, len));
 	struct wt_file *f = kvs_shim_truncating(fd, &tok);
 
 	kvs_real_init();
@@ -645,6 +662,8 @@ KVS_EXPORT int ftruncate(int fd, off_t len)
 KVS_EXPORT int ftruncate64(int fd, off64_t len)
 {
 	struct kvs_wtok tok;
+
+	REAL_IF_INSIDE(kvs_real.ftruncate64(fd, len));
 	struct wt_file *f = kvs_shim_truncating(fd, &tok);
 
 	kvs_real_init();
@@ -658,6 +677,7 @@ KVS_EXPORT int ftruncate64(int fd, off64_t len)
  * to the new one (tmp + rename, as vLLM's tiering fs, UCM and LMCache save a block). */
 KVS_EXPORT int rename(const char *from, const char *to)
 {
+	REAL_IF_INSIDE(kvs_real.rename(from, to));
 	kvs_real_init();
 	int r = kvs_real.rename(from, to);
 	if (r == 0)
@@ -667,6 +687,7 @@ KVS_EXPORT int rename(const char *from, const char *to)
 
 KVS_EXPORT int renameat(int fromdir, const char *from, int todir, const char *to)
 {
+	REAL_IF_INSIDE(kvs_real.renameat(fromdir, from, todir, to));
 	kvs_real_init();
 	int r = kvs_real.renameat(fromdir, from, todir, to);
 	if (r == 0)

@@ -648,11 +648,15 @@ static void serve(const struct view *v)
 	pthread_setcancelstate(cancel_state, NULL);
 }
 
-/* Count the KV entries of a ring the shim passes through whole (SQPOLL, no NOP injection). */
+/* Count the KV entries of a ring the shim passes through whole (SQPOLL, no NOP injection);
+ * its changes of files are followed still. */
 static void pass_all(const struct view *v, enum cause why)
 {
 	for (unsigned i = v->head; i != v->tail && v->tail - v->head <= 65536; i++) {
 		struct io_uring_sqe *sqe = sqe_at(v, i);
+
+		if (sqe)
+			invalidate_if_write(v, sqe);
 
 		if (sqe &&
 		    (sqe->opcode == IORING_OP_READ || sqe->opcode == IORING_OP_READV ||

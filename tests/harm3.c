@@ -26,7 +26,8 @@
  *                                changes bytes in its range by HOW (fallocate, copyrange,
  *                                pwrite8k: 8 KiB on another descriptor, pwrite8: 8 bytes on
  *                                another descriptor, uring, sendfile, splice, truncate: by
- *                                path to 4 KiB and back to 1 MiB), then aio_return and close;
+ *                                path to 4 KiB and back to 1 MiB, syscall: SYS_pwrite64 through
+ *                                libc's syscall()), then aio_return and close;
  *                                kaio: the same with kernel AIO reaped late, by fallocate
  *   harm3 stdio FILE HOW         fopen "r+", fwrite 1 MiB at 0, fseek 0, then HOW (fputc,
  *                                fprintf, fwrite_unlocked, fputs) writes a header, fclose
@@ -495,6 +496,12 @@ static long change_by(const char *path, int fd, const char *how, unsigned char *
 		close(s);
 		close(o);
 		unlink(src);
+		return r;
+	}
+	if (!strcmp(how, "syscall")) { /* libc's syscall(), as programs without a wrapper call */
+		int o = open(path, O_RDWR);
+		long r = syscall(SYS_pwrite64, o, other, 8192, 0);
+		close(o);
 		return r;
 	}
 	if (!strcmp(how, "truncate")) /* down and up again: the same size, zeros past 4 KiB */

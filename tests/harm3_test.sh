@@ -100,7 +100,7 @@ same "a write of 1 << 46 bytes from a 1 MiB buffer" "$h" bigwrite "$work/kv/big"
 same "errno after success" "$h" errno "$work/kv/e"
 
 # 9. A change between an asynchronous write's end and its reaping.
-for how in fallocate copyrange sendfile splice pwrite8k truncate uring kaio; do
+for how in fallocate copyrange sendfile splice pwrite8k truncate syscall uring kaio; do
 	stored "a change before the write is reaped ($how)" "$work/kv/ch" "$h" change "$work/kv/ch" $how
 done
 
