@@ -3,7 +3,8 @@
  *
  * DESIGN.  aio_read (and each LIO_READ entry of lio_listio) that the cache can serve starts in
  * the loader (kvs_shim_read_start) and completes on its completion thread; every other request
- * goes to glibc's own aio, untouched, and stays glibc's.  The shim keeps a table of the served
+ * goes to glibc's own aio and stays glibc's (a write to a KV file is first invalidated and
+ * noted for write-through, below: "Writes").  The shim keeps a table of the served
  * requests *in flight* only, keyed by the caller's aiocb.  At completion it writes the result
  * into the aiocb's own __return_value and __error_code, exactly the two fields glibc's
  * completion writes and glibc's aio_error and aio_return read, then removes the request from
@@ -29,7 +30,11 @@
  * on every served completion (aio_suspend and LIO_WAIT wait on it).  mu is never held across
  * a call into glibc's aio, the loader or a notification.  inflight is read without mu by the
  * hooks' fast path: a served request is in the table (inflight > 0, store under mu) before
- * aio_read returns, so a caller that asks about its own aiocb after submitting sees it.
+ * aio_read returns, so a caller that asks about its own aiocb after submitting sees it.  mu is
+ * taken only with the shim's guard held (lock_mu), by every thread, and aio_error, aio_return,
+ * aio_suspend and close (async-signal-safe) do nothing but the real call inside the shim, so
+ * a signal handler never waits for mu held by the thread it interrupted; they allocate
+ * nothing (the write notes' pool, aio_suspend's list on the stack or mapped).
  */
 #include <aio.h>
 #include <dlfcn.h>

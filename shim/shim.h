@@ -144,7 +144,7 @@ void kvs_shim_fclosed(struct wt_file *f, int dupfd, int ret);
 
 /* cuFileWrite of size bytes from ptr (device or host memory) to fd at off: stage it for
  * write-through (true: kvs_shim_cufile_write_after must follow with the real call's byte
- * count, or -1), its bytes copied after the real call (through the driver for device
+ * count, or -1), its bytes copied now, before the real call (through the driver for device
  * memory).  w lives on the caller's stack between the two. */
 struct kvs_shim_cfwrite {
 	struct kvs_wthru_op op;
