@@ -661,8 +661,11 @@ ssize_t kvs_shim_readv(int fd, const struct iovec *iov, int iovcnt, off_t off, b
 		return -1;
 	guard++;
 	/* The array only for a KV file: every other descriptor's readv is the kernel's alone. */
-	if (kvs_fdinfo_get(fd, &fi) == 0 && fi.kv)
+	int r = kvs_fdinfo_get(fd, &fi);
+	if (r == 0 && fi.kv)
 		v = kvs_shim_iov_read(iov, iovcnt, local, &len);
+	else if (r == 0 && (fi.dev || fi.ino)) /* a pipe or a socket (neither) needs no word */
+		pass(fd, &fi, KVS_WHY_NOT_KV, 0);
 	guard--;
 	errno = saved;
 	if (!v)
