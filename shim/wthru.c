@@ -604,9 +604,9 @@ static int maps_has(uint64_t dev, uint64_t ino)
 			break;
 		have -= (size_t)(line - buf);
 		memmove(buf, line, have);
+		/* A line longer than the buffer (a long path): not one this can read. */
 		if (have == sizeof(buf))
-			have =
-			    0; /* a line longer than the buffer (a path): not a match we can read */
+			have = 0;
 	}
 	close(fd);
 	return found;
