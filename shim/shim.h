@@ -1,7 +1,8 @@
 /*
  * shim: the interposer's state and its one decision, "serve this read from the cache or make
- * the real call".  The hooks (hooks_posix.c) are thin wrappers over kvs_shim_read and
- * kvs_shim_before_write.
+ * the real call".  The hooks (hooks_posix.c) are thin wrappers over kvs_shim_read (and
+ * kvs_shim_readv), kvs_shim_write_before and kvs_shim_write_after, and the change, close and
+ * rename calls below.
  *
  * Life of a process: nothing happens at load time.  The first hooked call loads the
  * configuration (pthread_once); the first cacheable read maps the region, attaches and starts
