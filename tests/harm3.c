@@ -15,8 +15,9 @@
  *   harm3 appendstream FILE HOW  1 MiB saved, then 1 MiB fwritten through an append stream:
  *                                fopen "a+" (HOW a+), or "a" after fseek to 0 (HOW aseek)
  *   harm3 badvec FILE            readv, writev, preadv, pwritev, preadv2, pwritev2 with an
- *                                unmapped iovec array, on FILE and on a pipe; io_submit with an
- *                                unmapped iocb array, iocb and PWRITEV iovec array: the answers
+ *                                iovec array the kernel cannot read (PROT_NONE), on FILE and on
+ *                                a pipe; io_submit with such an iocb array, iocb and PWRITEV
+ *                                iovec array: the answers
  *   harm3 bigwrite FILE          write(fd, 1 MiB buffer, 1 << 46) to FILE: the answer, and
  *                                whether it came within a second
  *   harm3 errno FILE             errno set to a sentinel, then successful calls of the hooked
@@ -120,14 +121,14 @@ static int opendst(const char *path, int flags)
 	return fd;
 }
 
-/* An address no mapping holds: a page mapped, then unmapped. */
+/* An address the kernel cannot read: a page mapped PROT_NONE and left so (an address
+ * unmapped could be mapped again by a sanitizer runtime before the call that should fault). */
 static void *unmapped(void)
 {
-	void *p = mmap(NULL, 4096, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+	void *p = mmap(NULL, 4096, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
 
 	if (p == MAP_FAILED)
 		die("mmap");
-	munmap(p, 4096);
 	return p;
 }
 
