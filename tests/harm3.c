@@ -25,9 +25,9 @@
  *                                ftruncate, rename, fclose): errno after each
  *   harm3 change FILE HOW        a 1 MiB aio_write seen over by aio_suspend, then the process
  *                                changes bytes in its range by HOW (fallocate, copyrange,
- *                                pwrite8k: 8 KiB on another descriptor, pwrite8: 8 bytes on
- *                                another descriptor, uring, sendfile, splice, truncate: by
- *                                path to 4 KiB and back to 1 MiB, syscall: SYS_pwrite64 through
+ *                                pwrite8k: 8 KiB on another descriptor, pwrite8: 8 bytes at 64
+ *                                on another descriptor (seen once defect 6(a) is fixed), uring,
+ * sendfile, splice, truncate: by path to 4 KiB and back to 1 MiB, syscall: SYS_pwrite64 through
  *                                libc's syscall()), then aio_return and close;
  *                                kaio: the same with kernel AIO reaped late, by fallocate
  *   harm3 stdio FILE HOW         fopen "r+", fwrite 1 MiB at 0, fseek 0, then HOW (fputc,
@@ -62,6 +62,7 @@
 #include <pthread.h>
 #include <signal.h>
 #include <stdatomic.h>
+#include <stdbool.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -479,8 +480,10 @@ static long change_by(const char *path, int fd, const char *how, unsigned char *
 	if (!strcmp(how, "fallocate"))
 		return fallocate(fd, FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE, 0, 8192);
 	if (!strcmp(how, "pwrite8k") || !strcmp(how, "pwrite8")) {
+		/* 8 KiB at 0, or an 8-byte patch at 64 (issue 25 defect 6(a)'s header) */
 		int o = open(path, O_RDWR);
-		long r = pwrite(o, other, how[6] == '8' && how[7] == 'k' ? 8192 : 8, 0);
+		bool k = how[7] == 'k';
+		long r = pwrite(o, other, k ? 8192 : 8, k ? 0 : 64);
 		close(o);
 		return r;
 	}
