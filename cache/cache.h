@@ -79,6 +79,7 @@ enum kvs_alloc_class {
 	KVS_ALLOC_NORMAL = 0,
 	KVS_ALLOC_LOAD = 1,	/* a demand load an engine thread is waiting for */
 	KVS_ALLOC_PREFETCH = 2, /* a preallocation or read-ahead */
+	KVS_ALLOC_STAGE = 3,	/* write-through's staging: free frames, or ones unused lately */
 };
 
 /* Slot states as the existence query reports them. */
@@ -182,7 +183,7 @@ int kvs_cache_pin(struct kvs_cache *c, const struct kvs_key *key, enum kvs_alloc
 
 /*
  * kvs_cache_pin for a load of bytes bytes (the shard's length in its file; 0: a whole shard)
- * whose bytes may be kept only until expires_ns (CLOCK_MONOTONIC; 0: for good, as
+ * whose bytes may be kept only until expires_ns (the node's clock, kvs_node_ns; 0: for good, as
  * kvs_cache_pin).  A slot allocated for fewer bytes than a shard is packed with others into
  * one frame and costs the cache its bytes rounded up to pages (at least shard_size /
  * per-frame slots; layout.h); kvs_cache_room says what a slot holds.  Whichever slot the key
@@ -337,8 +338,8 @@ void kvs_block_id(const struct stat *st, struct kvs_key *out);
 /*
  * When did this node first load a shard of block (a file identity: kvs_block_id, shard
  * ignored)?  The time recorded in the region's seen table, or, when none is, now_ns after
- * recording it (CLOCK_MONOTONIC ns; never later than now_ns).  Lock-free.  A record may be
- * lost (the table is a cache): the answer is then later than the truth, never earlier.  A
+ * recording it (the node's clock, kvs_node_ns; never later than now_ns).  Lock-free.  A record may
+ * be lost (the table is a cache): the answer is then later than the truth, never earlier.  A
  * watcher records nothing and gets now_ns.
  */
 uint64_t kvs_cache_first_seen(struct kvs_cache *c, const struct kvs_key *block, uint64_t now_ns);
@@ -348,26 +349,33 @@ uint64_t kvs_cache_first_seen(struct kvs_cache *c, const struct kvs_key *block, 
  * which no lookup finds until the writer publishes them under the file's final identity.
  *
  * kvs_cache_stage_claim takes a slot for this process (CLAIMED by it, in no chain; its
- * reclaim frees it if it dies) from the main share, evicting an unpinned slot if need be; it
- * never waits for a load.  0 with *slot, -ENOSPC (every slot of the main share pinned or
- * claimed, or /dev/shm at the headroom), -EPERM (a watcher), -EUCLEAN.
+ * reclaim frees it if it dies) from the main share: a free frame, or one whose slots are
+ * unpinned and were not used since the hand last passed (it takes no second chance from a
+ * frame readers use, nor clears one: bytes that may never be published do not push out bytes
+ * in use); it never waits for a load.  And only while the slots staged on the node, summed
+ * over the processes attached (kvs_cache_stage_count), are below a quarter of the region's.
+ * 0 with *slot, -ENOSPC (the node's share spent, nothing idle in the main share, or /dev/shm
+ * at the headroom), -EPERM (a watcher), -EUCLEAN.
+ * kvs_cache_stage_count: this process holds n slots staged now (for the node's bound).
  * kvs_cache_stage_data: the slot's shard_size bytes.
  * kvs_cache_stage_publish hashes a staged slot under key as READY with length bytes, kept
- * until expires_ns (CLOCK_MONOTONIC; 0: for good).  If key is there already (a reader loaded
- * it meanwhile), the staged slot is freed and the other stays.  1 published, 0 key present,
- * -EINVAL (not a slot this process staged), -EUCLEAN (freed).
+ * until expires_ns (the node's clock, kvs_node_ns; 0: for good).  If key is there already (a reader
+ * loaded it, or a writer published it, before), that slot is taken out of use first (freed, or left
+ * to the pins that hold it): it may hold an older file's bytes under the same identity.
+ * 1 published, -EINVAL (not a slot this process staged), -EUCLEAN (freed).
  * kvs_cache_stage_drop frees a staged slot.
  * kvs_cache_rekey moves the READY slot of key from, unless it is pinned, to key to (a rename
- * gave the file another identity), keeping its length and expiry.  1 moved, 0 not moved
- * (absent, pinned, or to present: then from's slot is freed), -errno.
+ * gave the file another identity), keeping its length and expiry; what to held is taken out
+ * of use as by a publication.  1 moved, 0 not moved (absent, pinned), -errno.
  */
 int kvs_cache_stage_claim(struct kvs_cache *c, uint32_t *slot);
+void kvs_cache_stage_count(struct kvs_cache *c, uint32_t n);
 void *kvs_cache_stage_data(struct kvs_cache *c, uint32_t slot);
 int kvs_cache_stage_publish(struct kvs_cache *c, uint32_t slot, const struct kvs_key *key,
 			    uint32_t length, uint64_t expires_ns);
 void kvs_cache_stage_drop(struct kvs_cache *c, uint32_t slot);
 int kvs_cache_rekey(struct kvs_cache *c, const struct kvs_key *from, const struct kvs_key *to);
-/* kvs_cache_rekey, the slot's expiry brought down to cap_ns (CLOCK_MONOTONIC) when it is
+/* kvs_cache_rekey, the slot's expiry brought down to cap_ns (kvs_node_ns) when it is
  * later or for good; 0: kept as it is. */
 int kvs_cache_rekey_until(struct kvs_cache *c, const struct kvs_key *from, const struct kvs_key *to,
 			  uint64_t cap_ns);

@@ -120,13 +120,14 @@ static int take_frame(struct kvs_cache *c, uint32_t f)
 }
 
 /* Walk frames [base, base + len) with hand h.  Returns 0 with frame *frame taken, or
- * -ENOSPC. */
+ * -ENOSPC.  Staging (KVS_ALLOC_STAGE) walks once, takes a free frame or one whose access byte
+ * is clear, and clears none: bytes that may never be published push out no bytes in use. */
 static int sweep(struct kvs_cache *c, _Atomic uint64_t *h, uint32_t base, uint32_t len,
-		 uint32_t *frame)
+		 enum kvs_alloc_class cls, uint32_t *frame)
 {
-	bool clock = c->eviction == KVS_EVICT_CLOCK;
+	bool clock = c->eviction == KVS_EVICT_CLOCK, stage = cls == KVS_ALLOC_STAGE;
 
-	for (int pass = 0; pass < 3; pass++) {
+	for (int pass = 0; pass < (stage ? 1 : 3); pass++) {
 		bool second_chance = clock && pass < 2;
 
 		for (uint32_t n = 0; n < len; n++) {
@@ -143,6 +144,8 @@ static int sweep(struct kvs_cache *c, _Atomic uint64_t *h, uint32_t base, uint32
 				if (pages == KVS_PAGES_NOROOM ||
 				    (pages != KVS_PAGES_OK && !kvs_populate_may_grow(c)))
 					continue;
+			} else if (stage && load_relaxed(&c->access[f])) {
+				continue; /* in use lately: not a stager's to take */
 			} else if (second_chance && load_relaxed(&c->access[f])) {
 				store_relaxed(&c->access[f], 0);
 				continue;
@@ -171,10 +174,11 @@ static int sweep(struct kvs_cache *c, _Atomic uint64_t *h, uint32_t base, uint32
 
 static int evict_frame(struct kvs_cache *c, enum kvs_alloc_class cls, uint32_t *frame)
 {
-	int r = sweep(c, &c->hdr->hand, 0, c->nmain, frame);
+	int r = sweep(c, &c->hdr->hand, 0, c->nmain, cls, frame);
 
-	if (r == -ENOSPC && cls != KVS_ALLOC_NORMAL && c->nmain < c->nframes)
-		r = sweep(c, &c->hdr->rhand, c->nmain, c->nframes - c->nmain, frame);
+	if (r == -ENOSPC && cls != KVS_ALLOC_NORMAL && cls != KVS_ALLOC_STAGE &&
+	    c->nmain < c->nframes)
+		r = sweep(c, &c->hdr->rhand, c->nmain, c->nframes - c->nmain, cls, frame);
 	return r;
 }
 

@@ -229,10 +229,16 @@ int kvs_slot_free_claim(struct kvs_cache *c, uint32_t slot, uint32_t p);
  * changed meanwhile, publish FAILED with EOWNERDEAD under its stripe (waking its waiters).
  * Returns 1 if it did, 0 if the slot had moved on, or -EUCLEAN. */
 int kvs_slot_take_over(struct kvs_cache *c, uint32_t slot, uint32_t owner);
+/* wseq.c: dead process p's writes in flight are over: every write-sequence entry it owns, or
+ * shares with another process's writes, is left with none in flight (the reclaim of p). */
+void kvs_wseq_repair(struct kvs_cache *c, uint32_t p);
 /* slot.c: retry this process's deferred releases (kvs_cache_release could not lock). */
 void kvs_slot_retry_deferred(struct kvs_cache *c);
 /* slot.c: unlink slot from its chain; caller holds the stripe. */
 int kvs_slot_unlink_locked(struct kvs_cache *c, uint32_t slot, uint32_t bucket);
+/* slot.c: take hashed slot i of bucket b out of use (unlinked, then freed if unpinned, else an
+ * orphan its last release frees); caller holds the stripe.  0 or -EUCLEAN. */
+int kvs_slot_drop_locked(struct kvs_cache *c, uint32_t i, uint32_t b);
 /* slot.c: find key in bucket b, an expired slot dropped (KVS_NIL then), or -EUCLEAN; hash
  * claimed slot v under key in bucket b, LOADING, unowned and unpinned.  Caller holds the
  * stripe of b. */

@@ -134,7 +134,10 @@ struct kvs_proc {
 	_Atomic uint32_t state;
 	int32_t pid;	      /* in the process's own PID namespace */
 	_Atomic int32_t rank; /* written by the process itself */
-	uint32_t pad0;
+	/* Slots the process holds staged for write-through, as it last said (relaxed, by itself,
+	 * kvs_cache_stage_count); summed by stagers for the node's bound (stage.c).  It was
+	 * padding before: an older build's process counts 0. */
+	_Atomic uint32_t staged;
 	uint64_t attach_ns;
 	uint64_t pidns; /* inode of its /proc/self/ns/pid, 0 if unknown */
 	uint8_t pad1[KVS_CACHELINE - 32];
@@ -170,15 +173,16 @@ struct kvs_slot {
 	 * that hashes it; read by holders of a pin, and by the stage's writer. */
 	_Atomic uint32_t at;
 	_Atomic uint32_t room;
-	/* CLOCK_MONOTONIC ns after which a READY slot is not served but loaded again, or 0 for
-	 * never (files.settle, files.revalidate): written by the owner before its release store
-	 * of READY, with length; read under the stripe lock by pinners, and by waiters after an
-	 * acquire load of the state. */
+	/* The node's clock (kvs_node_ns) after which a READY slot is not served but loaded again,
+	 * or 0 for never (files.settle, files.revalidate): written by the owner before its release
+	 * store of READY, with length; read under the stripe lock by pinners, and by waiters after
+	 * an acquire load of the state. */
 	_Atomic uint64_t expires;
 };
 
 /* One entry of the seen table: when this node first loaded a shard of block (lo, hi), in
- * CLOCK_MONOTONIC ns.  A seqlock: seq is odd while a writer fills the entry (seen.c). */
+ * ns of the node's clock (kvs_node_ns).  A seqlock: seq is odd while a writer fills the entry
+ * (seen.c). */
 struct kvs_seen {
 	_Atomic uint32_t seq;
 	uint32_t pad;

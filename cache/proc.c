@@ -66,6 +66,7 @@ int kvs_proc_attach(struct kvs_cache *c)
 		p->pid = (int32_t)getpid();
 		p->pidns = stat("/proc/self/ns/pid", &ns) == 0 ? (uint64_t)ns.st_ino : 0;
 		store_relaxed(&p->rank, -1);
+		store_relaxed(&p->staged, 0);
 		clock_gettime(CLOCK_REALTIME, &ts);
 		p->attach_ns = (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
 		store_release(&p->state, KVS_PROC_ACTIVE);
@@ -87,6 +88,7 @@ static void retire_locked(struct kvs_cache *c, struct kvs_proc *p)
 	}
 	p->pid = 0;
 	p->pidns = 0;
+	store_relaxed(&p->staged, 0); /* its claims are freed: nothing staged is left */
 	store_release(&p->state, KVS_PROC_FREE);
 }
 
@@ -126,6 +128,7 @@ int kvs_proc_reclaim(struct kvs_cache *c, uint32_t p)
 			left += kvs_slot_free_claim(c, i, p) != 0;
 	if (left)
 		goto out_unlock; /* a stripe is stuck: the next reap finishes */
+	kvs_wseq_repair(c, p);	 /* its writes in flight will never end */
 	if (kvs_proc_lock(c) == 0) {
 		retire_locked(c, pr);
 		kvs_proc_unlock(c);

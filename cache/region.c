@@ -889,6 +889,7 @@ int kvs_cache_open(const struct kvs_cache_params *cfg, int flags, struct kvs_cac
 		msg = scratch;
 		msglen = sizeof(scratch);
 	}
+	kvs_node_clock_init(); /* the shared times are the initial time namespace's */
 	msg[0] = '\0';
 	r = dims_of(cfg, &d);
 	if (r) {

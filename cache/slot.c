@@ -10,8 +10,8 @@
  * bit with an atomic and before it retries, and sets it again on failure, so one thread at a
  * time retries an entry; the entry itself is written only under the stripe, as always.
  *
- * Expiry.  A load may be kept for a while only (slot.expires, CLOCK_MONOTONIC ns; 0 = for
- * good): the pin that elects the owner (kvs_cache_pin_load) stores the expiry, under the
+ * Expiry.  A load may be kept for a while only (slot.expires, the node's clock: kvs_node_ns; 0 =
+ * for good): the pin that elects the owner (kvs_cache_pin_load) stores the expiry, under the
  * stripe, before any other pinner can find the slot owned; the last release of a FAILED slot
  * and a return to LOADING clear it.  Every lookup that finds a key (pin, pin-if-READY, the
  * existence query, preallocation) looks at it under the key's stripe: a READY or pinned
@@ -99,7 +99,7 @@ int64_t kvs_slot_find_fresh_locked(struct kvs_cache *c, uint32_t b, const struct
 	struct kvs_slot *s = &c->slots[i];
 	/* Written under this stripe at election; cleared under it before LOADING again. */
 	uint64_t exp = load_relaxed(&s->expires);
-	if (exp == 0 || kvs_mono_ns() < exp)
+	if (exp == 0 || kvs_node_ns() < exp)
 		return i;
 	uint32_t st = st_of(load_relaxed(&s->state));
 	if (st == KVS_SLOT_FAILED || (st == KVS_SLOT_LOADING && load_relaxed(&s->refs) == 0))
@@ -540,6 +540,11 @@ static void drop_unlinked_locked(struct kvs_cache *c, uint32_t i, uint32_t b)
 		free_locked(c, s);
 	else
 		store_relaxed(&s->bucket, b | KVS_ORPHAN);
+}
+
+int kvs_slot_drop_locked(struct kvs_cache *c, uint32_t i, uint32_t b)
+{
+	return drop_locked(c, i, b);
 }
 
 static int drop_locked(struct kvs_cache *c, uint32_t i, uint32_t b)

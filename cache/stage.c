@@ -6,21 +6,29 @@
  * DESIGN (the protocol of region.c, one state more in use)
  *
  * A staged slot is CLAIMED by its writer: taken like any allocation (kvs_evict_claim, from
- * the main share only, so the reserve stays for loads), then left CLAIMED while the writer
- * copies into it, for as long as the writer's file stays open.  A CLAIMED slot is in no chain,
- * so no lookup finds it, no allocator takes it (the sweep skips CLAIMED), and no stripe
+ * the main share only, so the reserve stays for loads, and only a free frame or one nobody used
+ * since the hand last passed: KVS_ALLOC_STAGE), then left CLAIMED while the writer copies into
+ * it, for as long as the writer's file stays open.  The node's writers together stage at most a
+ * quarter of the region: each process says how many it holds in its process-table entry
+ * (proc.staged, written by itself), and a claim sums them first; a dead writer's count goes
+ * with its entry when it is reclaimed (its claims are freed then too).  A CLAIMED slot is in no
+ * chain, so no lookup finds it, no allocator takes it (the sweep skips CLAIMED), and no stripe
  * repair touches it; if the writer dies, its reclaim frees every slot CLAIMED by it
  * (proc.c), so a writer that never publishes leaves nothing behind.  Only the writer writes
  * a staged slot's data; nothing else reads it.
  *
  * Publication takes the key's stripe and looks the key up (expired slots dropped, as every
- * lookup does).  Absent: the slot is hashed as a load would be (kvs_slot_insert_locked:
- * LOADING, unowned, unpinned), then, still under the stripe, length and expires are stored
- * and READY with a release store; nobody can see it in between, since every lookup takes the
- * stripe.  Present (a reader loaded the shard meanwhile, or another writer published it): the
- * slot goes back to FREE and the one there stays.  A crash under the stripe is repaired as
- * for any insert: the chain is rebuilt from slot metadata, and a slot caught LOADING with no
- * owner is loaded by its next pinner.
+ * lookup does).  Present (a reader loaded the shard, or a writer published it, before): that
+ * slot is taken out of use first (kvs_slot_drop_locked: freed, or left an orphan to the pins
+ * that hold it, which go on reading it), for it may hold an older file's bytes under the same
+ * identity (a file deleted and made again on its inode, with its size, in the same timestamp
+ * tick of a file system of whole-second stamps), where the writer's are the file's own (its
+ * checks said no one else wrote it).  Then the slot is hashed as a load would be
+ * (kvs_slot_insert_locked: LOADING, unowned, unpinned) and, still under the stripe, length
+ * and expires are stored and READY with a release store; nobody can see it in between, since
+ * every lookup takes the stripe.  A crash under the stripe is repaired as for any insert: the
+ * chain is rebuilt from slot metadata, and a slot caught LOADING with no owner is loaded by
+ * its next pinner.
  *
  *   dies ...                       leaves                          repaired by
  *   while staging                  slots CLAIMED by it             reclaim frees them
@@ -38,20 +46,45 @@
 
 #include "internal.h"
 
+void kvs_cache_stage_count(struct kvs_cache *c, uint32_t n)
+{
+	if (c->me)
+		store_relaxed(&c->me->staged, n);
+}
+
+/* The slots staged on the node: each attached process's own count (a dead one's until it is
+ * reclaimed), read without a lock: two stagers at once may each pass the bound by one. */
+static uint64_t staged_on_node(struct kvs_cache *c)
+{
+	uint64_t n = 0;
+
+	for (uint32_t i = 0; i < c->nprocs; i++) {
+		struct kvs_proc *p = proc_at(c, i);
+
+		if (load_relaxed(&p->state) == KVS_PROC_ACTIVE)
+			n += load_relaxed(&p->staged);
+	}
+	return n;
+}
+
 int kvs_cache_stage_claim(struct kvs_cache *c, uint32_t *slot)
 {
-	uint32_t spare = atomic_exchange_explicit(&c->stage_spare, KVS_NIL, memory_order_relaxed);
-
 	if (c->self < 0)
 		return -EPERM;
+	/* The node's bound: a quarter of the region staged, by all its writers together. */
+	if (staged_on_node(c) >= (c->nframes / 4 ? c->nframes / 4 : 1))
+		return -ENOSPC;
+	uint32_t spare = atomic_exchange_explicit(&c->stage_spare, KVS_NIL, memory_order_relaxed);
+
 	/* The frame the last repack gave back, if nobody took it meanwhile: each pass of the
 	 * hand would otherwise clear, then evict, frames of shards just published. */
 	if (spare != KVS_NIL && kvs_evict_take_free(c, spare) == 0) {
 		*slot = kvs_evict_keep_first(c, spare, c->frame_pages);
 		return 0;
 	}
-	/* Normal class: the reserve is left to loads, which engines wait for. */
-	return kvs_evict_claim(c, KVS_ALLOC_NORMAL, 0, slot);
+	/* The main share only (the reserve is left to loads, which engines wait for), and never a
+	 * frame readers use. */
+	return kvs_evict_claim(c, KVS_ALLOC_STAGE, 0, slot);
 }
 
 void *kvs_cache_stage_data(struct kvs_cache *c, uint32_t slot)
@@ -98,11 +131,13 @@ int kvs_cache_stage_publish(struct kvs_cache *c, uint32_t slot, const struct kvs
 	slot = repack(c, slot, length);
 	s = &c->slots[slot];
 	int64_t i = kvs_slot_lock_find(c, key, &b, &stripe);
-	if (i != KVS_NIL) {
-		if (i >= 0)
-			kvs_stripe_unlock(c, stripe);
+	if (i >= 0 && i != KVS_NIL && kvs_slot_drop_locked(c, (uint32_t)i, b)) {
+		kvs_stripe_unlock(c, stripe);
+		i = euclean(c); /* a corrupt chain: the old bytes cannot be taken out */
+	}
+	if (i < 0) {
 		kvs_cache_stage_drop(c, slot);
-		return i < 0 ? (int)i : 0;
+		return (int)i;
 	}
 	kvs_slot_insert_locked(c, slot, b, key);
 	store_relaxed(&s->length, length);

@@ -3,6 +3,8 @@
  */
 #include <fcntl.h>
 #include <signal.h>
+#include <stdbool.h>
+#include <string.h>
 #include <sys/stat.h>
 
 #include "sys.h"
@@ -25,6 +27,47 @@ int kvs_thread_start(pthread_t *th, void *(*fn)(void *), void *arg, size_t stack
 	pthread_attr_destroy(&a);
 	pthread_sigmask(SIG_SETMASK, &old, NULL);
 	return -r;
+}
+
+_Atomic int64_t kvs_node_offset_ns;
+
+/* Read "monotonic <s> <ns>" of /proc/self/timens_offsets with raw system calls (this runs at
+ * an attach, inside the host), parsed by hand. */
+void kvs_node_clock_init(void)
+{
+	char buf[256];
+	int64_t off = 0;
+	long fd = syscall(SYS_openat, AT_FDCWD, "/proc/self/timens_offsets", O_RDONLY | O_CLOEXEC);
+
+	if (fd < 0)
+		goto out;
+	long n = syscall(SYS_read, fd, buf, sizeof(buf) - 1);
+	syscall(SYS_close, fd);
+	if (n <= 0)
+		goto out;
+	buf[n] = '\0';
+	const char *p = strstr(buf, "monotonic");
+	if (!p)
+		goto out;
+	p += strlen("monotonic");
+	int64_t v[2] = {0, 0};
+	for (int k = 0; k < 2; k++) {
+		bool neg = false;
+
+		while (*p == ' ' || *p == '\t')
+			p++;
+		if (*p == '-') {
+			neg = true;
+			p++;
+		}
+		while (*p >= '0' && *p <= '9')
+			v[k] = v[k] * 10 + (*p++ - '0');
+		if (neg)
+			v[k] = -v[k];
+	}
+	off = v[0] * 1000000000ll + v[1];
+out:
+	atomic_store_explicit(&kvs_node_offset_ns, off, memory_order_relaxed);
 }
 
 void kvs_close_if_ours(int fd, uint64_t dev, uint64_t ino)

@@ -47,6 +47,24 @@ static inline uint64_t kvs_mono_ns(void)
 	return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
 }
 
+/*
+ * CLOCK_MONOTONIC as the node's initial time namespace reads it, in nanoseconds: the clock of
+ * every time the region shares between processes (slot expiries, the seen table), whatever
+ * time namespace a process runs in.  A process in one with a monotonic offset (unshare --time,
+ * a container runtime that virtualises uptime) reads its own clock that much ahead or behind;
+ * the offset (/proc/self/timens_offsets, relative to the initial namespace) is taken off.
+ * kvs_node_clock_init reads it, at every open of a region (a fork child may live in another
+ * namespace than its parent); without the file (no time namespaces, no /proc) it is 0.
+ */
+extern _Atomic int64_t kvs_node_offset_ns;
+void kvs_node_clock_init(void);
+
+static inline uint64_t kvs_node_ns(void)
+{
+	return kvs_mono_ns() -
+	       (uint64_t)atomic_load_explicit(&kvs_node_offset_ns, memory_order_relaxed);
+}
+
 /* Close fd only if it is still a descriptor of ours: O_CLOEXEC (every descriptor the cache
  * opens has it) and of the file (dev, ino).  A program may have closed our number and reused
  * it; then it is left alone.  A raw close: never the program's hooked one. */

@@ -32,8 +32,13 @@
  * old writer noted (2^-20 per take-over, for a file written again by another process while
  * its entry was taken), which the identity check at publication and the expiry of what is
  * published cover as they cover writers not under the shim.
- *   - a writer dies in flight: its count stays; later writes of that file, and of files that
- *     share the entry, are unclean until `kvshim reset`;
+ *   - a writer dies in flight (SIGKILL inside a write, an exit with an aio write never
+ *     reaped): its count stays, and later writes of that file, and of files that share the
+ *     entry, are unclean, until its reclaim (proc.c, at the next attach or an attached
+ *     process's periodic reap) ends the writes in flight of every entry it owns, and of every
+ *     entry shared by two processes' writes (W_MANY: whose they are is not known; a live
+ *     writer's write among them then ends unclean, which keeps nothing: safe); the next write
+ *     of the file starts over, foreign (the dead writer's bytes may be under it);
  *   - two files share the key bits and the entry: each other's writes look foreign;
  *   - 255 writes in flight at once, or another file's writes in flight on the entry: the
  *     next is unclean, and moves the entry's gen all the same (moved_anyway), so that a mark
@@ -214,4 +219,21 @@ bool kvs_cache_write_quiet(struct kvs_cache *c, uint64_t dev, uint64_t ino, uint
 	if (!c->nseen)
 		return false;
 	return load_acquire(&c->wseq[h & (c->nseen - 1)]) == mark; /* pairs with the writers' CAS */
+}
+
+void kvs_wseq_repair(struct kvs_cache *c, uint32_t p)
+{
+	for (uint32_t i = 0; i < c->nseen; i++) {
+		_Atomic uint64_t *e = &c->wseq[i];
+		uint64_t w = load_acquire(e); /* pairs with the writers' CAS */
+
+		while (w_fly(w) && (w_own(w) == p + 1 || w_own(w) == W_MANY)) {
+			/* The owner stays the dead one: nobody's publication matches it; gen moves.
+			 */
+			uint64_t nw = w_make(w_key(w), w_own(w), 0, w_gen(w) + 1);
+
+			if (cas_acq_rel(e, &w, nw))
+				break;
+		}
+	}
 }

@@ -50,7 +50,7 @@ uint64_t kvs_keep_until(struct kvs_cache *c, const struct kvs_key *block,
 			const struct kvs_fresh *fr)
 {
 	struct timespec ts;
-	uint64_t mono = kvs_mono_ns(), until = 0;
+	uint64_t mono = kvs_node_ns(), until = 0; /* shared: the initial time namespace's */
 
 	clock_gettime(CLOCK_REALTIME, &ts);
 	uint64_t real = (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;

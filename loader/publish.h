@@ -27,8 +27,9 @@ enum kvs_verdict kvs_check_file(int fd, uint64_t dev, uint64_t ino, bool write_o
  * Until when may a shard of block, whose file fr describes, be kept if its storage read
  * starts now?  0 for good: the file's last change is files.settle old by this node's clock
  * (and, with fr->node_clock, this node has seen the identity that long: kvs_cache_first_seen,
- * which this call records); else CLOCK_MONOTONIC now + files.settle.  files.revalidate caps
- * either.  Two clock reads, and a look at the seen table with node_clock: for misses only.
+ * which this call records); else the node's clock (kvs_node_ns) now + files.settle.
+ * files.revalidate caps either.  Two clock reads, and a look at the seen table with node_clock: for
+ * misses only.
  */
 uint64_t kvs_keep_until(struct kvs_cache *c, const struct kvs_key *block,
 			const struct kvs_fresh *fr);

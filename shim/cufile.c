@@ -358,7 +358,11 @@ KVS_EXPORT ssize_t cuFileWrite(kvs_cufile_handle_t fh, const void *buf, size_t s
 	    fd >= 0 && buf &&
 	    kvs_shim_cufile_write_before(&w, fd, (uint64_t)(uintptr_t)buf + (uint64_t)buf_offset,
 					 size, file_offset);
+	/* The real write as the shim's own call: the pwrite or syscall() libcufile makes inside it
+	 * (compatibility mode) is this write, followed already, not another one. */
+	kvs_shim_hold();
 	n = fn(fh, buf, size, file_offset, buf_offset);
+	kvs_shim_drop();
 	if (staged)
 		kvs_shim_cufile_write_after(&w, fd, n);
 	if (fd >= 0 && file_offset >= 0)

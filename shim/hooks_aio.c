@@ -3,7 +3,8 @@
  *
  * DESIGN.  aio_read (and each LIO_READ entry of lio_listio) that the cache can serve starts in
  * the loader (kvs_shim_read_start) and completes on its completion thread; every other request
- * goes to glibc's own aio, untouched, and stays glibc's.  The shim keeps a table of the served
+ * goes to glibc's own aio and stays glibc's (a write to a KV file is first invalidated and
+ * noted for write-through, below: "Writes").  The shim keeps a table of the served
  * requests *in flight* only, keyed by the caller's aiocb.  At completion it writes the result
  * into the aiocb's own __return_value and __error_code, exactly the two fields glibc's
  * completion writes and glibc's aio_error and aio_return read, then removes the request from
@@ -29,7 +30,11 @@
  * on every served completion (aio_suspend and LIO_WAIT wait on it).  mu is never held across
  * a call into glibc's aio, the loader or a notification.  inflight is read without mu by the
  * hooks' fast path: a served request is in the table (inflight > 0, store under mu) before
- * aio_read returns, so a caller that asks about its own aiocb after submitting sees it.
+ * aio_read returns, so a caller that asks about its own aiocb after submitting sees it.  mu is
+ * taken only with the shim's guard held (lock_mu), by every thread, and aio_error, aio_return,
+ * aio_suspend and close (async-signal-safe) do nothing but the real call inside the shim, so
+ * a signal handler never waits for mu held by the thread it interrupted; they allocate
+ * nothing (the write notes' pool, aio_suspend's list on the stack or mapped).
  */
 #include <aio.h>
 #include <dlfcn.h>
@@ -43,6 +48,7 @@
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <sys/syscall.h>
 #include <time.h>
 #include <unistd.h>
@@ -219,15 +225,67 @@ static _Atomic unsigned inflight; /* served requests in the table; written under
 static _Atomic int setup_state;	  /* 0, 1 being set up, 2 done */
 
 /* Writes to KV files noted for write-through until the program sees them over (below,
- * "Writes"); under mu, wpending read without it. */
+ * "Writes"); under mu, wpending read without it.  Entries come from a pool mapped once (wfree,
+ * under mu): aio_error, aio_return and close give them back, and may run in a signal handler,
+ * where free() could wait for the arena lock of the malloc it interrupted. */
 struct wreq {
 	const struct aiocb *cb;
 	int fd; /* cb's descriptor at submission (the aiocb itself is not read again) */
-	struct kvs_shim_wpend *p;
+	struct kvs_shim_wpend p;
 	struct wreq *next;
 };
+#define WPOOL 4096 /* writes noted at once; past that a write is followed as a change */
 static struct wreq *wtable[NBUCKETS];
 static _Atomic unsigned wpending;
+static struct wreq *wpool, *wfree;
+static bool wpool_failed;
+
+/* mu is taken with the shim's guard held, by every thread: a signal handler that interrupts a
+ * thread holding it finds the guard set and makes the real call (shim.h, kvs_shim_inside). */
+static void lock_mu(void)
+{
+	kvs_shim_hold();
+	pthread_mutex_lock(&mu);
+}
+
+static void unlock_mu(void)
+{
+	pthread_mutex_unlock(&mu);
+	kvs_shim_drop();
+}
+
+/* Every entry of the pool free.  Caller holds mu, or is the only thread (fork child). */
+static void wpool_reset(void)
+{
+	wfree = NULL;
+	for (int i = WPOOL - 1; wpool && i >= 0; i--) {
+		wpool[i].next = wfree;
+		wfree = &wpool[i];
+	}
+}
+
+/* A free entry, or NULL (the pool cannot be mapped, or is spent).  Caller holds mu. */
+static struct wreq *wreq_get(void)
+{
+	if (!wpool && !wpool_failed) {
+		void *p = mmap(NULL, WPOOL * sizeof(struct wreq), PROT_READ | PROT_WRITE,
+			       MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+
+		wpool_failed = p == MAP_FAILED;
+		wpool = wpool_failed ? NULL : p;
+		wpool_reset();
+	}
+	struct wreq *w = wfree;
+	if (w)
+		wfree = w->next;
+	return w;
+}
+
+static void wreq_put(struct wreq *w) /* caller holds mu */
+{
+	w->next = wfree;
+	wfree = w;
+}
 
 static unsigned bucket(const struct aiocb *cb)
 {
@@ -270,11 +328,11 @@ static bool busy(void)
  * served requests never complete (the loader is forgotten), as glibc's do not either. */
 static void fork_prepare(void)
 {
-	pthread_mutex_lock(&mu); /* released by fork_parent / fork_child */
+	lock_mu(); /* released by fork_parent / fork_child */
 }
 static void fork_parent(void)
 {
-	pthread_mutex_unlock(&mu);
+	unlock_mu();
 }
 static void fork_child(void)
 {
@@ -285,7 +343,8 @@ static void fork_child(void)
 	for (int i = 0; i < NBUCKETS; i++)
 		wtable[i] = NULL;
 	atomic_store(&wpending, 0);
-	pthread_mutex_unlock(&mu);
+	wpool_reset();
+	unlock_mu();
 	/* A parent thread may have been waiting on cond: its state is the parent's. */
 	pthread_condattr_init(&ca);
 	pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
@@ -402,9 +461,9 @@ static void real_part_done(union sigval v)
 {
 	struct group *g = v.sival_ptr, *last;
 
-	pthread_mutex_lock(&mu);
+	lock_mu();
 	last = group_put(g);
-	pthread_mutex_unlock(&mu);
+	unlock_mu();
 	group_notify(last);
 }
 
@@ -428,7 +487,7 @@ static void req_done(struct kvs_shim_async *a, int64_t result)
 	/* The caller may free or reuse cb as soon as it sees these (under mu, below). */
 	r->cb->__return_value = result < 0 ? -1 : (ssize_t)result;
 	r->cb->__error_code = result < 0 ? (int)-result : 0;
-	pthread_mutex_lock(&mu);
+	lock_mu();
 	unlink_req(r);
 	if (r->g) {
 		if (result < 0)
@@ -436,7 +495,7 @@ static void req_done(struct kvs_shim_async *a, int64_t result)
 		last = group_put(r->g);
 	}
 	pthread_cond_broadcast(&cond); /* aio_suspend and LIO_WAIT callers */
-	pthread_mutex_unlock(&mu);
+	unlock_mu();
 	notify(&r->sev, r->pid);
 	group_notify(last);
 	free(r);
@@ -472,23 +531,23 @@ static int serve(struct aiocb *cb, struct group *g)
 	 * returns. */
 	cb->__error_code = EINPROGRESS;
 	cb->__return_value = 0;
-	pthread_mutex_lock(&mu);
+	lock_mu();
 	r->next = table[bucket(cb)];
 	table[bucket(cb)] = r;
 	atomic_fetch_add_explicit(&inflight, 1, memory_order_release); /* pairs with busy() */
 	if (g)
 		g->left++;
-	pthread_mutex_unlock(&mu);
+	unlock_mu();
 	int rc = kvs_shim_read_start(&r->a, r->fd, &r->iov, 1, r->off, req_done);
 	if (rc == 1)
 		req_done(&r->a, r->a.result); /* a hit, over already: complete it here */
 	if (rc >= 0)
 		return 0;
-	pthread_mutex_lock(&mu);
+	lock_mu();
 	unlink_req(r);
 	if (g)
 		g->left--; /* the caller's hold keeps it above zero */
-	pthread_mutex_unlock(&mu);
+	unlock_mu();
 	free(r);
 	return -1;
 }
@@ -517,29 +576,44 @@ KVS_EXPORT int aio_read64(struct aiocb64 *cb)
  * glibc completes it on its own thread, so its bytes are kept for write-through (wthru.h)
  * only once the program sees it complete: aio_error answering 0 or aio_return.  Until then
  * it is noted in wtable (under mu; wpending, read without mu, says whether to look).
+ * Completing one takes no lock but the shim's, and frees nothing (the pool): aio_error,
+ * aio_return and close may run in a signal handler.
  */
 
-/* The noted write of cb, taken out of the table; NULL if none. */
-static struct kvs_shim_wpend *take_write(const struct aiocb *cb)
+/* The noted write of cb (fd >= 0: any of fd, cb ignored), taken out of the table; NULL if
+ * none.  wreq_give_back it once completed. */
+static struct wreq *take_write(const struct aiocb *cb, int fd)
 {
-	struct kvs_shim_wpend *p = NULL;
+	struct wreq *w = NULL;
 
-	if (!atomic_load_explicit(&wpending, memory_order_acquire)) /* pairs with note_write */
+	if (!atomic_load_explicit(&wpending, memory_order_acquire)) /* pairs with before_write */
 		return NULL;
-	pthread_mutex_lock(&mu);
-	for (struct wreq **pp = &wtable[bucket(cb)]; *pp; pp = &(*pp)->next) {
-		if ((*pp)->cb == cb) {
-			struct wreq *w = *pp;
-
-			*pp = w->next;
-			p = w->p;
-			free(w);
-			atomic_fetch_sub_explicit(&wpending, 1, memory_order_release);
-			break;
+	lock_mu();
+	for (int i = fd >= 0 ? 0 : (int)bucket(cb); i < NBUCKETS && !w; i++) {
+		for (struct wreq **pp = &wtable[i]; *pp; pp = &(*pp)->next) {
+			if (fd >= 0 ? (*pp)->fd == fd : (*pp)->cb == cb) {
+				w = *pp;
+				*pp = w->next;
+				atomic_fetch_sub_explicit(&wpending, 1, memory_order_release);
+				break;
+			}
 		}
+		if (fd < 0)
+			break;
 	}
-	pthread_mutex_unlock(&mu);
-	return p;
+	unlock_mu();
+	return w;
+}
+
+/* Complete w's write with result n (-1: failed, or unknown), and give w back. */
+static void complete_write(struct wreq *w, ssize_t n)
+{
+	if (!w)
+		return;
+	kvs_shim_write_completed(&w->p, n);
+	lock_mu();
+	wreq_put(w);
+	unlock_mu();
 }
 
 static void before_write(const struct aiocb *cb)
@@ -548,32 +622,36 @@ static void before_write(const struct aiocb *cb)
 		return;
 	kvs_shim_invalidate(cb->aio_fildes, cb->aio_offset, cb->aio_nbytes, false, 0);
 	struct iovec io = {(void *)(uintptr_t)cb->aio_buf, cb->aio_nbytes};
-	struct kvs_shim_wpend *p =
-	    kvs_shim_write_submitted(cb->aio_fildes, &io, 1, (uint64_t)cb->aio_offset);
-	if (!p)
-		return;
 	/* An aiocb reused without its result collected: the old write is of no use now. */
-	kvs_shim_write_completed(take_write(cb), -1);
+	complete_write(take_write(cb, -1), -1);
 	setup(); /* the fork handlers that keep mu sane */
-	struct wreq *w = malloc(sizeof(*w));
+	lock_mu();
+	struct wreq *w = wreq_get();
+	unlock_mu();
 	if (!w) {
-		kvs_shim_write_completed(p, -1);
+		/* No room to note it: followed at once, as a change that keeps nothing. */
+		kvs_shim_change_now(cb->aio_fildes, cb->aio_offset, cb->aio_nbytes);
+		return;
+	}
+	if (!kvs_shim_write_submitted(&w->p, cb->aio_fildes, &io, 1, (uint64_t)cb->aio_offset)) {
+		lock_mu();
+		wreq_put(w);
+		unlock_mu();
 		return;
 	}
 	w->cb = cb;
 	w->fd = cb->aio_fildes;
-	w->p = p;
-	pthread_mutex_lock(&mu);
+	lock_mu();
 	w->next = wtable[bucket(cb)];
 	wtable[bucket(cb)] = w;
 	atomic_fetch_add_explicit(&wpending, 1, memory_order_release); /* pairs with take_write */
-	pthread_mutex_unlock(&mu);
+	unlock_mu();
 }
 
 /* The program saw cb's write over with result n (-1: failed). */
 static void write_seen(const struct aiocb *cb, ssize_t n)
 {
-	kvs_shim_write_completed(take_write(cb), n);
+	complete_write(take_write(cb, -1), n);
 }
 
 /* cb's write, if it is over by glibc's account (aio_error != EINPROGRESS), seen now. */
@@ -592,29 +670,8 @@ void kvs_aio_closing(int fd)
 	int saved = errno;
 	/* Writes of fd the program never asked about: whether they are over is not known here
 	 * (their aiocbs may be gone), so they keep nothing, and the close finds the file free. */
-	for (;;) {
-		struct kvs_shim_wpend *p = NULL;
-
-		pthread_mutex_lock(&mu);
-		for (int i = 0; i < NBUCKETS && !p; i++) {
-			for (struct wreq **pp = &wtable[i]; *pp; pp = &(*pp)->next) {
-				if ((*pp)->fd == fd) {
-					struct wreq *w = *pp;
-
-					*pp = w->next;
-					p = w->p;
-					free(w);
-					atomic_fetch_sub_explicit(&wpending, 1,
-								  memory_order_release);
-					break;
-				}
-			}
-		}
-		pthread_mutex_unlock(&mu);
-		if (!p)
-			break;
-		kvs_shim_write_completed(p, -1);
-	}
+	for (struct wreq *w; (w = take_write(NULL, fd));)
+		complete_write(w, -1);
 	errno = saved;
 }
 
@@ -641,14 +698,18 @@ KVS_EXPORT int aio_write64(struct aiocb64 *cb)
 	return do_write(1, (struct aiocb *)cb);
 }
 
+/* aio_error and aio_return are async-signal-safe: inside the shim (a handler that interrupted
+ * it), the real call alone; else only the shim's own locks, and no memory allocated or freed. */
 static int do_error(int v, const struct aiocb *cb)
 {
 	bool running = false;
 
+	if (kvs_shim_inside())
+		return real_error(v, cb);
 	if (cb && busy()) {
-		pthread_mutex_lock(&mu);
+		lock_mu();
 		running = find(cb) != NULL;
-		pthread_mutex_unlock(&mu);
+		unlock_mu();
 	}
 	if (running)
 		return EINPROGRESS;
@@ -679,10 +740,12 @@ static ssize_t do_return(int v, struct aiocb *cb)
 {
 	bool running = false;
 
+	if (kvs_shim_inside())
+		return real_return(v, cb);
 	if (cb && busy()) {
-		pthread_mutex_lock(&mu);
+		lock_mu();
 		running = find(cb) != NULL;
-		pthread_mutex_unlock(&mu);
+		unlock_mu();
 	}
 	if (running) {
 		errno = EINPROGRESS;
@@ -708,8 +771,9 @@ KVS_EXPORT ssize_t aio_return64(struct aiocb64 *cb)
 	return do_return(1, (struct aiocb *)cb);
 }
 
-#define SLICE_NS 500000ull /* a mixed aio_suspend alternates glibc's wait and ours */
-#define SPINS	 20	   /* yields before the first sleep on cond */
+#define SLICE_NS      500000ull /* a mixed aio_suspend alternates glibc's wait and ours */
+#define SUSPEND_LOCAL 64	/* aiocbs of an aio_suspend list kept on the stack */
+#define SPINS	      20	/* yields before the first sleep on cond */
 
 /*
  * aio_suspend over served and glibc's aiocbs.  With no served one running in the list, it is
@@ -721,15 +785,20 @@ KVS_EXPORT ssize_t aio_return64(struct aiocb64 *cb)
 static int do_suspend(int v, const struct aiocb *const list[], int nent,
 		      const struct timespec *timeout)
 {
-	const struct aiocb **rest;
+	const struct aiocb **rest, *local[SUSPEND_LOCAL];
 	uint64_t deadline = UINT64_MAX;
 	int ret = -1, err = EAGAIN, spins = 0;
 
-	if (!busy() || !list || nent <= 0 ||
+	/* Async-signal-safe: inside the shim (a handler that interrupted it), glibc's alone; else
+	 * the list of glibc's aiocbs on the stack, or mapped for a long one (never malloc). */
+	if (kvs_shim_inside() || !busy() || !list || nent <= 0 ||
 	    (timeout && (timeout->tv_nsec < 0 || timeout->tv_nsec >= 1000000000L)))
 		return real_suspend(v, list, nent, timeout);
-	rest = malloc((size_t)nent * sizeof(*rest));
-	if (!rest)
+	size_t rest_len = (size_t)nent * sizeof(*rest);
+	rest = nent <= SUSPEND_LOCAL ? local
+				     : mmap(NULL, rest_len, PROT_READ | PROT_WRITE,
+					    MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+	if (rest == MAP_FAILED)
 		return real_suspend(v, list, nent, timeout);
 	deadline = kvs_deadline_ns(timeout);
 	/* glibc adds the timeout to the monotonic clock's seconds, and one that overflows time_t
@@ -741,7 +810,7 @@ static int do_suspend(int v, const struct aiocb *const list[], int nent,
 	for (;;) {
 		int nreal = 0, served = 0;
 
-		pthread_mutex_lock(&mu);
+		lock_mu();
 		for (int i = 0; i < nent; i++) {
 			if (!list[i])
 				continue;
@@ -751,14 +820,14 @@ static int do_suspend(int v, const struct aiocb *const list[], int nent,
 				rest[nreal++] = list[i];
 		}
 		if (served && glibc_overflows) {
-			pthread_mutex_unlock(&mu);
+			unlock_mu();
 			struct timespec zero = {0, 0};
 			ret = nreal && real_suspend(v, rest, nreal, &zero) == 0 ? 0 : -1;
 			err = EAGAIN;
 			break;
 		}
 		if (served == 0) {
-			pthread_mutex_unlock(&mu);
+			unlock_mu();
 			struct timespec left, *tp = NULL;
 			if (timeout && glibc_overflows) {
 				left = *timeout; /* glibc's answer to it, whatever that is */
@@ -775,13 +844,13 @@ static int do_suspend(int v, const struct aiocb *const list[], int nent,
 		}
 		uint64_t t = kvs_now_ns();
 		if (t >= deadline) {
-			pthread_mutex_unlock(&mu);
+			unlock_mu();
 			break;
 		}
 		if (spins++ < SPINS) {
 			/* A hit completes within microseconds: yield rather than sleep, which
 			 * saves the futex wake-up on the completion thread's side. */
-			pthread_mutex_unlock(&mu);
+			unlock_mu();
 			sched_yield();
 			continue;
 		}
@@ -790,7 +859,7 @@ static int do_suspend(int v, const struct aiocb *const list[], int nent,
 			until = deadline;
 		struct timespec abs = kvs_ns_ts(until == UINT64_MAX ? t + 3600000000000ull : until);
 		pthread_cond_timedwait(&cond, &mu, &abs);
-		pthread_mutex_unlock(&mu); /* a served completion is seen at the top */
+		unlock_mu(); /* a served completion is seen at the top */
 		if (nreal) {
 			t = kvs_now_ns();
 			struct timespec slice =
@@ -805,7 +874,8 @@ static int do_suspend(int v, const struct aiocb *const list[], int nent,
 			}
 		}
 	}
-	free(rest);
+	if (rest != local)
+		munmap(rest, rest_len);
 	if (ret)
 		errno = err;
 	return ret;
@@ -833,9 +903,9 @@ static int do_cancel(int v, int fd, struct aiocb *cb)
 	if (!busy())
 		return real_cancel(v, fd, cb);
 	if (cb) {
-		pthread_mutex_lock(&mu);
+		lock_mu();
 		running = find(cb) != NULL;
-		pthread_mutex_unlock(&mu);
+		unlock_mu();
 		if (!running)
 			return real_cancel(v, fd, cb);
 		if (fcntl(fd, F_GETFL) < 0) {
@@ -851,11 +921,11 @@ static int do_cancel(int v, int fd, struct aiocb *cb)
 	ret = real_cancel(v, fd, NULL);
 	if (ret == -1)
 		return -1;
-	pthread_mutex_lock(&mu);
+	lock_mu();
 	for (int b = 0; b < NBUCKETS && !running; b++)
 		for (struct req *r = table[b]; r && !running; r = r->next)
 			running = r->fd == fd;
-	pthread_mutex_unlock(&mu);
+	unlock_mu();
 	return running ? AIO_NOTCANCELED : ret;
 }
 
@@ -945,11 +1015,11 @@ static int do_lio(int v, int mode, struct aiocb *const list[], int nent, struct 
 			s.sigev_notify = SIGEV_THREAD;
 			s.sigev_notify_function = real_part_done;
 			s.sigev_value.sival_ptr = g;
-			pthread_mutex_lock(&mu);
+			lock_mu();
 			g->left++; /* dropped by real_part_done: glibc notifies in every case but
 				      running out of memory for its list, where it notifies nobody
 				    */
-			pthread_mutex_unlock(&mu);
+			unlock_mu();
 			ret = real_lio(v, LIO_NOWAIT, rest, nrest, &s);
 		} else {
 			ret = real_lio(v, LIO_NOWAIT, rest, nrest, NULL);
@@ -958,7 +1028,7 @@ static int do_lio(int v, int mode, struct aiocb *const list[], int nent, struct 
 	}
 	bool notify_last = g->notify; /* g may be freed by another thread once we drop our hold */
 
-	pthread_mutex_lock(&mu);
+	lock_mu();
 	if (mode == LIO_WAIT) {
 		g->left--; /* our hold; the served entries drop the rest */
 		while (g->left)
@@ -973,7 +1043,7 @@ static int do_lio(int v, int mode, struct aiocb *const list[], int nent, struct 
 		if (!notify_last)
 			last = g; /* no member refers to it */
 	}
-	pthread_mutex_unlock(&mu);
+	unlock_mu();
 	if (mode == LIO_WAIT || !notify_last)
 		free(last);
 	else

@@ -257,7 +257,8 @@ static bool ring_empty(aio_context_t ctx)
 
 /* ------------------------------------------------------------------ contexts and entries */
 
-#define INLINE_IOV 4
+#define INLINE_IOV	 4
+#define KVS_SUBMIT_CHUNK 32 /* iocbs of one io_submit read onto the stack at a time */
 
 struct kctx;
 
@@ -279,7 +280,7 @@ struct served {
  * event is seen; under its context's mu. */
 struct kwrite {
 	uint64_t obj; /* the iocb */
-	struct kvs_shim_wpend *p;
+	struct kvs_shim_wpend p;
 	struct kwrite *next;
 };
 
@@ -455,21 +456,24 @@ static size_t candidate(const struct iocb *cb)
 	if (cb->aio_lio_opcode == IOCB_CMD_PREAD) {
 		len = (size_t)cb->aio_nbytes;
 	} else if (cb->aio_lio_opcode == IOCB_CMD_PREADV) {
-		const struct iovec *v = (const struct iovec *)(uintptr_t)cb->aio_buf;
+		struct iovec local[KVS_IOV_LOCAL];
+		uint64_t n = 0;
 
-		if (!v || cb->aio_nbytes == 0 || cb->aio_nbytes > IOV_MAX)
+		/* The program's array, read as the kernel reads it: one it refuses is its own. */
+		if (!kvs_shim_wants(SIZE_MAX) || cb->aio_nbytes > IOV_MAX ||
+		    !kvs_shim_iov_read((const struct iovec *)(uintptr_t)cb->aio_buf,
+				       (int)cb->aio_nbytes, local, &n))
 			return 0;
-		for (uint64_t i = 0; i < cb->aio_nbytes; i++)
-			if (__builtin_add_overflow(len, v[i].iov_len, &len))
-				return 0;
+		len = (size_t)n;
 	} else {
 		return 0;
 	}
 	return len && kvs_shim_wants(len) ? len : 0;
 }
 
-/* Start cb as a served entry of c; 0, or -1 when the cache does not take it. */
-static int start(struct kctx *c, struct iocb *cb)
+/* Start cb (a copy of the program's iocb at obj) as a served entry of c; 0, or -1 when the
+ * cache does not take it. */
+static int start(struct kctx *c, const struct iocb *cb, struct iocb *obj)
 {
 	struct served *s;
 	int n = cb->aio_lio_opcode == IOCB_CMD_PREADV ? (int)cb->aio_nbytes : 1;
@@ -489,13 +493,15 @@ static int start(struct kctx *c, struct iocb *cb)
 		s->iov = s->inl;
 		goto refused;
 	}
-	if (cb->aio_lio_opcode == IOCB_CMD_PREADV)
-		memcpy(s->iov, (const void *)(uintptr_t)cb->aio_buf, (size_t)n * sizeof(*s->iov));
-	else
+	if (cb->aio_lio_opcode == IOCB_CMD_PREADV) {
+		if (!kvs_shim_copy_in(s->iov, (const void *)(uintptr_t)cb->aio_buf,
+				      (size_t)n * sizeof(*s->iov)))
+			goto refused; /* changed under us since candidate() read it: the kernel's */
+	} else
 		s->iov[0] = (struct iovec){(void *)(uintptr_t)cb->aio_buf, (size_t)cb->aio_nbytes};
 	s->c = c;
 	s->a.arg = s;
-	s->ev = (struct io_event){.data = cb->aio_data, .obj = (uint64_t)(uintptr_t)cb};
+	s->ev = (struct io_event){.data = cb->aio_data, .obj = (uint64_t)(uintptr_t)obj};
 	s->flags = cb->aio_flags;
 	/* The kernel holds the eventfd from submission: so do we, by a descriptor of our own
 	 * (the program may close or reuse its number before the completion). */
@@ -547,47 +553,60 @@ static void invalidate_write(const struct iocb *cb)
 	if (cb->aio_lio_opcode == IOCB_CMD_PWRITE) {
 		len = (size_t)cb->aio_nbytes;
 	} else if (cb->aio_lio_opcode == IOCB_CMD_PWRITEV) {
-		const struct iovec *v = (const struct iovec *)(uintptr_t)cb->aio_buf;
+		struct iovec local[KVS_IOV_LOCAL];
+		uint64_t n = 0;
 
-		for (uint64_t k = 0; v && k < cb->aio_nbytes && k < IOV_MAX; k++)
-			len += v[k].iov_len;
+		/* Read as the kernel reads it; one it refuses fails the entry, which changes
+		 * nothing. */
+		if (cb->aio_nbytes <= IOV_MAX &&
+		    kvs_shim_iov_read((const struct iovec *)(uintptr_t)cb->aio_buf,
+				      (int)cb->aio_nbytes, local, &n))
+			len = (size_t)n;
 	}
 	if (len)
 		kvs_shim_invalidate((int)cb->aio_fildes, (off_t)cb->aio_offset, len, false, 0);
 }
 
-/* Note cb for write-through when it is a write of a KV file (NULL: not noted). */
-static struct kvs_shim_wpend *note_write(const struct iocb *cb)
+/* Note cb (a copy of the program's iocb) in p for write-through when it is a write of a KV
+ * file; false: not noted. */
+static bool note_write(struct kvs_shim_wpend *p, const struct iocb *cb)
 {
 	if (!cb || (int64_t)cb->aio_offset < 0 || cb->aio_rw_flags)
-		return NULL;
+		return false;
 	if (cb->aio_lio_opcode == IOCB_CMD_PWRITE) {
 		struct iovec v = {(void *)(uintptr_t)cb->aio_buf, (size_t)cb->aio_nbytes};
 
-		return kvs_shim_write_submitted((int)cb->aio_fildes, &v, 1, cb->aio_offset);
+		return kvs_shim_write_submitted(p, (int)cb->aio_fildes, &v, 1, cb->aio_offset);
 	}
 	if (cb->aio_lio_opcode == IOCB_CMD_PWRITEV && cb->aio_nbytes <= IOV_MAX)
-		return kvs_shim_write_submitted((int)cb->aio_fildes,
+		return kvs_shim_write_submitted(p, (int)cb->aio_fildes,
 						(const struct iovec *)(uintptr_t)cb->aio_buf,
 						(int)cb->aio_nbytes, cb->aio_offset);
-	return NULL;
+	return false;
 }
 
 /* The noted write of the iocb at obj, taken out; NULL if none.  Caller holds c->mu. */
-static struct kvs_shim_wpend *take_write(struct kctx *c, uint64_t obj)
+static struct kwrite *take_write(struct kctx *c, uint64_t obj)
 {
 	for (struct kwrite **pp = &c->writes; *pp; pp = &(*pp)->next) {
 		if ((*pp)->obj == obj) {
 			struct kwrite *w = *pp;
-			struct kvs_shim_wpend *p = w->p;
 
 			*pp = w->next;
 			c->nwrites--;
-			free(w);
-			return p;
+			return w;
 		}
 	}
 	return NULL;
+}
+
+/* Complete w's write with result n (-1: failed, or never submitted), and free it. */
+static void complete_write(struct kwrite *w, ssize_t n)
+{
+	if (w) {
+		kvs_shim_write_completed(&w->p, n);
+		free(w);
+	}
 }
 
 /* n events came from the kernel into ev: the writes among them are over. */
@@ -595,86 +614,117 @@ static void kernel_events(struct kctx *c, const struct io_event *ev, long n)
 {
 	for (long k = 0; k < n; k++) {
 		pthread_mutex_lock(&c->mu);
-		struct kvs_shim_wpend *p = c->nwrites ? take_write(c, ev[k].obj) : NULL;
+		struct kwrite *w = c->nwrites ? take_write(c, ev[k].obj) : NULL;
 		pthread_mutex_unlock(&c->mu);
-		if (p)
-			kvs_shim_write_completed(p, ev[k].res < 0 ? -1 : (ssize_t)ev[k].res);
+		complete_write(w, ev[k].res < 0 ? -1 : (ssize_t)ev[k].res);
 	}
 }
 
-/* Submit a run of entries to the kernel, noting its writes for write-through first (their
- * bytes are copied now, and their notes are in the list before the kernel has them: another
- * thread may reap their events before io_submit returns); the entries it did not take are not
- * writes in flight. */
-static long submit_run(enum via v, struct kctx *c, aio_context_t ctx, long nr, struct iocb **p)
+/* Submit a run of entries to the kernel (p: the program's pointers; cbs: copies of the iocbs
+ * they name), noting its writes for write-through first (their bytes are copied now, and
+ * their notes are in the list before the kernel has them: another thread may reap their
+ * events before io_submit returns); the entries it did not take are not writes in flight. */
+static long submit_run(enum via v, struct kctx *c, aio_context_t ctx, long nr, struct iocb **p,
+		       const struct iocb *cbs)
 {
-	struct kvs_shim_wpend *noted[64];
-	long m = nr < 64 ? nr : 64, n;
+	bool noted[KVS_SUBMIT_CHUNK] = {false};
+	long n;
 
-	for (long k = 0; k < m; k++) {
-		noted[k] = note_write(p[k]);
-		struct kwrite *w = noted[k] ? malloc(sizeof(*w)) : NULL;
-		if (noted[k] && !w) {
-			kvs_shim_write_completed(noted[k], -1);
-			noted[k] = NULL;
-		}
-		if (!w)
+	for (long k = 0; k < nr; k++) {
+		struct kwrite *w = malloc(sizeof(*w));
+
+		if (!w || !note_write(&w->p, &cbs[k])) {
+			free(w);
 			continue;
+		}
+		noted[k] = true;
 		w->obj = (uint64_t)(uintptr_t)p[k];
-		w->p = noted[k];
 		pthread_mutex_lock(&c->mu);
 		/* A note left on this iocb (its event was reaped where the shim does not look):
 		 * that write is of no use now. */
-		struct kvs_shim_wpend *stale = take_write(c, w->obj);
+		struct kwrite *stale = take_write(c, w->obj);
 		w->next = c->writes;
 		c->writes = w;
 		c->nwrites++;
 		pthread_mutex_unlock(&c->mu);
-		kvs_shim_write_completed(stale, -1);
+		complete_write(stale, -1);
 	}
 	n = k_submit(v, ctx, nr, p);
-	for (long k = n < 0 ? 0 : n; k < m; k++) {
+	for (long k = n < 0 ? 0 : n; k < nr; k++) {
 		if (!noted[k])
 			continue;
 		pthread_mutex_lock(&c->mu);
-		struct kvs_shim_wpend *gone = take_write(c, (uint64_t)(uintptr_t)p[k]);
+		struct kwrite *gone = take_write(c, (uint64_t)(uintptr_t)p[k]);
 		pthread_mutex_unlock(&c->mu);
-		kvs_shim_write_completed(gone, -1); /* never submitted */
+		complete_write(gone, -1); /* never submitted */
 	}
 	return n;
 }
 
+/* Copy up to k leading entries of the program's iocb array p, pointers to ptr and the iocbs
+ * they name to cbs, as the kernel reads them (it answers EFAULT for the first it cannot):
+ * returns how many could be read. */
+static long read_iocbs(struct iocb **p, long k, struct iocb **ptr, struct iocb *cbs)
+{
+	if (!kvs_shim_copy_in(ptr, p, (size_t)k * sizeof(*p))) {
+		long all = k;
+
+		for (k = 0; k < all && kvs_shim_copy_in(&ptr[k], &p[k], sizeof(*p));)
+			k++; /* the pointers before the first the kernel cannot read */
+	}
+	for (long i = 0; i < k; i++)
+		if (!kvs_shim_copy_in(&cbs[i], ptr[i], sizeof(*cbs)))
+			return i;
+	return k;
+}
+
 static long do_submit(enum via v, aio_context_t ctx, long nr, struct iocb **p)
 {
+	struct iocb *ptr[KVS_SUBMIT_CHUNK], cbs[KVS_SUBMIT_CHUNK];
 	struct kctx *c;
-	long i = 0;
 
 	if (nr <= 0 || !p || !kvs_shim_wants(SIZE_MAX) || !(c = find_or_make(ctx)))
 		return k_submit(v, ctx, nr, p);
-	while (i < nr) {
-		if (candidate(p[i]) && start(c, p[i]) == 0) {
-			i++;
-			continue;
-		}
-		/* A run for the kernel: this entry and the non-candidates after it.  A candidate
-		 * the cache then refuses starts a run of its own. */
-		long j = i + 1, n;
+	/* A chunk at a time: the program's pointers and iocbs read as the kernel reads them,
+	 * then looked at through the copies (the kernel reads the program's again). */
+	for (long base = 0; base < nr;) {
+		long k = nr - base < KVS_SUBMIT_CHUNK ? nr - base : KVS_SUBMIT_CHUNK;
+		long good = read_iocbs(p + base, k, ptr, cbs), i = 0;
 
-		while (j < nr && !candidate(p[j]))
-			j++;
-		for (long k = i; k < j; k++)
-			invalidate_write(p[k]);
-		n = submit_run(v, c, ctx, j - i, p + i);
-		if (n < 0)
-			return i ? i : n;
-		if (n > 0) {
-			pthread_mutex_lock(&c->mu);
-			c->kpending += n;
-			pthread_mutex_unlock(&c->mu);
+		if (good == 0) {
+			/* The kernel's answer for an entry it cannot read: nothing past it. */
+			long n = k_submit(v, ctx, 1, p + base);
+
+			if (n > 0) /* it could read it after all (the program remapped it) */
+				n = base + n;
+			return base ? base : n;
 		}
-		i += n;
-		if (i < j)
-			return i;
+		while (i < good) {
+			if (candidate(&cbs[i]) && start(c, &cbs[i], ptr[i]) == 0) {
+				i++;
+				continue;
+			}
+			/* A run for the kernel: this entry and the non-candidates after it.  A
+			 * candidate the cache then refuses starts a run of its own. */
+			long j = i + 1, n;
+
+			while (j < good && !candidate(&cbs[j]))
+				j++;
+			for (long q = i; q < j; q++)
+				invalidate_write(&cbs[q]);
+			n = submit_run(v, c, ctx, j - i, p + base + i, cbs + i);
+			if (n < 0)
+				return base + i ? base + i : n;
+			if (n > 0) {
+				pthread_mutex_lock(&c->mu);
+				c->kpending += n;
+				pthread_mutex_unlock(&c->mu);
+			}
+			i += n;
+			if (i < j)
+				return base + i;
+		}
+		base += good;
 	}
 	return nr;
 }
@@ -826,7 +876,7 @@ static long do_destroy(enum via v, aio_context_t ctx)
 			free(s);
 		}
 		while (c->writes) /* their events will never be seen: keep nothing of them */
-			kvs_shim_write_completed(take_write(c, c->writes->obj), -1);
+			complete_write(take_write(c, c->writes->obj), -1);
 		pthread_cond_destroy(&c->cond);
 		pthread_mutex_destroy(&c->mu);
 		free(c);
@@ -845,13 +895,34 @@ int io_pgetevents(void *ctx, long min_nr, long nr, struct io_event *events,
 int io_cancel(void *ctx, struct iocb *iocb, struct io_event *evt);
 int io_destroy(void *ctx);
 
-/* libc's syscall(): the io_* numbers that touch served entries come here; every other number
- * goes to the kernel as glibc's would (-1 and errno for -4095..-1). */
 static long raw_args(long n, const long *a)
 {
 	return raw6(n, a[0], a[1], a[2], a[3], a[4], a[5]);
 }
 
+/* A change of a file made through libc's syscall() (a write, a truncation, a copy into it):
+ * followed as the shim's hooks follow one (kvs_shim_change_before), over the whole file (the
+ * arguments are the kernel's to check): the file keeps nothing of write-through meanwhile,
+ * and its shards are dropped.  The kernel's answer, -errno on failure. */
+static long changing(long number, const long *a)
+{
+	struct kvs_shim_change ch;
+	int fd = (number == SYS_copy_file_range || number == SYS_splice) ? (int)a[2] : (int)a[0];
+	bool on = kvs_shim_change_before(&ch, fd, KVS_WT_ANYWHERE, NULL, UINT64_MAX, true);
+	long r = raw6(number, a[0], a[1], a[2], a[3], a[4], a[5]);
+
+	if (on) {
+		int saved = errno;
+
+		kvs_shim_change_after(&ch, r < 0 ? -1 : r);
+		errno = saved;
+	}
+	return r;
+}
+
+/* libc's syscall(): the io_* numbers that touch served entries come here, and the numbers
+ * that change a file's bytes are followed (changing); every other number goes to the kernel
+ * as glibc's would (-1 and errno for -4095..-1). */
 KVS_EXPORT long syscall(long number, ...)
 {
 	long a[6], r;
@@ -945,6 +1016,18 @@ KVS_EXPORT long syscall(long number, ...)
 		kvs_shim_fds_gone((unsigned int)a[0], (unsigned int)a[1]);
 		break;
 #endif
+	case SYS_write:
+	case SYS_pwrite64:
+	case SYS_writev:
+	case SYS_pwritev:
+	case SYS_pwritev2:
+	case SYS_fallocate:
+	case SYS_ftruncate:
+	case SYS_copy_file_range:
+	case SYS_sendfile:
+	case SYS_splice:
+		r = changing(number, a);
+		break;
 	default:
 		r = raw_args(number, a);
 		break;

@@ -15,6 +15,9 @@
 #include <stdio.h>
 #include <string.h>
 #include <sys/mman.h>
+#include <sys/stat.h>
+#include <sys/sendfile.h>
+#include <stdint.h>
 #include <sys/uio.h>
 #include <unistd.h>
 
@@ -43,25 +46,14 @@ static ssize_t serve1(int fd, void *buf, size_t count, off_t off, bool use_pos)
 	return kvs_shim_read(fd, &v, 1, off, use_pos);
 }
 
-static size_t iov_len(const struct iovec *iov, int iovcnt)
-{
-	size_t n = 0;
-
-	for (int i = 0; iov && i < iovcnt && i < IOV_MAX; i++)
-		n += iov[i].iov_len;
-	return n;
-}
-
+/* A vector read: the program's iovec array is read only for a KV file, and as the kernel reads
+ * it (kvs_shim_readv): one the kernel refuses is the real call's to refuse. */
 static ssize_t servev(int fd, const struct iovec *iov, int iovcnt, off_t off, bool use_pos)
 {
-	if (!iov || iovcnt <= 0)
+	if (!kvs_shim_wants(SIZE_MAX))
 		return -1;
-	if (!kvs_shim_wants(iov_len(iov, iovcnt))) {
-		kvs_shim_note_small(fd, iov_len(iov, iovcnt));
-		return -1;
-	}
 	pthread_testcancel();
-	return kvs_shim_read(fd, iov, iovcnt, off, use_pos);
+	return kvs_shim_readv(fd, iov, iovcnt, off, use_pos);
 }
 
 KVS_EXPORT ssize_t read(int fd, void *buf, size_t count)
@@ -240,8 +232,10 @@ KVS_EXPORT size_t fread(void *ptr, size_t size, size_t nmemb, FILE *f)
 /*
  * fwrite puts bytes in the stream's buffer; they reach the file at the stream's position when
  * it flushes.  For write-through they are staged at that position (ftello, under the stream's
- * lock) and kept once fclose has flushed them (below).  A stream in append mode is not
- * staged: its position is not where the bytes go.
+ * lock) and kept once fclose has flushed them (below).  A stream in append mode (O_APPEND on
+ * its descriptor) keeps nothing: its position is not where the bytes go.  A stream found
+ * elsewhere than the last fwrite left it, here or at fclose, keeps nothing either: stdio calls
+ * the shim does not hook (fputc, fprintf, fwrite_unlocked, putc_unlocked) wrote or moved it.
  */
 KVS_EXPORT size_t fwrite(const void *ptr, size_t size, size_t nmemb, FILE *f)
 {
@@ -250,22 +244,27 @@ KVS_EXPORT size_t fwrite(const void *ptr, size_t size, size_t nmemb, FILE *f)
 	bool staged = false;
 
 	kvs_real_init();
+	/* A stream on a descriptor known not to be a KV file (stdout, a log) is glibc's, for a
+	 * load; the first fwrite of one finds out (no ftello before that). */
+	if (kvs_fdinfo_not_kv(fileno_unlocked(f)))
+		return kvs_real.fwrite(ptr, size, nmemb, f);
 	kvs_shim_wants(0); /* the configuration, loaded once */
 	if (size == 0 || nmemb == 0 || __builtin_mul_overflow(size, nmemb, &total) ||
-	    !kvs_wthru_on())
+	    (!kvs_wthru_on() && !kvs_fdinfo_any_write_once()) ||
+	    !kvs_shim_is_kv(fileno_unlocked(f)))
 		return kvs_real.fwrite(ptr, size, nmemb, f);
 	flockfile(f);
-	int fd = fileno_unlocked(f);
+	int fd = fileno_unlocked(f), saved = errno;
 	off_t pos = fd >= 0 ? ftello(f) : -1;
+	errno = saved; /* a pipe's ESPIPE is not the program's */
 	struct iovec v = {(void *)ptr, total};
 	if (pos >= 0) {
 		kvs_shim_invalidate(fd, pos, total, false, 0);
-		staged = kvs_shim_write_before(&op, fd, &v, 1, pos);
+		staged = kvs_shim_write_before(&op, fd, &v, 1, total, pos, true);
 	}
 	done = kvs_real.fwrite(ptr, size, nmemb, f);
 	if (staged) {
-		int saved = errno;
-
+		saved = errno;
 		/* Short: the stream has an error now, and fclose will say so. */
 		kvs_shim_write_after(&op, fd, done == nmemb ? (ssize_t)total : -1);
 		errno = saved;
@@ -277,7 +276,15 @@ KVS_EXPORT size_t fwrite(const void *ptr, size_t size, size_t nmemb, FILE *f)
 KVS_EXPORT int fclose(FILE *f)
 {
 	int dupfd, fd = fileno(f);
-	struct wt_file *w = kvs_shim_fclosing(fd, &dupfd);
+	int64_t pos = -1;
+
+	if (kvs_wthru_busy()) { /* where the stream stands, for write-through (wthru.h) */
+		int saved = errno;
+
+		pos = ftello(f);
+		errno = saved;
+	}
+	struct wt_file *w = kvs_shim_fclosing(fd, pos, &dupfd);
 
 	kvs_shim_fd_gone(fd); /* glibc closes it inside, past the close hook */
 	kvs_real_init();
@@ -292,6 +299,17 @@ KVS_EXPORT int fclose(FILE *f)
 	return r;
 }
 
+/* The first line of the hook of a function POSIX lists as async-signal-safe: inside the shim
+ * (its own call, or a signal handler that interrupted it), the real call and nothing more
+ * (shim.h, kvs_shim_inside). */
+#define REAL_IF_INSIDE(call)                                                                       \
+	do {                                                                                       \
+		if (kvs_shim_inside()) {                                                           \
+			kvs_real_init();                                                           \
+			return (call);                                                             \
+		}                                                                                  \
+	} while (0)
+
 /* Around a write: invalidate before it the shards as they were, stage its bytes for
  * write-through (wthru.h), make the real call, then keep what it wrote and invalidate any
  * shard another process loaded while it was landing.  iov/iovcnt describe the bytes; off is
@@ -299,9 +317,10 @@ KVS_EXPORT int fclose(FILE *f)
 #define AROUND_WRITE(fd, iov, iovcnt, off, len, use_pos, call)                                     \
 	do {                                                                                       \
 		struct kvs_wthru_op op_;                                                           \
+		REAL_IF_INSIDE(call);                                                              \
 		kvs_shim_invalidate(fd, off, len, use_pos, 0);                                     \
-		bool staged_ =                                                                     \
-		    kvs_shim_write_before(&op_, fd, iov, iovcnt, (use_pos) ? -1 : (off));          \
+		bool staged_ = kvs_shim_write_before(&op_, fd, iov, iovcnt, len,                   \
+						     (use_pos) ? -1 : (off), false);               \
 		kvs_real_init();                                                                   \
 		ssize_t ret_ = (call);                                                             \
 		int saved_ = errno;                                                                \
@@ -311,6 +330,22 @@ KVS_EXPORT int fclose(FILE *f)
 			kvs_shim_invalidate(fd, off, (size_t)ret_, use_pos, -(off_t)ret_);         \
 		errno = saved_;                                                                    \
 		return ret_;                                                                       \
+	} while (0)
+
+/* A vector write: AROUND_WRITE with the program's iovec array read only for a KV file, and as
+ * the kernel reads it (kvs_shim_write_iov); any other, and one the kernel refuses, is the real
+ * call alone.  plain: its bytes can be kept (else only invalidated and followed). */
+#define AROUND_WRITEV(fd, iov, iovcnt, off, use_pos, plain, call)                                  \
+	do {                                                                                       \
+		struct iovec local_[KVS_IOV_LOCAL];                                                \
+		uint64_t len_ = 0;                                                                 \
+		REAL_IF_INSIDE(call);                                                              \
+		const struct iovec *v_ = kvs_shim_write_iov(fd, iov, iovcnt, local_, &len_);       \
+		if (!v_) {                                                                         \
+			kvs_real_init();                                                           \
+			return (call);                                                             \
+		}                                                                                  \
+		AROUND_WRITE(fd, (plain) ? v_ : NULL, iovcnt, off, (size_t)len_, use_pos, call);   \
 	} while (0)
 
 /* pwritev2 flags that leave a write a plain one at its offset (RWF_APPEND does not). */
@@ -339,49 +374,48 @@ KVS_EXPORT ssize_t pwrite64(int fd, const void *buf, size_t count, off64_t off)
 
 KVS_EXPORT ssize_t writev(int fd, const struct iovec *iov, int iovcnt)
 {
-	AROUND_WRITE(fd, iov, iovcnt, 0, iov_len(iov, iovcnt), true,
-		     kvs_real.writev(fd, iov, iovcnt));
+	AROUND_WRITEV(fd, iov, iovcnt, 0, true, true, kvs_real.writev(fd, iov, iovcnt));
 }
 
 KVS_EXPORT ssize_t pwritev(int fd, const struct iovec *iov, int iovcnt, off_t off)
 {
-	AROUND_WRITE(fd, iov, iovcnt, off, iov_len(iov, iovcnt), false,
-		     kvs_real.pwritev(fd, iov, iovcnt, off));
+	AROUND_WRITEV(fd, iov, iovcnt, off, false, true, kvs_real.pwritev(fd, iov, iovcnt, off));
 }
 
 KVS_EXPORT ssize_t pwritev64(int fd, const struct iovec *iov, int iovcnt, off64_t off)
 {
-	AROUND_WRITE(fd, iov, iovcnt, (off_t)off, iov_len(iov, iovcnt), false,
-		     kvs_real.pwritev64(fd, iov, iovcnt, off));
+	AROUND_WRITEV(fd, iov, iovcnt, (off_t)off, false, true,
+		      kvs_real.pwritev64(fd, iov, iovcnt, off));
 }
 
 KVS_EXPORT ssize_t pwritev2(int fd, const struct iovec *iov, int iovcnt, off_t off, int flags)
 {
-	/* A write with other flags is not staged (no iovecs given): only invalidated. */
-	AROUND_WRITE(fd, (flags & ~PLAIN_RWF) ? NULL : iov, iovcnt, off, iov_len(iov, iovcnt),
-		     off == -1, kvs_real.pwritev2(fd, iov, iovcnt, off, flags));
+	/* A write with other flags is not staged (no iovecs given): invalidated and followed. */
+	AROUND_WRITEV(fd, iov, iovcnt, off, off == -1, !(flags & ~PLAIN_RWF),
+		      kvs_real.pwritev2(fd, iov, iovcnt, off, flags));
 }
 
 KVS_EXPORT ssize_t pwritev64v2(int fd, const struct iovec *iov, int iovcnt, off64_t off, int flags)
 {
-	AROUND_WRITE(fd, (flags & ~PLAIN_RWF) ? NULL : iov, iovcnt, (off_t)off,
-		     iov_len(iov, iovcnt), off == -1,
-		     kvs_real.pwritev64v2(fd, iov, iovcnt, off, flags));
+	AROUND_WRITEV(fd, iov, iovcnt, (off_t)off, off == -1, !(flags & ~PLAIN_RWF),
+		      kvs_real.pwritev64v2(fd, iov, iovcnt, off, flags));
 }
 
 /* The end of a writer's use of a descriptor publishes what it wrote through it (write-
  * through), and retires the descriptor's anchor (anchor.h); a load or two when there is
- * neither. */
+ * neither.  close is async-signal-safe: inside the shim (its own close, or a handler that
+ * interrupted it) it is the real call alone; else it takes only the shim's own locks, under
+ * its guard, and allocates nothing (shim.h, kvs_shim_inside). */
 KVS_EXPORT int close(int fd)
 {
 	kvs_shim_fd_gone(fd); /* before: a racing look must not keep the old file's class */
-	kvs_aio_closing(fd); /* aio writes over but never asked about: seen, so kept now */
+	REAL_IF_INSIDE(kvs_real.close(fd));
+	kvs_aio_closing(fd); /* aio writes never asked about: their result unknown, kept nothing */
 	struct wt_file *f = kvs_shim_closing(fd);
 
 	kvs_anchor_closing(fd);
 	kvs_uring_closed(fd);
 
-	kvs_real_init();
 	int r = kvs_real.close(fd);
 	kvs_shim_fd_gone(fd); /* and after: the number may be another file's now */
 	if (f) {
@@ -424,6 +458,7 @@ KVS_EXPORT int close_range(unsigned int first, unsigned int last, int flags)
 
 KVS_EXPORT int fsync(int fd)
 {
+	REAL_IF_INSIDE(kvs_real.fsync(fd));
 	kvs_real_init();
 	int r = kvs_real.fsync(fd);
 	if (r == 0)
@@ -433,6 +468,7 @@ KVS_EXPORT int fsync(int fd)
 
 KVS_EXPORT int fdatasync(int fd)
 {
+	REAL_IF_INSIDE(kvs_real.fdatasync(fd));
 	kvs_real_init();
 	int r = kvs_real.fdatasync(fd);
 	if (r == 0)
@@ -463,6 +499,7 @@ KVS_EXPORT int fcntl(int fd, int cmd, ...)
 	va_start(ap, cmd);
 	void *arg = va_arg(ap, void *);
 	va_end(ap);
+	REAL_IF_INSIDE(kvs_real.fcntl(fd, cmd, arg));
 	note_lock(fd, cmd, arg);
 	kvs_real_init();
 	return kvs_real.fcntl(fd, cmd, arg);
@@ -475,6 +512,7 @@ KVS_EXPORT int fcntl64(int fd, int cmd, ...)
 	va_start(ap, cmd);
 	void *arg = va_arg(ap, void *);
 	va_end(ap);
+	REAL_IF_INSIDE(kvs_real.fcntl64(fd, cmd, arg));
 	note_lock(fd, cmd, arg);
 	kvs_real_init();
 	return kvs_real.fcntl64(fd, cmd, arg);
@@ -496,10 +534,162 @@ KVS_EXPORT int lockf64(int fd, int cmd, off64_t len)
 	return kvs_real.lockf64(fd, cmd, len);
 }
 
+/*
+ * Changes whose bytes write-through does not copy: each is followed from before the real call
+ * to after it (kvs_shim_change_before), so that the shards it touches are dropped from the
+ * cache and no staged copy of the file, this process's or another's, keeps them.  Every
+ * descriptor but a KV file's costs what kvs_fdinfo_get costs, once.
+ */
+#ifndef FALLOC_FL_COLLAPSE_RANGE
+#define FALLOC_FL_COLLAPSE_RANGE 0x08
+#endif
+#ifndef FALLOC_FL_INSERT_RANGE
+#define FALLOC_FL_INSERT_RANGE 0x20
+#endif
+
+/* A collapse or an insert moves every byte past off. */
+static uint64_t falloc_len(int mode, off64_t len)
+{
+	return mode & (FALLOC_FL_COLLAPSE_RANGE | FALLOC_FL_INSERT_RANGE) ? UINT64_MAX
+									  : (uint64_t)len;
+}
+
+KVS_EXPORT int fallocate(int fd, int mode, off_t off, off_t len)
+{
+	struct kvs_shim_change ch;
+	bool on = off >= 0 && len > 0 &&
+		  kvs_shim_change_before(&ch, fd, off, NULL, falloc_len(mode, len), true);
+
+	kvs_real_init();
+	int r = kvs_real.fallocate(fd, mode, off, len);
+	if (on)
+		kvs_shim_change_after(&ch, r); /* keeps errno */
+	return r;
+}
+
+KVS_EXPORT int fallocate64(int fd, int mode, off64_t off, off64_t len)
+{
+	struct kvs_shim_change ch;
+	bool on = off >= 0 && len > 0 &&
+		  kvs_shim_change_before(&ch, fd, off, NULL, falloc_len(mode, len), true);
+
+	kvs_real_init();
+	int r = kvs_real.fallocate64(fd, mode, off, len);
+	if (on)
+		kvs_shim_change_after(&ch, r);
+	return r;
+}
+
+KVS_EXPORT ssize_t copy_file_range(int in, off64_t *in_off, int out, off64_t *out_off, size_t len,
+				   unsigned int flags)
+{
+	struct kvs_shim_change ch;
+	bool on =
+	    kvs_shim_change_before(&ch, out, KVS_WT_AT_POS, (const int64_t *)out_off, len, true);
+
+	kvs_real_init();
+	ssize_t r = kvs_real.copy_file_range(in, in_off, out, out_off, len, flags);
+	if (on)
+		kvs_shim_change_after(&ch, r);
+	return r;
+}
+
+/* sendfile writes at out's position (its offset argument is in's). */
+KVS_EXPORT ssize_t sendfile(int out, int in, off_t *off, size_t count)
+{
+	struct kvs_shim_change ch;
+	bool on = kvs_shim_change_before(&ch, out, KVS_WT_AT_POS, NULL, count, true);
+
+	kvs_real_init();
+	ssize_t r = kvs_real.sendfile(out, in, off, count);
+	if (on)
+		kvs_shim_change_after(&ch, r);
+	return r;
+}
+
+KVS_EXPORT ssize_t sendfile64(int out, int in, off64_t *off, size_t count)
+{
+	struct kvs_shim_change ch;
+	bool on = kvs_shim_change_before(&ch, out, KVS_WT_AT_POS, NULL, count, true);
+
+	kvs_real_init();
+	ssize_t r = kvs_real.sendfile64(out, in, off, count);
+	if (on)
+		kvs_shim_change_after(&ch, r);
+	return r;
+}
+
+KVS_EXPORT ssize_t splice(int in, off64_t *in_off, int out, off64_t *out_off, size_t len,
+			  unsigned int flags)
+{
+	struct kvs_shim_change ch;
+	bool on =
+	    kvs_shim_change_before(&ch, out, KVS_WT_AT_POS, (const int64_t *)out_off, len, true);
+
+	kvs_real_init();
+	ssize_t r = kvs_real.splice(in, in_off, out, out_off, len, flags);
+	if (on)
+		kvs_shim_change_after(&ch, r);
+	return r;
+}
+
+/* A truncation by path changes every byte from the lesser of the old and the new size on: the
+ * file is looked at through a descriptor of the shim's own (O_PATH), closed after. */
+static int truncating(const char *path, off64_t len, struct kvs_shim_change *ch)
+{
+	struct stat st;
+
+	if (!path || len < 0 || !kvs_shim_wants(SIZE_MAX))
+		return -1;
+	int saved = errno, fd = open(path, O_PATH | O_CLOEXEC);
+	if (fd >= 0 && (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode) ||
+			!kvs_shim_change_before(ch, fd, len < st.st_size ? len : st.st_size, NULL,
+						UINT64_MAX, false))) {
+		kvs_real.close(fd);
+		fd = -1;
+	}
+	errno = saved;
+	return fd;
+}
+
+static void truncated(int fd, struct kvs_shim_change *ch, int r)
+{
+	if (fd < 0)
+		return;
+	int saved = errno;
+	kvs_shim_change_after(ch, r);
+	kvs_real.close(fd);
+	errno = saved;
+}
+
+KVS_EXPORT int truncate(const char *path, off_t len)
+{
+	struct kvs_shim_change ch;
+
+	kvs_real_init();
+	int fd = truncating(path, len, &ch);
+	int r = kvs_real.truncate(path, len);
+	truncated(fd, &ch, r);
+	return r;
+}
+
+KVS_EXPORT int truncate64(const char *path, off64_t len)
+{
+	struct kvs_shim_change ch;
+
+	kvs_real_init();
+	int fd = truncating(path, len, &ch);
+	int r = kvs_real.truncate64(path, len);
+	truncated(fd, &ch, r);
+	return r;
+}
+
 /* A writer's own truncation of a file it stages is one of its writes (wthru.h). */
 KVS_EXPORT int ftruncate(int fd, off_t len)
 {
 	struct kvs_wtok tok;
+
+	REAL_IF_INSIDE(kvs_real.ftruncate(fd, len));
 	struct wt_file *f = kvs_shim_truncating(fd, &tok);
 
 	kvs_real_init();
@@ -512,6 +702,8 @@ KVS_EXPORT int ftruncate(int fd, off_t len)
 KVS_EXPORT int ftruncate64(int fd, off64_t len)
 {
 	struct kvs_wtok tok;
+
+	REAL_IF_INSIDE(kvs_real.ftruncate64(fd, len));
 	struct wt_file *f = kvs_shim_truncating(fd, &tok);
 
 	kvs_real_init();
@@ -525,6 +717,7 @@ KVS_EXPORT int ftruncate64(int fd, off64_t len)
  * to the new one (tmp + rename, as vLLM's tiering fs, UCM and LMCache save a block). */
 KVS_EXPORT int rename(const char *from, const char *to)
 {
+	REAL_IF_INSIDE(kvs_real.rename(from, to));
 	kvs_real_init();
 	int r = kvs_real.rename(from, to);
 	if (r == 0)
@@ -534,6 +727,7 @@ KVS_EXPORT int rename(const char *from, const char *to)
 
 KVS_EXPORT int renameat(int fromdir, const char *from, int todir, const char *to)
 {
+	REAL_IF_INSIDE(kvs_real.renameat(fromdir, from, todir, to));
 	kvs_real_init();
 	int r = kvs_real.renameat(fromdir, from, todir, to);
 	if (r == 0)
@@ -555,16 +749,26 @@ KVS_EXPORT int renameat2(int fromdir, const char *from, int todir, const char *t
 }
 
 /* Mappings are not served (the kernel's page faults read the file), but one of a KV file is
- * counted and said once, so that an operator sees why the cache stays cold. */
-/* A KV file mapped is counted; an io_uring's rings mapped are noted (hooks_uring.c). */
+ * counted and said once, so that an operator sees why the cache stays cold; one shared and
+ * writable keeps the file out of write-through while it lives; an io_uring's rings mapped are
+ * noted (hooks_uring.c). */
+static void mapped(void *p, int prot, int flags, int fd, off64_t off)
+{
+	if (fd < 0 || (flags & MAP_ANONYMOUS) || p == MAP_FAILED)
+		return;
+	int saved = errno;
+	kvs_shim_mapped(fd, prot, flags);
+	kvs_uring_mapped(fd, (long)off, p);
+	errno = saved;
+}
+
 KVS_EXPORT void *mmap(void *addr, size_t len, int prot, int flags, int fd, off_t off)
 {
 	if (fd >= 0 && !(flags & MAP_ANONYMOUS))
 		kvs_shim_note_mmap(fd);
 	kvs_real_init();
 	void *p = kvs_real.mmap(addr, len, prot, flags, fd, off);
-	if (fd >= 0 && !(flags & MAP_ANONYMOUS))
-		kvs_uring_mapped(fd, (long)off, p);
+	mapped(p, prot, flags, fd, off);
 	return p;
 }
 
@@ -574,7 +778,6 @@ KVS_EXPORT void *mmap64(void *addr, size_t len, int prot, int flags, int fd, off
 		kvs_shim_note_mmap(fd);
 	kvs_real_init();
 	void *p = kvs_real.mmap64(addr, len, prot, flags, fd, off);
-	if (fd >= 0 && !(flags & MAP_ANONYMOUS))
-		kvs_uring_mapped(fd, (long)off, p);
+	mapped(p, prot, flags, fd, off);
 	return p;
 }

@@ -119,6 +119,21 @@ static __thread int probing;
 static struct ring rings[MAX_RINGS]; /* under tables_mu */
 static _Atomic int nrings;	     /* entries in use, read without the lock as a hint */
 
+/* tables_mu is taken with the shim's guard held, by every thread: close (async-signal-safe)
+ * forgets a ring under it, and a signal handler that interrupts a thread holding it finds the
+ * guard set and makes the real call (shim.h, kvs_shim_inside). */
+static void lock_tables(void)
+{
+	kvs_shim_hold();
+	pthread_mutex_lock(&tables_mu);
+}
+
+static void unlock_tables(void)
+{
+	pthread_mutex_unlock(&tables_mu);
+	kvs_shim_drop();
+}
+
 /* The ring entry for fd, made if want_new.  Caller holds tables_mu. */
 static struct ring *ring_locked(int fd, bool want_new)
 {
@@ -154,15 +169,16 @@ static void ring_forget(int fd)
 	if (!atomic_load_explicit(&nrings, memory_order_relaxed))
 		return;
 	bool unseen = false;
-	pthread_mutex_lock(&tables_mu);
+	lock_tables();
 	struct ring *r = ring_locked(fd, false);
 	if (r) {
 		unseen = !r->seen_submit && (r->met_mapped || r->sq_ring);
-		free(r->files);
-		*r = (struct ring){.fd = -1};
+		/* Its file table is freed by the entry's next user (ring_locked): close, which
+		 * may run in a signal handler, frees nothing. */
+		*r = (struct ring){.fd = -1, .files = r->files};
 		atomic_fetch_sub_explicit(&nrings, 1, memory_order_relaxed);
 	}
-	pthread_mutex_unlock(&tables_mu);
+	unlock_tables();
 	if (unseen)
 		unserved(C_UNSEEN, -1);
 }
@@ -172,11 +188,11 @@ static void ring_seen(int fd, bool *known)
 {
 	if (*known || !atomic_load_explicit(&nrings, memory_order_relaxed))
 		return;
-	pthread_mutex_lock(&tables_mu);
+	lock_tables();
 	struct ring *r = ring_locked(fd, false);
 	if (r)
 		r->seen_submit = true;
-	pthread_mutex_unlock(&tables_mu);
+	unlock_tables();
 	*known = true;
 }
 
@@ -191,7 +207,7 @@ static void files_set(int ring_fd, unsigned off, const int *fds, unsigned n, boo
 {
 	if (n > MAX_FIXED || off > MAX_FIXED - n)
 		return;
-	pthread_mutex_lock(&tables_mu);
+	lock_tables();
 	struct ring *r = ring_locked(ring_fd, true);
 	if (r && replace) {
 		free(r->files);
@@ -219,14 +235,14 @@ static void files_set(int ring_fd, unsigned off, const int *fds, unsigned n, boo
 		else
 			r->files[off + i] = (struct fixed){.fd = -1};
 	}
-	pthread_mutex_unlock(&tables_mu);
+	unlock_tables();
 }
 
 static void files_drop(int ring_fd)
 {
 	if (!atomic_load_explicit(&nrings, memory_order_relaxed))
 		return;
-	pthread_mutex_lock(&tables_mu);
+	lock_tables();
 	struct ring *r = ring_locked(ring_fd, false);
 	if (r) {
 		free(r->files);
@@ -234,7 +250,7 @@ static void files_drop(int ring_fd)
 		r->nfiles = 0;
 		r->files_unknown = false;
 	}
-	pthread_mutex_unlock(&tables_mu);
+	unlock_tables();
 }
 
 /* The program's descriptor for registered file idx of ring_fd, if the number still names the
@@ -248,14 +264,14 @@ static int fixed_fd(int ring_fd, unsigned idx)
 
 	if (atomic_load_explicit(&fixed_untrusted, memory_order_relaxed))
 		return -1;
-	pthread_mutex_lock(&tables_mu);
+	lock_tables();
 	struct ring *r = ring_locked(ring_fd, false);
 	if (r && !r->files_unknown && idx < r->nfiles) {
 		fd = r->files[idx].fd;
 		dev = r->files[idx].dev;
 		ino = r->files[idx].ino;
 	}
-	pthread_mutex_unlock(&tables_mu);
+	unlock_tables();
 	if (fd >= 0 && (fstat(fd, &st) != 0 || st.st_dev != dev || st.st_ino != ino))
 		fd = -1; /* closed and reused since: the table's file is not this number's */
 	return fd;
@@ -263,11 +279,11 @@ static int fixed_fd(int ring_fd, unsigned idx)
 
 static void files_unknown(int ring_fd)
 {
-	pthread_mutex_lock(&tables_mu);
+	lock_tables();
 	struct ring *r = ring_locked(ring_fd, true);
 	if (r)
 		r->files_unknown = true;
-	pthread_mutex_unlock(&tables_mu);
+	unlock_tables();
 }
 
 /* ------------------------------------------------------------------ the kernel's NOP */
@@ -284,8 +300,10 @@ static bool probe_inject(void)
 
 	memset(&p, 0, sizeof(p));
 	int fd = (int)syscall(SYS_io_uring_setup, 2, &p);
-	if (fd < 0)
+	if (fd < 0) {
+		probing--; /* else this thread's later rings go unseen for good */
 		return false;
+	}
 	size_t sq_len = p.sq_off.array + p.sq_entries * sizeof(unsigned);
 	size_t cq_len = p.cq_off.cqes + p.cq_entries * sizeof(struct io_uring_cqe);
 	size_t sqe_len = p.sq_entries * sizeof(struct io_uring_sqe);
@@ -481,39 +499,45 @@ static struct io_uring_sqe *sqe_at(const struct view *v, unsigned i)
 	 (1U << 8) | (1U << 9) | IORING_SETUP_SQE128 | (1U << 11) | (1U << 12) | (1U << 13) |      \
 	 (1U << 15) | IORING_SETUP_NO_SQARRAY)
 
-/* A write to a KV file through the ring: its shards are dropped from the cache before the
- * kernel writes (as kernel AIO writes are, hooks_kaio.c), so no later read is served the old
- * bytes. */
+/* A change of a KV file through the ring (a write, a fallocate, a splice into it): it is
+ * followed as a change the kernel has been handed already (kvs_shim_change_now): its shards are
+ * dropped from the cache before the kernel has it (as kernel AIO writes are, hooks_kaio.c), so
+ * no later read is served the old bytes, and no staged copy of the file, this process's or
+ * another's, keeps them.  Its completion is not looked for: a publication of the file before
+ * it lands keeps none of its range. */
 static void invalidate_if_write(const struct view *v, const struct io_uring_sqe *sqe)
 {
-	uint64_t len = 0;
+	uint64_t len = 0, off = sqe->off;
+	int fd;
 
 	if (sqe->opcode == IORING_OP_WRITE || sqe->opcode == IORING_OP_WRITE_FIXED) {
 		len = sqe->len;
 	} else if (sqe->opcode == IORING_OP_WRITEV && sqe->len && sqe->len <= IOV_MAX) {
-		struct iovec w[64];
-		unsigned nv = sqe->len < 64 ? sqe->len : 64;
-		struct iovec local = {w, nv * sizeof(w[0])};
-		struct iovec remote = {(void *)(uintptr_t)sqe->addr, nv * sizeof(w[0])};
-		if (sqe->len > 64 || syscall(SYS_process_vm_readv, getpid(), &local, 1, &remote, 1,
-					     0) != (long)(nv * sizeof(w[0])))
-			len = UINT32_MAX; /* unknown: everything from the offset on */
-		for (unsigned k = 0; len != UINT32_MAX && k < nv; k++)
-			len += w[k].iov_len;
+		struct iovec local[KVS_IOV_LOCAL];
+
+		if (!kvs_shim_iov_read((const struct iovec *)(uintptr_t)sqe->addr, (int)sqe->len,
+				       local, &len))
+			len = UINT64_MAX; /* unknown: everything from the offset on */
+	} else if (sqe->opcode == IORING_OP_FALLOCATE) {
+		len = sqe->addr;	      /* the length, as io_uring_prep_fallocate puts it */
+		if (sqe->len & (0x08 | 0x20)) /* COLLAPSE_RANGE, INSERT_RANGE: all past off */
+			len = UINT64_MAX;
+	} else if (sqe->opcode == IORING_OP_SPLICE) {
+		/* Into fd at off (the out side; -1: its position). */
+		len = sqe->len;
 	} else {
 		return;
 	}
-	int fd =
-	    (sqe->flags & IOSQE_FIXED_FILE) ? fixed_fd(v->ring_fd, (unsigned)sqe->fd) : sqe->fd;
+	fd = (sqe->flags & IOSQE_FIXED_FILE) ? fixed_fd(v->ring_fd, (unsigned)sqe->fd) : sqe->fd;
 	if (fd < 0) {
 		if (sqe->flags & IOSQE_FIXED_FILE)
-			unserved(C_FIXED, -1); /* a write the shim cannot name: said */
+			unserved(C_FIXED, -1); /* a change the shim cannot name: said */
 		return;
 	}
-	if (sqe->off == (__u64)-1)
-		kvs_shim_invalidate(fd, 0, (size_t)len, true, 0);
-	else if (sqe->off <= (__u64)LLONG_MAX)
-		kvs_shim_invalidate(fd, (off_t)sqe->off, (size_t)len, false, 0);
+	if (off == (__u64)-1)
+		kvs_shim_change_now(fd, KVS_WT_AT_POS, len);
+	else if (off <= (__u64)LLONG_MAX)
+		kvs_shim_change_now(fd, (int64_t)off, len);
 }
 
 /* Serve what can be served of v's pending entries and rewrite those into NOPs. */
@@ -624,11 +648,15 @@ static void serve(const struct view *v)
 	pthread_setcancelstate(cancel_state, NULL);
 }
 
-/* Count the KV entries of a ring the shim passes through whole (SQPOLL, no NOP injection). */
+/* Count the KV entries of a ring the shim passes through whole (SQPOLL, no NOP injection);
+ * its changes of files are followed still. */
 static void pass_all(const struct view *v, enum cause why)
 {
 	for (unsigned i = v->head; i != v->tail && v->tail - v->head <= 65536; i++) {
 		struct io_uring_sqe *sqe = sqe_at(v, i);
+
+		if (sqe)
+			invalidate_if_write(v, sqe);
 
 		if (sqe &&
 		    (sqe->opcode == IORING_OP_READ || sqe->opcode == IORING_OP_READV ||
@@ -971,7 +999,7 @@ void kvs_uring_setup_done(int fd, const void *params)
 
 	if (fd < 0 || !p || probing)
 		return;
-	pthread_mutex_lock(&tables_mu);
+	lock_tables();
 	struct ring *r = ring_locked(fd, true);
 	if (r) {
 		free(r->files);
@@ -984,7 +1012,7 @@ void kvs_uring_setup_done(int fd, const void *params)
 				   .off_mask = p->sq_off.ring_mask,
 				   .off_array = p->sq_off.array};
 	}
-	pthread_mutex_unlock(&tables_mu);
+	unlock_tables();
 }
 
 void kvs_uring_mapped(int fd, long off, void *addr)
@@ -994,7 +1022,7 @@ void kvs_uring_mapped(int fd, long off, void *addr)
 		return;
 	bool known = false;
 	if (atomic_load_explicit(&nrings, memory_order_relaxed)) {
-		pthread_mutex_lock(&tables_mu);
+		lock_tables();
 		struct ring *r = ring_locked(fd, false);
 		if (r && r->raw) {
 			known = true;
@@ -1003,7 +1031,7 @@ void kvs_uring_mapped(int fd, long off, void *addr)
 			else
 				r->sqes = addr;
 		}
-		pthread_mutex_unlock(&tables_mu);
+		unlock_tables();
 	}
 	if (known || off != IORING_OFF_SQ_RING)
 		return;
@@ -1014,11 +1042,11 @@ void kvs_uring_mapped(int fd, long off, void *addr)
 	snprintf(path, sizeof(path), "/proc/self/fd/%d", fd);
 	ssize_t n = readlink(path, link, sizeof(link) - 1);
 	if (n > 0 && (link[n] = '\0', strcmp(link, "anon_inode:[io_uring]") == 0)) {
-		pthread_mutex_lock(&tables_mu);
+		lock_tables();
 		struct ring *r = ring_locked(fd, true);
 		if (r && !r->raw)
 			r->met_mapped = true;
-		pthread_mutex_unlock(&tables_mu);
+		unlock_tables();
 	}
 	errno = saved;
 }
@@ -1034,7 +1062,7 @@ void kvs_uring_enter(int fd, unsigned to_submit, unsigned flags)
 	struct view v = {.ring_fd = fd};
 	bool sqpoll = false, ok = false;
 
-	pthread_mutex_lock(&tables_mu);
+	lock_tables();
 	struct ring *r = ring_locked(fd, false);
 	if (r)
 		r->seen_submit = true;
@@ -1051,7 +1079,7 @@ void kvs_uring_enter(int fd, unsigned to_submit, unsigned flags)
 		sqpoll = r->flags & IORING_SETUP_SQPOLL;
 		ok = true;
 	}
-	pthread_mutex_unlock(&tables_mu);
+	unlock_tables();
 	if (!ok)
 		return;
 	if (v.tail - v.head > to_submit)

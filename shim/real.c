@@ -249,6 +249,28 @@ static int sys_openat_2(int dirfd, const char *path, int flags)
 {
 	return sys_openat(dirfd, path, flags);
 }
+static int sys_fallocate(int fd, int mode, off_t off, off_t len)
+{
+	return (int)syscall(SYS_fallocate, fd, mode, off, len);
+}
+static ssize_t sys_copy_file_range(int in, off64_t *ioff, int out, off64_t *ooff, size_t n,
+				   unsigned int flags)
+{
+	return syscall(SYS_copy_file_range, in, ioff, out, ooff, n, flags);
+}
+static ssize_t sys_sendfile(int out, int in, off_t *off, size_t n)
+{
+	return syscall(SYS_sendfile, out, in, off, n);
+}
+static ssize_t sys_splice(int in, off64_t *ioff, int out, off64_t *ooff, size_t n,
+			  unsigned int flags)
+{
+	return syscall(SYS_splice, in, ioff, out, ooff, n, flags);
+}
+static int sys_truncate(const char *path, off_t len)
+{
+	return (int)syscall(SYS_truncate, path, len);
+}
 
 /* glibc exports fread, fwrite and fclose under these names too; the fallbacks while RTLD_NEXT
  * is being resolved. */
@@ -316,6 +338,14 @@ struct kvs_real kvs_real = {
     .openat64_2 = sys_openat_2,
     .fopen = _IO_fopen, /* no system call for it: glibc's own alias until resolved */
     .fopen64 = _IO_fopen,
+    .fallocate = sys_fallocate,
+    .fallocate64 = sys_fallocate,
+    .copy_file_range = sys_copy_file_range,
+    .sendfile = sys_sendfile,
+    .sendfile64 = sys_sendfile,
+    .splice = sys_splice,
+    .truncate = sys_truncate,
+    .truncate64 = sys_truncate,
 };
 
 enum { UNRESOLVED, RESOLVING, RESOLVED };
@@ -411,6 +441,14 @@ static void resolve(void)
 	RESOLVE(openat64_2, "__openat64_2");
 	RESOLVE(fopen, "fopen");
 	RESOLVE(fopen64, "fopen64");
+	RESOLVE(fallocate, "fallocate");
+	RESOLVE(fallocate64, "fallocate64");
+	RESOLVE(copy_file_range, "copy_file_range");
+	RESOLVE(sendfile, "sendfile");
+	RESOLVE(sendfile64, "sendfile64");
+	RESOLVE(splice, "splice");
+	RESOLVE(truncate, "truncate");
+	RESOLVE(truncate64, "truncate64");
 }
 
 void kvs_real_init(void)

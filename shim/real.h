@@ -72,6 +72,14 @@ struct kvs_real {
 	int (*openat64_2)(int, const char *, int);
 	FILE *(*fopen)(const char *, const char *);
 	FILE *(*fopen64)(const char *, const char *);
+	int (*fallocate)(int, int, off_t, off_t);
+	int (*fallocate64)(int, int, off64_t, off64_t);
+	ssize_t (*copy_file_range)(int, off64_t *, int, off64_t *, size_t, unsigned int);
+	ssize_t (*sendfile)(int, int, off_t *, size_t);
+	ssize_t (*sendfile64)(int, int, off64_t *, size_t);
+	ssize_t (*splice)(int, off64_t *, int, off64_t *, size_t, unsigned int);
+	int (*truncate)(const char *, off_t);
+	int (*truncate64)(const char *, off64_t);
 };
 
 extern struct kvs_real kvs_real;

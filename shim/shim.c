@@ -194,6 +194,85 @@ void kvs_shim_leave(int saved_errno)
 	errno = saved_errno;
 }
 
+bool kvs_shim_inside(void)
+{
+	return guard != 0;
+}
+
+void kvs_shim_hold(void)
+{
+	guard++;
+}
+
+void kvs_shim_drop(void)
+{
+	guard--;
+}
+
+/* Is the page at p (page-aligned) readable?  FUTEX_WAIT reads the word at p as the kernel
+ * reads user memory (EFAULT where it cannot), and with a zero timeout never sleeps: EAGAIN
+ * (another value) or ETIMEDOUT (the same) both say readable. */
+static bool page_readable(uintptr_t p)
+{
+	struct timespec zero = {0, 0};
+
+	return syscall(SYS_futex, (uint32_t *)p, FUTEX_WAIT | FUTEX_PRIVATE_FLAG, 0, &zero, NULL,
+		       0) == 0 ||
+	       errno != EFAULT;
+}
+
+static _Atomic bool vm_readv_denied; /* process_vm_readv is not allowed here (seccomp) */
+
+bool kvs_shim_copy_in(void *dst, const void *src, size_t n)
+{
+	struct iovec l = {dst, n}, r = {(void *)src, n};
+	int saved = errno;
+	bool ok = true;
+
+	if (n == 0)
+		return true;
+	if (!atomic_load_explicit(&vm_readv_denied, memory_order_relaxed)) {
+		ssize_t got = syscall(SYS_process_vm_readv, getpid(), &l, 1, &r, 1, 0);
+
+		ok = got == (ssize_t)n;
+		if (ok || got >= 0 || errno == EFAULT)
+			goto out;
+		atomic_store_explicit(&vm_readv_denied, true, memory_order_relaxed); /* EPERM */
+	}
+	/* Without it: every page probed as the kernel would read it, then a plain copy (a page the
+	 * program unmaps in between is its own race, as with the kernel's copy). */
+	for (uintptr_t pg = (uintptr_t)src & ~(uintptr_t)4095; ok && pg < (uintptr_t)src + n;
+	     pg += 4096)
+		ok = page_readable(pg);
+	if (ok)
+		memcpy(dst, src, n);
+out:
+	errno = saved;
+	return ok;
+}
+
+const struct iovec *kvs_shim_iov_read(const struct iovec *iov, int iovcnt, struct iovec *local,
+				      uint64_t *len)
+{
+	uint64_t n = 0;
+
+	if (!iov || iovcnt <= 0 || iovcnt > IOV_MAX)
+		return NULL;
+	for (int at = 0; at < iovcnt; at += KVS_IOV_LOCAL) {
+		int k = iovcnt - at < KVS_IOV_LOCAL ? iovcnt - at : KVS_IOV_LOCAL;
+
+		if (!kvs_shim_copy_in(local, iov + at, (size_t)k * sizeof(*iov)))
+			return NULL;
+		for (int i = 0; i < k; i++) {
+			if (local[i].iov_len > SSIZE_MAX - n)
+				return NULL;
+			n += local[i].iov_len;
+		}
+	}
+	*len = n;
+	return iovcnt <= KVS_IOV_LOCAL ? local : iov;
+}
+
 /* Map the region, once (a failure is final for this process); with create false, only one
  * that exists (its absence is no failure: a later call may create it).  Caller holds
  * attach_mu. */
@@ -373,6 +452,22 @@ void kvs_shim_note_mmap(int fd)
 {
 	note_kv_unserved(fd, KVS_CTR_unserved_mmap, KVS_CAUSE_UNSERVED_MMAP,
 			 "a KV file mapped with mmap (its reads are page faults)", KVS_WHY_MMAP);
+}
+
+void kvs_shim_mapped(int fd, int prot, int flags)
+{
+	struct kvs_fdinfo fi;
+
+	if (guard || fd < 0 || !(flags & MAP_SHARED) || (flags & MAP_ANONYMOUS) || !kvs_wthru_on())
+		return;
+	int saved = errno;
+	guard++;
+	/* PROT_WRITE, or a descriptor that lets mprotect add it later. */
+	int fl = (prot & PROT_WRITE) ? O_RDWR : fcntl(fd, F_GETFL);
+	if (fl >= 0 && (fl & O_ACCMODE) == O_RDWR && kvs_fdinfo_get(fd, &fi) == 0 && fi.kv)
+		kvs_wthru_mapped(fi.dev, fi.ino);
+	guard--;
+	errno = saved;
 }
 
 void kvs_shim_note_stdio(int fd)
@@ -606,6 +701,34 @@ out:
 	guard--;
 	errno = saved;
 	return ret;
+}
+
+ssize_t kvs_shim_readv(int fd, const struct iovec *iov, int iovcnt, off_t off, bool use_pos)
+{
+	struct iovec local[KVS_IOV_LOCAL];
+	const struct iovec *v = NULL;
+	struct kvs_fdinfo fi;
+	uint64_t len = 0;
+	int saved = errno;
+
+	if (guard)
+		return -1;
+	guard++;
+	/* The array only for a KV file: every other descriptor's readv is the kernel's alone. */
+	int r = kvs_fdinfo_get(fd, &fi);
+	if (r == 0 && fi.kv)
+		v = kvs_shim_iov_read(iov, iovcnt, local, &len);
+	else if (r == 0 && (fi.dev || fi.ino)) /* a pipe or a socket (neither) needs no word */
+		pass(fd, &fi, KVS_WHY_NOT_KV, 0);
+	guard--;
+	errno = saved;
+	if (!v)
+		return -1;
+	if (!kvs_shim_wants(len)) {
+		kvs_shim_note_small(fd, len);
+		return -1;
+	}
+	return kvs_shim_read(fd, v, iovcnt, off, use_pos);
 }
 
 /*
@@ -1068,44 +1191,73 @@ static bool inside_cufile_write(const struct kvs_fdinfo *fi, int64_t off, uint64
 	       (uint64_t)off - cf_outer.off <= cf_outer.len - len;
 }
 
+const struct iovec *kvs_shim_write_iov(int fd, const struct iovec *iov, int iovcnt,
+				       struct iovec *local, uint64_t *len)
+{
+	const struct iovec *v = NULL;
+	struct kvs_fdinfo fi;
+
+	if (guard || !shim_on() ||
+	    (!kvs_wthru_on() && atomic_load_explicit(&mapped, memory_order_acquire) != AT_OK))
+		return NULL;
+	int saved = errno;
+	guard++;
+	if (kvs_fdinfo_get(fd, &fi) == 0 && fi.kv)
+		v = kvs_shim_iov_read(iov, iovcnt, local, len);
+	guard--;
+	errno = saved;
+	return v;
+}
+
+/* The region for a write of a file fi describes: with write-through on, or for a file keyed by
+ * birth (a write does not move its id: what the region holds of it must go), mapped for it;
+ * else the one a process has mapped already (a reader), whose writes still move the write
+ * sequences.  NULL: nothing to do.  Caller holds guard. */
+static struct kvs_cache *write_region(const struct kvs_fdinfo *fi)
+{
+	if (kvs_wthru_on() || fi->write_once)
+		return region();
+	return atomic_load_explicit(&mapped, memory_order_acquire) == AT_OK ? cache : NULL;
+}
+
+/* A write of fi's file that is not staged (write-through off, the pools spent, flags or a
+ * place it cannot follow): followed as a change (kvs_wthru_change), or at least through the
+ * file's write sequence, so that no staged copy of the file, this process's or another's, is
+ * published over it.  True when kvs_shim_write_after must follow.  Caller holds guard. */
+static bool follow_change(struct kvs_cache *c, struct kvs_wthru_op *op, int fd,
+			  const struct kvs_fdinfo *fi, int64_t off, uint64_t len, bool named)
+{
+	if (kvs_wthru_change(c, op, fd, fi, off, len, named))
+		return true;
+	kvs_cache_write_begin(c, fi->dev, fi->ino, &op->tok);
+	op->tok_only = op->tok.held;
+	return op->tok_only;
+}
+
 bool kvs_shim_write_before(struct kvs_wthru_op *op, int fd, const struct iovec *iov, int iovcnt,
-			   int64_t off)
+			   uint64_t len, int64_t off, bool stream)
 {
 	struct kvs_fdinfo fi;
-	uint64_t len = 0;
 	bool r = false;
 
 	op->f = NULL;
 	op->tok_only = false;
-	if (guard || iovcnt <= 0 || iovcnt > IOV_MAX || !shim_on())
+	if (guard || len == 0 || !shim_on())
 		return false;
-	for (int i = 0; iov && i < iovcnt; i++) {
-		if (iov[i].iov_len > SSIZE_MAX - len)
-			return false;
-		len += iov[i].iov_len;
-	}
-	if (iov && len == 0)
-		return false;
+	/* The kernel moves at most MAX_RW_COUNT bytes in one call, whatever was asked. */
+	if (len > KVS_MAX_RW_COUNT)
+		len = KVS_MAX_RW_COUNT;
 	int saved = errno;
 	guard++;
 	int got = write_look(fd, &fi);
 	if (got == 0 && fi.kv && inside_cufile_write(&fi, off, iov ? len : 0))
 		got = -EALREADY; /* libcufile moving the shim's own cuFileWrite: staged already */
-	/* With write-through on, the region is mapped for it; off, a write of a process that
-	 * has mapped it (a reader) is still counted in the write sequences below. */
-	struct kvs_cache *c = got || !fi.kv    ? NULL
-			      : kvs_wthru_on() ? region()
-			      : atomic_load_explicit(&mapped, memory_order_acquire) == AT_OK ? cache
-											     : NULL;
+	struct kvs_cache *c = got || !fi.kv ? NULL : write_region(&fi);
 	if (c && iov)
-		r = kvs_wthru_before(c, op, fd, &fi, iov, iovcnt, len, off, false, NULL, NULL);
-	if (c && !r) {
-		/* Not staged (write-through off, pools spent, flags it cannot follow): the write
-		 * still moves the file's write sequence, so that another process's staged copy of
-		 * the file is never published over it. */
-		kvs_cache_write_begin(c, fi.dev, fi.ino, &op->tok);
-		op->tok_only = r = op->tok.held;
-	}
+		r = kvs_wthru_before(c, op, fd, &fi, iov, iovcnt, len, off,
+				     stream ? KVS_WT_STREAM : 0, NULL, NULL);
+	if (c && !r)
+		r = follow_change(c, op, fd, &fi, off < 0 ? KVS_WT_AT_POS : off, len, true);
 	guard--;
 	errno = saved;
 	return r;
@@ -1124,61 +1276,108 @@ void kvs_shim_write_after(struct kvs_wthru_op *op, int fd, ssize_t ret)
 	errno = saved;
 }
 
-/* An asynchronous write noted for write-through until its completion is seen. */
-struct kvs_shim_wpend {
-	int fd;
-	struct kvs_wthru_op op;
-	struct iovec iov[];
-};
-
-struct kvs_shim_wpend *kvs_shim_write_submitted(int fd, const struct iovec *iov, int iovcnt,
-						uint64_t off)
+bool kvs_shim_write_submitted(struct kvs_shim_wpend *p, int fd, const struct iovec *iov, int iovcnt,
+			      uint64_t off)
 {
-	struct kvs_shim_wpend *p = NULL;
+	struct iovec local[KVS_IOV_LOCAL];
 	struct kvs_fdinfo fi;
 	uint64_t len = 0;
+	bool r = false;
 
-	if (guard || !iov || iovcnt <= 0 || iovcnt > IOV_MAX || !shim_on() || !kvs_wthru_on() ||
-	    off > (uint64_t)INT64_MAX)
-		return NULL;
-	for (int i = 0; i < iovcnt; i++) {
-		if (iov[i].iov_len > SSIZE_MAX - len)
-			return NULL;
-		len += iov[i].iov_len;
-	}
-	if (len == 0)
-		return NULL;
+	p->op.f = NULL;
+	p->op.tok_only = false;
+	p->fd = fd;
+	if (guard || !shim_on() || off > (uint64_t)INT64_MAX)
+		return false;
 	int saved = errno;
 	guard++;
-	int got = write_look(fd, &fi);
+	const struct iovec *v = kvs_shim_iov_read(iov, iovcnt, local, &len);
+	if (len > KVS_MAX_RW_COUNT)
+		len = KVS_MAX_RW_COUNT;
+	int got = v && len ? write_look(fd, &fi) : -1;
 	struct kvs_cache *c =
-	    got == 0 && fi.kv && !inside_cufile_write(&fi, (int64_t)off, len) ? region() : NULL;
+	    got || !fi.kv || inside_cufile_write(&fi, (int64_t)off, len) ? NULL : write_region(&fi);
+	/* Its bytes are copied now (deferred): the program may reuse its buffers as soon as it
+	 * knows the write is over, before the shim hears of it. */
 	if (c)
-		p = malloc(sizeof(*p) + (size_t)iovcnt * sizeof(struct iovec));
-	if (p) {
-		p->fd = fd;
-		memcpy(p->iov, iov, (size_t)iovcnt * sizeof(struct iovec));
-		if (!kvs_wthru_before(c, &p->op, fd, &fi, p->iov, iovcnt, len, (int64_t)off, true,
-				      NULL, NULL)) {
-			free(p);
-			p = NULL;
-		}
-	}
+		r = kvs_wthru_before(c, &p->op, fd, &fi, v, iovcnt, len, (int64_t)off,
+				     KVS_WT_DEFERRED, NULL, NULL) ||
+		    follow_change(c, &p->op, fd, &fi, (int64_t)off, len, true);
 	guard--;
 	errno = saved;
-	return p;
+	return r;
 }
 
 void kvs_shim_write_completed(struct kvs_shim_wpend *p, ssize_t ret)
 {
-	if (!p)
-		return;
+	if (p)
+		kvs_shim_write_after(&p->op, p->fd, ret); /* noted: the region is mapped */
+}
+
+bool kvs_shim_change_before(struct kvs_shim_change *ch, int fd, int64_t off, const int64_t *offp,
+			    uint64_t len, bool named)
+{
+	ch->on = false;
+	ch->op.f = NULL;
+	ch->op.tok_only = false;
+	if (guard || len == 0 || !shim_on())
+		return false;
 	int saved = errno;
 	guard++;
-	kvs_wthru_after(cache, &p->op, p->fd, ret); /* staged: the region is mapped */
-	free(p);
+	struct kvs_cache *c =
+	    kvs_fdinfo_get(fd, &ch->fi) || !ch->fi.kv ? NULL : write_region(&ch->fi);
+	/* The program's offset, read as the kernel reads it: one it refuses changes nothing. */
+	if (c && offp && (!kvs_shim_copy_in(&off, offp, sizeof(off)) || off < 0))
+		c = NULL;
+	if (c) {
+		ch->fd = fd;
+		ch->first = 0;
+		ch->last = UINT64_MAX;
+		if (off >= 0) {
+			uint64_t S = kvs_cache_shard_size(c);
+
+			ch->first = (uint64_t)off / S;
+			ch->last = len - 1 > UINT64_MAX - (uint64_t)off
+				       ? UINT64_MAX / S
+				       : ((uint64_t)off + len - 1) / S;
+			/* A write-once file changed over bytes it held: all of it goes (wonce.h).
+			 */
+			if (kvs_wonce_rewrites(c, fd, &ch->fi, (uint64_t)off, len)) {
+				ch->first = 0;
+				ch->last = UINT64_MAX;
+			}
+		}
+		/* The shards as they are, whoever loaded them; again after it
+		 * (kvs_shim_change_after): those loaded while it landed. */
+		kvs_cache_invalidate(c, &ch->fi.block, ch->first, ch->last);
+		ch->on = follow_change(c, &ch->op, fd, &ch->fi, off, len, named);
+	}
 	guard--;
 	errno = saved;
+	return ch->on;
+}
+
+void kvs_shim_change_after(struct kvs_shim_change *ch, ssize_t ret)
+{
+	struct kvs_fdinfo fi;
+
+	if (!ch->on)
+		return;
+	int saved = errno;
+	kvs_shim_write_after(&ch->op, ch->fd, ret);
+	guard++;
+	if (kvs_fdinfo_get(ch->fd, &fi) == 0 && fi.kv)
+		kvs_cache_invalidate(cache, &fi.block, ch->first, ch->last);
+	guard--;
+	errno = saved;
+}
+
+void kvs_shim_change_now(int fd, int64_t off, uint64_t len)
+{
+	struct kvs_shim_change ch;
+
+	if (kvs_shim_change_before(&ch, fd, off, NULL, len, true))
+		kvs_shim_change_after(&ch, (ssize_t)len);
 }
 
 static int device_src_copy(void *ctx, uint64_t pos, void *dst, size_t n)
@@ -1202,7 +1401,7 @@ bool kvs_shim_cufile_write_before(struct kvs_shim_cfwrite *w, int fd, uint64_t p
 	if (c && kvs_device_target(&cfg, ptr, size, &w->tg) == 0) {
 		w->iov = (struct iovec){(void *)(uintptr_t)ptr, size};
 		/* Device memory: the bytes come through the driver; host memory: a plain copy. */
-		r = kvs_wthru_before(c, &w->op, fd, &fi, &w->iov, 1, size, off, true,
+		r = kvs_wthru_before(c, &w->op, fd, &fi, &w->iov, 1, size, off, KVS_WT_DEFERRED,
 				     w->tg.host ? NULL : device_src_copy, &w->tg);
 	}
 	if (r) /* the real call's own writes of these bytes are this one's (inside_cufile_write) */
@@ -1228,13 +1427,13 @@ struct wt_file *kvs_shim_closing(int fd)
 		return NULL;
 	int saved = errno;
 	guard++;
-	f = kvs_wthru_closing(cache, fd);
+	f = kvs_wthru_closing(cache, fd, KVS_WT_CLOSE);
 	guard--;
 	errno = saved;
 	return f;
 }
 
-struct wt_file *kvs_shim_fclosing(int fd, int *dupfd)
+struct wt_file *kvs_shim_fclosing(int fd, int64_t pos, int *dupfd)
 {
 	struct wt_file *f;
 
@@ -1244,7 +1443,7 @@ struct wt_file *kvs_shim_fclosing(int fd, int *dupfd)
 		return NULL;
 	int saved = errno;
 	guard++;
-	f = kvs_wthru_closing(cache, fd);
+	f = kvs_wthru_closing(cache, fd, pos);
 	if (f)
 		*dupfd = (int)syscall(SYS_fcntl, fd, F_DUPFD_CLOEXEC, 0);
 	guard--;
@@ -1342,6 +1541,20 @@ void kvs_shim_opened(const struct kvs_wonce_open *o, int fd)
 	kvs_wonce_opened(o, fd);
 	guard--;
 	errno = saved;
+}
+
+bool kvs_shim_is_kv(int fd)
+{
+	struct kvs_fdinfo fi;
+
+	if (guard || fd < 0 || !shim_on())
+		return false;
+	int saved = errno;
+	guard++;
+	bool kv = kvs_fdinfo_get(fd, &fi) == 0 && fi.kv;
+	guard--;
+	errno = saved;
+	return kv;
 }
 
 void kvs_shim_fd_gone(int fd)

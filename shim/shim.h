@@ -1,7 +1,8 @@
 /*
  * shim: the interposer's state and its one decision, "serve this read from the cache or make
- * the real call".  The hooks (hooks_posix.c) are thin wrappers over kvs_shim_read and
- * kvs_shim_before_write.
+ * the real call".  The hooks (hooks_posix.c) are thin wrappers over kvs_shim_read (and
+ * kvs_shim_readv), kvs_shim_write_before and kvs_shim_write_after, and the change, close and
+ * rename calls below.
  *
  * Life of a process: nothing happens at load time.  The first hooked call loads the
  * configuration (pthread_once); the first cacheable read maps the region, attaches and starts
@@ -39,6 +40,16 @@
  */
 ssize_t kvs_shim_read(int fd, const struct iovec *iov, int iovcnt, off_t off, bool use_pos);
 
+/* iovecs of a vector call the shim reads on the caller's stack (64: 1 KiB); a longer array is
+ * read in pieces. */
+#define KVS_IOV_LOCAL 64
+
+/* kvs_shim_read for the program's own iovec array (readv, preadv, preadv2): the array is read
+ * only when fd is a KV file, and then as the kernel reads it (kvs_shim_copy_in), so that an
+ * array the kernel would refuse (EFAULT, EINVAL) is the real call's to refuse, never a crash.
+ * Returns as kvs_shim_read; a read shorter than files.min_read is counted (note_small). */
+ssize_t kvs_shim_readv(int fd, const struct iovec *iov, int iovcnt, off_t off, bool use_pos);
+
 /* Invalidate the cached shards of fd's file that a write of len bytes at off changes; with
  * use_pos, at the file position plus pos_delta (0 before a write, minus the count after it).
  * Hooks call it before the write (the old identity's shards) and after it (shards another
@@ -50,6 +61,9 @@ void kvs_shim_invalidate(int fd, off_t off, size_t len, bool use_pos, off_t pos_
 struct kvs_wonce_open;
 bool kvs_shim_opening(struct kvs_wonce_open *o, int dirfd, const char *path, int flags);
 void kvs_shim_opened(const struct kvs_wonce_open *o, int fd);
+
+/* Is fd a KV file (looked at once: fdinfo.h)?  errno unchanged. */
+bool kvs_shim_is_kv(int fd);
 
 /* The program closed or replaced fd, or [lo, hi]: what the shim knew of those numbers goes
  * (fdinfo.h, wonce.h).  Atomics only, async-signal-safe. */
@@ -109,33 +123,43 @@ int kvs_shim_read_to_stream(int fd, uint64_t ptr, size_t size, off_t off, ssize_
 			    void *stream);
 
 /*
- * Write-through around a write (wthru.h): kvs_shim_write_before before the real call (off:
- * the write's offset, or -1 at the file position); true means kvs_shim_write_after must
- * follow with the real call's result.  kvs_shim_closing before a real close (a staged file
- * to publish, or NULL at the cost of one load when nothing is staged), kvs_shim_closed after
- * it; kvs_shim_synced after an fsync or fdatasync that returned 0; kvs_shim_renamed after a
- * rename that returned 0, with the new name (relative to dirfd); kvs_shim_truncating before
- * an ftruncate (the file to hand kvs_shim_truncated after it, or NULL).  None changes errno or
- * fails.
+ * Write-through around a write (wthru.h): kvs_shim_write_before before the real call of len
+ * bytes from iov (the caller's count: for a program's array, kvs_shim_write_iov's; iov NULL: a
+ * write whose bytes are not kept, followed as a change) at off (or -1: at the file position);
+ * true means kvs_shim_write_after must follow with the real call's result.  kvs_shim_closing before
+ * a real close (a staged file to publish, or NULL at the cost of one load when nothing is staged),
+ * kvs_shim_closed after it; kvs_shim_synced after an fsync or fdatasync that returned 0;
+ * kvs_shim_renamed after a rename that returned 0, with the new name (relative to dirfd);
+ * kvs_shim_truncating before an ftruncate (the file to hand kvs_shim_truncated after it, or NULL).
+ * None changes errno or fails.
  */
 struct kvs_wthru_op;
 struct wt_file;
+/* The program's iovec array of a vector write (writev, pwritev, pwritev2) to fd, for the calls
+ * around it: read only when fd is a KV file and write-through or the region is in use, as the
+ * kernel reads it.  Returns the array to hand kvs_shim_write_before (local, KVS_IOV_LOCAL
+ * entries of the caller's, or iov once read whole) with its byte count in *len; NULL when there
+ * is nothing to do around the write, or the kernel will refuse the array: the real call alone. */
+const struct iovec *kvs_shim_write_iov(int fd, const struct iovec *iov, int iovcnt,
+				       struct iovec *local, uint64_t *len);
 bool kvs_shim_write_before(struct kvs_wthru_op *op, int fd, const struct iovec *iov, int iovcnt,
-			   int64_t off);
+			   uint64_t len, int64_t off, bool stream);
 void kvs_shim_write_after(struct kvs_wthru_op *op, int fd, ssize_t ret);
 struct wt_file *kvs_shim_closing(int fd);
 void kvs_shim_closed(struct wt_file *f, int ret);
 void kvs_shim_synced(int fd);
 void kvs_shim_renamed(int dirfd, const char *path);
 struct wt_file *kvs_shim_truncating(int fd, struct kvs_wtok *tok);
-/* fclose of a stream on fd: kvs_shim_fclosing before the real fclose (the staged file, and a
- * descriptor of it in *dupfd that outlives the stream), kvs_shim_fclosed after it. */
-struct wt_file *kvs_shim_fclosing(int fd, int *dupfd);
+/* fclose of a stream on fd at position pos (ftello, -1 unknown): kvs_shim_fclosing before the
+ * real fclose (the staged file, and a descriptor of it in *dupfd that outlives the stream),
+ * kvs_shim_fclosed after it.  stream (kvs_shim_write_before): an fwrite at the stream's
+ * position off (wthru.h, KVS_WT_STREAM). */
+struct wt_file *kvs_shim_fclosing(int fd, int64_t pos, int *dupfd);
 void kvs_shim_fclosed(struct wt_file *f, int dupfd, int ret);
 
 /* cuFileWrite of size bytes from ptr (device or host memory) to fd at off: stage it for
  * write-through (true: kvs_shim_cufile_write_after must follow with the real call's byte
- * count, or -1), its bytes copied after the real call (through the driver for device
+ * count, or -1), its bytes copied now, before the real call (through the driver for device
  * memory).  w lives on the caller's stack between the two. */
 struct kvs_shim_cfwrite {
 	struct kvs_wthru_op op;
@@ -146,15 +170,44 @@ bool kvs_shim_cufile_write_before(struct kvs_shim_cfwrite *w, int fd, uint64_t p
 				  off_t off);
 void kvs_shim_cufile_write_after(struct kvs_shim_cfwrite *w, int fd, ssize_t ret);
 
-/* An asynchronous write (aio_write, LIO_WRITE, kernel AIO PWRITE/PWRITEV) of iov to fd at off
- * is about to be submitted: note it for write-through (NULL: not noted).  Once its result is
- * seen (aio_error, aio_return, an io_event), kvs_shim_write_completed with it (-1: failed, or
- * never submitted) stages what it wrote and frees p.  iov's buffers must be as written until
- * then.  Neither changes errno. */
-struct kvs_shim_wpend;
-struct kvs_shim_wpend *kvs_shim_write_submitted(int fd, const struct iovec *iov, int iovcnt,
-						uint64_t off);
+/* An asynchronous write (aio_write, LIO_WRITE, kernel AIO PWRITE/PWRITEV) of iov (the program's
+ * array, read as the kernel reads it) to fd at off is about to be submitted: note it in p for
+ * write-through, its bytes copied now (false: not noted, nothing to complete).  Once its result
+ * is seen (aio_error, aio_return, an io_event), kvs_shim_write_completed(p) with it (-1: failed,
+ * or never submitted) keeps what it wrote; p is the caller's again after that.  Completion
+ * takes no lock but the shim's own, under its guard, and allocates nothing: it may run in a
+ * signal handler (aio_error, aio_return, close).  Neither changes errno. */
+struct kvs_shim_wpend {
+	int fd;
+	struct kvs_wthru_op op;
+};
+bool kvs_shim_write_submitted(struct kvs_shim_wpend *p, int fd, const struct iovec *iov, int iovcnt,
+			      uint64_t off);
 void kvs_shim_write_completed(struct kvs_shim_wpend *p, ssize_t ret);
+
+/*
+ * A change of fd's file whose bytes write-through does not copy (fallocate, copy_file_range,
+ * sendfile, splice, truncate by path): kvs_shim_change_before before the real call, for
+ * [off, off + len) (len UINT64_MAX: to any end; off KVS_WT_AT_POS: at the file position;
+ * KVS_WT_ANYWHERE: the whole file; offp, when not NULL: the offset is the program's at offp,
+ * read as the kernel reads it, once fd is known to be a KV file), then kvs_shim_change_after with
+ * its result when it returned true.  The shards it touches are dropped from the cache before and
+ * after it, the file's write sequence moves, and this process's staged copy of the file keeps
+ * nothing of them (wthru.h, kvs_wthru_change).  named: fd is the program's (else the shim's own,
+ * for a change by path).  kvs_shim_change_now: one that has been handed to the kernel already (an
+ * io_uring write), both at once.  None changes errno.
+ */
+struct kvs_shim_change {
+	struct kvs_wthru_op op;
+	struct kvs_fdinfo fi;
+	int fd;
+	bool on;
+	uint64_t first, last; /* the shards it touches */
+};
+bool kvs_shim_change_before(struct kvs_shim_change *ch, int fd, int64_t off, const int64_t *offp,
+			    uint64_t len, bool named);
+void kvs_shim_change_after(struct kvs_shim_change *ch, ssize_t ret);
+void kvs_shim_change_now(int fd, int64_t off, uint64_t len);
 void kvs_shim_truncated(struct wt_file *f, int fd, struct kvs_wtok *tok, int ret);
 
 /* What the shim sees but does not serve, counted (stat unserved_*) and said once at info:
@@ -163,6 +216,10 @@ void kvs_shim_truncated(struct wt_file *f, int fd, struct kvs_wtok *tok, int ret
  * changes errno or fails. */
 void kvs_shim_note_small(int fd, size_t len);
 void kvs_shim_note_mmap(int fd);
+/* mmap of fd with prot and flags succeeded: a KV file mapped MAP_SHARED through a descriptor
+ * that can write keeps nothing of write-through while the mapping lives (wthru.h,
+ * kvs_wthru_mapped).  Never changes errno. */
+void kvs_shim_mapped(int fd, int prot, int flags);
 /* An fread of fd's stream that cannot be served (bytes to write, ungetc'd bytes, wide): counted
  * as unserved_stdio when fd is a KV file.  Never changes errno. */
 void kvs_shim_note_stdio(int fd);
@@ -190,5 +247,34 @@ void kvs_shim_leave(int saved_errno);
  * slot), created if absent when create; NULL when it cannot be mapped, or (create false) does
  * not exist.  The caller holds the guard (kvs_shim_enter). */
 struct kvs_cache *kvs_shim_region(bool create);
+
+/*
+ * The recursion guard, for the hooks of other files.  kvs_shim_inside: is the shim's own code
+ * running on this thread (a hook called by the shim itself, or a signal handler that
+ * interrupted it)?  Then a hook makes the real call and nothing more.  Each hook of a function
+ * POSIX lists as async-signal-safe (read, write, close, fsync, fdatasync, ftruncate, rename,
+ * renameat, fcntl, aio_error, aio_return, aio_suspend) asks it at its first line, and every lock
+ * such a hook may take beyond it is taken only between kvs_shim_hold and kvs_shim_drop, by
+ * every thread: so a hook that is not inside never waits for a lock its own thread holds, and
+ * none of them allocates or frees memory.  What is not async-signal-safe is said where it is
+ * (the first attach and the first write-through of a process: design.md, Limitations).
+ */
+bool kvs_shim_inside(void);
+void kvs_shim_hold(void);
+void kvs_shim_drop(void);
+
+/* Copy n bytes of the program's memory at src to dst as the kernel reads it (process_vm_readv
+ * on this process): false where the kernel would answer EFAULT, dst then undefined.  One
+ * system call (about 1.5 us): for arrays of KV calls, never on every call. */
+bool kvs_shim_copy_in(void *dst, const void *src, size_t n);
+
+/* The program's iovec array iov, read as the kernel reads it (kvs_shim_copy_in): the bytes it
+ * describes in *len, and the array to use from here on: local (iovcnt <= KVS_IOV_LOCAL: a
+ * copy, which the program can no longer change or unmap under the shim), or iov itself, read
+ * whole once (a longer one, in pieces through local).  NULL where the kernel refuses the array
+ * (unreadable: EFAULT; iovcnt outside [1, IOV_MAX], a total past SSIZE_MAX: EINVAL), for the
+ * real call to say so.  errno unchanged. */
+const struct iovec *kvs_shim_iov_read(const struct iovec *iov, int iovcnt, struct iovec *local,
+				      uint64_t *len);
 
 #endif

@@ -82,7 +82,7 @@ bool kvs_touch_before(struct kvs_touch *t, const struct kvs_touch_target *tg)
 		goto out;
 	if (kvs_ident_of_fd(t->fd, false, &t->pre) || t->pre.dev != fi.dev || t->pre.ino != fi.ino)
 		goto out;
-	t->cap_ns = fi.node_clock ? kvs_mono_ns() + fi.settle_ns : 0;
+	t->cap_ns = fi.node_clock ? kvs_node_ns() + fi.settle_ns : 0;
 	/* Only a region that exists: a process that only touches files creates none. */
 	t->c = kvs_shim_region(false);
 	if (!t->c || !kvs_cache_write_mark(t->c, t->pre.dev, t->pre.ino, &t->mark))

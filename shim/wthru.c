@@ -60,6 +60,7 @@
 #include <sys/mman.h>
 #include <sys/stat.h>
 #include <sys/syscall.h>
+#include <sys/sysmacros.h>
 #include <unistd.h>
 
 #include "atomics.h"
@@ -75,7 +76,10 @@
 #define KVS_WT_CHUNKS	    2048	 /* chunks at once, per process */
 #define KVS_WT_RECENT	    32		 /* publications a rename may follow */
 #define KVS_WT_FLY	    16		 /* writes of one file in flight at once, tracked */
+#define KVS_WT_MAPS	    64		 /* files mapped shared and writable, recorded */
 #define KVS_WT_NIL	    UINT32_MAX
+#define KVS_WT_NO_STREAM    (-1)
+#define KVS_WT_LOST	    INT64_MAX
 #define KVS_WT_POPULATE_MIN (64u << 10) /* copies that map their pages first */
 #ifndef MADV_POPULATE_WRITE
 #define MADV_POPULATE_WRITE 23
@@ -101,6 +105,10 @@ struct wt_file {
 	struct wt_file *next;
 	uint64_t dev, ino;
 	int fds[KVS_WT_FDS];
+	/* Where the stream on fds[i] stood after the last fwrite the shim saw through it (the
+	 * bytes an fwrite buffers reach the file at that position when the stream flushes):
+	 * KVS_WT_NO_STREAM when none, KVS_WT_LOST when it is not known. */
+	int64_t spos[KVS_WT_FDS];
 	int nfds;
 	int refs;		    /* writes in flight */
 	bool closing;		    /* its last descriptor closed while a write was in flight */
@@ -112,7 +120,7 @@ struct wt_file {
 	struct kvs_key close_block; /* its block id then (by birth on a write-once root) */
 	bool write_once;	    /* keyed by birth (fdinfo.h): no rename moves its id */
 	struct kvs_wtok tok;	    /* of the last write */
-	uint64_t t_first;	    /* CLOCK_MONOTONIC start of the first write since publication */
+	uint64_t t_first;	    /* kvs_node_ns start of the first write since publication */
 	uint64_t settle_ns;
 	struct wt_chunk *chunks;
 	/* The writes of this process in flight on the file, and their ranges: two of them that
@@ -271,6 +279,7 @@ static void drop_shards_locked(struct kvs_cache *c, struct wt_file *f)
 		k->next = free_chunks;
 		free_chunks = k;
 	}
+	kvs_cache_stage_count(c, (uint32_t)staged_slots); /* for the node's bound */
 }
 
 static void unlink_locked(struct wt_file *f)
@@ -291,12 +300,18 @@ static void free_file_locked(struct kvs_cache *c, struct wt_file *f)
 	free_files = f;
 }
 
-static bool has_fd(const struct wt_file *f, int fd)
+/* The index of fd among f's descriptors, or -1. */
+static int fd_index(const struct wt_file *f, int fd)
 {
 	for (int i = 0; i < f->nfds; i++)
 		if (f->fds[i] == fd)
-			return true;
-	return false;
+			return i;
+	return -1;
+}
+
+static bool has_fd(const struct wt_file *f, int fd)
+{
+	return fd_index(f, fd) >= 0;
 }
 
 /* The staged file of (dev, ino) with fd among its descriptors, made if need be; NULL if the
@@ -319,15 +334,46 @@ static struct wt_file *file_for_locked(const struct kvs_fdinfo *fi, int fd)
 		store_relaxed(&nfiles, load_relaxed(&nfiles) + 1);
 	}
 	if (!has_fd(f, fd)) {
-		if (f->nfds == KVS_WT_FDS)
+		if (f->nfds == KVS_WT_FDS) {
 			f->poisoned = true; /* cannot tell when it is done: keep nothing */
-		else
+		} else {
+			f->spos[f->nfds] = KVS_WT_NO_STREAM;
 			f->fds[f->nfds++] = fd;
+		}
 	}
 	return f;
 }
 
 /* ------------------------------------------------------------------ copies */
+
+static uint64_t slot_cap(struct kvs_cache *c);
+
+/* The staged slot of f's shard sh, staged now if it has none (a copy stages each shard as it
+ * reaches it, so that a write that fails early, or names far more bytes than its buffer holds,
+ * stages no more than it copies); KVS_WT_NIL when the shard is not kept.  Staging never waits
+ * for room.  The entry and its slot stay while the copy's op holds a reference (refs). */
+static uint32_t shard_slot(struct kvs_cache *c, struct wt_file *f, uint64_t sh)
+{
+	uint32_t slot = KVS_WT_NIL;
+
+	pthread_mutex_lock(&wt_mu);
+	struct wt_shard *e = shard_locked(f, sh, true);
+	if (!e) {
+		f->poisoned = true; /* no entry to account for it: keep nothing */
+	} else if (!e->holey && e->slot == KVS_WT_NIL) {
+		if (staged_slots >= slot_cap(c) || kvs_cache_stage_claim(c, &e->slot)) {
+			e->slot = KVS_WT_NIL;
+			e->holey = true; /* this shard is not kept */
+		} else {
+			staged_slots++;
+			kvs_cache_stage_count(c, (uint32_t)staged_slots); /* for the node's bound */
+		}
+	}
+	if (e && !e->holey)
+		slot = e->slot;
+	pthread_mutex_unlock(&wt_mu);
+	return slot;
+}
 
 /* Copy the op's bytes [0, to) from its source (src_copy, for device memory) into their staged
  * slots: shard by shard. */
@@ -338,15 +384,12 @@ static void copy_src(struct kvs_cache *c, struct kvs_wthru_op *op, uint64_t to)
 	for (uint64_t pos = 0; pos < to && !op->copy_failed;) {
 		uint64_t at = op->off + pos, sh = at / S, within = at - sh * S;
 		uint64_t n = S - within < to - pos ? S - within : to - pos;
+		uint32_t slot = shard_slot(c, op->f, sh);
 
-		pthread_mutex_lock(&wt_mu);
-		struct wt_shard *e = shard_locked(op->f, sh, false);
-		uint32_t slot = e && !e->holey ? e->slot : KVS_WT_NIL;
-		pthread_mutex_unlock(&wt_mu);
 		if (slot != KVS_WT_NIL &&
 		    op->src_copy(op->src_ctx, pos, (char *)kvs_cache_stage_data(c, slot) + within,
 				 n))
-			op->copy_failed = true;
+			op->copy_failed = true; /* the rest is not copied: the file keeps nothing */
 		pos += n;
 	}
 }
@@ -402,11 +445,7 @@ static void copy_op(struct kvs_cache *c, struct kvs_wthru_op *op, uint64_t to)
 			n = left_v;
 		if (n > to - pos)
 			n = to - pos;
-		/* The entry and its slot stay while the op holds a reference (refs). */
-		pthread_mutex_lock(&wt_mu);
-		struct wt_shard *e = shard_locked(op->f, sh, false);
-		uint32_t slot = e && !e->holey ? e->slot : KVS_WT_NIL;
-		pthread_mutex_unlock(&wt_mu);
+		uint32_t slot = shard_slot(c, op->f, sh);
 		if (slot != KVS_WT_NIL) {
 			char *dst = (char *)kvs_cache_stage_data(c, slot) + within;
 
@@ -419,10 +458,14 @@ static void copy_op(struct kvs_cache *c, struct kvs_wthru_op *op, uint64_t to)
 				madvise((void *)a, z - a, MADV_POPULATE_WRITE);
 			}
 			const char *src = (const char *)op->iov[v].iov_base + in_v;
-			if (op->trusted)
+			if (op->trusted) {
 				copy_fn(dst, src, n); /* the kernel has just read these bytes */
-			else if (!safe_copy(dst, src, n))
+			} else if (!safe_copy(dst, src, n)) {
+				/* The kernel writes no further than this either (a short count or
+				 * EFAULT): nothing past it is copied, or staged. */
 				op->copy_failed = true;
+				return;
+			}
 		}
 		pos += n;
 		in_v += n;
@@ -488,9 +531,147 @@ static void wait_copied(struct kvs_wthru_op *op)
 	}
 }
 
+/* ------------------------------------------------------------------ shared mappings */
+
+/*
+ * Stores through a writable MAP_SHARED mapping change a file with no call the shim sees (and,
+ * once its page is writable, with no new timestamp).  The mmap hook records the file
+ * (kvs_wthru_mapped): a staged copy of it is poisoned then, and so is every write of it
+ * staged while the record stands, and its publication is refused.  A publication that finds no
+ * shared mapping of the file left in /proc/self/maps drops the record (the one look that
+ * costs: a read of that file, at the publication of a file mapped that way); a record made
+ * where /proc/self/maps does not name the file as fstat does (overlayfs, no /proc) is never
+ * dropped, nor are records past KVS_WT_MAPS (maps_full: no file is published again).
+ */
+struct wt_map {
+	uint64_t dev, ino;
+	uint32_t gen; /* moved by every mapping of the file made */
+	bool sticky;  /* /proc/self/maps does not show it: never dropped */
+};
+
+static struct wt_map maps[KVS_WT_MAPS]; /* under wt_mu */
+static int nmaps;
+static bool maps_full;
+static _Atomic int maps_hint; /* nmaps + maps_full, written under wt_mu, read by anyone */
+
+static int map_find_locked(uint64_t dev, uint64_t ino)
+{
+	for (int i = 0; i < nmaps; i++)
+		if (maps[i].dev == dev && maps[i].ino == ino)
+			return i;
+	return -1;
+}
+
+/* Is (dev, ino) mapped by this process in a mapping /proc/self/maps marks shared?  Hex, then
+ * decimal, parsed here (no stdio: this runs in close).  1 yes, 0 no, -1 cannot tell. */
+static int maps_has(uint64_t dev, uint64_t ino)
+{
+	char buf[4096];
+	size_t have = 0;
+	int fd = open("/proc/self/maps", O_RDONLY | O_CLOEXEC), found = 0;
+
+	if (fd < 0)
+		return -1;
+	for (;;) {
+		ssize_t n = read(fd, buf + have, sizeof(buf) - have);
+
+		if (n <= 0) {
+			found = n < 0 ? -1 : found;
+			break;
+		}
+		have += (size_t)n;
+		char *line = buf, *nl;
+		while (!found && (nl = memchr(line, '\n', have - (size_t)(line - buf)))) {
+			/* "start-end perms offset maj:min inode path" */
+			char *p = line;
+			int field = 0;
+			uint64_t v[3] = {0, 0, 0}; /* major, minor, inode */
+			bool shared = false;
+			for (; p < nl && field < 5; p++) {
+				if (*p == ' ') {
+					field++;
+					continue;
+				}
+				if (field == 1 && p - line > 0 && p[1] == ' ')
+					shared = *p == 's'; /* the fourth letter of "rw-s" */
+				if (field == 3 && *p == ':')
+					v[0] = v[1], v[1] = 0;
+				else if (field == 3)
+					v[1] =
+					    v[1] * 16 +
+					    (uint64_t)(*p <= '9' ? *p - '0' : (*p | 32) - 'a' + 10);
+				else if (field == 4)
+					v[2] = v[2] * 10 + (uint64_t)(*p - '0');
+			}
+			found = shared && v[0] == major(dev) && v[1] == minor(dev) && v[2] == ino;
+			line = nl + 1;
+		}
+		if (found)
+			break;
+		have -= (size_t)(line - buf);
+		memmove(buf, line, have);
+		/* A line longer than the buffer (a long path): not one this can read. */
+		if (have == sizeof(buf))
+			have = 0;
+	}
+	close(fd);
+	return found;
+}
+
+void kvs_wthru_mapped(uint64_t dev, uint64_t ino)
+{
+	if (!on)
+		return;
+	int seen = maps_has(dev, ino);
+	pthread_mutex_lock(&wt_mu);
+	int i = map_find_locked(dev, ino);
+	if (i < 0 && nmaps < KVS_WT_MAPS) {
+		i = nmaps++;
+		maps[i] = (struct wt_map){.dev = dev, .ino = ino};
+	}
+	if (i < 0) {
+		maps_full = true;
+	} else {
+		maps[i].gen++;
+		maps[i].sticky = maps[i].sticky || seen != 1;
+	}
+	store_relaxed(&maps_hint, nmaps + maps_full);
+	struct wt_file *f = find_locked(dev, ino);
+	if (f)
+		f->poisoned = true; /* stores may land over what it staged */
+	pthread_mutex_unlock(&wt_mu);
+}
+
+/* May (dev, ino) be mapped shared and writable by this process now (its publication then keeps
+ * nothing)?  A record whose mapping is gone is dropped here (the answer is still yes: the
+ * writes staged meanwhile may have met the stores).  Not under wt_mu: it reads a file. */
+static bool mapped_now(uint64_t dev, uint64_t ino)
+{
+	if (!load_relaxed(&maps_hint))
+		return false;
+	pthread_mutex_lock(&wt_mu);
+	int i = map_find_locked(dev, ino);
+	bool keep = maps_full || i < 0 || maps[i].sticky;
+	uint32_t gen = i >= 0 ? maps[i].gen : 0;
+	pthread_mutex_unlock(&wt_mu);
+	if (i < 0 && !maps_full)
+		return false;
+	if (keep || maps_has(dev, ino) != 0)
+		return true;
+	pthread_mutex_lock(&wt_mu);
+	i = map_find_locked(dev, ino);
+	if (i >= 0 && maps[i].gen == gen) { /* no mapping made since the look */
+		maps[i] = maps[--nmaps];
+		store_relaxed(&maps_hint, nmaps + maps_full);
+	}
+	pthread_mutex_unlock(&wt_mu);
+	return true;
+}
+
 /* ------------------------------------------------------------------ writes */
 
-/* The most slots one process keeps staged: a quarter of the region. */
+/* The most slots one process keeps staged: a quarter of the region (the node's writers
+ * together stage no more: kvs_cache_stage_claim). */
 static uint64_t slot_cap(struct kvs_cache *c)
 {
 	uint64_t n = kvs_cache_slots(c) / 4;
@@ -498,35 +679,26 @@ static uint64_t slot_cap(struct kvs_cache *c)
 	return n ? n : 1;
 }
 
-/* Stage a slot for every shard of [off, off + len) that has none yet.  Caller holds wt_mu. */
-static void stage_range_locked(struct kvs_cache *c, struct wt_file *f, uint64_t off, uint64_t len)
+/* The end of op's range, [off, end): everything from 0 for a write whose place is known only
+ * afterwards (late) or never (whole); len UINT64_MAX: to any end. */
+static void op_range(const struct kvs_wthru_op *op, uint64_t *off, uint64_t *end)
 {
-	uint64_t S = kvs_cache_shard_size(c);
-
-	for (uint64_t sh = off / S; sh <= (off + len - 1) / S; sh++) {
-		struct wt_shard *e = shard_locked(f, sh, true);
-
-		if (!e) {
-			f->poisoned = true; /* no entry to account for it: keep nothing */
-			return;
-		}
-		if (e->slot != KVS_WT_NIL || e->holey)
-			continue;
-		if (staged_slots >= slot_cap(c) || kvs_cache_stage_claim(c, &e->slot)) {
-			e->slot = KVS_WT_NIL;
-			e->holey = true; /* never waits for room: this shard is not kept */
-			continue;
-		}
-		staged_slots++;
+	if (op->late || op->whole) {
+		*off = 0;
+		*end = UINT64_MAX;
+		return;
 	}
+	*off = op->off;
+	*end = op->len > UINT64_MAX - op->off ? UINT64_MAX : op->off + op->len;
 }
 
 /* Note op's range among f's writes in flight; one that overlaps another (an O_APPEND one
  * overlaps every other) poisons the file.  Caller holds wt_mu. */
 static void fly_add_locked(struct wt_file *f, const struct kvs_wthru_op *op)
 {
-	uint64_t off = op->late ? 0 : op->off, end = op->late ? UINT64_MAX : op->off + op->len;
+	uint64_t off, end;
 
+	op_range(op, &off, &end);
 	for (int i = 0; i < f->nfly; i++)
 		if (off < f->fly[i].end && f->fly[i].off < end)
 			f->poisoned = true;
@@ -550,43 +722,48 @@ static void fly_remove_locked(struct wt_file *f, const struct kvs_wthru_op *op)
 	}
 }
 
-bool kvs_wthru_before(struct kvs_cache *c, struct kvs_wthru_op *op, int fd,
-		      const struct kvs_fdinfo *fi, const struct iovec *iov, int iovcnt,
-		      uint64_t len, int64_t off, bool deferred,
-		      int (*src_copy)(void *ctx, uint64_t pos, void *dst, size_t n), void *src_ctx)
+/* The shards of f that [off, off + len) touches keep nothing (a change whose bytes are not
+ * copied).  Only shards staged already: one staged later is written after the change.  Caller
+ * holds wt_mu. */
+static void mark_locked(struct kvs_cache *c, struct wt_file *f, uint64_t off, uint64_t len)
 {
-	bool at_pos = off < 0;
+	uint64_t S = kvs_cache_shard_size(c), first = off / S;
+	uint64_t last = len - 1 > UINT64_MAX - off ? UINT64_MAX : (off + len - 1) / S;
 
-	memset(op, 0, sizeof(*op));
-	op->src_copy = src_copy;
-	op->src_ctx = src_ctx;
-	if (!on || len == 0 || !fi->kv)
-		return false;
-	if (at_pos) {
-		off_t p = lseek(fd, 0, SEEK_CUR);
+	if (len == 0)
+		return;
+	for (struct wt_chunk *k = f->chunks; k; k = k->next)
+		for (int i = 0; i < KVS_WT_CHUNK; i++)
+			if (k->first + (uint64_t)i >= first && k->first + (uint64_t)i <= last)
+				k->e[i].holey = true;
+}
 
-		if (p < 0)
-			return false;
-		off = p;
-		op->late = fi->append; /* O_APPEND writes at the end, wherever the position is */
-	}
-	op->iov = iov;
-	op->iovcnt = iovcnt;
-	op->off = (uint64_t)off;
-	op->len = len;
-	op->t0 = kvs_mono_ns();
-	op->at_pos = at_pos;
-	op->deferred = deferred;
-	if (deferred && at_pos)
-		return false; /* asynchronous writes always have an offset */
+/*
+ * Follow op (its range set) as a write of fi's file through fd: its staged file (made if need
+ * be when fd is the program's, named), its place among the writes in flight, the region's
+ * write sequence, and what the identity says of the file since this process's last write.
+ * False when it cannot be followed (the pools are spent; no staged file for a change by path).
+ */
+static bool follow(struct kvs_cache *c, struct kvs_wthru_op *op, int fd,
+		   const struct kvs_fdinfo *fi, bool named)
+{
 	pthread_mutex_lock(&wt_mu);
-	struct wt_file *f = file_for_locked(fi, fd);
+	struct wt_file *f = named ? file_for_locked(fi, fd) : find_locked(fi->dev, fi->ino);
 	if (!f) {
 		pthread_mutex_unlock(&wt_mu);
 		return false;
 	}
-	if (!op->late)
-		stage_range_locked(c, f, op->off, len);
+	if (op->whole)
+		f->poisoned = true; /* its bytes land where nothing says: nothing is kept */
+	if (load_relaxed(&maps_hint) && (maps_full || map_find_locked(fi->dev, fi->ino) >= 0))
+		f->poisoned = true; /* mapped shared and writable: stores may land over it */
+	int i = fd_index(f, fd);
+	/* A stream that is not where the last fwrite the shim saw left it: something else wrote
+	 * or moved it (fputc, fprintf, fwrite_unlocked, a seek), bytes the shim does not see,
+	 * which may land over the bytes it keeps. */
+	if (op->stream && i >= 0 && f->spos[i] != KVS_WT_NO_STREAM &&
+	    f->spos[i] != (int64_t)op->off)
+		f->poisoned = true;
 	fly_add_locked(f, op);
 	f->refs++;
 	op->f = f;
@@ -614,8 +791,46 @@ bool kvs_wthru_before(struct kvs_cache *c, struct kvs_wthru_op *op, int fd,
 			f->poisoned = true;
 		pthread_mutex_unlock(&wt_mu);
 	}
-	if (op->late)
-		return true; /* O_APPEND: copied after the write, where it went */
+	return true;
+}
+
+bool kvs_wthru_before(struct kvs_cache *c, struct kvs_wthru_op *op, int fd,
+		      const struct kvs_fdinfo *fi, const struct iovec *iov, int iovcnt,
+		      uint64_t len, int64_t off, unsigned how,
+		      int (*src_copy)(void *ctx, uint64_t pos, void *dst, size_t n), void *src_ctx)
+{
+	bool at_pos = off < 0, deferred = how & KVS_WT_DEFERRED;
+
+	memset(op, 0, sizeof(*op));
+	op->stream = (how & KVS_WT_STREAM) && !at_pos;
+	op->src_copy = src_copy;
+	op->src_ctx = src_ctx;
+	if (!on || len == 0 || !fi->kv || (deferred && at_pos))
+		return false; /* (asynchronous writes always have an offset) */
+	if (at_pos) {
+		off_t p = lseek(fd, 0, SEEK_CUR);
+
+		if (p < 0)
+			return false;
+		off = p;
+		op->late = fi->append; /* O_APPEND writes at the end, wherever the position is */
+	} else if (fi->append) {
+		/* Linux appends a write through an O_APPEND descriptor whatever offset it names
+		 * (pwrite, pwritev, POSIX and kernel AIO, cuFileWrite), and leaves the position
+		 * alone: where its bytes went is not known. */
+		op->whole = true;
+	}
+	op->iov = iov;
+	op->iovcnt = iovcnt;
+	op->off = (uint64_t)off;
+	op->len = len;
+	op->t0 = kvs_node_ns(); /* expiries are shared: sys.h */
+	op->at_pos = at_pos;
+	op->deferred = deferred;
+	if (!follow(c, op, fd, fi, true))
+		return false;
+	if (op->late || op->whole)
+		return true; /* O_APPEND: copied after the write, where it went, or not at all */
 	if (!src_copy && atomic_load_explicit(&pvr_off, memory_order_relaxed)) {
 		/* No safe copy here: a synchronous write's bytes are copied after it, those the
 		 * kernel has just read; an asynchronous one's cannot be, and keep nothing. */
@@ -631,7 +846,31 @@ bool kvs_wthru_before(struct kvs_cache *c, struct kvs_wthru_op *op, int fd,
 	op->async = !deferred && len >= KVS_WT_ASYNC_MIN && copy_async(c, op);
 	if (!op->async)
 		copy_op(c, op, len);
-	return true; /* a copy that failed poisons the file at the write's end */
+	if (deferred)
+		op->iov = NULL; /* copied: the caller's array is not looked at again */
+	return true;		/* a copy that failed poisons the file at the write's end */
+}
+
+bool kvs_wthru_change(struct kvs_cache *c, struct kvs_wthru_op *op, int fd,
+		      const struct kvs_fdinfo *fi, int64_t off, uint64_t len, bool named)
+{
+	memset(op, 0, sizeof(*op));
+	if (!on || !fi->kv || len == 0)
+		return false;
+	op->change = true;
+	if (off == KVS_WT_AT_POS) {
+		off_t p = fi->append ? 0 : lseek(fd, 0, SEEK_CUR);
+
+		op->whole = fi->append || p < 0; /* an O_APPEND write goes to the end */
+		off = p < 0 ? 0 : p;
+	} else if (off < 0) {
+		op->whole = true; /* KVS_WT_ANYWHERE */
+		off = 0;
+	}
+	op->off = (uint64_t)off;
+	op->len = len;
+	op->t0 = kvs_node_ns(); /* expiries are shared: sys.h */
+	return follow(c, op, fd, fi, named);
 }
 
 /* Account for a write of the op's range that storage took ret bytes of (ret < 0: none):
@@ -682,12 +921,17 @@ static void end_write(struct kvs_cache *c, struct kvs_wthru_op *op, int fd, ssiz
 
 	pthread_mutex_lock(&wt_mu);
 	fly_remove_locked(f, op);
-	if (op->len)
+	if (op->change)
+		mark_locked(c, f, op->off, op->len); /* its bytes are not in the slots */
+	else if (op->len)
 		account_locked(c, f, op->off, op->len, ret);
 	if (!clean || !stat_ok || op->copy_failed)
 		f->poisoned = true;
 	if (stat_ok)
 		set_after_locked(f, &st);
+	int i = op->stream ? fd_index(f, fd) : -1;
+	if (i >= 0) /* a short fwrite leaves the stream where it cannot be told */
+		f->spos[i] = ret == (ssize_t)op->len ? (int64_t)(op->off + op->len) : KVS_WT_LOST;
 	f->tok = op->tok;
 	if (!f->wrote || op->t0 < f->t_first)
 		f->t_first = op->t0;
@@ -705,7 +949,11 @@ void kvs_wthru_after(struct kvs_cache *c, struct kvs_wthru_op *op, int fd, ssize
 		return;
 	if (op->async)
 		wait_copied(op);
-	if (op->late_copy && ret > 0) {
+	if (op->whole && !op->change) {
+		op->len = 0; /* landed where nothing says (the file was poisoned at its start) */
+	} else if (op->change) {
+		/* Its range keeps nothing (end_write), whatever it wrote. */
+	} else if (op->late_copy && ret > 0) {
 		/* No safe copy here: the bytes the kernel has just read, copied now. */
 		op->trusted = true;
 		copy_op(c, op, (uint64_t)ret < op->len ? (uint64_t)ret : op->len);
@@ -717,9 +965,6 @@ void kvs_wthru_after(struct kvs_cache *c, struct kvs_wthru_op *op, int fd, ssize
 		if (ret > 0 && p >= ret) {
 			op->off = (uint64_t)(p - ret);
 			op->len = (uint64_t)ret;
-			pthread_mutex_lock(&wt_mu);
-			stage_range_locked(c, op->f, op->off, op->len);
-			pthread_mutex_unlock(&wt_mu);
 			op->trusted = true; /* the kernel has just read them */
 			copy_op(c, op, op->len);
 		} else if (ret > 0) {
@@ -841,11 +1086,19 @@ static void publish_locked(struct kvs_cache *c, struct wt_file *f, const struct 
 			uint64_t sh = k->first + (uint64_t)i, s0 = sh * S;
 			uint64_t len = s0 < size ? (size - s0 < S ? size - s0 : S) : 0;
 
-			if (e->slot == KVS_WT_NIL)
+			/* A shard this process wrote and does not publish: whatever the cache holds
+			 * under this identity may be older than what storage holds now (an identity
+			 * can come back: a same-size rewrite in one tick of whole-second stamps, a
+			 * deleted file's inode), so it goes. */
+			if (e->slot == KVS_WT_NIL) {
+				if (e->holey)
+					kvs_cache_invalidate(c, &block, sh, sh);
 				continue;
+			}
 			staged_slots--;
 			if (!ok || e->holey || !len || e->lo != 0 || e->hi != len) {
 				kvs_cache_stage_drop(c, e->slot);
+				kvs_cache_invalidate(c, &block, sh, sh);
 				continue;
 			}
 			struct kvs_key key = {block.block_lo, block.block_hi, sh};
@@ -858,6 +1111,7 @@ static void publish_locked(struct kvs_cache *c, struct wt_file *f, const struct 
 		k->next = free_chunks;
 		free_chunks = k;
 	}
+	kvs_cache_stage_count(c, (uint32_t)staged_slots); /* for the node's bound */
 	f->wrote = false;
 	f->poisoned = false;
 	if (!bytes)
@@ -879,7 +1133,7 @@ static void publish_locked(struct kvs_cache *c, struct wt_file *f, const struct 
 				.last = last};
 }
 
-struct wt_file *kvs_wthru_closing(struct kvs_cache *c, int fd)
+struct wt_file *kvs_wthru_closing(struct kvs_cache *c, int fd, int64_t stream_pos)
 {
 	struct wt_file *take = NULL;
 	struct stat st;
@@ -890,11 +1144,17 @@ struct wt_file *kvs_wthru_closing(struct kvs_cache *c, int fd)
 	pthread_mutex_lock(&wt_mu);
 	for (struct wt_file *f = files, *next; f; f = next) {
 		next = f->next;
-		if (!has_fd(f, fd))
+		int i = fd_index(f, fd);
+		if (i < 0)
 			continue;
-		for (int i = 0; i < f->nfds; i++)
-			if (f->fds[i] == fd)
-				f->fds[i--] = f->fds[--f->nfds];
+		/* The stream about to be flushed and closed: not where the last fwrite the shim saw
+		 * left it (see follow). */
+		if (stream_pos != KVS_WT_CLOSE && f->spos[i] != KVS_WT_NO_STREAM &&
+		    f->spos[i] != stream_pos)
+			f->poisoned = true;
+		f->nfds--;
+		f->fds[i] = f->fds[f->nfds];
+		f->spos[i] = f->spos[f->nfds];
 		bool ours = st_ok && (uint64_t)st.st_dev == f->dev && (uint64_t)st.st_ino == f->ino;
 		if (!ours)
 			f->poisoned = true; /* the number was closed unseen and reused: unknown */
@@ -919,7 +1179,10 @@ void kvs_wthru_closed(struct kvs_cache *c, struct wt_file *f, int ret)
 {
 	if (!f)
 		return;
+	bool mapped = mapped_now(f->dev, f->ino);
 	pthread_mutex_lock(&wt_mu);
+	if (mapped)
+		f->poisoned = true;
 	if (ret == 0) /* a failed close (NFS reports a write error there) keeps nothing */
 		publish_locked(c, f, &f->close_st, &f->close_block);
 	free_file_locked(c, f);
@@ -937,7 +1200,10 @@ void kvs_wthru_stream_closed(struct kvs_cache *c, struct wt_file *f, int dupfd, 
 			syscall(SYS_close, dupfd); /* ours: the program's is closed already */
 		return;
 	}
+	bool mapped = mapped_now(f->dev, f->ino);
 	pthread_mutex_lock(&wt_mu);
+	if (mapped)
+		f->poisoned = true;
 	ident_of(&f->close_st, &before);
 	/* Only the flush may have moved the identity since the last fwrite. */
 	if (ok && ident_eq(&before, &f->after) && (uint64_t)st.st_ino == f->ino) {
@@ -959,11 +1225,14 @@ void kvs_wthru_synced(struct kvs_cache *c, int fd)
 
 	if (!kvs_wthru_busy() || fstat(fd, &st) != 0)
 		return;
+	bool mapped = mapped_now((uint64_t)st.st_dev, (uint64_t)st.st_ino);
 	pthread_mutex_lock(&wt_mu);
 	struct wt_file *f = find_locked((uint64_t)st.st_dev, (uint64_t)st.st_ino);
 	if (f && has_fd(f, fd) && f->refs == 0) {
 		struct kvs_key block;
 
+		if (mapped)
+			f->poisoned = true;
 		block_of(f, fd, &st, &block);
 		publish_locked(c, f, &st, &block);
 	}

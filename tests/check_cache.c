@@ -363,8 +363,9 @@ static uint32_t slots_in(struct kvs_cache *c, uint32_t state)
 }
 
 /* Staged slots: found by nobody until published; a publication that meets the key present
- * gives its slot back; a rekey moves a READY slot nobody pins; a stager that dies is
- * reclaimed. */
+ * replaces what it held (an older file's bytes may be there under the same identity), the
+ * pins on the old slot reading on; a rekey moves a READY slot nobody pins; a stager that dies
+ * is reclaimed. */
 START_TEST(test_stage_publish_rekey)
 {
 	struct kvs_config cfg;
@@ -384,17 +385,25 @@ START_TEST(test_stage_publish_rekey)
 	ck_assert_uint_eq(p.slot, s1);
 	ck_assert_uint_eq(kvs_cache_length(d, &p), 4096);
 	ck_assert_int_eq(((unsigned char *)kvs_cache_data(d, &p))[4095], 0x5a);
-	/* A second publication of the key (a reader loaded it meanwhile) frees its slot. */
+	/* A second publication of the key replaces the first: new pins find its bytes, the pin
+	 * held on the first reads on, and its release frees it. */
+	struct kvs_pin q;
 	ck_assert_int_eq(kvs_cache_stage_claim(c, &s2), 0);
-	ck_assert_int_eq(kvs_cache_stage_publish(c, s2, &k, 4096, 0), 0);
-	ck_assert_uint_eq(load_relaxed(&c->slots[s2].state), KVS_SLOT_FREE);
+	memset(kvs_cache_stage_data(c, s2), 0xa5, 4096);
+	ck_assert_int_eq(kvs_cache_stage_publish(c, s2, &k, 4096, 0), 1);
+	ck_assert_int_eq(kvs_cache_pin_ready(d, &k, &q), KVS_PIN_HIT);
+	ck_assert_uint_eq(q.slot, s2);
+	ck_assert_int_eq(((unsigned char *)kvs_cache_data(d, &q))[4095], 0xa5);
+	ck_assert_int_eq(((unsigned char *)kvs_cache_data(d, &p))[4095], 0x5a);
+	kvs_cache_release(d, &p);
+	ck_assert_uint_eq(load_relaxed(&c->slots[s1].state), KVS_SLOT_FREE);
 	/* A pinned slot is not moved; an unpinned one is, with its length and expiry. */
 	ck_assert_int_eq(kvs_cache_rekey(c, &k, &k2), 0);
-	kvs_cache_release(d, &p);
+	kvs_cache_release(d, &q);
 	ck_assert_int_eq(kvs_cache_rekey(c, &k, &k2), 1);
 	ck_assert_int_eq(kvs_cache_lookup(d, &k), -ENOENT);
 	ck_assert_int_eq(kvs_cache_pin_ready(d, &k2, &p), KVS_PIN_HIT);
-	ck_assert_uint_eq(p.slot, s1);
+	ck_assert_uint_eq(p.slot, s2);
 	kvs_cache_release(d, &p);
 	ck_assert_int_eq(kvs_cache_rekey(c, &kt, &k2), 0); /* nothing to move */
 	/* An expiry given at publication is kept. */
@@ -474,7 +483,8 @@ START_TEST(test_write_sequences)
 	kvs_cache_write_begin(c, 8, 100, &a);
 	ck_assert(kvs_cache_write_end(c, &a));
 	ck_assert(kvs_cache_write_last(c, &a));
-	/* A writer that dies in flight: the file's later writes are unclean. */
+	/* A writer that dies in flight: the file's later writes are unclean until the dead one is
+	 * reaped, which ends its writes; then the next is clean, and foreign. */
 	pid_t kid = fork_alone();
 	ck_assert_int_ge(kid, 0);
 	if (kid == 0) {
@@ -492,6 +502,11 @@ START_TEST(test_write_sequences)
 	kvs_cache_write_begin(c, 9, 100, &a);
 	ck_assert(!a.clean);
 	ck_assert(!kvs_cache_write_end(c, &a));
+	ck_assert_int_eq(kvs_cache_reap(c), 1);
+	kvs_cache_write_begin(c, 9, 100, &a);
+	ck_assert(a.held && a.clean && a.foreign);
+	ck_assert(kvs_cache_write_end(c, &a));
+	ck_assert(kvs_cache_write_last(c, &a));
 	/* A watcher is never clean. */
 	struct kvs_cache *w = NULL;
 	ck_assert_int_eq(kvs_cache_open(KVS_CACHE_PARAMS(&cfg), KVS_OPEN_WATCH, &w, NULL, 0), 0);
@@ -946,8 +961,45 @@ START_TEST(test_corrupt_chains_contained)
 }
 END_TEST
 
+/* Staging's bounds: the node's writers together stage at most a quarter of the frames (each
+ * process says how many it holds), and a stager takes only a free frame or one nobody used
+ * since the hand last passed: it neither evicts nor ages the frames readers use. */
+START_TEST(test_stage_bound)
+{
+	struct kvs_config cfg;
+	uint32_t a, b, x;
+
+	test_config(&cfg, 8, 4096);
+	struct kvs_cache *c = open_ok(&cfg), *d = open_ok(&cfg);
+	ck_assert_int_eq(kvs_cache_stage_claim(c, &a), 0);
+	kvs_cache_stage_count(c, 1);
+	ck_assert_int_eq(kvs_cache_stage_claim(d, &b), 0);
+	kvs_cache_stage_count(d, 1);
+	ck_assert_int_eq(kvs_cache_stage_claim(d, &x), -ENOSPC); /* 2 of 8 on the node */
+	kvs_cache_stage_drop(c, a);
+	kvs_cache_stage_count(c, 0);
+	ck_assert_int_eq(kvs_cache_stage_claim(d, &x), 0);
+	kvs_cache_stage_drop(d, x);
+	kvs_cache_stage_drop(d, b);
+	kvs_cache_stage_count(d, 0);
+	/* Every frame of the main share loaded (an allocation sets its access byte). */
+	for (uint32_t i = 0; i < c->nmain; i++)
+		load_one(c, 100 + i);
+	ck_assert_int_eq(kvs_cache_stage_claim(c, &a), -ENOSPC);
+	for (uint32_t f = 0; f < c->nframes; f++)
+		ck_assert_uint_eq(load_relaxed(&c->access[f]), f < c->nmain); /* none aged */
+	store_relaxed(&c->access[3], 0); /* frame 3 unused since the hand passed */
+	ck_assert_int_eq(kvs_cache_stage_claim(c, &a), 0);
+	ck_assert_uint_eq(frame_of(c, a), 3);
+	kvs_cache_stage_drop(c, a);
+	kvs_cache_close(d);
+	kvs_cache_close(c);
+	remove_region(&cfg);
+}
+END_TEST
+
 /* Write-through's edges: a publication of a key already cached (a slot that is not slot 0)
- * frees the staged slot and leaves the stripe unlocked; a slot claimed by another process is
+ * replaces the cached slot and leaves the stripe unlocked; a slot claimed by another process is
  * not ours to publish; a rekey moves only READY slots (not one left for a retry after a
  * failure) and, when the stripe cannot be had, says so and touches nothing. */
 START_TEST(test_stage_edges)
@@ -961,12 +1013,15 @@ START_TEST(test_stage_edges)
 	cfg.loader_wait_timeout_ms = 5000;
 	struct kvs_cache *c = open_ok(&cfg), *d = open_ok(&cfg);
 	load_one(c, 30); /* slot 0 */
-	ck_assert_uint_ne(load_one(c, 31), 0);
+	uint32_t old = load_one(c, 31);
+	ck_assert_uint_ne(old, 0);
 	ck_assert_int_eq(kvs_cache_stage_claim(c, &s), 0);
-	ck_assert_int_eq(kvs_cache_stage_publish(c, s, &a, 4096, 0), 0);
-	ck_assert_uint_eq(load_relaxed(&c->slots[s].state), KVS_SLOT_FREE);
+	memset(kvs_cache_stage_data(c, s), (int)(a.shard * 7 + a.block_hi) & 0xff, 4096);
+	ck_assert_int_eq(kvs_cache_stage_publish(c, s, &a, 4096, 0), 1);
+	ck_assert_uint_eq(load_relaxed(&c->slots[old].state), KVS_SLOT_FREE);
 	uint64_t t0 = mono_ms();
 	ck_assert_int_eq(kvs_cache_pin_ready(d, &a, &p), KVS_PIN_HIT); /* the stripe is free */
+	ck_assert_uint_eq(p.slot, s);
 	ck_assert(pattern_ok(d, &p, &a));
 	kvs_cache_release(d, &p);
 	ck_assert_int_eq(kvs_cache_pin_ready(c, &a, &p), KVS_PIN_HIT); /* for its own too */
@@ -3305,6 +3360,7 @@ static Suite *cache_suite(void)
 	tcase_add_test(core, test_first_seen);
 	tcase_add_test(core, test_stage_publish_rekey);
 	tcase_add_test(core, test_stage_edges);
+	tcase_add_test(core, test_stage_bound);
 	tcase_add_test(conc, test_write_sequences);
 	tcase_add_test(conc, test_first_seen_concurrent);
 	tcase_add_test(core, test_create_attach_mismatch);

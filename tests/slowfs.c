@@ -3,7 +3,7 @@
  * like a slow network file system, for tests and benchmarks.
  *
  *   slowfs [--latency-us N] [--count-file PATH] [--attr-timeout S] [--skew-ms N]
- *          SOURCE_DIR MOUNTPOINT [fuse options]
+ *          [--fail-threads] SOURCE_DIR MOUNTPOINT [fuse options]
  *
  * Every file and directory under SOURCE_DIR is mirrored read-write at
  * MOUNTPOINT.  Each read request sleeps N microseconds and is then served
@@ -25,6 +25,11 @@
  * reports every timestamp N milliseconds earlier than the source's (a
  * negative N: later), as a network file system does whose files were
  * stamped by a writer whose clock is behind (or ahead of) this node's.
+ *
+ * With --fail-threads, a read asked by a thread that is not its process's
+ * main thread (FUSE names the asking thread; its /proc status names the
+ * process) answers EIO: storage that fails for a reader's helper threads,
+ * as kvshim's loader, while the program's own reads succeed.
  *
  * With --count-file PATH, the number of read requests and of bytes served
  * are written to PATH as "reads N\nbytes N\n" before each read is answered,
@@ -79,6 +84,7 @@ struct slowfs {
 	unsigned int max_read;
 	double attr_timeout;
 	long long skew_ns;
+	int fail_threads;
 	const char *count_path;
 	atomic_uint_fast64_t reads;
 	atomic_uint_fast64_t bytes;
@@ -96,13 +102,14 @@ struct cmdline {
 	unsigned int max_read;
 	double attr_timeout;
 	long long skew_ms;
+	int fail_threads;
 	char *count_path;
 	char *source;
 	int nonopts;
 	int show_help;
 };
 
-enum { KEY_LATENCY, KEY_COUNT_FILE, KEY_MAX_READ, KEY_ATTR_TIMEOUT, KEY_SKEW, KEY_HELP };
+enum { KEY_LATENCY, KEY_COUNT_FILE, KEY_MAX_READ, KEY_ATTR_TIMEOUT, KEY_SKEW, KEY_FAIL, KEY_HELP };
 
 /*
  * fuse_opt runs every template that matches, so each option has a single
@@ -114,6 +121,7 @@ static const struct fuse_opt slowfs_opts[] = {
     FUSE_OPT_KEY("--count-file ", KEY_COUNT_FILE),     /* consumed: fs.count_path */
     FUSE_OPT_KEY("--attr-timeout ", KEY_ATTR_TIMEOUT), /* consumed: fs.attr_timeout */
     FUSE_OPT_KEY("--skew-ms ", KEY_SKEW),	       /* consumed: fs.skew_ns */
+    FUSE_OPT_KEY("--fail-threads", KEY_FAIL),	       /* consumed: fs.fail_threads */
     FUSE_OPT_KEY("max_read=", KEY_MAX_READ),	       /* kept for the kernel, echoed in init */
     FUSE_OPT_KEY("-h", KEY_HELP),		       /* kept: fuse_main() adds its help */
     FUSE_OPT_KEY("--help", KEY_HELP),
@@ -284,6 +292,25 @@ static int sfs_create(const char *path, mode_t mode, struct fuse_file_info *fi)
 	return finish_open(openat(fs.src_fd, rel(path), flags, mode), fi);
 }
 
+/* Is thread tid its process's main thread ("Tgid:" of /proc/tid/status is tid)?  Yes when it
+ * cannot be told. */
+static int main_thread(pid_t tid)
+{
+	char path[64], line[128];
+	int tgid = tid;
+	FILE *f;
+
+	snprintf(path, sizeof(path), "/proc/%d/status", (int)tid);
+	f = fopen(path, "r");
+	if (!f)
+		return 1;
+	while (fgets(line, sizeof(line), f))
+		if (sscanf(line, "Tgid: %d", &tgid) == 1)
+			break;
+	fclose(f);
+	return tgid == tid;
+}
+
 /* Sleep the latency, then fill @buf from the source file; returns bytes read or -errno. */
 static int sfs_read(UNUSED const char *path, char *buf, size_t size, off_t off,
 		    struct fuse_file_info *fi)
@@ -292,6 +319,8 @@ static int sfs_read(UNUSED const char *path, char *buf, size_t size, off_t off,
 	ssize_t n;
 
 	latency_sleep();
+	if (fs.fail_threads && !main_thread(fuse_get_context()->pid))
+		return -EIO;
 	while (done < size) {
 		n = pread((int)fi->fh, buf + done, size - done, off + (off_t)done);
 		if (n < 0 && errno == EINTR)
@@ -455,6 +484,9 @@ static int opt_proc(void *data, const char *arg, int key, UNUSED struct fuse_arg
 			return -1;
 		}
 		return 0;
+	case KEY_FAIL:
+		cl->fail_threads = 1;
+		return 0;
 	case KEY_COUNT_FILE:
 		free(cl->count_path);
 		cl->count_path = strdup(opt_value(arg, "--count-file"));
@@ -483,11 +515,14 @@ static void usage(const char *prog)
 {
 	fprintf(stderr,
 		"usage: %s [--latency-us N] [--count-file PATH] [--attr-timeout S] [--skew-ms N] "
+		"[--fail-threads] "
 		"SOURCE_DIR MOUNTPOINT [fuse options]\n"
 		"  --latency-us N    sleep N microseconds before serving each read (default 0)\n"
 		"  --count-file PATH write \"reads N\\nbytes N\\n\" to PATH after each read\n"
 		"  --attr-timeout S  the kernel caches attributes S seconds (default 1)\n"
-		"  --skew-ms N       report timestamps N ms earlier than the source's\n",
+		"  --skew-ms N       report timestamps N ms earlier than the source's\n"
+		"  --fail-threads    reads asked by a thread other than its process's main one "
+		"answer EIO\n",
 		prog);
 }
 
@@ -519,6 +554,7 @@ int main(int argc, char *argv[])
 	fs.max_read = cl.max_read;
 	fs.attr_timeout = cl.attr_timeout;
 	fs.skew_ns = cl.skew_ms * 1000000ll;
+	fs.fail_threads = cl.fail_threads;
 	if (cl.count_path && cl.count_path[0] != '/') {
 		/* fuse_main() daemonizes and chdir("/") unless -f: pin a relative path now. */
 		char *abs = realpath(".", NULL);
