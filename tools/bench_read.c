@@ -47,6 +47,7 @@
 #include <sys/mman.h>
 #include <sys/stat.h>
 #include <sys/syscall.h>
+#include <sys/uio.h>
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
@@ -437,8 +438,51 @@ static int bench_copy(int argc, char **argv)
 	return bad;
 }
 
+/*
+ * small KIND N PATH: N calls of 16 bytes each, the way a program writes its logs and output,
+ * to PATH (a file outside files.roots, /dev/null, or "-" for stdout): KIND is write, writev,
+ * fwrite (a stdio stream, flushed when its buffer fills) or pwrite.  Prints the time per call;
+ * run it under the shim and without, paired (farm-bench --vs), for what the hooks cost a
+ * descriptor that is not a KV file.
+ */
+static int bench_small(const char *kind, long n, const char *path)
+{
+	static const char line[16] = "0123456789abcde\n";
+	int fd = strcmp(path, "-") ? open(path, O_WRONLY | O_CREAT | O_TRUNC, 0644) : 1;
+	FILE *f = fd >= 0 ? fdopen(fd, "w") : NULL;
+	struct iovec v = {(void *)line, sizeof(line)};
+	double t0 = now();
+
+	if (!f) {
+		perror(path);
+		return 1;
+	}
+	for (long i = 0; i < n; i++) {
+		ssize_t r = -1;
+
+		if (!strcmp(kind, "write"))
+			r = write(fd, line, sizeof(line));
+		else if (!strcmp(kind, "writev"))
+			r = writev(fd, &v, 1);
+		else if (!strcmp(kind, "pwrite"))
+			r = pwrite(fd, line, sizeof(line), (off_t)(i % 4096) * 16);
+		else if (!strcmp(kind, "fwrite"))
+			r = fwrite(line, 1, sizeof(line), f) == sizeof(line) ? 16 : -1;
+		if (r != (ssize_t)sizeof(line)) {
+			fprintf(stderr, "small %s: call %ld: %s\n", kind, i, strerror(errno));
+			return 1;
+		}
+	}
+	fflush(f);
+	double t = now() - t0;
+	fprintf(stderr, "small %s: %ld calls, %.1f ns a call\n", kind, n, t * 1e9 / (double)n);
+	return 0;
+}
+
 int main(int argc, char **argv)
 {
+	if (argc == 5 && !strcmp(argv[1], "small"))
+		return bench_small(argv[2], atol(argv[3]), argv[4]);
 	if (argc >= 3 && !strcmp(argv[1], "memcpy"))
 		return bench_memcpy((size_t)atoi(argv[2]));
 	if (argc >= 3 && !strcmp(argv[1], "probe"))
@@ -458,6 +502,7 @@ int main(int argc, char **argv)
 			"| ranks N [--direct] [--distinct] [--split] FILE... "
 			"| copy N [--distinct] [--memcpy] MIB "
 			"| write [--direct] [--bs BYTES] N DIR "
-			"| files [--fds K] [--rounds R] FILE...\n");
+			"| files [--fds K] [--rounds R] FILE... "
+			"| small write|writev|pwrite|fwrite N PATH|-\n");
 	return 2;
 }
