@@ -63,7 +63,10 @@
  * The headroom check and the allocation are not atomic across processes: N processes claiming
  * at once can each pass the check and take the file system at most N slots below the headroom,
  * and a walk or `kvshim prepare`, which check a chunk of KVS_WALK_CHUNK slots at a time, a
- * chunk each.
+ * chunk each.  On huge pages a check counts the whole pages an allocation touches
+ * (page_bytes).  Where the pages come from faults rather than fallocate (by_fault: huge=advise,
+ * hugetlbfs) the allocation maps them into the allocating process, one fault per huge page; on
+ * a hugetlbfs nothing is checked (reserved), since the creator reserved every page.
  * The creator's check (region.c) is what keeps a region from being bigger than /dev/shm.
  */
 #include <errno.h>
@@ -127,6 +130,9 @@ struct populator {
 	uint32_t nframes, nmain;
 	uint32_t window; /* ahead: slots to stay ahead of the hand; eager: 0 */
 	bool clear;	 /* kvshim prepare: clear the pages too (clear_range) */
+	bool by_fault;	 /* pages are allocated by faults in base, not fallocate (pages.c) */
+	bool reserved;	 /* hugetlbfs: every page is reserved, no room to check (pages.c) */
+	uint64_t page;	 /* the region's page size: what an allocation takes at least */
 };
 
 bool kvs_populate_test_no_fallocate;
@@ -137,13 +143,22 @@ bool kvs_populate_test_no_fallocate;
  * MADV_POPULATE_WRITE also maps each page into this process, one fault at a time, and zeroes
  * it, and with 8 ranks populating at once it cost 3x the time (pages_ns, in one sitting:
  * 9.8-15.3 s against 3.1-4.7 s summed over ranks for 1 GiB), so on the allocators' path it is
- * only the fallback for a file system without fallocate.  Either way no room is ENOSPC, never
- * a SIGBUS at the first touch.
+ * the fallback for a file system without fallocate, and the way for regions whose pages must
+ * come from faults (by_fault: huge=advise, hugetlbfs; pages.c), where a fault is one per huge
+ * page.  A kernel without MADV_POPULATE_WRITE (before 5.14) falls back to fallocate: 4 KiB
+ * pages on huge=advise, the same pages on hugetlbfs.  Either way no room is ENOSPC, never a
+ * SIGBUS at the first touch.
  */
-int kvs_populate_range(int fd, char *base, uint64_t off, uint64_t len)
+int kvs_populate_range(int fd, char *base, uint64_t off, uint64_t len, bool by_fault)
 {
 	int r = -1;
 
+	if (by_fault) {
+		if (madvise(base + off, len, MADV_POPULATE_WRITE) == 0)
+			return 0;
+		if (errno != EINVAL)
+			return errno == EFAULT ? ENOSPC : errno;
+	}
 	if (kvs_populate_test_no_fallocate)
 		errno = EOPNOTSUPP; /* what a file system without fallocate answers */
 	else
@@ -166,9 +181,25 @@ bool kvs_populate_has_room(int fd, uint64_t len, uint64_t headroom)
 	return (uint64_t)sv.f_bavail * sv.f_frsize >= headroom + len;
 }
 
+/* Bytes an allocation of [off, off + len) of the file may take on pages of page bytes: the
+ * whole pages it touches (a frame smaller than a huge page takes all of it). */
+static uint64_t page_bytes(uint64_t off, uint64_t len, uint64_t page)
+{
+	return (off + len + page - 1) / page * page - off / page * page;
+}
+
+/* Whether [off, off + len) of p's region, plus more bytes allocated meanwhile, may get pages:
+ * always on hugetlbfs, whose pages were all reserved when it was built. */
+static bool room_for(const struct populator *p, uint64_t off, uint64_t len, uint64_t more)
+{
+	return p->reserved ||
+	       kvs_populate_has_room(p->fd, page_bytes(off, len, p->page) + more, p->headroom);
+}
+
 /* Make sure slot i's pages exist.  Returns 0, or a positive errno: ENOSPC leaves the slot
  * UNKNOWN (there may be room later), another error marks it NOROOM. */
-static int populate_slot(_Atomic uint32_t *s, int fd, char *base, uint64_t off, uint64_t len)
+static int populate_slot(_Atomic uint32_t *s, int fd, char *base, uint64_t off, uint64_t len,
+			 bool by_fault)
 {
 	uint32_t pages = load_acquire(s); /* pairs with the release stores below */
 	int err;
@@ -177,7 +208,7 @@ static int populate_slot(_Atomic uint32_t *s, int fd, char *base, uint64_t off, 
 		return 0;
 	if (pages == KVS_PAGES_NOROOM)
 		return ENOSPC;
-	err = kvs_populate_range(fd, base, off, len);
+	err = kvs_populate_range(fd, base, off, len, by_fault);
 	if (err == ENOSPC)
 		return err; /* pages it did get stay allocated, to be completed by a retry */
 	/* Only from UNKNOWN: a late failure must not mark a slot another process populated and
@@ -200,13 +231,17 @@ int kvs_populate_claimed(struct kvs_cache *c, uint32_t i)
 
 	if (load_acquire(s) == KVS_PAGES_OK) /* pairs with populate_slot's CAS */
 		return 0;
-	if (!kvs_populate_has_room(c->fd, c->shard_size, c->headroom)) {
+	if (c->page_kind != KVS_PAGE_HUGETLBFS &&
+	    !kvs_populate_has_room(
+		c->fd,
+		page_bytes(c->hdr->off_data + i * c->shard_size, c->shard_size, c->page_size),
+		c->headroom)) {
 		err = ENOSPC;
 	} else {
 		uint64_t t0 = kvs_mono_ns();
 
 		err = populate_slot(s, c->fd, c->base, c->hdr->off_data + i * c->shard_size,
-				    c->shard_size);
+				    c->shard_size, kvs_pages_by_fault(c));
 		kvs_cache_count(c, KVS_CTR_pages_ns, kvs_mono_ns() - t0);
 	}
 	if (err == ENOSPC)
@@ -236,7 +271,7 @@ const char *kvs_populate_reason(uint32_t why, int32_t err)
 
 int kvs_populate_control(int fd, char *base, uint64_t len)
 {
-	return -kvs_populate_range(fd, base, 0, len);
+	return -kvs_populate_range(fd, base, 0, len, false);
 }
 
 /* ahead: the window in slots (at least one, at most the main share). */
@@ -308,8 +343,8 @@ static uint32_t walk_range(struct populator *p, uint32_t from, uint32_t to, int 
 	uint64_t off = p->off_data + from * p->shard_size, len = (to - from) * p->shard_size;
 
 	*err = 0;
-	if (kvs_populate_has_room(p->fd, len, p->headroom) &&
-	    kvs_populate_range(p->fd, p->base, off, len) == 0) {
+	if (room_for(p, off, len, 0) &&
+	    kvs_populate_range(p->fd, p->base, off, len, p->by_fault) == 0) {
 		for (uint32_t i = from; i < to; i++) {
 			uint32_t expect =
 			    KVS_PAGES_UNKNOWN; /* pairs with populate_slot's acquire */
@@ -321,12 +356,13 @@ static uint32_t walk_range(struct populator *p, uint32_t from, uint32_t to, int 
 	for (uint32_t i = from; i < to; i++) {
 		*why = KVS_POPULATE_WHY_ERROR;
 		if (load_relaxed(&p->fpages[i]) != KVS_PAGES_OK &&
-		    !kvs_populate_has_room(p->fd, p->shard_size, p->headroom)) {
+		    !room_for(p, p->off_data + i * p->shard_size, p->shard_size, 0)) {
 			*err = ENOSPC;
 			*why = KVS_POPULATE_WHY_HEADROOM;
 		} else {
 			*err = populate_slot(&p->fpages[i], p->fd, p->base,
-					     p->off_data + i * p->shard_size, p->shard_size);
+					     p->off_data + i * p->shard_size, p->shard_size,
+					     p->by_fault);
 		}
 		if (*err)
 			return i - from;
@@ -448,9 +484,14 @@ void kvs_populate_start(struct kvs_cache *c)
 	p->nframes = c->nframes;
 	p->nmain = c->nmain;
 	p->window = c->populate == KVS_POPULATE_AHEAD ? c->ahead_window : 0;
+	p->by_fault = kvs_pages_by_fault(c);
+	p->reserved = c->page_kind == KVS_PAGE_HUGETLBFS;
+	p->page = c->page_size;
 	p->base = mmap(NULL, p->len, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
 	if (p->base == MAP_FAILED)
 		goto err_free;
+	/* Its faults allocate pages: they must be huge (advise) and placed (hugetlbfs). */
+	kvs_memory_map_hints(c, p->base, p->len);
 	/* A fork child gets neither the mapping nor (atfork_child) the descriptor. */
 	madvise(p->base, p->len, MADV_DONTFORK);
 	p->fpages = (_Atomic uint32_t *)(p->base + c->hdr->off_frames);
@@ -478,6 +519,9 @@ int kvs_cache_prepare(struct kvs_cache *c, uint32_t *slots_done)
 	    .nframes = c->nframes,
 	    .nmain = c->nmain,
 	    .clear = true,
+	    .by_fault = kvs_pages_by_fault(c),
+	    .reserved = c->page_kind == KVS_PAGE_HUGETLBFS,
+	    .page = c->page_size,
 	};
 	uint32_t at = 0, prepared = 0, why = 0;
 	int err = 0;

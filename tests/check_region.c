@@ -24,9 +24,11 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
+#include <sys/file.h>
 #include <sys/mount.h>
 #include <sys/stat.h>
 #include <sys/statvfs.h>
+#include <sys/syscall.h>
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
@@ -345,7 +347,9 @@ END_TEST
 
 /* Run fn in a child process that sees a tmpfs of `size` as /dev/shm (a private mount
  * namespace).  fn returns 0 or a code for the failure it printed. */
-static void with_small_shm(const char *size, int (*fn)(void))
+/* Run fn in a child with a file system of type fs, mounted with opts, at /dev/shm in a mount
+ * namespace of its own; skipped where that cannot be made. */
+static void with_fs(const char *fs, const char *opts, int (*fn)(void))
 {
 	pid_t pid = fork();
 	int st;
@@ -353,7 +357,7 @@ static void with_small_shm(const char *size, int (*fn)(void))
 	ck_assert(pid >= 0);
 	if (pid == 0) {
 		if (unshare(CLONE_NEWNS) || mount("none", "/", NULL, MS_REC | MS_PRIVATE, NULL) ||
-		    mount("tmpfs", "/dev/shm", "tmpfs", 0, size))
+		    mount(fs, "/dev/shm", fs, 0, opts))
 			_exit(77);
 		_exit(fn());
 	}
@@ -364,6 +368,12 @@ static void with_small_shm(const char *size, int (*fn)(void))
 		return;
 	}
 	ck_assert_msg(WIFEXITED(st) && WEXITSTATUS(st) == 0, "child status %#x", st);
+}
+
+/* fn in a private /dev/shm: a tmpfs of the options size ("size=8M", with huge= ...). */
+static void with_small_shm(const char *size, int (*fn)(void))
+{
+	with_fs("tmpfs", size, fn);
 }
 
 #define FAIL_IF(cond, code, ...)                                                                   \
@@ -845,6 +855,358 @@ START_TEST(test_prepare_passes_noroom)
 }
 END_TEST
 
+/* The PMD size THP gives, 0 without THP. */
+static uint64_t thp_size(void)
+{
+	unsigned long long v = 0;
+	FILE *f = fopen("/sys/kernel/mm/transparent_hugepage/hpage_pmd_size", "r");
+
+	if (f) {
+		if (fscanf(f, "%llu", &v) != 1)
+			v = 0;
+		fclose(f);
+	}
+	return v;
+}
+
+/* Read a byte of every 4 KiB of c's data, then the kB of field (ShmemPmdMapped, ...) that
+ * /proc/self/smaps gives the mapping holding it. */
+static uint64_t touched_smaps(struct kvs_cache *c, const char *field)
+{
+	unsigned long lo, hi, at = (unsigned long)c->data;
+	size_t len = (size_t)c->nframes * c->shard_size, flen = strlen(field);
+	volatile const char *d = c->data;
+	unsigned long long kb, got = 0;
+	char line[512];
+	bool in = false;
+	FILE *f;
+
+	for (size_t off = 0; off < len; off += 4096)
+		(void)d[off];
+	f = fopen("/proc/self/smaps", "r");
+	while (f && fgets(line, sizeof(line), f)) {
+		if (sscanf(line, "%lx-%lx ", &lo, &hi) == 2 &&
+		    strchr(line, '-') < strchr(line, ' '))
+			in = lo <= at && at < hi;
+		else if (in && !strncmp(line, field, flen) && line[flen] == ':' &&
+			 sscanf(line + flen + 1, "%llu", &kb) == 1)
+			got += kb;
+	}
+	if (f)
+		fclose(f);
+	return got;
+}
+
+/* On a tmpfs mounted huge=always the region is built on 2 MiB pages: its data starts on one,
+ * its file is whole pages, stat says so, a mapping of it is mapped by PMDs once touched, and an
+ * attacher takes the page size from the header. */
+static int huge_always(void)
+{
+	uint64_t thp = thp_size();
+	struct kvs_config cfg;
+	struct kvs_cache *c = NULL, *a = NULL;
+	struct kvs_region_info info;
+	struct kvs_counters t;
+	char msg[512], path[512];
+	struct stat st;
+	uint32_t done;
+
+	test_config(&cfg, 16, 1 << 20);
+	int r = kvs_cache_open(KVS_CACHE_PARAMS(&cfg), KVS_OPEN_CREATE, &c, msg, sizeof(msg));
+	FAIL_IF(r != 0, 2, "open: %d (%s)", r, msg);
+	FAIL_IF(msg[0], 3, "a message where huge pages are had: %s", msg);
+	kvs_cache_stat(c, &info, &t, NULL, 0);
+	FAIL_IF(info.page_size != thp || info.page_kind != KVS_PAGE_TMPFS, 4,
+		"page size %llu kind %u, want %llu tmpfs", (unsigned long long)info.page_size,
+		info.page_kind, (unsigned long long)thp);
+	path_of(&cfg, path, sizeof(path));
+	FAIL_IF(stat(path, &st) || c->hdr->off_data % thp || (uint64_t)st.st_size % thp ||
+		    (uint64_t)st.st_size != c->hdr->total_bytes,
+		5, "off_data %llu, file %lld: not whole pages of %llu",
+		(unsigned long long)c->hdr->off_data, (long long)st.st_size,
+		(unsigned long long)thp);
+	r = kvs_cache_prepare(c, &done);
+	FAIL_IF(r != 0 || done != 16, 6, "prepare: %d, %u", r, done);
+	uint64_t pmd = touched_smaps(c, "ShmemPmdMapped");
+	FAIL_IF(pmd < 16 * 1024, 7, "%llu kB of the 16 MiB data mapped by PMDs",
+		(unsigned long long)pmd);
+	cfg.cache_huge_pages = KVS_HUGE_OFF; /* an attacher follows the region, not its keys */
+	r = kvs_cache_open(KVS_CACHE_PARAMS(&cfg), 0, &a, msg, sizeof(msg));
+	FAIL_IF(r != 0, 8, "attach: %d (%s)", r, msg);
+	kvs_cache_stat(a, &info, &t, NULL, 0);
+	FAIL_IF(info.page_size != thp, 9, "the attacher sees pages of %llu",
+		(unsigned long long)info.page_size);
+	kvs_cache_close(a);
+	kvs_cache_close(c);
+	return 0;
+}
+
+START_TEST(test_huge_always)
+{
+	if (!thp_size()) {
+		fprintf(stderr, "check_region: no transparent huge pages here; skipped\n");
+		return;
+	}
+	with_small_shm("size=64M,huge=always", huge_always);
+}
+END_TEST
+
+/* huge=advise gives huge pages to a region that asks (cache.huge_pages = auto), by
+ * MADV_HUGEPAGE and faults, prepare included; with off it has 4 KiB pages
+ * and none is mapped by a PMD. */
+static int huge_advise(void)
+{
+	uint64_t thp = thp_size();
+	struct kvs_config cfg;
+	struct kvs_cache *c = NULL;
+	struct kvs_region_info info;
+	struct kvs_counters t;
+	char msg[512];
+	uint32_t done;
+
+	for (int off = 0; off < 2; off++) {
+		test_config(&cfg, 16, 1 << 20);
+		cfg.cache_huge_pages = off ? KVS_HUGE_OFF : KVS_HUGE_AUTO;
+		int r =
+		    kvs_cache_open(KVS_CACHE_PARAMS(&cfg), KVS_OPEN_CREATE, &c, msg, sizeof(msg));
+		FAIL_IF(r != 0, 2, "open: %d (%s)", r, msg);
+		kvs_cache_stat(c, &info, &t, NULL, 0);
+		FAIL_IF(info.page_size != (off ? 4096 : thp) ||
+			    info.page_kind != (off ? KVS_PAGE_BASE : KVS_PAGE_ADVISE),
+			3, "off %d: page size %llu kind %u", off,
+			(unsigned long long)info.page_size, info.page_kind);
+		r = kvs_cache_prepare(c, &done);
+		FAIL_IF(r != 0 || done != 16, 4, "off %d: prepare: %d, %u", off, r, done);
+		uint64_t pmd = touched_smaps(c, "ShmemPmdMapped");
+		FAIL_IF(off ? pmd != 0 : pmd < 16 * 1024, 5, "off %d: %llu kB mapped by PMDs", off,
+			(unsigned long long)pmd);
+		kvs_cache_close(c);
+	}
+	return 0;
+}
+
+START_TEST(test_huge_advise)
+{
+	if (!thp_size()) {
+		fprintf(stderr, "check_region: no transparent huge pages here; skipped\n");
+		return;
+	}
+	with_small_shm("size=64M,huge=advise", huge_advise);
+}
+END_TEST
+
+/* cache.huge_pages = on where the file system gives no huge pages: the region is built on 4 KiB
+ * pages, and the creator is told once, with the step that would give them; an attacher
+ * configured on is told once that the region has 4 KiB pages; auto says nothing. */
+static int huge_on_fallback(void)
+{
+	struct kvs_config cfg;
+	struct kvs_cache *c = NULL, *a = NULL;
+	struct kvs_region_info info;
+	struct kvs_counters t;
+	char msg[512];
+
+	test_config(&cfg, 16, 1 << 20);
+	cfg.cache_huge_pages = KVS_HUGE_ON;
+	int r = kvs_cache_open(KVS_CACHE_PARAMS(&cfg), KVS_OPEN_CREATE, &c, msg, sizeof(msg));
+	FAIL_IF(r != 0, 2, "open: %d (%s)", r, msg);
+	const char *say = "cache.huge_pages = on, but /dev/shm (tmpfs, huge=never) gives no huge "
+			  "pages: ";
+	FAIL_IF(!strstr(msg, say) || strstr(strstr(msg, say) + 1, "cache.huge_pages") ||
+		    !strstr(msg, "`mount -o remount,huge=advise /dev/shm`"),
+		3, "the creator's line: %s", msg);
+	kvs_cache_stat(c, &info, &t, NULL, 0);
+	FAIL_IF(info.page_size != 4096 || info.page_kind != KVS_PAGE_BASE, 4,
+		"page size %llu kind %u", (unsigned long long)info.page_size, info.page_kind);
+	r = kvs_cache_open(KVS_CACHE_PARAMS(&cfg), 0, &a, msg, sizeof(msg));
+	FAIL_IF(r != 0 || !strstr(msg, "has 4 KiB pages (it was built") ||
+		    strstr(strstr(msg, "cache.huge_pages") + 1, "cache.huge_pages"),
+		5, "the attacher's line: %d (%s)", r, msg);
+	kvs_cache_close(a);
+	cfg.cache_huge_pages = KVS_HUGE_AUTO;
+	r = kvs_cache_open(KVS_CACHE_PARAMS(&cfg), 0, &a, msg, sizeof(msg));
+	FAIL_IF(r != 0 || msg[0], 6, "auto: %d (%s)", r, msg);
+	kvs_cache_close(a);
+	kvs_cache_close(c);
+	return 0;
+}
+
+START_TEST(test_huge_on_fallback)
+{
+	with_small_shm("size=64M,huge=never", huge_on_fallback);
+}
+END_TEST
+
+/* A region built before the page size was recorded (0 in the header) is one of 4 KiB pages; a
+ * page size no kernel gives is refused as a mismatch. */
+START_TEST(test_page_size_of_old_region)
+{
+	struct kvs_config cfg;
+	struct kvs_cache *c = NULL;
+	struct kvs_region_info info;
+	struct kvs_counters t;
+	char msg[512];
+
+	test_config(&cfg, 8, 1 << 20);
+	ck_assert_int_eq(kvs_cache_open(KVS_CACHE_PARAMS(&cfg), KVS_OPEN_CREATE, &c, msg, 512), 0);
+	ck_assert_uint_eq(c->hdr->page_size, 4096);
+	c->hdr->page_size = 0;
+	kvs_cache_close(c);
+	ck_assert_int_eq(kvs_cache_open(KVS_CACHE_PARAMS(&cfg), 0, &c, msg, sizeof(msg)), 0);
+	kvs_cache_stat(c, &info, &t, NULL, 0);
+	ck_assert_uint_eq(info.page_size, 4096);
+	c->hdr->page_size = 12345;
+	kvs_cache_close(c);
+	ck_assert_int_eq(kvs_cache_open(KVS_CACHE_PARAMS(&cfg), 0, &c, msg, sizeof(msg)), -EPROTO);
+	ck_assert_msg(strstr(msg, "page size"), "%s", msg);
+}
+END_TEST
+
+/* cache.numa: the creator binds the region before any page exists, and the policy is the
+ * file's: another mapping of it has it too (get_mempolicy at an address of its data). */
+START_TEST(test_numa_policy)
+{
+	static const struct {
+		int numa;
+		int mode;
+	} want[] = {{KVS_NUMA_INTERLEAVE, 3 /* MPOL_INTERLEAVE */},
+		    {KVS_NUMA_LOCAL, 4 /* MPOL_LOCAL */},
+		    {KVS_NUMA_OFF, 0 /* MPOL_DEFAULT */}};
+
+	for (size_t i = 0; i < sizeof(want) / sizeof(want[0]); i++) {
+		struct kvs_config cfg;
+		struct kvs_cache *c = NULL, *a = NULL;
+		struct kvs_region_info info;
+		struct kvs_counters t;
+		char msg[512];
+		int mode = -1;
+
+		test_config(&cfg, 8, 1 << 20);
+		cfg.cache_numa = want[i].numa;
+		ck_assert_int_eq(
+		    kvs_cache_open(KVS_CACHE_PARAMS(&cfg), KVS_OPEN_CREATE, &c, msg, 512), 0);
+		kvs_cache_stat(c, &info, &t, NULL, 0);
+		ck_assert_uint_eq(info.numa, (uint32_t)want[i].numa);
+		cfg.cache_numa = KVS_NUMA_OFF; /* the attacher's own key does not matter */
+		ck_assert_int_eq(kvs_cache_open(KVS_CACHE_PARAMS(&cfg), 0, &a, msg, sizeof(msg)),
+				 0);
+		ck_assert_int_eq(syscall(SYS_get_mempolicy, &mode, NULL, 0,
+					 (char *)a->data + (3 << 20), 2 /* MPOL_F_ADDR */),
+				 0);
+		ck_assert_int_eq(mode, want[i].mode);
+		kvs_cache_close(a);
+		kvs_cache_close(c);
+	}
+}
+END_TEST
+
+/* The node's pool of 2 MiB pages, raised by add for a test and given back (under the lock the
+ * huge test takes too).  pool_raise: whether it could; pool_lower: give it back. */
+static int pool_lock_fd = -1;
+
+static unsigned long long pool_pages(void)
+{
+	unsigned long long v = 0;
+	FILE *f = fopen("/proc/sys/vm/nr_hugepages", "r");
+
+	if (f) {
+		if (fscanf(f, "%llu", &v) != 1)
+			v = 0;
+		fclose(f);
+	}
+	return v;
+}
+
+static void pool_set(unsigned long long n)
+{
+	FILE *f = fopen("/proc/sys/vm/nr_hugepages", "w");
+
+	if (f) {
+		fprintf(f, "%llu\n", n);
+		fclose(f);
+	}
+}
+
+static bool pool_raise(unsigned add)
+{
+	unsigned long long was;
+
+	if (geteuid() != 0 || access("/sys/kernel/mm/hugepages/hugepages-2048kB", F_OK))
+		return false;
+	pool_lock_fd = open("/tmp/kvshim-huge-test.lock", O_RDWR | O_CREAT | O_CLOEXEC, 0600);
+	if (pool_lock_fd < 0 || flock(pool_lock_fd, LOCK_EX))
+		return false;
+	was = pool_pages();
+	pool_set(was + add);
+	if (pool_pages() >= was + add)
+		return true;
+	pool_set(was);
+	close(pool_lock_fd);
+	pool_lock_fd = -1;
+	return false;
+}
+
+static void pool_lower(unsigned add)
+{
+	unsigned long long now = pool_pages();
+
+	pool_set(now > add ? now - add : 0);
+	close(pool_lock_fd);
+	pool_lock_fd = -1;
+}
+
+/* Ranks that start together on a hugetlbfs whose pages fit one region: the first creator's
+ * mapping reserves them before it publishes, and a second creator that measured the pool then
+ * would find no room and read storage for good; it waits for the first (lock_creators in
+ * region.c) and attaches to its region. */
+static int hugetlbfs_racing(void)
+{
+	struct kvs_config cfg;
+	struct kvs_cache *c = NULL;
+	struct kvs_region_info info;
+	struct kvs_counters t;
+	char msg[512];
+	pid_t pid;
+	int st;
+
+	test_config(&cfg, 4, 1 << 20); /* a page of control plane and two of data */
+	pid = fork();
+	if (pid == 0) {
+		kvs_region_test_publish_ms = 400;
+		int r =
+		    kvs_cache_open(KVS_CACHE_PARAMS(&cfg), KVS_OPEN_CREATE, &c, msg, sizeof(msg));
+		if (r) {
+			fprintf(stderr, "check_region: the first creator: %d (%s)\n", r, msg);
+			_exit(1);
+		}
+		usleep(500000);
+		_exit(0);
+	}
+	FAIL_IF(pid < 0, 2, "fork");
+	usleep(150000); /* the first has reserved its pages and sleeps before it publishes */
+	int r = kvs_cache_open(KVS_CACHE_PARAMS(&cfg), KVS_OPEN_CREATE, &c, msg, sizeof(msg));
+	FAIL_IF(waitpid(pid, &st, 0) != pid || !WIFEXITED(st) || WEXITSTATUS(st), 3,
+		"the first creator failed");
+	FAIL_IF(r != 0, 4, "the second creator: %d (%s)", r, msg);
+	kvs_cache_stat(c, &info, &t, NULL, 0);
+	FAIL_IF(info.page_kind != KVS_PAGE_HUGETLBFS || info.page_size != (2u << 20), 5,
+		"page kind %u size %llu", info.page_kind, (unsigned long long)info.page_size);
+	kvs_cache_close(c);
+	return 0;
+}
+
+START_TEST(test_hugetlbfs_racing_creators)
+{
+	if (!pool_raise(8)) {
+		fprintf(stderr, "check_region: cannot reserve 2 MiB pages here; skipped\n");
+		return;
+	}
+	/* The mount's size= is the region: 3 pages, and no room for a second. */
+	with_fs("hugetlbfs", "pagesize=2M,size=6M", hugetlbfs_racing);
+	pool_lower(8);
+}
+END_TEST
+
 /* Remove what a case that failed left behind. */
 static void teardown(void)
 {
@@ -877,6 +1239,12 @@ static Suite *region_suite(void)
 	tcase_add_test(limits, test_prepare_all);
 	tcase_add_test(limits, test_prepare_stops_at_headroom);
 	tcase_add_test(limits, test_prepare_passes_noroom);
+	tcase_add_test(limits, test_huge_always);
+	tcase_add_test(limits, test_huge_advise);
+	tcase_add_test(limits, test_huge_on_fallback);
+	tcase_add_test(core, test_page_size_of_old_region);
+	tcase_add_test(core, test_numa_policy);
+	tcase_add_test(limits, test_hugetlbfs_racing_creators);
 	tcase_add_checked_fixture(core, NULL, teardown);
 	tcase_add_checked_fixture(limits, NULL, teardown);
 	tcase_set_timeout(core, 60);

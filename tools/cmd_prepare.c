@@ -6,7 +6,7 @@
  * each fresh page (the kernel zeroing it and, in a virtual machine, the host backing it) then
  * lands inside a cold load's storage reads.  An engine allocates its own buffers at start-up;
  * prepare lets an operator do the same for the cache, as a unit's ExecStartPre or a pod's init
- * step.  The work is kvs_cache_prepare's: it stops where /dev/shm would go below
+ * step.  The work is kvs_cache_prepare's: it stops where cache.dir would go below
  * cache.shm_headroom, is idempotent, and leaves data already cached as it is.
  *
  * Attaches for the duration (a process-table slot, KVS_OPEN_CREATE) with cache.populate taken
@@ -95,14 +95,21 @@ int cmd_prepare(int argc, char **argv)
 		tool_err("cannot read the region's figures");
 		goto out;
 	}
-	printf("%s: %u of %u slots prepared (%s) in %.2f s\n", path, done, info.slots,
-	       tool_human_bytes((uint64_t)done * info.shard_size, human, sizeof(human)),
-	       (double)(kvs_mono_ns() - t0) / 1e9);
+	double took = (double)(kvs_mono_ns() - t0) / 1e9;
+	printf("%s: %u of %u slots prepared (%s) in %.2f s", path, done, info.slots,
+	       tool_human_bytes((uint64_t)done * info.shard_size, human, sizeof(human)), took);
+	printf(", %.2f s per GiB, %s pages%s%s\n",
+	       done ? took * (double)(1ull << 30) / ((double)done * (double)info.shard_size) : 0.0,
+	       tool_human_bytes(info.page_size, human, sizeof(human)),
+	       info.page_kind != KVS_PAGE_BASE ? " " : "",
+	       info.page_kind != KVS_PAGE_BASE ? kvs_page_kind_word(info.page_kind) : "");
 	if (r == -ENOSPC) {
-		tool_err(
-		    "prepare: stopped with %u of %u slots prepared: /dev/shm has no more room "
-		    "above cache.shm_headroom; the other slots get their memory as loads need it",
-		    done, info.slots);
+		tool_err("prepare: stopped with %u of %u slots prepared: %s has no more room "
+			 "above cache.shm_headroom; the other slots get their memory as loads need "
+			 "it",
+			 done, info.slots,
+			 info.page_kind == KVS_PAGE_HUGETLBFS ? "the huge page pool"
+							      : cfg->cache_dir);
 	} else if (r) {
 		tool_err("prepare: stopped with %u of %u slots prepared: %s", done, info.slots,
 			 strerror(-r));
