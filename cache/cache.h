@@ -135,15 +135,18 @@ int kvs_cache_check_config(struct kvs_cache *c, const struct kvs_cache_params *c
 			   size_t msglen);
 
 /*
- * Give every slot of the region its pages now, on this thread, and clear them (the first touch
- * of a fresh page, which a cold load would otherwise pay inside its storage read), so that
- * loads begin on prepared memory: `kvshim prepare`, before the engines start.  It stops, as a
- * walk does, where the file system would go below cache.shm_headroom.  Idempotent, and harmless on
- * a region in use: a page that holds data is left as it is.  *slots_done receives the slots that
- * have their pages from the first on.  Returns 0, -ENOSPC (the headroom or a full /dev/shm
- * stopped it), -EBADF for a KVS_OPEN_WATCH mapping, or another -errno of fallocate.
+ * Give every slot of the region its pages now, on this thread and threads - 1 more (0: one
+ * per CPU this process may run on; at most KVS_PREPARE_THREADS_MAX), and clear them (the
+ * first touch of a fresh page, which a cold load would otherwise pay inside its storage
+ * read), so that loads begin on prepared memory: `kvshim prepare`, before the engines start.
+ * It stops, as a walk does, at the first slot for which the file system would go below
+ * cache.shm_headroom.  Idempotent, and harmless on a region in use: a page that holds data is
+ * left as it is.  *slots_done receives the slots that have their pages from the first on.
+ * Returns 0, -ENOSPC (the headroom or a full file system stopped it), -EBADF for a
+ * KVS_OPEN_WATCH mapping, or another -errno of the allocation.
  */
-int kvs_cache_prepare(struct kvs_cache *c, uint32_t *slots_done);
+#define KVS_PREPARE_THREADS_MAX 64
+int kvs_cache_prepare(struct kvs_cache *c, unsigned threads, uint32_t *slots_done);
 
 /* Detach (fold this process's counters into the totals, free its process slot), unmap and free.
  * The caller must hold no pins.  NULL is accepted. */

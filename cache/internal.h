@@ -185,6 +185,9 @@ const char *kvs_populate_reason(uint32_t why, int32_t err);
 /* Tests only: fallocate answers EOPNOTSUPP, as on a file system without it (populate with
  * MADV_POPULATE_WRITE). */
 extern bool kvs_populate_test_no_fallocate;
+/* Tests only: a prepare thread that faults a chunk in outside the walk's lock first sleeps this
+ * long, so that the others decide while its pages are not counted by the file system yet. */
+extern unsigned kvs_prepare_test_fault_ms;
 
 /* pages.c: what the file system of dirfd gives a region built under huge_pages (enum
  * kvs_huge_pages), 0 or -errno; free bytes of the file system of fd for the pages of a region

@@ -41,9 +41,11 @@
  *          reset or a rebuild), and the walk then ends rather than keep its pages alive; it
  *          turns into an eager walk when an eager process has set the region's mode.
  *
- * `kvshim prepare` runs the eager walk on its own thread, to the end, before the engines start
- * (kvs_cache_prepare), and also clears the pages it allocates (clear_range).  It takes no
- * lock, since walks over the same slots only repeat each other's work.  The background walks
+ * `kvshim prepare` runs the eager walk on threads of its own (one per CPU), to the end, before
+ * the engines start (kvs_cache_prepare, struct prep), and also clears the pages it allocates
+ * (clear_range).  It takes no lock on the region, since walks over the same slots only repeat
+ * each other's work; its threads share a mutex of their own, under which they decide in order
+ * which slots get memory, so that it stops where one thread would.  The background walks
  * do not clear: during a load that keeps the CPUs busy, clearing there only moved the zeroing
  * between threads, and once the hand passed the walk, the walk's fallocate zeroed the
  * allocators' fresh pages under the file's lock, one allocator waiting at a time (pages_ns
@@ -72,6 +74,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <pthread.h>
+#include <sched.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <sys/mman.h>
@@ -136,6 +139,7 @@ struct populator {
 };
 
 bool kvs_populate_test_no_fallocate;
+unsigned kvs_prepare_test_fault_ms;
 
 /*
  * Allocate the pages of [off, off + len) of the region's file.  fallocate allocates them
@@ -506,59 +510,187 @@ err_close:
 	close(fd); /* drops the lock with the last reference */
 }
 
-int kvs_cache_prepare(struct kvs_cache *c, uint32_t *slots_done)
+/*
+ * One `kvshim prepare` (kvs_cache_prepare): threads that take the region's frames in chunks, in
+ * index order.  What takes memory from the file system, and where its headroom stops the walk,
+ * is decided under mu, in order, so that the walk stops at the first frame without room as a
+ * walk on one thread would: fallocate (cheap: it does not zero) runs under mu; where pages are
+ * allocated by faults (pages.c), a chunk's room is checked under mu against the free space
+ * less the bytes other threads are faulting in now (pending), and the chunk is faulted in
+ * outside it; at the edge of the headroom, a thread waits for those to land (statfs then
+ * counts them) and walks one frame at a time under mu.  The zeroing, which is the cost,
+ * runs outside mu on every thread.
+ */
+struct prep {
+	struct populator p; /* read-only once the threads start; each copies it */
+	uint32_t chunk;	    /* frames a thread takes at once: whole pages */
+	pthread_mutex_t mu;
+	pthread_cond_t idle; /* pending went back to 0 */
+	uint32_t at;	     /* under mu: the next frame to take */
+	uint32_t stop;	     /* under mu: the first frame the walk could not give pages */
+	uint64_t pending;    /* under mu: bytes faulted in by threads outside mu */
+	int err;	     /* under mu: what stopped the walk (positive errno), or 0 */
+	_Atomic uint32_t prepared;
+};
+
+/* Count the frames of [from, to) that have their pages, into pr->prepared. */
+static void prep_count(struct prep *pr, uint32_t from, uint32_t to)
+{
+	uint32_t n = 0;
+
+	for (uint32_t i = from; i < to; i++) /* not a NOROOM slot the chunk went over */
+		n += load_relaxed(&pr->p.fpages[i]) == KVS_PAGES_OK;
+	add_relaxed(&pr->prepared, n);
+}
+
+static void *prep_main(void *arg)
+{
+	struct prep *pr = arg;
+	struct populator p = pr->p; /* clear_range turns p.clear off for this thread alone */
+	uint32_t why = 0;
+	int err = 0;
+
+	pthread_mutex_lock(&pr->mu);
+	while (!pr->err && pr->at < p.nframes) {
+		uint32_t from = pr->at,
+			 to = from + pr->chunk < p.nframes ? from + pr->chunk : p.nframes;
+		uint64_t len = (uint64_t)(to - from) * p.shard_size, got;
+
+		if (p.by_fault &&
+		    room_for(&p, p.off_data + from * p.shard_size, len, pr->pending)) {
+			/* Fault the chunk in outside mu, beside the other threads. */
+			pr->at = to;
+			pr->pending += len;
+			pthread_mutex_unlock(&pr->mu);
+			if (kvs_prepare_test_fault_ms) /* the other threads decide meanwhile */
+				usleep(kvs_prepare_test_fault_ms * 1000u);
+			err = kvs_populate_range(p.fd, p.base, p.off_data + from * p.shard_size,
+						 len, true);
+			for (uint32_t i = from; !err && i < to; i++) {
+				uint32_t expect = KVS_PAGES_UNKNOWN; /* pairs with populate_slot */
+
+				cas_acq_rel(&p.fpages[i], &expect, KVS_PAGES_OK);
+			}
+			clear_range(&p, from, err ? from : to);
+			prep_count(pr, from, to);
+			pthread_mutex_lock(&pr->mu);
+			pr->pending -= len;
+			if (!pr->pending)
+				pthread_cond_broadcast(&pr->idle);
+			if (err && from < pr->stop) { /* another process took the room meanwhile */
+				pr->stop = from;
+				pr->err = err;
+			}
+			continue;
+		}
+		/* In order, under mu: fallocate, or faults one frame at a time at the headroom
+		 * once what other threads fault in has landed. */
+		while (p.by_fault && pr->pending)
+			pthread_cond_wait(&pr->idle, &pr->mu);
+		if (pr->err || pr->at != from)
+			continue; /* it moved on while this thread waited */
+		got = walk_range(&p, from, to, &err, &why);
+		pr->at = from + (uint32_t)got;
+		if (err && load_relaxed(&p.fpages[pr->at]) == KVS_PAGES_NOROOM)
+			pr->at++; /* never used (an allocation failed for good): nothing to prepare
+				   */
+		else if (err && pr->at < pr->stop) {
+			pr->stop = pr->at;
+			pr->err = err;
+		}
+		pthread_mutex_unlock(&pr->mu);
+		/* walk_range counts slots that have their pages already, and an earlier walk may
+		 * have allocated them without clearing them. */
+		clear_range(&p, from, from + (uint32_t)got);
+		prep_count(pr, from, from + (uint32_t)got);
+		pthread_mutex_lock(&pr->mu);
+	}
+	pthread_mutex_unlock(&pr->mu);
+	return NULL;
+}
+
+/* Frames a prepare thread takes at once: KVS_WALK_CHUNK, rounded up to whole pages of
+ * page bytes, so that no two threads fault in one page and DONTNEED is aligned. */
+static uint32_t prep_chunk(uint64_t shard_size, uint64_t page)
+{
+	uint64_t a = shard_size, b = page, per_page;
+
+	while (b) { /* gcd */
+		uint64_t t = a % b;
+
+		a = b;
+		b = t;
+	}
+	per_page = page / a; /* frames of a multiple of page bytes */
+	return (uint32_t)((KVS_WALK_CHUNK + per_page - 1) / per_page * per_page);
+}
+
+/* The CPUs this process may run on (at least 1). */
+static unsigned cpus_allowed(void)
+{
+	cpu_set_t set;
+
+	if (sched_getaffinity(0, sizeof(set), &set) < 0)
+		return 1;
+	return CPU_COUNT(&set) > 0 ? (unsigned)CPU_COUNT(&set) : 1;
+}
+
+int kvs_cache_prepare(struct kvs_cache *c, unsigned threads, uint32_t *slots_done)
 {
 	struct kvs_hdr *h = c->hdr;
-	struct populator p = {
-	    .fd = c->fd,
-	    .headroom = c->headroom,
-	    .base = c->base,
-	    .fpages = c->fpages,
-	    .off_data = h->off_data,
-	    .shard_size = c->shard_size,
-	    .nframes = c->nframes,
-	    .nmain = c->nmain,
-	    .clear = true,
-	    .by_fault = kvs_pages_by_fault(c),
-	    .reserved = c->page_kind == KVS_PAGE_HUGETLBFS,
-	    .page = c->page_size,
+	struct prep pr = {
+	    .p =
+		{
+		    .fd = c->fd,
+		    .headroom = c->headroom,
+		    .base = c->base,
+		    .fpages = c->fpages,
+		    .off_data = h->off_data,
+		    .shard_size = c->shard_size,
+		    .nframes = c->nframes,
+		    .nmain = c->nmain,
+		    .clear = true,
+		    .by_fault = kvs_pages_by_fault(c),
+		    .reserved = c->page_kind == KVS_PAGE_HUGETLBFS,
+		    .page = c->page_size,
+		},
+	    .chunk = prep_chunk(c->shard_size, c->page_size),
+	    .stop = c->nframes,
 	};
-	uint32_t at = 0, prepared = 0, why = 0;
-	int err = 0;
+	pthread_t th[KVS_PREPARE_THREADS_MAX];
+	unsigned n = 0;
 
 	*slots_done = 0;
 	if (c->watch)
 		return -EBADF;
-	while (at < p.nframes) {
-		uint32_t to = at + KVS_WALK_CHUNK < p.nframes ? at + KVS_WALK_CHUNK : p.nframes,
-			 got;
+	if (!threads)
+		threads = cpus_allowed();
+	if (threads > KVS_PREPARE_THREADS_MAX)
+		threads = KVS_PREPARE_THREADS_MAX;
+	if (threads > (c->nframes + pr.chunk - 1) / pr.chunk)
+		threads = (c->nframes + pr.chunk - 1) / pr.chunk;
+	pthread_mutex_init(&pr.mu, NULL);
+	pthread_cond_init(&pr.idle, NULL);
+	while (n + 1 < threads && kvs_thread_start(&th[n], prep_main, &pr, KVS_STACK_OWN) == 0)
+		n++;
+	prep_main(&pr); /* this thread is one of them */
+	for (unsigned i = 0; i < n; i++)
+		pthread_join(th[i], NULL);
+	pthread_cond_destroy(&pr.idle);
+	pthread_mutex_destroy(&pr.mu);
 
-		/* walk_range counts slots that have their pages already, and an earlier walk may
-		 * have allocated them without clearing them. */
-		got = walk_range(&p, at, to, &err, &why);
-		clear_range(&p, at, at + got);
-		for (uint32_t i = at; i < at + got; i++) /* not a NOROOM slot the chunk went over */
-			prepared += load_relaxed(&p.fpages[i]) == KVS_PAGES_OK;
-		at += got;
-		if (!err)
-			continue;
-		if (load_relaxed(&p.fpages[at]) == KVS_PAGES_NOROOM) {
-			at++; /* never used (an allocation failed for good): nothing to prepare */
-			continue;
-		}
-		break;
-	}
+	uint32_t at = pr.at < pr.stop ? pr.at : pr.stop;
 	/* A walk that starts later begins where this one ended.  A walk running now may store
 	 * a smaller figure over it: it then goes over slots that have their pages, which costs
 	 * a fallocate each and changes nothing. */
 	uint32_t was = load_relaxed(&h->populated);
 	while (was < at && !cas_acq_rel(&h->populated, &was, at))
 		;
-	if (at == p.nframes && load_acquire(&h->populate_err)) { /* pairs with populate_main */
+	if (at == c->nframes && load_acquire(&h->populate_err)) { /* pairs with populate_main */
 		/* Every slot has its pages now: a walk that stopped has nothing left to say. */
 		store_release(&h->populate_err, 0);
 		store_relaxed(&h->populate_why, 0);
 	}
-	*slots_done = prepared;
-	return at == p.nframes ? 0 : -err;
+	*slots_done = load_relaxed(&pr.prepared);
+	return at == c->nframes ? 0 : -pr.err;
 }

@@ -43,6 +43,7 @@
 #endif
 
 static int case_seq;
+static unsigned prepare_threads; /* kvs_cache_prepare's threads in the prepare cases (0: CPUs) */
 
 static void test_config(struct kvs_config *cfg, uint64_t slots, uint64_t shard)
 {
@@ -743,7 +744,7 @@ static int prepare_all(void)
 		fprintf(stderr, "check_region: mincore shows no uncleared page here; the clearing "
 				"itself is not checked\n");
 	uint64_t rss0 = rss_shmem();
-	r = kvs_cache_prepare(c, &done);
+	r = kvs_cache_prepare(c, 0, &done);
 	FAIL_IF(r != 0 || done != 64, 4, "prepare: %d, %u slots", r, done);
 	FAIL_IF(rss_shmem() > rss0 + (1 << 20), 5, "RssShmem %llu after prepare, %llu before",
 		(unsigned long long)rss_shmem(), (unsigned long long)rss0);
@@ -762,7 +763,7 @@ static int prepare_all(void)
 		FAIL_IF(d[i] != 0xa5, 9, "byte %llu of the cached shard is %#x after prepare",
 			(unsigned long long)i, d[i]);
 	kvs_cache_release(c, &pin);
-	r = kvs_cache_prepare(c, &done);
+	r = kvs_cache_prepare(c, 0, &done);
 	FAIL_IF(r != 0 || done != 64, 10, "prepare again: %d, %u slots", r, done);
 	kvs_cache_close(c);
 	return 0;
@@ -798,7 +799,7 @@ static int prepare_headroom(void)
 	kvs_cache_close(e);
 	FAIL_IF(info.populate_err != ENOSPC, 9, "the eager walk did not stop: %u populated",
 		info.slots_populated);
-	r = kvs_cache_prepare(c, &done);
+	r = kvs_cache_prepare(c, prepare_threads, &done);
 	FAIL_IF(r != -ENOSPC || done == 0 || done >= 64, 4, "prepare: %d, %u slots", r, done);
 	FAIL_IF(cleared_slots(c, done, 256 << 10) != done, 7, "%u of the %u slots prepared cleared",
 		cleared_slots(c, done, 256 << 10), done);
@@ -809,7 +810,7 @@ static int prepare_headroom(void)
 		info.slots_populated, done);
 	close(fd);
 	unlink("/dev/shm/filler"); /* the neighbour lets go */
-	r = kvs_cache_prepare(c, &done);
+	r = kvs_cache_prepare(c, 0, &done);
 	kvs_cache_stat(c, &info, &t, NULL, 0);
 	FAIL_IF(r != 0 || done != 64 || info.slots_populated != 64 || info.populate_err, 10,
 		"prepare with room: %d, %u slots; %u populated, populate_errno %d", r, done,
@@ -820,7 +821,9 @@ static int prepare_headroom(void)
 
 START_TEST(test_prepare_stops_at_headroom)
 {
-	with_small_shm("size=32M", prepare_headroom);
+	for (prepare_threads = 1; prepare_threads <= 4; prepare_threads += 3)
+		with_small_shm("size=32M", prepare_headroom);
+	prepare_threads = 0;
 }
 END_TEST
 
@@ -839,11 +842,11 @@ static int prepare_noroom(void)
 	FAIL_IF(r != 0, 2, "open: %d (%s)", r, msg);
 	atomic_store(&c->fpages[5], KVS_PAGES_NOROOM);
 	c->headroom = shm_free() - (3u << 20); /* 12 slots (0-4, 6-12), not 16 at once */
-	r = kvs_cache_prepare(c, &done);
+	r = kvs_cache_prepare(c, prepare_threads, &done);
 	FAIL_IF(r != -ENOSPC || done != 12, 3, "prepare one slot at a time: %d, %u slots", r, done);
 	FAIL_IF(atomic_load(&c->fpages[6]) != KVS_PAGES_OK, 4, "slot 6 left without pages");
 	c->headroom = 0;
-	r = kvs_cache_prepare(c, &done);
+	r = kvs_cache_prepare(c, prepare_threads, &done);
 	FAIL_IF(r != 0 || done != 63, 5, "prepare by chunks: %d, %u slots", r, done);
 	kvs_cache_close(c);
 	return 0;
@@ -851,7 +854,11 @@ static int prepare_noroom(void)
 
 START_TEST(test_prepare_passes_noroom)
 {
-	with_small_shm("size=32M", prepare_noroom);
+	/* One thread, and four: the walk decides which slots get pages in order, under its lock,
+	 * so the answer is the same. */
+	for (prepare_threads = 1; prepare_threads <= 4; prepare_threads += 3)
+		with_small_shm("size=32M", prepare_noroom);
+	prepare_threads = 0;
 }
 END_TEST
 
@@ -925,7 +932,7 @@ static int huge_always(void)
 		5, "off_data %llu, file %lld: not whole pages of %llu",
 		(unsigned long long)c->hdr->off_data, (long long)st.st_size,
 		(unsigned long long)thp);
-	r = kvs_cache_prepare(c, &done);
+	r = kvs_cache_prepare(c, 2, &done);
 	FAIL_IF(r != 0 || done != 16, 6, "prepare: %d, %u", r, done);
 	uint64_t pmd = touched_smaps(c, "ShmemPmdMapped");
 	FAIL_IF(pmd < 16 * 1024, 7, "%llu kB of the 16 MiB data mapped by PMDs",
@@ -952,7 +959,7 @@ START_TEST(test_huge_always)
 END_TEST
 
 /* huge=advise gives huge pages to a region that asks (cache.huge_pages = auto), by
- * MADV_HUGEPAGE and faults, prepare included; with off it has 4 KiB pages
+ * MADV_HUGEPAGE and faults, prepare on several threads included; with off it has 4 KiB pages
  * and none is mapped by a PMD. */
 static int huge_advise(void)
 {
@@ -975,7 +982,7 @@ static int huge_advise(void)
 			    info.page_kind != (off ? KVS_PAGE_BASE : KVS_PAGE_ADVISE),
 			3, "off %d: page size %llu kind %u", off,
 			(unsigned long long)info.page_size, info.page_kind);
-		r = kvs_cache_prepare(c, &done);
+		r = kvs_cache_prepare(c, 4, &done);
 		FAIL_IF(r != 0 || done != 16, 4, "off %d: prepare: %d, %u", off, r, done);
 		uint64_t pmd = touched_smaps(c, "ShmemPmdMapped");
 		FAIL_IF(off ? pmd != 0 : pmd < 16 * 1024, 5, "off %d: %llu kB mapped by PMDs", off,
@@ -992,6 +999,42 @@ START_TEST(test_huge_advise)
 		return;
 	}
 	with_small_shm("size=64M,huge=advise", huge_advise);
+}
+END_TEST
+
+/* On huge=advise pages come from faults: prepare on four threads stops at the headroom, in
+ * order, without ever taking the file system below it, counting whole 2 MiB pages. */
+static int huge_advise_headroom(void)
+{
+	struct kvs_config cfg;
+	struct kvs_cache *c = NULL;
+	char msg[512];
+	uint32_t done;
+
+	test_config(&cfg, 64, 256 << 10); /* 16 MiB, 8 slots a page */
+	int r = kvs_cache_open(KVS_CACHE_PARAMS(&cfg), KVS_OPEN_CREATE, &c, msg, sizeof(msg));
+	FAIL_IF(r != 0, 2, "open: %d (%s)", r, msg);
+	c->headroom = shm_free() - (5u << 20); /* room for two pages, not three */
+	kvs_prepare_test_fault_ms = 100;       /* the other threads decide while the first faults */
+	r = kvs_cache_prepare(c, 4, &done);
+	kvs_prepare_test_fault_ms = 0;
+	FAIL_IF(r != -ENOSPC || done != 16, 3, "prepare at the headroom: %d, %u slots", r, done);
+	FAIL_IF(shm_free() < c->headroom, 4, "free %llu below the headroom %llu",
+		(unsigned long long)shm_free(), (unsigned long long)c->headroom);
+	for (uint32_t i = 0; i < 64; i++)
+		FAIL_IF((atomic_load(&c->fpages[i]) == KVS_PAGES_OK) != (i < 16), 5,
+			"slot %u: pages %u", i, atomic_load(&c->fpages[i]));
+	kvs_cache_close(c);
+	return 0;
+}
+
+START_TEST(test_huge_advise_headroom)
+{
+	if (thp_size() != (2u << 20)) {
+		fprintf(stderr, "check_region: no 2 MiB transparent huge pages here; skipped\n");
+		return;
+	}
+	with_small_shm("size=32M,huge=advise", huge_advise_headroom);
 }
 END_TEST
 
@@ -1241,6 +1284,7 @@ static Suite *region_suite(void)
 	tcase_add_test(limits, test_prepare_passes_noroom);
 	tcase_add_test(limits, test_huge_always);
 	tcase_add_test(limits, test_huge_advise);
+	tcase_add_test(limits, test_huge_advise_headroom);
 	tcase_add_test(limits, test_huge_on_fallback);
 	tcase_add_test(core, test_page_size_of_old_region);
 	tcase_add_test(core, test_numa_policy);

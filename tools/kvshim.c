@@ -54,7 +54,7 @@ static const char usage[] =
     "  config [--explain | --sample]\n"
     "                      print the effective configuration and where each value came from,\n"
     "                      or a sample kvshim.ini with every key and its default\n"
-    "  prepare [--config FILE]\n"
+    "  prepare [--config FILE] [--threads N]\n"
     "                      create the region and give all its slots their memory now, before\n"
     "                      the engines start (stops at cache.shm_headroom)\n"
     "  reset [--force]     remove the shared cache region (refused while processes are attached)\n"
