@@ -71,6 +71,12 @@ struct kvs_cache {
 	/* region.c: what kvs_cache_open says once on success (a fallback the configuration
 	 * did not ask for), or "". */
 	char note[512];
+	/* pages.c: the thread that maps the region's existing pages at attach (cache.prefault),
+	 * joined by kvs_cache_close before the mapping goes; prefault_stop (set by close, read
+	 * by the thread) ends it early. */
+	pthread_t prefault_th;
+	bool prefault_started;
+	_Atomic bool prefault_stop;
 };
 
 /* Return -EUCLEAN, remembering that this process met a stuck lock or corrupt shared state, so
@@ -199,6 +205,10 @@ int kvs_memory_probe(int dirfd, int huge_pages, struct kvs_memory *m);
 uint64_t kvs_memory_free(int fd, uint32_t kind);
 int kvs_memory_place(void *addr, size_t len, uint32_t numa, int *nodes);
 void kvs_memory_map_hints(struct kvs_cache *c, char *base, size_t len);
+/* pages.c: start mapping the frames that have their pages into this process's page tables
+ * (cache.prefault), on a thread of its own; stop and join it (before the mapping goes). */
+void kvs_memory_prefault_start(struct kvs_cache *c);
+void kvs_memory_prefault_stop(struct kvs_cache *c);
 
 /* Whether the region's pages are allocated by faults in a mapping (advise, hugetlbfs) rather
  * than by fallocate (pages.c). */

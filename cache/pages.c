@@ -45,6 +45,15 @@
  * the default seccomp profile) leaves the pages where the kernel puts them: the creator says so
  * once where the process may use more than one node, and records no policy.
  *
+ * Prefault (cache.prefault; off by default, since it did not win: benchmarks.md).  A thread of
+ * an attached process maps the frames holding a READY slot into its page tables
+ * (MADV_POPULATE_READ), so its first loads take no fault per page.  It reads the frame pages
+ * (acquire) and the slots' state words without a lock: a frame evicted meanwhile costs a
+ * mapping, never a wrong byte.  Only frames whose pages exist: a read fault anywhere else would
+ * allocate memory past the headroom's check.  It maps through the handle's own mapping, so
+ * kvs_cache_close stops it (prefault_stop) and joins it before the mapping goes; a fork child
+ * has no such thread.
+ *
  * Nothing here writes shared memory: the header fields are written by the creator before
  * publication (region.c).
  */
@@ -64,6 +73,7 @@
 
 #include "config.h"
 #include "internal.h"
+#include "sys.h"
 
 #define THP_DIR "/sys/kernel/mm/transparent_hugepage/"
 
@@ -359,4 +369,65 @@ void kvs_memory_map_hints(struct kvs_cache *c, char *base, size_t len)
 	/* hugetlbfs keeps no shared policy: each mapping carries the region's own. */
 	if (c->page_kind == KVS_PAGE_HUGETLBFS && c->numa != KVS_NUMA_OFF)
 		kvs_memory_place(base, len, c->numa, &nodes);
+}
+
+#ifndef MADV_POPULATE_READ
+#define MADV_POPULATE_READ 22
+#endif
+
+/* Frames the prefault maps with one call. */
+#define PREFAULT_CHUNK 64u
+
+/* Whether frame f holds a loaded shard (a READY slot), and so has its pages: a read fault of
+ * a page that does not exist would allocate it past the headroom's check (populate.c).
+ * Unlocked reads: a frame evicted meanwhile costs a mapping, never a wrong byte. */
+static bool frame_loaded(const struct kvs_cache *c, uint32_t f)
+{
+	if (atomic_load_explicit(&c->fpages[f], memory_order_acquire) != KVS_PAGES_OK)
+		return false; /* pairs with the release once the pages exist (populate.c) */
+	for (uint32_t k = 0; k < c->per_frame; k++)
+		if (st_of(load_relaxed(&c->slots[frame_first(c, f) + k].state)) == KVS_SLOT_READY)
+			return true;
+	return false;
+}
+
+static void *prefault_main(void *arg)
+{
+	struct kvs_cache *c = arg;
+	uint32_t f = 0;
+
+	while (f < c->nframes && !atomic_load_explicit(&c->prefault_stop, memory_order_relaxed)) {
+		uint32_t g = f;
+
+		/* A run of frames that hold loaded shards: what this process's loads will read. */
+		while (g < c->nframes && g - f < PREFAULT_CHUNK && frame_loaded(c, g))
+			g++;
+		if (g == f) {
+			f++;
+			continue;
+		}
+		if (madvise(c->data + (size_t)f * c->shard_size, (size_t)(g - f) * c->shard_size,
+			    MADV_POPULATE_READ) < 0 &&
+		    errno == EINVAL)
+			break; /* a kernel before 5.14 */
+		f = g;
+	}
+	return NULL;
+}
+
+void kvs_memory_prefault_start(struct kvs_cache *c)
+{
+	if (c->watch || c->prefault_started)
+		return;
+	c->prefault_started =
+	    kvs_thread_start(&c->prefault_th, prefault_main, c, KVS_STACK_OWN) == 0;
+}
+
+void kvs_memory_prefault_stop(struct kvs_cache *c)
+{
+	if (!c->prefault_started)
+		return;
+	atomic_store_explicit(&c->prefault_stop, true, memory_order_relaxed);
+	pthread_join(c->prefault_th, NULL);
+	c->prefault_started = false;
 }

@@ -13,6 +13,7 @@ struct kvs_cache_params {
 	const char *dir;	  /* cache.dir; NULL or "" = /dev/shm */
 	int huge_pages;		  /* cache.huge_pages: enum kvs_huge_pages, for a region built */
 	int numa;		  /* cache.numa: enum kvs_numa, for a region built */
+	bool prefault;		  /* cache.prefault: map the existing pages at attach */
 	uint64_t capacity;	  /* cache.capacity in bytes; 0 = auto (what dir allows) */
 	uint64_t shard_size;	  /* cache.shard_size */
 	uint64_t reserved;	  /* cache.reserved, percent of slots for loads and prefetch */

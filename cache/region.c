@@ -1160,6 +1160,8 @@ int kvs_cache_open(const struct kvs_cache_params *cfg, int flags, struct kvs_cac
 	}
 	if (!c->watch) {
 		kvs_populate_start(c);
+		if (cfg->prefault)
+			kvs_memory_prefault_start(c);
 		r = kvs_proc_attach(c);
 		if (r) {
 			snprintf(msg, msglen, "cannot attach to %s: %s", c->path,
@@ -1188,6 +1190,7 @@ void kvs_cache_close(struct kvs_cache *c)
 {
 	if (!c)
 		return;
+	kvs_memory_prefault_stop(c); /* it uses the mapping */
 	if (!c->watch && c->self >= 0)
 		kvs_proc_detach(c);
 	if (c->base)

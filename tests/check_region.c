@@ -876,20 +876,17 @@ static uint64_t thp_size(void)
 	return v;
 }
 
-/* Read a byte of every 4 KiB of c's data, then the kB of field (ShmemPmdMapped, ...) that
- * /proc/self/smaps gives the mapping holding it. */
-static uint64_t touched_smaps(struct kvs_cache *c, const char *field)
+/* The kB of field (Rss, ShmemPmdMapped, ...) that /proc/self/smaps gives the mapping holding
+ * address at. */
+static uint64_t smaps_kb(const void *addr, const char *field)
 {
-	unsigned long lo, hi, at = (unsigned long)c->data;
-	size_t len = (size_t)c->nframes * c->shard_size, flen = strlen(field);
-	volatile const char *d = c->data;
+	unsigned long lo, hi, at = (unsigned long)addr;
 	unsigned long long kb, got = 0;
+	size_t flen = strlen(field);
 	char line[512];
 	bool in = false;
 	FILE *f;
 
-	for (size_t off = 0; off < len; off += 4096)
-		(void)d[off];
 	f = fopen("/proc/self/smaps", "r");
 	while (f && fgets(line, sizeof(line), f)) {
 		if (sscanf(line, "%lx-%lx ", &lo, &hi) == 2 &&
@@ -902,6 +899,17 @@ static uint64_t touched_smaps(struct kvs_cache *c, const char *field)
 	if (f)
 		fclose(f);
 	return got;
+}
+
+/* Read a byte of every 4 KiB of c's data, then smaps_kb of it. */
+static uint64_t touched_smaps(struct kvs_cache *c, const char *field)
+{
+	size_t len = (size_t)c->nframes * c->shard_size;
+	volatile const char *d = c->data;
+
+	for (size_t off = 0; off < len; off += 4096)
+		(void)d[off];
+	return smaps_kb(c->data, field);
 }
 
 /* On a tmpfs mounted huge=always the region is built on 2 MiB pages: its data starts on one,
@@ -1250,6 +1258,41 @@ START_TEST(test_hugetlbfs_racing_creators)
 }
 END_TEST
 
+/* cache.prefault: an attacher maps the frames that hold a loaded shard, and only those (not
+ * every frame with pages), on a thread of its own, before it reads anything; closing the
+ * handle stops that thread. */
+START_TEST(test_prefault_maps_loaded_frames)
+{
+	struct kvs_config cfg;
+	struct kvs_cache *c = NULL, *a = NULL;
+	struct kvs_pin pin;
+	char msg[512];
+	uint64_t rss = 0;
+
+	uint32_t done;
+
+	test_config(&cfg, 16, 1 << 20);
+	ck_assert_int_eq(kvs_cache_open(KVS_CACHE_PARAMS(&cfg), KVS_OPEN_CREATE, &c, msg, 512), 0);
+	ck_assert_int_eq(kvs_cache_prepare(c, 1, &done), 0); /* every frame has its pages */
+	for (uint64_t k = 0; k < 4; k++) {
+		struct kvs_key key = key_of(7, k);
+
+		ck_assert_int_eq(kvs_cache_pin(c, &key, KVS_ALLOC_LOAD, &pin), KVS_PIN_OWNER);
+		memset(kvs_cache_data(c, &pin), 0x5a, 1 << 20);
+		kvs_cache_mark_ready(c, &pin, 1 << 20);
+		kvs_cache_release(c, &pin);
+	}
+	cfg.cache_prefault = true;
+	ck_assert_int_eq(kvs_cache_open(KVS_CACHE_PARAMS(&cfg), 0, &a, msg, sizeof(msg)), 0);
+	for (int i = 0; i < 200 && (rss = smaps_kb(a->data, "Rss")) < 4096; i++)
+		usleep(10000);
+	ck_assert_msg(rss >= 4096 && rss < 6 * 1024, "Rss %llu kB: not the 4 loaded frames",
+		      (unsigned long long)rss);
+	kvs_cache_close(a);
+	kvs_cache_close(c);
+}
+END_TEST
+
 /* Remove what a case that failed left behind. */
 static void teardown(void)
 {
@@ -1288,6 +1331,7 @@ static Suite *region_suite(void)
 	tcase_add_test(limits, test_huge_on_fallback);
 	tcase_add_test(core, test_page_size_of_old_region);
 	tcase_add_test(core, test_numa_policy);
+	tcase_add_test(core, test_prefault_maps_loaded_frames);
 	tcase_add_test(limits, test_hugetlbfs_racing_creators);
 	tcase_add_checked_fixture(core, NULL, teardown);
 	tcase_add_checked_fixture(limits, NULL, teardown);
