@@ -288,6 +288,9 @@ void kvs_cache_ranks(struct kvs_cache *c, uint32_t *rank, uint32_t *nranks);
 void kvs_cache_set_rank(struct kvs_cache *c, int rank);
 
 uint64_t kvs_cache_shard_size(const struct kvs_cache *c);
+/* The size of the region's pages: 4096, or a huge page's (pages.c); the data is aligned to
+ * it. */
+uint64_t kvs_cache_page_size(const struct kvs_cache *c);
 uint32_t kvs_cache_slots(const struct kvs_cache *c);
 
 /* The block id of a file: XXH3-128 of st_dev, st_ino, st_size, st_mtim, st_ctim (shard 0). */

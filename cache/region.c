@@ -1285,6 +1285,11 @@ uint64_t kvs_cache_shard_size(const struct kvs_cache *c)
 	return c->shard_size;
 }
 
+uint64_t kvs_cache_page_size(const struct kvs_cache *c)
+{
+	return c->page_size;
+}
+
 uint32_t kvs_cache_slots(const struct kvs_cache *c)
 {
 	return c->nframes;

@@ -130,6 +130,8 @@ typedef bool (*kvs_gpu_ready_fn)(void *ctx, size_t off, size_t len);
 /*
  * Register [base, base+len) with the driver (cuMemHostRegister, PORTABLE) chunk by chunk on a
  * background thread, so that copies from it run at pinned speed; copies never wait for it.
+ * Chunks are KVS_GPU_REG_CHUNK rounded up to a multiple of page (the region's page size; 0:
+ * 4 KiB), so that a huge page is pinned by one registration, and base should be aligned to it.
  * Pinning faults in every page, so only chunks that ready() says have their memory are
  * registered (ready NULL: all): registration follows the pages the region has (what
  * cache.populate and cache.shm_headroom allowed) and never allocates one; the thread looks
@@ -140,8 +142,8 @@ typedef bool (*kvs_gpu_ready_fn)(void *ctx, size_t off, size_t len);
  * someone else registered already is skipped; any other failure stops the registration
  * (kvs_gpu_register_error says which).
  */
-void kvs_gpu_register_region(struct kvs_gpu *g, void *base, size_t len, kvs_gpu_ready_fn ready,
-			     void *ready_ctx);
+void kvs_gpu_register_region(struct kvs_gpu *g, void *base, size_t len, size_t page,
+			     kvs_gpu_ready_fn ready, void *ready_ctx);
 
 /*
  * Is [p, p+len) pinned for this process's copies: inside the region given to

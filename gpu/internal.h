@@ -57,6 +57,7 @@ struct kvs_gpu_reg {
 	bool stop;    /* under kvs_gpu.lock */
 	char *base;   /* set before the thread starts */
 	size_t len;
+	size_t chunk; /* bytes per registration: KVS_GPU_REG_CHUNK, in whole pages */
 	size_t nchunks;
 	kvs_gpu_ready_fn ready; /* which chunks have their pages (NULL: all); set before too */
 	void *ready_ctx;

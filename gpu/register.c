@@ -70,9 +70,8 @@ static void *reg_thread(void *arg)
 				break;
 			if (atomic_load_explicit(&reg->done[i], memory_order_relaxed) != REG_NOT)
 				continue;
-			size_t off = i * KVS_GPU_REG_CHUNK;
-			size_t n =
-			    reg->len - off < KVS_GPU_REG_CHUNK ? reg->len - off : KVS_GPU_REG_CHUNK;
+			size_t off = i * reg->chunk;
+			size_t n = reg->len - off < reg->chunk ? reg->len - off : reg->chunk;
 			if (reg->ready && !reg->ready(reg->ready_ctx, off, n)) {
 				left++; /* its pages are not all there: pinning would allocate them
 					 */
@@ -113,8 +112,8 @@ static void *reg_thread(void *arg)
 	return NULL;
 }
 
-void kvs_gpu_register_region(struct kvs_gpu *g, void *base, size_t len, kvs_gpu_ready_fn ready,
-			     void *ready_ctx)
+void kvs_gpu_register_region(struct kvs_gpu *g, void *base, size_t len, size_t page,
+			     kvs_gpu_ready_fn ready, void *ready_ctx)
 {
 	if (!g->register_host || !base || len == 0 ||
 	    atomic_load_explicit(&g->forgotten, memory_order_relaxed))
@@ -133,7 +132,10 @@ void kvs_gpu_register_region(struct kvs_gpu *g, void *base, size_t len, kvs_gpu_
 	struct kvs_gpu_reg *reg = &g->reg;
 	reg->base = base;
 	reg->len = len;
-	reg->nchunks = (len + KVS_GPU_REG_CHUNK - 1) / KVS_GPU_REG_CHUNK;
+	if (page < 4096)
+		page = 4096;
+	reg->chunk = (KVS_GPU_REG_CHUNK + page - 1) / page * page; /* a huge page in one */
+	reg->nchunks = (len + reg->chunk - 1) / reg->chunk;
 	reg->ready = ready;
 	reg->ready_ctx = ready_ctx;
 	reg->done = calloc(reg->nchunks, sizeof(*reg->done));
@@ -161,8 +163,7 @@ bool kvs_gpu_pinned(const struct kvs_gpu *g, const void *p, size_t len)
 	    a - base > reg->len ||
 	    len > reg->len - (a - base)) /* pairs with the store in kvs_gpu_register_region */
 		return false;
-	for (size_t i = (a - base) / KVS_GPU_REG_CHUNK;
-	     i <= (a - base + len - 1) / KVS_GPU_REG_CHUNK; i++)
+	for (size_t i = (a - base) / reg->chunk; i <= (a - base + len - 1) / reg->chunk; i++)
 		if (atomic_load_explicit(&reg->done[i], memory_order_acquire) ==
 		    REG_NOT) /* pairs with reg_thread */
 			return false;
@@ -197,7 +198,7 @@ void kvs_gpu_register_stop(struct kvs_gpu *g)
 		for (size_t i = 0; i < reg->nchunks; i++)
 			if (atomic_load_explicit(&reg->done[i], memory_order_relaxed) ==
 			    REG_OURS) /* joined: ours alone */
-				g->cu.mem_host_unregister(reg->base + i * KVS_GPU_REG_CHUNK);
+				g->cu.mem_host_unregister(reg->base + i * reg->chunk);
 		kvs_cu_context old;
 		g->cu.ctx_pop_current(&old); /* pairs with the push */
 	}

@@ -122,7 +122,7 @@ int kvs_device_begin(struct kvs_device_target *t, struct kvs_cache *c, const str
 		return r;
 	kvs_cache_data_region(c, &base, &len);
 	/* Once per process; never waited for; only the pages the region has. */
-	kvs_gpu_register_region(g, base, len, data_ready, c);
+	kvs_gpu_register_region(g, base, len, kvs_cache_page_size(c), data_ready, c);
 	t->dest = (struct kvs_dest){.copy = device_copy, .fence = device_fence, .ctx = t};
 	return 0;
 }

@@ -253,8 +253,8 @@ START_TEST(register_background)
 			    MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
 	ck_assert_ptr_ne(region, MAP_FAILED);
 	ck_assert(!kvs_gpu_pinned(g, region, 4096)); /* before the registration starts */
-	kvs_gpu_register_region(g, region, len, NULL, NULL);
-	kvs_gpu_register_region(g, region, len, NULL, NULL); /* once per process */
+	kvs_gpu_register_region(g, region, len, 0, NULL, NULL);
+	kvs_gpu_register_region(g, region, len, 0, NULL, NULL); /* once per process */
 	ck_assert(wait_registered(g, len));
 	ck_assert_int_eq(kvs_gpu_register_error(g), 0);
 	ck_assert(kvs_gpu_pinned(g, region, len));
@@ -264,6 +264,26 @@ START_TEST(register_background)
 	ck_assert(!kvs_gpu_pinned(g, region, 0));
 	ck_assert_uint_eq(counter("registered_bytes"), len);
 	ck_assert_uint_eq(counter("host_register_calls"), 4);
+	kvs_gpu_close(g);
+	ck_assert_uint_eq(counter("registered_bytes"), 0);
+}
+END_TEST
+
+/* The chunks follow the region's page size: with pages of 128 MiB (a size no real page has,
+ * so that it shows), each registration is one page, and a copy's range across the 64 MiB
+ * boundary inside it is in one registration. */
+START_TEST(register_follows_page_size)
+{
+	struct kvs_gpu *g = setup(true);
+	size_t page = 128 << 20, len = 3 * page + (5 << 20);
+	void *region = mmap(NULL, len, PROT_READ | PROT_WRITE,
+			    MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+	ck_assert_ptr_ne(region, MAP_FAILED);
+	kvs_gpu_register_region(g, region, len, page, NULL, NULL);
+	ck_assert(wait_registered(g, len));
+	ck_assert_uint_eq(counter("host_register_calls"), 4); /* 7 in 64 MiB chunks */
+	ck_assert(kvs_gpu_pinned(g, (char *)region + (60 << 20), 8 << 20));
+	ck_assert(kvs_gpu_pinned(g, region, len));
 	kvs_gpu_close(g);
 	ck_assert_uint_eq(counter("registered_bytes"), 0);
 }
@@ -292,7 +312,7 @@ START_TEST(register_follows_pages)
 	ck_assert_ptr_ne(region, MAP_FAILED);
 	atomic_store(&chunk_ready[0], true);
 	atomic_store(&chunk_ready[2], true);
-	kvs_gpu_register_region(g, region, len, ready_chunks, NULL);
+	kvs_gpu_register_region(g, region, len, 0, ready_chunks, NULL);
 	ck_assert(wait_registered(g, 2 * (64 << 20)));
 	usleep(700000); /* a rescan finds nothing new */
 	ck_assert_uint_eq(kvs_gpu_registered_bytes(g), 2 * (64 << 20));
@@ -319,7 +339,7 @@ START_TEST(register_waits_for_context)
 			    MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
 	CUdeviceptr d = dev_alloc(4096);
 	ck_assert_int_eq(cuCtxSetCurrent(NULL), CUDA_SUCCESS);
-	kvs_gpu_register_region(g, region, len, NULL, NULL);
+	kvs_gpu_register_region(g, region, len, 0, NULL, NULL);
 	usleep(100000);
 	ck_assert_uint_eq(kvs_gpu_registered_bytes(g), 0);
 	struct kvs_gpu_ptr ptr;
@@ -336,7 +356,7 @@ START_TEST(register_failure_stops)
 	size_t len = 4 * (64 << 20);
 	void *region = mmap(NULL, len, PROT_READ | PROT_WRITE,
 			    MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
-	kvs_gpu_register_region(g, region, len, NULL, NULL);
+	kvs_gpu_register_region(g, region, len, 0, NULL, NULL);
 	for (int i = 0; i < 500 && kvs_gpu_register_error(g) == 0; i++)
 		usleep(10000);
 	ck_assert_int_eq(kvs_gpu_register_error(g), -ENOMEM);
@@ -361,7 +381,7 @@ START_TEST(forget_after_fork)
 	size_t len = 64 << 20;
 	void *region = mmap(NULL, len, PROT_READ | PROT_WRITE,
 			    MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
-	kvs_gpu_register_region(g, region, len, NULL, NULL);
+	kvs_gpu_register_region(g, region, len, 0, NULL, NULL);
 	CUdeviceptr d = dev_alloc(4096);
 	struct kvs_gpu_ptr dst;
 	struct kvs_gpu_copy cp;
@@ -490,6 +510,7 @@ static Suite *gpu_suite(void)
 	tcase_add_test(core, caller_stream);
 	tcase_add_test(core, register_background);
 	tcase_add_test(core, register_follows_pages);
+	tcase_add_test(core, register_follows_page_size);
 	tcase_add_test(core, register_waits_for_context);
 	tcase_add_test(core, register_failure_stops);
 	tcase_add_test(core, streams_per_context);

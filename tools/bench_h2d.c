@@ -132,7 +132,7 @@ int main(int argc, char **argv)
 	memset(shm, 1, len);
 	memset(pinned, 2, len);
 	memset(pageable, 3, len);
-	kvs_gpu_register_region(g, shm, len, NULL, NULL);
+	kvs_gpu_register_region(g, shm, len, 0, NULL, NULL);
 	for (int i = 0;
 	     i < 60000 && kvs_gpu_registered_bytes(g) < len && !kvs_gpu_register_error(g); i++)
 		usleep(1000);
