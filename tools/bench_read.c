@@ -17,9 +17,10 @@
  *       (one task of all its shards); print the time until the last one is done (s).
  *       --split: rank r reads only files r, r+N, r+2N...: the unique bytes once between
  *       them, at the ranks' concurrency (the storage term of the load's limit)
- *   kvshim-bench-read copy N [--distinct] [--memcpy] MIB
+ *   kvshim-bench-read copy N [--distinct] [--memcpy] [--dir DIR] MIB
  *       fork N processes that start together and each copy MIB MiB, 16 MiB at a time, from
- *       one shared source (a memfd, filled first, as the region is) into its destination:
+ *       one shared source (a memfd, or with --dir an unnamed file in DIR of the pages DIR
+ *       gives, filled first, as the region is) into its destination:
  *       one 16 MiB buffer faulted in and reused, or with --distinct fresh memory for all MIB;
  *       print the time until the last one is done (s) and the aggregate rate (the copy
  *       term of the load's limit).  The copy is the shim's default (loader.copy = auto, the
@@ -404,18 +405,25 @@ static int bench_copy(int argc, char **argv)
 
 	if (!bd)
 		return 2;
+	const char *dir = NULL;
+
 	for (; i < argc && argv[i][0] == '-'; i++) {
 		if (!strcmp(argv[i], "--distinct"))
 			distinct = true;
 		else if (!strcmp(argv[i], "--memcpy"))
 			copy = kvs_copy_pick(KVS_COPY_MEMCPY);
+		else if (!strcmp(argv[i], "--dir") && i + 1 < argc)
+			dir = argv[++i];
 		else
 			return 2;
 	}
 	if (i >= argc || atoi(argv[i]) <= 0)
 		return 2;
 	size_t len = (size_t)atoi(argv[i]) * MIB;
-	int fd = memfd_create("kvshim-bench-copy", 0);
+	/* --dir: a source of the pages DIR gives (a huge=always tmpfs, a hugetlbfs), as a region
+	 * there has; else a memfd, 4 KiB pages as /dev/shm's. */
+	int fd = dir ? open(dir, O_TMPFILE | O_RDWR | O_CLOEXEC, 0600)
+		     : memfd_create("kvshim-bench-copy", 0);
 	if (fd < 0 || ftruncate(fd, (off_t)len) < 0) {
 		perror("kvshim-bench-read: memfd");
 		return 1;
@@ -560,7 +568,7 @@ int main(int argc, char **argv)
 	fprintf(stderr, "usage: kvshim-bench-read memcpy MIB | probe MIB | read [--direct] "
 			"[--passes N] [--bs BYTES] FILE... "
 			"| ranks N [--direct] [--distinct] [--split] FILE... "
-			"| copy N [--distinct] [--memcpy] MIB "
+			"| copy N [--distinct] [--memcpy] [--dir DIR] MIB "
 			"| write [--direct] [--bs BYTES] N DIR "
 			"| files [--fds K] [--rounds R] FILE... "
 			"| zero [--threads N] [--advise] DIR MIB\n");
