@@ -292,6 +292,7 @@ if [ "${3:-}" = --inner ]; then
 	exit $((fails ? 1 : skipped ? 77 : 0))
 fi
 
+trap 'rm -rf "/dev/shm/kvshim-huge-$$"; cleanup' EXIT # case_dir's cache.dir, whatever happens
 for c in dir numa; do
 	cases=$((cases + 1))
 	"case_$c"
