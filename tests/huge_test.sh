@@ -287,7 +287,7 @@ case_fallback() {
 if [ "${3:-}" = --inner ]; then
 	# In a mount namespace of our own: mounts vanish with it, whatever happens.
 	mount --make-rprivate / 2>/dev/null
-	trap 'pool_restore; cleanup' EXIT
+	trap 'reset_region; umount -l "$work"/* 2>/dev/null; pool_restore; cleanup' EXIT
 	"case_$4"
 	exit $((fails ? 1 : skipped ? 77 : 0))
 fi
@@ -295,7 +295,13 @@ fi
 trap 'rm -rf "/dev/shm/kvshim-huge-$$"; cleanup' EXIT # case_dir's cache.dir, whatever happens
 for c in dir numa; do
 	cases=$((cases + 1))
-	"case_$c"
+	# A subshell: a case that stops early leaves no variable set for the next.
+	(
+		"case_$c"
+		exit "$fails"
+	)
+	fails=$((fails + $?))
+	reset_region
 done
 for c in tmpfs hugetlbfs fallback; do
 	cases=$((cases + 1))
