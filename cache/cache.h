@@ -136,15 +136,18 @@ int kvs_cache_check_config(struct kvs_cache *c, const struct kvs_cache_params *c
 			   size_t msglen);
 
 /*
- * Give every slot of the region its pages now, on this thread, and clear them (the first touch
- * of a fresh page, which a cold load would otherwise pay inside its storage read), so that
- * loads begin on prepared memory: `kvshim prepare`, before the engines start.  It stops, as a
- * walk does, where /dev/shm would go below cache.shm_headroom.  Idempotent, and harmless on a
- * region in use: a page that holds data is left as it is.  *slots_done receives the slots that
- * have their pages from the first on.  Returns 0, -ENOSPC (the headroom or a full /dev/shm
- * stopped it), -EBADF for a KVS_OPEN_WATCH mapping, or another -errno of fallocate.
+ * Give every slot of the region its pages now, on this thread and threads - 1 more (0: one
+ * per CPU this process may run on; at most KVS_PREPARE_THREADS_MAX), and clear them (the
+ * first touch of a fresh page, which a cold load would otherwise pay inside its storage
+ * read), so that loads begin on prepared memory: `kvshim prepare`, before the engines start.
+ * It stops, as a walk does, at the first slot for which the file system would go below
+ * cache.shm_headroom.  Idempotent, and harmless on a region in use: a page that holds data is
+ * left as it is.  *slots_done receives the slots that have their pages from the first on.
+ * Returns 0, -ENOSPC (the headroom or a full file system stopped it), -EBADF for a
+ * KVS_OPEN_WATCH mapping, or another -errno of the allocation.
  */
-int kvs_cache_prepare(struct kvs_cache *c, uint32_t *slots_done);
+#define KVS_PREPARE_THREADS_MAX 64
+int kvs_cache_prepare(struct kvs_cache *c, unsigned threads, uint32_t *slots_done);
 
 /* Detach (fold this process's counters into the totals, free its process slot), unmap and free.
  * The caller must hold no pins.  NULL is accepted. */
@@ -286,6 +289,9 @@ void kvs_cache_ranks(struct kvs_cache *c, uint32_t *rank, uint32_t *nranks);
 void kvs_cache_set_rank(struct kvs_cache *c, int rank);
 
 uint64_t kvs_cache_shard_size(const struct kvs_cache *c);
+/* The size of the region's pages: 4096, or a huge page's (pages.c); the data is aligned to
+ * it. */
+uint64_t kvs_cache_page_size(const struct kvs_cache *c);
 uint32_t kvs_cache_slots(const struct kvs_cache *c);
 
 /*
@@ -407,6 +413,47 @@ bool kvs_cache_write_last(struct kvs_cache *c, const struct kvs_wtok *t);
 bool kvs_cache_write_mark(struct kvs_cache *c, uint64_t dev, uint64_t ino, uint64_t *mark);
 bool kvs_cache_write_quiet(struct kvs_cache *c, uint64_t dev, uint64_t ino, uint64_t mark);
 
+/*
+ * The memory of regions (cache/pages.c): what the file system of a directory gives a region.
+ * A region's pages are of one kind, decided by its creator and recorded in its header.
+ */
+enum kvs_page_kind {
+	KVS_PAGE_BASE = 0,	/* 4 KiB pages */
+	KVS_PAGE_TMPFS = 1,	/* a tmpfs that gives every file huge pages (huge=always,
+				 * huge=within_size, or THP's shmem_enabled = force) */
+	KVS_PAGE_ADVISE = 2,	/* a tmpfs mounted huge=advise: huge pages by MADV_HUGEPAGE */
+	KVS_PAGE_HUGETLBFS = 3, /* a hugetlbfs: pages of its size, reserved for the whole region */
+};
+struct kvs_memory {
+	char fs[16]; /* "tmpfs", "hugetlbfs", else the file system's magic "0x..." */
+	bool tmpfs, hugetlbfs;
+	char huge[16];		/* tmpfs: its huge= mount option ("never" without one), else "" */
+	char shmem_enabled[16]; /* THP's shmem_enabled choice ("deny" and "force" override every
+				 * tmpfs), "" without THP */
+	uint64_t thp_size;	/* the huge page size of THP (hpage_pmd_size), 0 without THP */
+	uint32_t kind;		/* enum kvs_page_kind a region built there now gets */
+	uint64_t page_size;	/* and the size of its pages */
+	uint64_t free_bytes;	/* room for a region before the headroom: the file system's free
+				 * space; hugetlbfs: its pool's pages neither used nor reserved,
+				 * within the mount's size= */
+	uint64_t pool_pages, pool_free; /* hugetlbfs: pages of its size on the node, and free
+					 * ones not reserved */
+	bool mount_limited;		/* hugetlbfs: the mount's size= bounds free_bytes */
+};
+
+/* What cfg->dir's file system gives a region built now under cfg->huge_pages.  0, or -errno
+ * when the directory cannot be opened or its file system read (-EOPNOTSUPP: a hugetlbfs of a
+ * page size above 1 GiB). */
+int kvs_cache_memory(const struct kvs_cache_params *cfg, struct kvs_memory *m);
+
+/* The one step that would give regions in dir (whose memory m describes) huge pages, into
+ * buf: "`mount -o remount,huge=advise /dev/shm` gives a region 2 MiB pages", a command to
+ * reserve a hugetlbfs pool, or why the node has none.  Returns buf. */
+const char *kvs_memory_fix(const struct kvs_memory *m, const char *dir, char *buf, size_t len);
+
+/* The word for a page kind: "none", "tmpfs", "advise", "hugetlbfs". */
+const char *kvs_page_kind_word(uint32_t kind);
+
 /* Figures for `kvshim stat`. */
 struct kvs_region_info {
 	uint64_t capacity_bytes, shard_size, total_bytes;
@@ -421,7 +468,11 @@ struct kvs_region_info {
 	int32_t populate_err;	     /* why the background population stopped (errno), or 0 */
 	uint32_t populate_mode;	     /* enum kvs_populate: of the walk a process started, if any */
 	const char *populate_reason; /* "headroom", "ENOSPC", ... with populate_err, else "" */
-	uint64_t shm_free_bytes;     /* free bytes of the file system holding the region */
+	uint64_t shm_free_bytes;     /* free bytes of the file system holding the region (of
+				      * the huge page pool, not reserved, on hugetlbfs) */
+	uint32_t page_kind;	     /* enum kvs_page_kind: how the region gets its pages */
+	uint64_t page_size;	     /* and their size */
+	uint32_t numa;		     /* enum kvs_numa: the placement its creator gave it */
 	bool procs_unlocked;	     /* proc_lock was stuck: the process figures were read
 				      * without it (a fold in progress may count twice) */
 	uint64_t refused_attaches;   /* attaches refused for the region's dimensions */

@@ -62,7 +62,21 @@ struct kvs_cache {
 	 * retried at the next release and by kvs_cache_reap_maybe.  Set and cleared by atomic
 	 * or/and, so one thread at a time owns a bit's retry. */
 	_Atomic uint64_t deferred[KVS_PINS_PER_PROC / 64];
-	char path[256];
+	/* The region's memory, from its header (pages.c): enum kvs_page_kind, the page size
+	 * (4096 for a region built before it was recorded), enum kvs_numa. */
+	uint32_t page_kind;
+	uint64_t page_size;
+	uint32_t numa;
+	char path[512]; /* KVS_CACHE_DIR_MAX of directory and a file name of NAME_MAX */
+	/* region.c: what kvs_cache_open says once on success (a fallback the configuration
+	 * did not ask for), or "". */
+	char note[512];
+	/* pages.c: the thread that maps the region's existing pages at attach (cache.prefault),
+	 * joined by kvs_cache_close before the mapping goes; prefault_stop (set by close, read
+	 * by the thread) ends it early. */
+	pthread_t prefault_th;
+	bool prefault_started;
+	_Atomic bool prefault_stop;
 };
 
 /* Return -EUCLEAN, remembering that this process met a stuck lock or corrupt shared state, so
@@ -161,7 +175,8 @@ int kvs_mutex_init_shared(pthread_mutex_t *mu);
  * eager or ahead; one walk per region at a time), stopping at the headroom;
  * after claiming FREE slot i, wake an ahead walk that is less than half its window past i;
  * that window, in slots, for a geometry;
- * allocate [off, off + len) of a mapping (0 or a positive errno, never SIGBUS);
+ * allocate [off, off + len) of the file, by fallocate or (by_fault) by faults in the mapping
+ * base (0 or a positive errno, never SIGBUS);
  * whether the file system of fd has len bytes free above headroom (true if it cannot tell);
  * the word `kvshim stat` prints for why a walk stopped ("" if it did not). */
 int kvs_populate_control(int fd, char *base, uint64_t control_len);
@@ -170,16 +185,43 @@ int kvs_populate_claimed(struct kvs_cache *c, uint32_t slot);
 void kvs_populate_start(struct kvs_cache *c);
 void kvs_populate_note_claim(struct kvs_cache *c, uint32_t slot);
 uint32_t kvs_populate_window(uint64_t shard_size, uint32_t nmain);
-int kvs_populate_range(int fd, char *base, uint64_t off, uint64_t len);
+int kvs_populate_range(int fd, char *base, uint64_t off, uint64_t len, bool by_fault);
 bool kvs_populate_has_room(int fd, uint64_t len, uint64_t headroom);
 const char *kvs_populate_reason(uint32_t why, int32_t err);
 /* Tests only: fallocate answers EOPNOTSUPP, as on a file system without it (populate with
  * MADV_POPULATE_WRITE). */
 extern bool kvs_populate_test_no_fallocate;
+/* Tests only: a prepare thread that faults a chunk in outside the walk's lock first sleeps this
+ * long, so that the others decide while its pages are not counted by the file system yet. */
+extern unsigned kvs_prepare_test_fault_ms;
+
+/* pages.c: what the file system of dirfd gives a region built under huge_pages (enum
+ * kvs_huge_pages), 0 or -errno; free bytes of the file system of fd for the pages of a region
+ * of kind (the pool's, not reserved, for hugetlbfs); bind [addr, addr + len) to the policy
+ * numa (enum kvs_numa; *nodes: the memory nodes this process may use, or -errno), 0 or -errno;
+ * the hints a mapping [base, base + len) of c's region needs before its pages are touched
+ * (MADV_HUGEPAGE for advise, the region's policy for hugetlbfs), best effort. */
+int kvs_memory_probe(int dirfd, int huge_pages, struct kvs_memory *m);
+uint64_t kvs_memory_free(int fd, uint32_t kind);
+int kvs_memory_place(void *addr, size_t len, uint32_t numa, int *nodes);
+void kvs_memory_map_hints(struct kvs_cache *c, char *base, size_t len);
+/* pages.c: start mapping the frames that have their pages into this process's page tables
+ * (cache.prefault), on a thread of its own; stop and join it (before the mapping goes). */
+void kvs_memory_prefault_start(struct kvs_cache *c);
+void kvs_memory_prefault_stop(struct kvs_cache *c);
+
+/* Whether the region's pages are allocated by faults in a mapping (advise, hugetlbfs) rather
+ * than by fallocate (pages.c). */
+static inline bool kvs_pages_by_fault(const struct kvs_cache *c)
+{
+	return c->page_kind == KVS_PAGE_ADVISE || c->page_kind == KVS_PAGE_HUGETLBFS;
+}
 
 /* region.c, tests only: behave as a file system without O_TMPFILE (publish under a random
  * name instead). */
 extern bool kvs_region_test_no_tmpfile;
+/* region.c, tests only: a creator sleeps this long (ms) before it publishes what it built. */
+extern unsigned kvs_region_test_publish_ms;
 
 /* evict.c: a slot for bytes of `pages` pages (0 or frame_pages and more: a whole frame), in
  * state CLAIMED by this process with at and room set; packed (pack.c) when smaller than a

@@ -122,11 +122,18 @@ struct kvs_hdr {
 	uint32_t pack_frame, pack_next, pack_fill;
 	uint8_t pad13[KVS_CACHELINE - sizeof(pthread_mutex_t) - 16];
 	/* Line 14: dimensions like those of lines 0-1: the frame pages' offset and the slot
-	 * records per frame. */
+	 * records per frame; the region's memory (pages.c): the kind of its pages (enum
+	 * kvs_page_kind), their size (off_data and total_bytes are multiples of it) and the
+	 * placement its creator gave them (enum kvs_numa).  page_kind, page_size and numa were
+	 * padding before: a region built then reads as 0, which means 4 KiB pages, placed
+	 * nowhere in particular. */
 	uint64_t off_frames;
 	uint32_t per_frame;
+	uint32_t page_kind;
+	uint64_t page_size;
+	uint32_t numa;
 	uint32_t pad14;
-	uint8_t pad14b[KVS_CACHELINE - 16];
+	uint8_t pad14b[KVS_CACHELINE - 32];
 };
 
 struct kvs_proc {
@@ -200,6 +207,9 @@ _Static_assert(offsetof(struct kvs_hdr, off_seen) == 808, "off_seen after built_
 _Static_assert(offsetof(struct kvs_hdr, off_wseq) == 824, "off_wseq last");
 _Static_assert(offsetof(struct kvs_hdr, pack_lock) == 832, "pack_lock on line 13");
 _Static_assert(offsetof(struct kvs_hdr, off_frames) == 896, "frames' offset on line 14");
+_Static_assert(offsetof(struct kvs_hdr, page_kind) == 908, "page kind in line 14's padding");
+_Static_assert(offsetof(struct kvs_hdr, page_size) == 912, "page size in line 14's padding");
+_Static_assert(offsetof(struct kvs_hdr, numa) == 920, "placement in line 14's padding");
 _Static_assert(sizeof(struct kvs_hdr) == 960, "header of fifteen lines");
 _Static_assert(sizeof(pthread_mutex_t) + 16 <= KVS_CACHELINE, "pack lock and state fit a line");
 _Static_assert(sizeof(pthread_mutex_t) + 4 <= KVS_CACHELINE, "mutex and holder fit a line");

@@ -9,13 +9,17 @@
 #include <stdint.h>
 
 struct kvs_cache_params {
-	const char *name;	  /* cache.name: the region is /dev/shm/kvshim.<euid>.<name> */
-	uint64_t capacity;	  /* cache.capacity in bytes; 0 = auto (what /dev/shm allows) */
+	const char *name;	  /* cache.name: the region is <dir>/kvshim.<euid>.<name> */
+	const char *dir;	  /* cache.dir; NULL or "" = /dev/shm */
+	int huge_pages;		  /* cache.huge_pages: enum kvs_huge_pages, for a region built */
+	int numa;		  /* cache.numa: enum kvs_numa, for a region built */
+	bool prefault;		  /* cache.prefault: map the existing pages at attach */
+	uint64_t capacity;	  /* cache.capacity in bytes; 0 = auto (what dir allows) */
 	uint64_t shard_size;	  /* cache.shard_size */
 	uint64_t reserved;	  /* cache.reserved, percent of slots for loads and prefetch */
 	uint64_t max_processes;	  /* cache.max_processes */
 	uint64_t mode;		  /* cache.mode: permission bits of the region */
-	uint64_t shm_headroom;	  /* cache.shm_headroom: free bytes of /dev/shm never used */
+	uint64_t shm_headroom;	  /* cache.shm_headroom: free bytes of dir never used */
 	int eviction;		  /* enum kvs_eviction */
 	int populate;		  /* enum kvs_populate */
 	int on_mismatch;	  /* enum kvs_on_mismatch */

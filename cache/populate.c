@@ -41,9 +41,11 @@
  *          reset or a rebuild), and the walk then ends rather than keep its pages alive; it
  *          turns into an eager walk when an eager process has set the region's mode.
  *
- * `kvshim prepare` runs the eager walk on its own thread, to the end, before the engines start
- * (kvs_cache_prepare), and also clears the pages it allocates (clear_range).  It takes no
- * lock, since walks over the same slots only repeat each other's work.  The background walks
+ * `kvshim prepare` runs the eager walk on threads of its own (one per CPU), to the end, before
+ * the engines start (kvs_cache_prepare, struct prep), and also clears the pages it allocates
+ * (clear_range).  It takes no lock on the region, since walks over the same slots only repeat
+ * each other's work; its threads share a mutex of their own, under which they decide in order
+ * which slots get memory, so that it stops where one thread would.  The background walks
  * do not clear: during a load that keeps the CPUs busy, clearing there only moved the zeroing
  * between threads, and once the hand passed the walk, the walk's fallocate zeroed the
  * allocators' fresh pages under the file's lock, one allocator waiting at a time (pages_ns
@@ -63,12 +65,16 @@
  * The headroom check and the allocation are not atomic across processes: N processes claiming
  * at once can each pass the check and take the file system at most N slots below the headroom,
  * and a walk or `kvshim prepare`, which check a chunk of KVS_WALK_CHUNK slots at a time, a
- * chunk each.
+ * chunk each.  On huge pages a check counts the whole pages an allocation touches
+ * (page_bytes).  Where the pages come from faults rather than fallocate (by_fault: huge=advise,
+ * hugetlbfs) the allocation maps them into the allocating process, one fault per huge page; on
+ * a hugetlbfs nothing is checked (reserved), since the creator reserved every page.
  * The creator's check (region.c) is what keeps a region from being bigger than /dev/shm.
  */
 #include <errno.h>
 #include <fcntl.h>
 #include <pthread.h>
+#include <sched.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <sys/mman.h>
@@ -127,9 +133,13 @@ struct populator {
 	uint32_t nframes, nmain;
 	uint32_t window; /* ahead: slots to stay ahead of the hand; eager: 0 */
 	bool clear;	 /* kvshim prepare: clear the pages too (clear_range) */
+	bool by_fault;	 /* pages are allocated by faults in base, not fallocate (pages.c) */
+	bool reserved;	 /* hugetlbfs: every page is reserved, no room to check (pages.c) */
+	uint64_t page;	 /* the region's page size: what an allocation takes at least */
 };
 
 bool kvs_populate_test_no_fallocate;
+unsigned kvs_prepare_test_fault_ms;
 
 /*
  * Allocate the pages of [off, off + len) of the region's file.  fallocate allocates them
@@ -137,13 +147,22 @@ bool kvs_populate_test_no_fallocate;
  * MADV_POPULATE_WRITE also maps each page into this process, one fault at a time, and zeroes
  * it, and with 8 ranks populating at once it cost 3x the time (pages_ns, in one sitting:
  * 9.8-15.3 s against 3.1-4.7 s summed over ranks for 1 GiB), so on the allocators' path it is
- * only the fallback for a file system without fallocate.  Either way no room is ENOSPC, never
- * a SIGBUS at the first touch.
+ * the fallback for a file system without fallocate, and the way for regions whose pages must
+ * come from faults (by_fault: huge=advise, hugetlbfs; pages.c), where a fault is one per huge
+ * page.  A kernel without MADV_POPULATE_WRITE (before 5.14) falls back to fallocate: 4 KiB
+ * pages on huge=advise, the same pages on hugetlbfs.  Either way no room is ENOSPC, never a
+ * SIGBUS at the first touch.
  */
-int kvs_populate_range(int fd, char *base, uint64_t off, uint64_t len)
+int kvs_populate_range(int fd, char *base, uint64_t off, uint64_t len, bool by_fault)
 {
 	int r = -1;
 
+	if (by_fault) {
+		if (madvise(base + off, len, MADV_POPULATE_WRITE) == 0)
+			return 0;
+		if (errno != EINVAL)
+			return errno == EFAULT ? ENOSPC : errno;
+	}
 	if (kvs_populate_test_no_fallocate)
 		errno = EOPNOTSUPP; /* what a file system without fallocate answers */
 	else
@@ -166,9 +185,25 @@ bool kvs_populate_has_room(int fd, uint64_t len, uint64_t headroom)
 	return (uint64_t)sv.f_bavail * sv.f_frsize >= headroom + len;
 }
 
+/* Bytes an allocation of [off, off + len) of the file may take on pages of page bytes: the
+ * whole pages it touches (a frame smaller than a huge page takes all of it). */
+static uint64_t page_bytes(uint64_t off, uint64_t len, uint64_t page)
+{
+	return (off + len + page - 1) / page * page - off / page * page;
+}
+
+/* Whether [off, off + len) of p's region, plus more bytes allocated meanwhile, may get pages:
+ * always on hugetlbfs, whose pages were all reserved when it was built. */
+static bool room_for(const struct populator *p, uint64_t off, uint64_t len, uint64_t more)
+{
+	return p->reserved ||
+	       kvs_populate_has_room(p->fd, page_bytes(off, len, p->page) + more, p->headroom);
+}
+
 /* Make sure slot i's pages exist.  Returns 0, or a positive errno: ENOSPC leaves the slot
  * UNKNOWN (there may be room later), another error marks it NOROOM. */
-static int populate_slot(_Atomic uint32_t *s, int fd, char *base, uint64_t off, uint64_t len)
+static int populate_slot(_Atomic uint32_t *s, int fd, char *base, uint64_t off, uint64_t len,
+			 bool by_fault)
 {
 	uint32_t pages = load_acquire(s); /* pairs with the release stores below */
 	int err;
@@ -177,7 +212,7 @@ static int populate_slot(_Atomic uint32_t *s, int fd, char *base, uint64_t off, 
 		return 0;
 	if (pages == KVS_PAGES_NOROOM)
 		return ENOSPC;
-	err = kvs_populate_range(fd, base, off, len);
+	err = kvs_populate_range(fd, base, off, len, by_fault);
 	if (err == ENOSPC)
 		return err; /* pages it did get stay allocated, to be completed by a retry */
 	/* Only from UNKNOWN: a late failure must not mark a slot another process populated and
@@ -200,13 +235,17 @@ int kvs_populate_claimed(struct kvs_cache *c, uint32_t i)
 
 	if (load_acquire(s) == KVS_PAGES_OK) /* pairs with populate_slot's CAS */
 		return 0;
-	if (!kvs_populate_has_room(c->fd, c->shard_size, c->headroom)) {
+	if (c->page_kind != KVS_PAGE_HUGETLBFS &&
+	    !kvs_populate_has_room(
+		c->fd,
+		page_bytes(c->hdr->off_data + i * c->shard_size, c->shard_size, c->page_size),
+		c->headroom)) {
 		err = ENOSPC;
 	} else {
 		uint64_t t0 = kvs_mono_ns();
 
 		err = populate_slot(s, c->fd, c->base, c->hdr->off_data + i * c->shard_size,
-				    c->shard_size);
+				    c->shard_size, kvs_pages_by_fault(c));
 		kvs_cache_count(c, KVS_CTR_pages_ns, kvs_mono_ns() - t0);
 	}
 	if (err == ENOSPC)
@@ -236,7 +275,7 @@ const char *kvs_populate_reason(uint32_t why, int32_t err)
 
 int kvs_populate_control(int fd, char *base, uint64_t len)
 {
-	return -kvs_populate_range(fd, base, 0, len);
+	return -kvs_populate_range(fd, base, 0, len, false);
 }
 
 /* ahead: the window in slots (at least one, at most the main share). */
@@ -308,8 +347,8 @@ static uint32_t walk_range(struct populator *p, uint32_t from, uint32_t to, int 
 	uint64_t off = p->off_data + from * p->shard_size, len = (to - from) * p->shard_size;
 
 	*err = 0;
-	if (kvs_populate_has_room(p->fd, len, p->headroom) &&
-	    kvs_populate_range(p->fd, p->base, off, len) == 0) {
+	if (room_for(p, off, len, 0) &&
+	    kvs_populate_range(p->fd, p->base, off, len, p->by_fault) == 0) {
 		for (uint32_t i = from; i < to; i++) {
 			uint32_t expect =
 			    KVS_PAGES_UNKNOWN; /* pairs with populate_slot's acquire */
@@ -321,12 +360,13 @@ static uint32_t walk_range(struct populator *p, uint32_t from, uint32_t to, int 
 	for (uint32_t i = from; i < to; i++) {
 		*why = KVS_POPULATE_WHY_ERROR;
 		if (load_relaxed(&p->fpages[i]) != KVS_PAGES_OK &&
-		    !kvs_populate_has_room(p->fd, p->shard_size, p->headroom)) {
+		    !room_for(p, p->off_data + i * p->shard_size, p->shard_size, 0)) {
 			*err = ENOSPC;
 			*why = KVS_POPULATE_WHY_HEADROOM;
 		} else {
 			*err = populate_slot(&p->fpages[i], p->fd, p->base,
-					     p->off_data + i * p->shard_size, p->shard_size);
+					     p->off_data + i * p->shard_size, p->shard_size,
+					     p->by_fault);
 		}
 		if (*err)
 			return i - from;
@@ -448,9 +488,14 @@ void kvs_populate_start(struct kvs_cache *c)
 	p->nframes = c->nframes;
 	p->nmain = c->nmain;
 	p->window = c->populate == KVS_POPULATE_AHEAD ? c->ahead_window : 0;
+	p->by_fault = kvs_pages_by_fault(c);
+	p->reserved = c->page_kind == KVS_PAGE_HUGETLBFS;
+	p->page = c->page_size;
 	p->base = mmap(NULL, p->len, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
 	if (p->base == MAP_FAILED)
 		goto err_free;
+	/* Its faults allocate pages: they must be huge (advise) and placed (hugetlbfs). */
+	kvs_memory_map_hints(c, p->base, p->len);
 	/* A fork child gets neither the mapping nor (atfork_child) the descriptor. */
 	madvise(p->base, p->len, MADV_DONTFORK);
 	p->fpages = (_Atomic uint32_t *)(p->base + c->hdr->off_frames);
@@ -465,56 +510,187 @@ err_close:
 	close(fd); /* drops the lock with the last reference */
 }
 
-int kvs_cache_prepare(struct kvs_cache *c, uint32_t *slots_done)
+/*
+ * One `kvshim prepare` (kvs_cache_prepare): threads that take the region's frames in chunks, in
+ * index order.  What takes memory from the file system, and where its headroom stops the walk,
+ * is decided under mu, in order, so that the walk stops at the first frame without room as a
+ * walk on one thread would: fallocate (cheap: it does not zero) runs under mu; where pages are
+ * allocated by faults (pages.c), a chunk's room is checked under mu against the free space
+ * less the bytes other threads are faulting in now (pending), and the chunk is faulted in
+ * outside it; at the edge of the headroom, a thread waits for those to land (statfs then
+ * counts them) and walks one frame at a time under mu.  The zeroing, which is the cost,
+ * runs outside mu on every thread.
+ */
+struct prep {
+	struct populator p; /* read-only once the threads start; each copies it */
+	uint32_t chunk;	    /* frames a thread takes at once: whole pages */
+	pthread_mutex_t mu;
+	pthread_cond_t idle; /* pending went back to 0 */
+	uint32_t at;	     /* under mu: the next frame to take */
+	uint32_t stop;	     /* under mu: the first frame the walk could not give pages */
+	uint64_t pending;    /* under mu: bytes faulted in by threads outside mu */
+	int err;	     /* under mu: what stopped the walk (positive errno), or 0 */
+	_Atomic uint32_t prepared;
+};
+
+/* Count the frames of [from, to) that have their pages, into pr->prepared. */
+static void prep_count(struct prep *pr, uint32_t from, uint32_t to)
+{
+	uint32_t n = 0;
+
+	for (uint32_t i = from; i < to; i++) /* not a NOROOM slot the chunk went over */
+		n += load_relaxed(&pr->p.fpages[i]) == KVS_PAGES_OK;
+	add_relaxed(&pr->prepared, n);
+}
+
+static void *prep_main(void *arg)
+{
+	struct prep *pr = arg;
+	struct populator p = pr->p; /* clear_range turns p.clear off for this thread alone */
+	uint32_t why = 0;
+	int err = 0;
+
+	pthread_mutex_lock(&pr->mu);
+	while (!pr->err && pr->at < p.nframes) {
+		uint32_t from = pr->at,
+			 to = from + pr->chunk < p.nframes ? from + pr->chunk : p.nframes;
+		uint64_t len = (uint64_t)(to - from) * p.shard_size, got;
+
+		if (p.by_fault &&
+		    room_for(&p, p.off_data + from * p.shard_size, len, pr->pending)) {
+			/* Fault the chunk in outside mu, beside the other threads. */
+			pr->at = to;
+			pr->pending += len;
+			pthread_mutex_unlock(&pr->mu);
+			if (kvs_prepare_test_fault_ms) /* the other threads decide meanwhile */
+				usleep(kvs_prepare_test_fault_ms * 1000u);
+			err = kvs_populate_range(p.fd, p.base, p.off_data + from * p.shard_size,
+						 len, true);
+			for (uint32_t i = from; !err && i < to; i++) {
+				uint32_t expect = KVS_PAGES_UNKNOWN; /* pairs with populate_slot */
+
+				cas_acq_rel(&p.fpages[i], &expect, KVS_PAGES_OK);
+			}
+			clear_range(&p, from, err ? from : to);
+			prep_count(pr, from, to);
+			pthread_mutex_lock(&pr->mu);
+			pr->pending -= len;
+			if (!pr->pending)
+				pthread_cond_broadcast(&pr->idle);
+			if (err && from < pr->stop) { /* another process took the room meanwhile */
+				pr->stop = from;
+				pr->err = err;
+			}
+			continue;
+		}
+		/* In order, under mu: fallocate, or faults one frame at a time at the headroom
+		 * once what other threads fault in has landed. */
+		while (p.by_fault && pr->pending)
+			pthread_cond_wait(&pr->idle, &pr->mu);
+		if (pr->err || pr->at != from)
+			continue; /* it moved on while this thread waited */
+		got = walk_range(&p, from, to, &err, &why);
+		pr->at = from + (uint32_t)got;
+		if (err && load_relaxed(&p.fpages[pr->at]) == KVS_PAGES_NOROOM)
+			pr->at++; /* never used (an allocation failed for good): nothing to prepare
+				   */
+		else if (err && pr->at < pr->stop) {
+			pr->stop = pr->at;
+			pr->err = err;
+		}
+		pthread_mutex_unlock(&pr->mu);
+		/* walk_range counts slots that have their pages already, and an earlier walk may
+		 * have allocated them without clearing them. */
+		clear_range(&p, from, from + (uint32_t)got);
+		prep_count(pr, from, from + (uint32_t)got);
+		pthread_mutex_lock(&pr->mu);
+	}
+	pthread_mutex_unlock(&pr->mu);
+	return NULL;
+}
+
+/* Frames a prepare thread takes at once: KVS_WALK_CHUNK, rounded up to whole pages of
+ * page bytes, so that no two threads fault in one page and DONTNEED is aligned. */
+static uint32_t prep_chunk(uint64_t shard_size, uint64_t page)
+{
+	uint64_t a = shard_size, b = page, per_page;
+
+	while (b) { /* gcd */
+		uint64_t t = a % b;
+
+		a = b;
+		b = t;
+	}
+	per_page = page / a; /* frames of a multiple of page bytes */
+	return (uint32_t)((KVS_WALK_CHUNK + per_page - 1) / per_page * per_page);
+}
+
+/* The CPUs this process may run on (at least 1). */
+static unsigned cpus_allowed(void)
+{
+	cpu_set_t set;
+
+	if (sched_getaffinity(0, sizeof(set), &set) < 0)
+		return 1;
+	return CPU_COUNT(&set) > 0 ? (unsigned)CPU_COUNT(&set) : 1;
+}
+
+int kvs_cache_prepare(struct kvs_cache *c, unsigned threads, uint32_t *slots_done)
 {
 	struct kvs_hdr *h = c->hdr;
-	struct populator p = {
-	    .fd = c->fd,
-	    .headroom = c->headroom,
-	    .base = c->base,
-	    .fpages = c->fpages,
-	    .off_data = h->off_data,
-	    .shard_size = c->shard_size,
-	    .nframes = c->nframes,
-	    .nmain = c->nmain,
-	    .clear = true,
+	struct prep pr = {
+	    .p =
+		{
+		    .fd = c->fd,
+		    .headroom = c->headroom,
+		    .base = c->base,
+		    .fpages = c->fpages,
+		    .off_data = h->off_data,
+		    .shard_size = c->shard_size,
+		    .nframes = c->nframes,
+		    .nmain = c->nmain,
+		    .clear = true,
+		    .by_fault = kvs_pages_by_fault(c),
+		    .reserved = c->page_kind == KVS_PAGE_HUGETLBFS,
+		    .page = c->page_size,
+		},
+	    .chunk = prep_chunk(c->shard_size, c->page_size),
+	    .stop = c->nframes,
 	};
-	uint32_t at = 0, prepared = 0, why = 0;
-	int err = 0;
+	pthread_t th[KVS_PREPARE_THREADS_MAX];
+	unsigned n = 0;
 
 	*slots_done = 0;
 	if (c->watch)
 		return -EBADF;
-	while (at < p.nframes) {
-		uint32_t to = at + KVS_WALK_CHUNK < p.nframes ? at + KVS_WALK_CHUNK : p.nframes,
-			 got;
+	if (!threads)
+		threads = cpus_allowed();
+	if (threads > KVS_PREPARE_THREADS_MAX)
+		threads = KVS_PREPARE_THREADS_MAX;
+	if (threads > (c->nframes + pr.chunk - 1) / pr.chunk)
+		threads = (c->nframes + pr.chunk - 1) / pr.chunk;
+	pthread_mutex_init(&pr.mu, NULL);
+	pthread_cond_init(&pr.idle, NULL);
+	while (n + 1 < threads && kvs_thread_start(&th[n], prep_main, &pr, KVS_STACK_OWN) == 0)
+		n++;
+	prep_main(&pr); /* this thread is one of them */
+	for (unsigned i = 0; i < n; i++)
+		pthread_join(th[i], NULL);
+	pthread_cond_destroy(&pr.idle);
+	pthread_mutex_destroy(&pr.mu);
 
-		/* walk_range counts slots that have their pages already, and an earlier walk may
-		 * have allocated them without clearing them. */
-		got = walk_range(&p, at, to, &err, &why);
-		clear_range(&p, at, at + got);
-		for (uint32_t i = at; i < at + got; i++) /* not a NOROOM slot the chunk went over */
-			prepared += load_relaxed(&p.fpages[i]) == KVS_PAGES_OK;
-		at += got;
-		if (!err)
-			continue;
-		if (load_relaxed(&p.fpages[at]) == KVS_PAGES_NOROOM) {
-			at++; /* never used (an allocation failed for good): nothing to prepare */
-			continue;
-		}
-		break;
-	}
+	uint32_t at = pr.at < pr.stop ? pr.at : pr.stop;
 	/* A walk that starts later begins where this one ended.  A walk running now may store
 	 * a smaller figure over it: it then goes over slots that have their pages, which costs
 	 * a fallocate each and changes nothing. */
 	uint32_t was = load_relaxed(&h->populated);
 	while (was < at && !cas_acq_rel(&h->populated, &was, at))
 		;
-	if (at == p.nframes && load_acquire(&h->populate_err)) { /* pairs with populate_main */
+	if (at == c->nframes && load_acquire(&h->populate_err)) { /* pairs with populate_main */
 		/* Every slot has its pages now: a walk that stopped has nothing left to say. */
 		store_release(&h->populate_err, 0);
 		store_relaxed(&h->populate_why, 0);
 	}
-	*slots_done = prepared;
-	return at == p.nframes ? 0 : -err;
+	*slots_done = load_relaxed(&pr.prepared);
+	return at == c->nframes ? 0 : -pr.err;
 }

@@ -3,7 +3,9 @@
  *
  * DESIGN: the shared-memory protocol (this essay covers all of cache/)
  *
- * The region is a file in /dev/shm, mapped MAP_SHARED by every process that uses it.
+ * The region is a file in cache.dir (/dev/shm by default; a tmpfs or a hugetlbfs: the kind and
+ * size of its pages, and its placement, are pages.c's), mapped MAP_SHARED by every process that
+ * uses it.
  *
  * Trust.  /dev/shm is a world-writable sticky directory: any local user can put anything at
  * our path (a hard link to a region they can write, a FIFO, a symbolic link).  A region is
@@ -18,7 +20,7 @@
  * reads from storage.  The name itself is predictable by design; an object another user put
  * there is removed by root (`kvshim reset`), or avoided with another cache.name.
  *
- * Publication.  The creator builds the region in an unnamed file (O_TMPFILE in /dev/shm),
+ * Publication.  The creator builds the region in an unnamed file (O_TMPFILE in cache.dir),
  * mode 0600 then fchmod to cache.mode, sized, its control plane allocated and written, and
  * only then gives it the name with linkat(/proc/self/fd/N): no process ever maps a half-built
  * region, no name exists that another user could guess and take first, and two racing
@@ -26,10 +28,13 @@
  * winner's).  Where the file system has no O_TMPFILE the file gets a name with 128 random
  * bits (getrandom), created O_EXCL | O_NOFOLLOW, renamed into place without replacing
  * (RENAME_NOREPLACE), and unlinked on every failure.  Before it builds anything, the creator
- * checks that the region fits in the file system's free space less cache.shm_headroom (or,
- * with cache.capacity = auto, shrinks it to fit).  Attachers check magic, layout version and
- * every dimension against their own configuration (with capacity = auto, against the region's
- * own slot count).
+ * checks that the region fits in the file system's free space (a hugetlbfs: its pool's pages
+ * neither used nor reserved) less cache.shm_headroom (or, with cache.capacity = auto, shrinks
+ * it to fit).  On a hugetlbfs the creator's mapping reserves the region's pages before it
+ * publishes, so creators there take turns (flock of the directory, bounded: lock_creators),
+ * and one that finds the region published when its turn comes attaches to it.  Attachers check
+ * magic, layout version and every dimension against their own configuration (with capacity = auto,
+ * against the region's own slot count).
  *
  * Mismatch.  A process that refuses a region of this layout for its geometry adds one to
  * hdr.refused_attaches (relaxed fetch-add, through a mapping of the header alone): it may,
@@ -124,6 +129,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <inttypes.h>
+#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -144,9 +150,10 @@
 #define KVS_AUTO_MIN_SLOTS 8u
 
 bool kvs_region_test_no_tmpfile;
+unsigned kvs_region_test_publish_ms;
 
 struct dims {
-	uint64_t shard_size, capacity, total;
+	uint64_t shard_size, capacity, total, page; /* page: off_data and total are multiples */
 	uint32_t nframes, nreserved, nbuckets, nstripes, nprocs, nseen;
 	uint32_t per_frame, nslots; /* slot records: per_frame for each frame */
 	uint64_t off_procs, off_stripes, off_buckets, off_slots, off_frames, off_access, off_seen;
@@ -181,13 +188,26 @@ static uint32_t per_frame_for(uint64_t shard_size)
 	return k;
 }
 
-/* Derive every offset from the four dimensions that define a region (frames: hdr.nslots). */
+/* A page size of a header: 0 (a region built before it was recorded) is 4 KiB; anything but a
+ * power of two from 4 KiB to 1 GiB is refused (0). */
+static uint64_t page_of(uint64_t page_size)
+{
+	if (!page_size)
+		return KVS_PAGE;
+	return page_size >= KVS_PAGE && page_size <= (1ull << 30) && !(page_size & (page_size - 1))
+		   ? page_size
+		   : 0;
+}
+
+/* Derive every offset from the four dimensions that define a region (frames: hdr.nslots) and
+ * the size of its pages (pages.c): the data starts on a page, and the file is whole pages. */
 static int dims_from(struct dims *d, uint64_t shard_size, uint64_t nframes, uint64_t nreserved,
-		     uint64_t nprocs)
+		     uint64_t nprocs, uint64_t page)
 {
 	memset(d, 0, sizeof(*d));
-	if (shard_size == 0 || shard_size % KVS_PAGE || shard_size > UINT32_MAX)
+	if (shard_size == 0 || shard_size % KVS_PAGE || shard_size > UINT32_MAX || !page_of(page))
 		return -EINVAL;
+	d->page = page_of(page);
 	d->per_frame = per_frame_for(shard_size);
 	if (nframes == 0 || nframes * d->per_frame >= (1u << 30) || nreserved >= nframes)
 		return -EINVAL;
@@ -219,31 +239,41 @@ static int dims_from(struct dims *d, uint64_t shard_size, uint64_t nframes, uint
 	d->nseen = d->nbuckets < 64 ? 64 : d->nbuckets; /* a power of two, >= KVS_SEEN_WAYS */
 	off += (uint64_t)d->nseen * sizeof(struct kvs_seen);
 	d->off_wseq = off;
-	off = align_up(off + (uint64_t)d->nseen * 8, KVS_PAGE);
+	off = align_up(off + (uint64_t)d->nseen * 8, d->page);
 	d->off_data = off;
-	d->total = off + d->capacity;
+	d->total = align_up(off + d->capacity, d->page);
 	return 0;
 }
 
-/* The region of n slots that the configuration asks for. */
-static int dims_for(const struct kvs_cache_params *cfg, uint64_t n, struct dims *d)
+/* The region of n slots, on pages of page bytes, that the configuration asks for. */
+static int dims_for(const struct kvs_cache_params *cfg, uint64_t n, uint64_t page, struct dims *d)
 {
 	uint64_t reserved = n * cfg->reserved / 100;
 
 	if (n && reserved >= n)
 		reserved = n - 1;
-	return dims_from(d, cfg->shard_size, n, reserved, cfg->max_processes);
+	return dims_from(d, cfg->shard_size, n, reserved, cfg->max_processes, page);
 }
 
-/* The region the configuration asks for; with capacity = auto, one of the smallest size that
- * auto accepts (the real size is set by fit() or read from the region). */
-static int dims_of(const struct kvs_cache_params *cfg, struct dims *d)
+/* The region the configuration asks for on pages of page bytes; with capacity = auto, one of
+ * the smallest size that auto accepts (the real size is set by fit() or read from the
+ * region). */
+static int dims_of(const struct kvs_cache_params *cfg, uint64_t page, struct dims *d)
 {
 	uint64_t shard = cfg->shard_size;
 
 	if (!cfg->capacity)
-		return dims_for(cfg, KVS_AUTO_MIN_SLOTS, d);
-	return dims_for(cfg, shard ? cfg->capacity / shard : 0, d);
+		return dims_for(cfg, KVS_AUTO_MIN_SLOTS, page, d);
+	return dims_for(cfg, shard ? cfg->capacity / shard : 0, page, d);
+}
+
+/* The header of the region file fd, if it has this magic: 0, else -EPROTO. */
+static int read_header(int fd, struct kvs_hdr *h)
+{
+	/* A raw system call: inside the shim, pread is our own hook. */
+	if (syscall(SYS_pread64, fd, h, sizeof(*h), 0) != (long)sizeof(*h) || h->magic != KVS_MAGIC)
+		return -EPROTO;
+	return 0;
 }
 
 /* The region a file's header describes (a watcher takes the region as it is). */
@@ -251,17 +281,23 @@ static int dims_of_file(int fd, struct dims *d)
 {
 	struct kvs_hdr h;
 
-	/* A raw system call: inside the shim, pread is our own hook. */
-	if (syscall(SYS_pread64, fd, &h, sizeof(h), 0) != (long)sizeof(h) || h.magic != KVS_MAGIC)
+	if (read_header(fd, &h))
 		return -EPROTO;
-	return dims_from(d, h.shard_size, h.nslots, h.nreserved, h.nprocs) ? -EPROTO : 0;
+	return dims_from(d, h.shard_size, h.nslots, h.nreserved, h.nprocs, h.page_size) ? -EPROTO
+											: 0;
 }
 
 int kvs_cache_path(const struct kvs_cache_params *cfg, char *buf, size_t len)
 {
+	const char *dir = cfg->dir && *cfg->dir ? cfg->dir : "/dev/shm";
+	size_t dlen = strlen(dir);
+
+	while (dlen > 1 && dir[dlen - 1] == '/')
+		dlen--; /* "/dev/shm/" names the directory "/dev/shm" */
 	/* The effective uid: the one that owns what this process creates, and that trust is
 	 * checked against. */
-	int n = snprintf(buf, len, "/dev/shm/kvshim.%u.%s", (unsigned)geteuid(), cfg->name);
+	int n = snprintf(buf, len, "%.*s/kvshim.%u.%s", (int)dlen, dlen == 1 ? "" : dir,
+			 (unsigned)geteuid(), cfg->name);
 
 	return n < 0 || (size_t)n >= len ? -ENAMETOOLONG : 0;
 }
@@ -380,6 +416,7 @@ static void bind(struct kvs_cache *c, const struct dims *d)
 	c->nstripes = d->nstripes;
 	c->nprocs = d->nprocs;
 	c->shard_size = d->shard_size;
+	c->page_size = d->page;
 	c->ahead_window = kvs_populate_window(c->shard_size, c->nmain);
 }
 
@@ -413,6 +450,9 @@ static int build(struct kvs_cache *c, const struct dims *d, const struct kvs_cac
 	h->off_wseq = d->off_wseq;
 	h->off_frames = d->off_frames;
 	h->per_frame = d->per_frame;
+	h->page_kind = c->page_kind;
+	h->page_size = d->page;
+	h->numa = c->numa;
 	h->pack_frame = KVS_NIL;
 	h->created_ns = now_ns();
 	/* NUL-padded: the file is zero from ftruncate; a longer version is cut to the field. */
@@ -480,6 +520,9 @@ static int check(struct kvs_cache *c, const struct dims *d, size_t file_size, ch
 		MISMATCH("eviction (0 clock, 1 fifo)", h->eviction, eviction);
 	MISMATCH("slots", h->nslots, d->nframes);
 	MISMATCH("slots per frame", h->per_frame, d->per_frame);
+	MISMATCH("page size", page_of(h->page_size), d->page);
+	if (h->page_kind > KVS_PAGE_HUGETLBFS)
+		MISMATCH("page kind", h->page_kind, KVS_PAGE_BASE);
 	MISMATCH("buckets", h->nbuckets, d->nbuckets);
 	MISMATCH("stripes", h->nstripes, d->nstripes);
 	MISMATCH("total_bytes", h->total_bytes, d->total);
@@ -513,39 +556,71 @@ static const char *human(uint64_t v, char *buf, size_t len)
 	return buf;
 }
 
-/*
- * Check that a region of d's size fits in the free space of the file system of dirfd less
- * cache.shm_headroom, or (cache.capacity = auto) set d to the most slots that fit.  reclaim:
- * bytes that the build frees (the region it replaces), counted as free.  Returns 0, or -ENOSPC
- * with one line in msg.
- */
-static int fit(int dirfd, struct dims *d, const struct kvs_cache_params *cfg, uint64_t reclaim,
-	       const char *path, char *msg, size_t msglen)
+/* Where the room of mem is, for a message: "/dev/shm has 1.5 GiB free", "the pool of 2 MiB
+ * huge pages has 0 B free (neither used nor reserved)". */
+static const char *room_text(const struct kvs_memory *mem, const char *dir, uint64_t free_b,
+			     char *buf, size_t len)
 {
-	uint64_t shard = cfg->shard_size, free_b, room, n;
-	char a[32], b[32], h[32];
-	struct statvfs sv;
-	int r;
+	char a[32], b[32];
 
-	if (fstatvfs(dirfd, &sv) < 0) {
-		r = -errno;
-		snprintf(msg, msglen, "cannot measure the free space for %s: %s", path,
-			 strerror(-r));
-		return r;
-	}
-	free_b = (uint64_t)sv.f_bavail * sv.f_frsize + reclaim;
+	if (mem->hugetlbfs && mem->mount_limited)
+		snprintf(buf, len, "the hugetlbfs %s has %s free within its size=", dir,
+			 human(free_b, b, sizeof(b)));
+	else if (mem->hugetlbfs)
+		snprintf(buf, len,
+			 "the pool of %s huge pages has %s free (neither used nor reserved)",
+			 human(mem->page_size, a, sizeof(a)), human(free_b, b, sizeof(b)));
+	else
+		snprintf(buf, len, "%s has %s free", dir, human(free_b, b, sizeof(b)));
+	return buf;
+}
+
+/* The fix for want more bytes than mem has room for, for a message. */
+static const char *room_fix(const struct kvs_memory *mem, const char *dir, uint64_t want, char *buf,
+			    size_t len)
+{
+	uint64_t short_by = want > mem->free_bytes ? want - mem->free_bytes : 1;
+
+	if (mem->hugetlbfs && mem->mount_limited)
+		snprintf(buf, len, "a larger size= for the hugetlbfs mount %s", dir);
+	else if (mem->hugetlbfs)
+		snprintf(buf, len, "reserve more huge pages (`sysctl -w vm.nr_hugepages=%llu`)",
+			 (unsigned long long)(mem->pool_pages +
+					      (short_by + mem->page_size - 1) / mem->page_size));
+	else if (!strcmp(dir, "/dev/shm"))
+		snprintf(buf, len, "a larger /dev/shm (docker --shm-size)");
+	else
+		snprintf(buf, len, "a larger %s", dir);
+	return buf;
+}
+
+/*
+ * Check that a region of d's size fits in the free space that mem (the file system of dir)
+ * has, less cache.shm_headroom, or (cache.capacity = auto) set d to the most slots that fit on
+ * pages of d->page.  reclaim: bytes that the build frees (the region it replaces), counted as
+ * free.  Returns 0, or -ENOSPC with one line in msg.
+ */
+static int fit(const struct kvs_memory *mem, const char *dir, struct dims *d,
+	       const struct kvs_cache_params *cfg, uint64_t reclaim, const char *path, char *msg,
+	       size_t msglen)
+{
+	uint64_t shard = cfg->shard_size, free_b, room, n, page = d->page;
+	char a[32], h[32], where[160], fix[96];
+
+	free_b = mem->free_bytes + reclaim;
 	room = free_b > cfg->shm_headroom ? free_b - cfg->shm_headroom : 0;
-	human(free_b, b, sizeof(b));
+	room_text(mem, dir, free_b, where, sizeof(where));
 	human(cfg->shm_headroom, h, sizeof(h));
 	if (cfg->capacity) {
 		if (d->total <= room)
 			return 0;
 		snprintf(msg, msglen,
-			 "cannot build %s: %s: cache.capacity %s needs %s, /dev/shm has %s free "
-			 "and cache.shm_headroom keeps %s; set a smaller cache.capacity, "
-			 "cache.capacity = auto, or a larger /dev/shm (docker --shm-size)",
+			 "cannot build %s: %s: cache.capacity %s needs %s, %s and "
+			 "cache.shm_headroom keeps %s; set a smaller cache.capacity, "
+			 "cache.capacity = auto, or %s",
 			 path, strerror(ENOSPC), human(d->capacity, a, sizeof(a)),
-			 human(d->total, (char[32]){0}, 32), b, h);
+			 human(d->total, (char[32]){0}, 32), where, h,
+			 room_fix(mem, dir, d->total + cfg->shm_headroom, fix, sizeof(fix)));
 		return -ENOSPC;
 	}
 	/* The control plane grows with the slots: step down until the whole region fits. */
@@ -553,16 +628,18 @@ static int fit(int dirfd, struct dims *d, const struct kvs_cache_params *cfg, ui
 	if (n >= (1u << 30))
 		n = (1u << 30) - 1;
 	while (n >= KVS_AUTO_MIN_SLOTS) {
-		if (dims_for(cfg, n, d) == 0 && d->total <= room)
+		if (dims_for(cfg, n, page, d) == 0 && d->total <= room)
 			return 0;
 		uint64_t over = d->total > room ? (d->total - room + shard - 1) / shard : 1;
 		n = n > over ? n - over : 0;
 	}
+	dims_for(cfg, KVS_AUTO_MIN_SLOTS, page, d);
 	snprintf(msg, msglen,
-		 "cannot build %s: %s: cache.capacity = auto, but /dev/shm has %s free and "
-		 "cache.shm_headroom keeps %s, not room for %u slots of %s; free /dev/shm, lower "
-		 "cache.shm_headroom, or use a larger /dev/shm (docker --shm-size)",
-		 path, strerror(ENOSPC), b, h, KVS_AUTO_MIN_SLOTS, human(shard, a, sizeof(a)));
+		 "cannot build %s: %s: cache.capacity = auto, but %s and "
+		 "cache.shm_headroom keeps %s, not room for %u slots of %s; free some, lower "
+		 "cache.shm_headroom, or %s",
+		 path, strerror(ENOSPC), where, h, KVS_AUTO_MIN_SLOTS, human(shard, a, sizeof(a)),
+		 room_fix(mem, dir, d->total + cfg->shm_headroom, fix, sizeof(fix)));
 	return -ENOSPC;
 }
 
@@ -637,6 +714,86 @@ static int publish(int fd, const char *name, const char *path, bool replace)
 	return 0;
 }
 
+/* Append one line to the handle's notes (said once by the caller, kvs_cache_open). */
+__attribute__((format(printf, 2, 3))) static void note(struct kvs_cache *c, const char *fmt, ...)
+{
+	size_t n = strlen(c->note);
+	va_list ap;
+
+	if (n && n + 2 < sizeof(c->note)) {
+		memcpy(c->note + n, "; ", 3);
+		n += 2;
+	}
+	va_start(ap, fmt);
+	vsnprintf(c->note + n, sizeof(c->note) - n, fmt, ap);
+	va_end(ap);
+}
+
+/* The memory a new region gets (pages.c): its kind, page size and placement, on the mapping
+ * base of total bytes, before any page of the file exists.  What the configuration asked for
+ * and did not get is noted, once. */
+static void choose_memory(struct kvs_cache *c, const struct kvs_memory *mem, const char *dir,
+			  const struct kvs_cache_params *cfg, char *base, uint64_t total,
+			  uint64_t off_data)
+{
+	char fix[256];
+	int nodes, r;
+
+	c->page_kind = mem->kind;
+	if (cfg->huge_pages == KVS_HUGE_ON && mem->kind == KVS_PAGE_BASE)
+		note(c,
+		     "cache.huge_pages = on, but %s (%s%s%s) gives no huge pages: %s has 4 KiB "
+		     "pages; %s",
+		     dir, mem->fs, *mem->huge ? ", huge=" : "", mem->huge, c->path,
+		     kvs_memory_fix(mem, dir, fix, sizeof(fix)));
+	if (mem->kind == KVS_PAGE_ADVISE)
+		madvise(base + off_data, total - off_data, MADV_HUGEPAGE);
+	c->numa = (uint32_t)cfg->numa;
+	r = kvs_memory_place(base, total, c->numa, &nodes);
+	if (r) {
+		/* Nothing to place on one node; elsewhere the operator asked for it. */
+		if (nodes != 1)
+			note(
+			    c,
+			    "cannot place the pages of %s (cache.numa = %s): %s; they go where the "
+			    "kernel puts them",
+			    c->path, kvs_config_numa_word(c->numa), strerror(-r));
+		c->numa = KVS_NUMA_OFF;
+	}
+}
+
+/* Sleep ms milliseconds. */
+static void nap_ms(long ms)
+{
+	struct timespec ts = {.tv_sec = 0, .tv_nsec = ms * 1000000L};
+
+	nanosleep(&ts, NULL);
+}
+
+/* How long a creator on a hugetlbfs waits for another one to publish (lock_creators). */
+#define KVS_CREATE_WAIT_NS (10ull * 1000000000ull)
+
+/*
+ * On a hugetlbfs, creators of regions in dirfd one at a time: flock of the directory, taken
+ * before the free space is measured and let go when the descriptor is closed.  The winner's
+ * mapping reserves its pages before it publishes the region, so a second creator measuring
+ * the pool meanwhile would find it short and give up, where it should wait and attach (ranks
+ * that start together on a pool reserved for one region).  Bounded: a lock held longer (by
+ * anyone: another user may flock the directory too) is given up on, and the creator goes on
+ * as without it.  Whether it got the lock.
+ */
+static bool lock_creators(int dirfd)
+{
+	uint64_t until = kvs_mono_ns() + KVS_CREATE_WAIT_NS;
+
+	while (flock(dirfd, LOCK_EX | LOCK_NB) < 0) {
+		if (errno != EWOULDBLOCK || kvs_mono_ns() >= until)
+			return false;
+		nap_ms(5);
+	}
+	return true;
+}
+
 /* Build the region (sized by fit(), which may change d) and publish it; with replace, over
  * the region there, whose reclaim bytes it frees.  Returns the descriptor of the published
  * region, -EEXIST when another process published first, or -errno. */
@@ -645,18 +802,43 @@ static int create(struct kvs_cache *c, struct dims *d, const struct kvs_cache_pa
 {
 	char dir[sizeof(c->path)], name[sizeof(c->path) + 64];
 	const char *slash = strrchr(c->path, '/');
+	struct kvs_memory mem;
 	int dirfd, fd, r;
 
 	name[0] = '\0';
-	snprintf(dir, sizeof(dir), "%.*s", slash ? (int)(slash - c->path) + 1 : 1,
-		 slash ? c->path : ".");
+	snprintf(dir, sizeof(dir), "%.*s", slash ? (int)(slash - c->path) : 1,
+		 slash && slash != c->path ? c->path : "/");
 	dirfd = open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
 	if (dirfd < 0) {
 		r = -errno;
-		snprintf(msg, msglen, "cannot open %s: %s", dir, strerror(-r));
+		snprintf(msg, msglen, "cannot open %s (cache.dir): %s", dir, strerror(-r));
 		return r;
 	}
-	r = fit(dirfd, d, cfg, reclaim, c->path, msg, msglen);
+	r = kvs_memory_probe(dirfd, cfg->huge_pages, &mem);
+	if (r) {
+		snprintf(msg, msglen, "cannot tell what memory %s (cache.dir) gives: %s", dir,
+			 strerror(-r));
+		goto out_dir;
+	}
+	if (mem.hugetlbfs && lock_creators(dirfd) && !replace &&
+	    faccessat(dirfd, slash + 1, F_OK, AT_SYMLINK_NOFOLLOW) == 0) {
+		r = -EEXIST; /* published while this one waited: attach to it */
+		goto out_dir;
+	}
+	if (mem.hugetlbfs) /* what the pool has now, the winner's reservation counted */
+		r = kvs_memory_probe(dirfd, cfg->huge_pages, &mem);
+	if (r) {
+		snprintf(msg, msglen, "cannot tell what memory %s (cache.dir) gives: %s", dir,
+			 strerror(-r));
+		goto out_dir;
+	}
+	/* The geometry follows the pages this file system gives. */
+	r = dims_of(cfg, mem.page_size, d); /* with capacity = auto, fit() sizes it */
+	if (r) {
+		snprintf(msg, msglen, "the cache dimensions are out of range");
+		goto out_dir;
+	}
+	r = fit(&mem, dir, d, cfg, reclaim, c->path, msg, msglen);
 	if (r)
 		goto out_dir;
 	fd = open_unnamed(dirfd, c->path, name, sizeof(name));
@@ -671,19 +853,25 @@ static int create(struct kvs_cache *c, struct dims *d, const struct kvs_cache_pa
 			 strerror(-r));
 		goto err_close;
 	}
+	/* On hugetlbfs this reserves every page of the region from the pool. */
 	c->base = mmap(NULL, d->total, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
 	if (c->base == MAP_FAILED) {
 		r = -errno;
 		c->base = NULL;
-		snprintf(msg, msglen, "cannot map %s: %s", c->path, strerror(-r));
+		snprintf(msg, msglen, "cannot map %s: %s%s", c->path, strerror(-r),
+			 mem.hugetlbfs && r == -ENOMEM
+			     ? " (the huge page pool could not reserve it: see vm.nr_hugepages)"
+			     : "");
 		goto err_close;
 	}
 	c->map_len = d->total;
 	bind(c, d);
-	/* Allocate before writing: a /dev/shm too small must be an error here, not a SIGBUS. */
+	choose_memory(c, &mem, dir, cfg, c->base, d->total, d->off_data);
+	/* Allocate before writing: a file system too small must be an error here, not a
+	 * SIGBUS. */
 	r = kvs_populate_control(fd, c->base, d->off_data);
 	if (r) {
-		snprintf(msg, msglen, "cannot allocate %s in /dev/shm: %s", c->path, strerror(-r));
+		snprintf(msg, msglen, "cannot allocate %s in %s: %s", c->path, dir, strerror(-r));
 		goto err_unmap;
 	}
 	r = build(c, d, cfg);
@@ -691,6 +879,8 @@ static int create(struct kvs_cache *c, struct dims *d, const struct kvs_cache_pa
 		snprintf(msg, msglen, "cannot initialise %s: %s", c->path, strerror(-r));
 		goto err_unmap;
 	}
+	if (kvs_region_test_publish_ms) /* a creator slow to publish what it reserved */
+		nap_ms((long)kvs_region_test_publish_ms);
 	r = publish(fd, name, c->path, replace);
 	if (r) {
 		if (r != -EEXIST)
@@ -708,6 +898,7 @@ err_close:
 		unlink(name);
 	close(fd);
 out_dir:
+	c->note[0] = '\0'; /* nothing was built: nothing to say but msg */
 	close(dirfd);
 	return r;
 }
@@ -735,10 +926,12 @@ static int attach(struct kvs_cache *c, struct dims *d, const struct kvs_cache_pa
 	}
 	if (c->watch && dims_of_file(c->fd, &mine) == 0)
 		*d = mine; /* a watcher reads the region as it was built */
-	else if (autosize &&
-		 syscall(SYS_pread64, c->fd, &built, sizeof(built), 0) == (long)sizeof(built) &&
-		 built.magic == KVS_MAGIC && dims_for(cfg, built.nslots, &mine) == 0)
-		*d = mine; /* free space has changed since it was built: take its slot count */
+	else if (read_header(c->fd, &built) == 0 &&
+		 (autosize ? dims_for(cfg, built.nslots, built.page_size, &mine)
+			   : dims_of(cfg, built.page_size, &mine)) == 0)
+		/* Its pages are those its creator's file system gave (pages.c); with capacity =
+		 * auto, free space has changed since it was built: take its slot count too. */
+		*d = mine;
 	if ((uint64_t)st.st_size != d->total) {
 		c->base = NULL;
 		c->hdr = NULL;
@@ -774,6 +967,17 @@ static int attach(struct kvs_cache *c, struct dims *d, const struct kvs_cache_pa
 	if (r)
 		goto err_unmap;
 	c->eviction = (int)c->hdr->eviction;
+	c->page_kind = c->hdr->page_kind;
+	c->numa = c->hdr->numa;
+	if (!c->watch) {
+		kvs_memory_map_hints(c, c->base, c->map_len);
+		if (cfg->huge_pages == KVS_HUGE_ON && c->page_kind == KVS_PAGE_BASE)
+			note(c,
+			     "cache.huge_pages = on, but %s has 4 KiB pages (it was built where "
+			     "they were all there was; `kvshim reset` with no engine running "
+			     "rebuilds it)",
+			     c->path);
+	}
 	return 0;
 
 err_unmap:
@@ -813,14 +1017,6 @@ static void count_refusal(int fd)
 			add_relaxed(&h->refused_attaches, 1); /* a statistic: read by stat only */
 	}
 	munmap(h, sizeof(*h));
-}
-
-/* Sleep ms milliseconds. */
-static void nap_ms(long ms)
-{
-	struct timespec ts = {.tv_sec = 0, .tv_nsec = ms * 1000000L};
-
-	nanosleep(&ts, NULL);
 }
 
 /*
@@ -891,7 +1087,7 @@ int kvs_cache_open(const struct kvs_cache_params *cfg, int flags, struct kvs_cac
 	}
 	kvs_node_clock_init(); /* the shared times are the initial time namespace's */
 	msg[0] = '\0';
-	r = dims_of(cfg, &d);
+	r = dims_of(cfg, KVS_PAGE, &d); /* the pages: those of a region there, or of create() */
 	if (r) {
 		snprintf(msg, msglen, "the cache dimensions are out of range");
 		return r;
@@ -965,6 +1161,8 @@ int kvs_cache_open(const struct kvs_cache_params *cfg, int flags, struct kvs_cac
 	}
 	if (!c->watch) {
 		kvs_populate_start(c);
+		if (cfg->prefault)
+			kvs_memory_prefault_start(c);
 		r = kvs_proc_attach(c);
 		if (r) {
 			snprintf(msg, msglen, "cannot attach to %s: %s", c->path,
@@ -974,6 +1172,9 @@ int kvs_cache_open(const struct kvs_cache_params *cfg, int flags, struct kvs_cac
 	}
 	if (!rebuilt)
 		msg[0] = '\0';
+	if (c->note[0]) /* said once by the caller, after a rebuild's line if there is one */
+		snprintf(msg + strlen(msg), msglen - strlen(msg), "%s%s", msg[0] ? "; " : "",
+			 c->note);
 	*out = c;
 	return 0;
 
@@ -990,6 +1191,7 @@ void kvs_cache_close(struct kvs_cache *c)
 {
 	if (!c)
 		return;
+	kvs_memory_prefault_stop(c); /* it uses the mapping */
 	if (!c->watch && c->self >= 0)
 		kvs_proc_detach(c);
 	if (c->base)
@@ -1016,6 +1218,7 @@ void kvs_cache_forget(struct kvs_cache *c)
 int kvs_cache_fits(const struct kvs_cache_params *cfg, char *msg, size_t msglen)
 {
 	char path[sizeof(((struct kvs_cache *)0)->path)], dir[sizeof(path)];
+	struct kvs_memory mem;
 	const char *slash;
 	struct dims d;
 	int dirfd, r;
@@ -1024,19 +1227,28 @@ int kvs_cache_fits(const struct kvs_cache_params *cfg, char *msg, size_t msglen)
 	r = kvs_cache_path(cfg, path, sizeof(path));
 	if (r)
 		return r;
-	if (dims_of(cfg, &d)) {
-		snprintf(msg, msglen, "the cache dimensions are out of range");
-		return -EINVAL;
-	}
 	slash = strrchr(path, '/');
-	snprintf(dir, sizeof(dir), "%.*s", (int)(slash - path) + 1, path);
+	snprintf(dir, sizeof(dir), "%.*s", slash != path ? (int)(slash - path) : 1,
+		 slash != path ? path : "/");
 	dirfd = open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
 	if (dirfd < 0) {
 		r = -errno;
-		snprintf(msg, msglen, "cannot open %s: %s", dir, strerror(-r));
+		snprintf(msg, msglen, "cannot open %s (cache.dir): %s", dir, strerror(-r));
 		return r;
 	}
-	r = fit(dirfd, &d, cfg, 0, path, msg, msglen); /* the rule create() applies */
+	r = kvs_memory_probe(dirfd, cfg->huge_pages, &mem);
+	if (r) {
+		snprintf(msg, msglen, "cannot tell what memory %s (cache.dir) gives: %s", dir,
+			 strerror(-r));
+		goto out;
+	}
+	if (dims_of(cfg, mem.page_size, &d)) {
+		snprintf(msg, msglen, "the cache dimensions are out of range");
+		r = -EINVAL;
+		goto out;
+	}
+	r = fit(&mem, dir, &d, cfg, 0, path, msg, msglen); /* the rule create() applies */
+out:
 	close(dirfd);
 	return r;
 }
@@ -1052,7 +1264,8 @@ int kvs_cache_check_config(struct kvs_cache *c, const struct kvs_cache_params *c
 
 	msg[0] = '\0';
 	/* As attach() does: capacity = auto takes the region's own slot count. */
-	r = cfg->capacity ? dims_of(cfg, &d) : dims_for(cfg, c->hdr->nslots, &d);
+	r = cfg->capacity ? dims_of(cfg, c->page_size, &d)
+			  : dims_for(cfg, c->hdr->nslots, c->page_size, &d);
 	if (r) {
 		snprintf(msg, msglen, "the cache dimensions are out of range");
 		return -EINVAL;
@@ -1071,6 +1284,11 @@ int kvs_cache_check_config(struct kvs_cache *c, const struct kvs_cache_params *c
 uint64_t kvs_cache_shard_size(const struct kvs_cache *c)
 {
 	return c->shard_size;
+}
+
+uint64_t kvs_cache_page_size(const struct kvs_cache *c)
+{
+	return c->page_size;
 }
 
 uint32_t kvs_cache_slots(const struct kvs_cache *c)
@@ -1107,9 +1325,10 @@ int kvs_cache_stat(struct kvs_cache *c, struct kvs_region_info *info, struct kvs
 	info->refused_attaches = load_relaxed(&c->hdr->refused_attaches);
 	info->created_ns = c->hdr->created_ns;
 	memcpy(info->built_by, c->hdr->built_by, sizeof(c->hdr->built_by));
-	struct statvfs sv;
-	if (fstatvfs(c->fd, &sv) == 0)
-		info->shm_free_bytes = (uint64_t)sv.f_bavail * sv.f_frsize;
+	info->page_kind = c->page_kind;
+	info->page_size = c->page_size;
+	info->numa = c->numa;
+	info->shm_free_bytes = kvs_memory_free(c->fd, c->page_kind);
 	for (uint32_t i = 0; i < c->nslots; i++) {
 		uint32_t w = load_relaxed(&c->slots[i].state), st = st_of(w);
 

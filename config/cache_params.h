@@ -13,6 +13,10 @@ static inline struct kvs_cache_params kvs_cache_params_of(const struct kvs_confi
 {
 	return (struct kvs_cache_params){
 	    .name = cfg->cache_name,
+	    .dir = cfg->cache_dir,
+	    .huge_pages = cfg->cache_huge_pages,
+	    .numa = cfg->cache_numa,
+	    .prefault = cfg->cache_prefault,
 	    .capacity = cfg->cache_capacity,
 	    .shard_size = cfg->cache_shard_size,
 	    .reserved = cfg->cache_reserved,

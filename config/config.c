@@ -40,8 +40,9 @@
 /* Shards are allocated and read with O_DIRECT, hence aligned to 4 KiB whatever the page size. */
 #define SHARD_ALIGN 4096u
 
-/* The region is /dev/shm/kvshim.<uid>.<name>: its name must fit NAME_MAX (255) with the
- * longest uid. */
+/* The region is <cache.dir>/kvshim.<uid>.<name>: its name must fit NAME_MAX (255) with the
+ * longest uid, and the directory a path of KVS_CACHE_DIR_MAX bytes, so that the whole path fits
+ * the cache's buffer (cache/internal.h). */
 #define NAME_LEN_MAX (255 - (sizeof("kvshim.4294967295.") - 1))
 
 /* Values quoted in a message are cut to this many bytes, so the reason always fits. */
@@ -68,6 +69,8 @@ enum key_type {
 	KT_ENUM_POPULATE,
 	KT_ENUM_COPY,
 	KT_ENUM_MISMATCH,
+	KT_ENUM_HUGE,
+	KT_ENUM_NUMA,
 };
 
 struct key_desc {
@@ -145,6 +148,18 @@ static const struct word copy_words[] = {
 static const struct word mismatch_words[] = {
     {"refuse", KVS_MISMATCH_REFUSE},
     {"rebuild", KVS_MISMATCH_REBUILD},
+    {NULL, 0},
+};
+static const struct word huge_words[] = {
+    {"auto", KVS_HUGE_AUTO},
+    {"on", KVS_HUGE_ON},
+    {"off", KVS_HUGE_OFF},
+    {NULL, 0},
+};
+static const struct word numa_words[] = {
+    {"interleave", KVS_NUMA_INTERLEAVE},
+    {"local", KVS_NUMA_LOCAL},
+    {"off", KVS_NUMA_OFF},
     {NULL, 0},
 };
 static const struct word no_words[] = {{NULL, 0}}; /* for the types that are not enums */
@@ -360,6 +375,10 @@ static const struct word *words_of(enum key_type t)
 		return copy_words;
 	case KT_ENUM_MISMATCH:
 		return mismatch_words;
+	case KT_ENUM_HUGE:
+		return huge_words;
+	case KT_ENUM_NUMA:
+		return numa_words;
 	default:
 		return no_words;
 	}
@@ -371,6 +390,14 @@ const char *kvs_config_populate_word(uint32_t mode)
 		if ((uint32_t)w->val == mode)
 			return w->word;
 	return "lazy";
+}
+
+const char *kvs_config_numa_word(uint32_t numa)
+{
+	for (const struct word *w = numa_words; w->word; w++)
+		if ((uint32_t)w->val == numa)
+			return w->word;
+	return "off";
 }
 
 /* Parse one of the words of an enum, ignoring case; -EINVAL if it is none. */
@@ -576,6 +603,12 @@ static int set_key(struct kvs_config *cfg, int id, const char *s, char *why, siz
 	if (id == KVS_KEY_cache_shard_size && v.u % SHARD_ALIGN) {
 		quote(s, q, sizeof(q));
 		snprintf(why, whylen, "value %s is not a multiple of 4K", q);
+		return -EINVAL;
+	}
+	if (id == KVS_KEY_cache_dir && (s[0] != '/' || strlen(s) > KVS_CACHE_DIR_MAX)) {
+		quote(s, q, sizeof(q));
+		snprintf(why, whylen, "value %s is not an absolute directory of at most %d bytes",
+			 q, KVS_CACHE_DIR_MAX);
 		return -EINVAL;
 	}
 	if (id == KVS_KEY_loader_running_queue_depth) {

@@ -20,6 +20,7 @@
 #define KVS_CONFIG_STR_MAX  4096
 #define KVS_CONFIG_LINE_MAX 4096 /* longer INI lines are refused */
 #define KVS_CONFIG_MSG_MAX  512
+#define KVS_CACHE_DIR_MAX   200 /* bytes of cache.dir */
 
 enum kvs_log_level { KVS_LOG_ERROR, KVS_LOG_WARN, KVS_LOG_INFO, KVS_LOG_DEBUG };
 enum kvs_eviction { KVS_EVICT_CLOCK, KVS_EVICT_FIFO };
@@ -29,6 +30,8 @@ enum kvs_io_mode { KVS_IO_AUTO, KVS_IO_URING, KVS_IO_THREADS };
 enum kvs_populate { KVS_POPULATE_LAZY, KVS_POPULATE_EAGER, KVS_POPULATE_AHEAD };
 enum kvs_copy_mode { KVS_COPY_AUTO, KVS_COPY_MEMCPY, KVS_COPY_STREAM };
 enum kvs_on_mismatch { KVS_MISMATCH_REFUSE, KVS_MISMATCH_REBUILD };
+enum kvs_huge_pages { KVS_HUGE_AUTO, KVS_HUGE_ON, KVS_HUGE_OFF };
+enum kvs_numa { KVS_NUMA_OFF, KVS_NUMA_INTERLEAVE, KVS_NUMA_LOCAL };
 
 /* Where a key's effective value came from. */
 enum kvs_source { KVS_SRC_DEFAULT, KVS_SRC_FILE, KVS_SRC_ENV };
@@ -56,6 +59,8 @@ typedef char kvs_config_str[KVS_CONFIG_STR_MAX];
 #define KVS_CTYPE_ENUM_POPULATE int
 #define KVS_CTYPE_ENUM_COPY	int
 #define KVS_CTYPE_ENUM_MISMATCH int
+#define KVS_CTYPE_ENUM_HUGE	int
+#define KVS_CTYPE_ENUM_NUMA	int
 
 enum kvs_key_id {
 #define KVS_KEY(sec, key, type, field, def, min, max, help) KVS_KEY_##field,
@@ -136,5 +141,8 @@ int kvs_config_sample(FILE *out);
 
 /* The cache.populate word of mode (enum kvs_populate); "lazy" for a value it does not know. */
 const char *kvs_config_populate_word(uint32_t mode);
+
+/* The cache.numa word of a policy (enum kvs_numa); "off" for a value it does not know. */
+const char *kvs_config_numa_word(uint32_t numa);
 
 #endif

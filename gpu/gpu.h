@@ -187,9 +187,10 @@ typedef bool (*kvs_gpu_ready_fn)(void *ctx, size_t off, size_t len);
 /*
  * Register [base, base+len) with the driver (cuMemHostRegister, PORTABLE) chunk by chunk on a
  * background thread, so that copies from it run at pinned speed; copies never wait for it.
- * Each chunk is 64 MiB rounded up to a whole number of units (unit: the region's frame size;
- * 0: 64 MiB), so that no frame, and no copy from one, spans two registrations or a registered
- * and an unregistered range (the driver refuses such a copy with INVALID_VALUE).
+ * Each chunk is 64 MiB rounded up to a whole number of units (unit: the least common multiple
+ * of the region's frame size and its page size; 0: 64 MiB), so that no frame, and no copy from
+ * one, spans two registrations or a registered and an unregistered range (the driver refuses
+ * such a copy with INVALID_VALUE), and a huge page is pinned by one registration.
  * Pinning faults in every page, so only chunks that ready() says have their memory are
  * registered (ready NULL: all): registration follows the pages the region has (what
  * cache.populate and cache.shm_headroom allowed) and never allocates one; the thread looks

@@ -71,7 +71,7 @@ struct kvs_gpu_reg {
 	bool lost;    /* the home context went away: start over; under kvs_gpu.lock */
 	char *base;   /* set before the thread starts */
 	size_t len;
-	size_t chunk; /* bytes per registration: a whole number of frames */
+	size_t chunk; /* bytes per registration: whole frames, and whole pages */
 	size_t nchunks;
 	kvs_gpu_ready_fn ready; /* which chunks have their pages (NULL: all); set before too */
 	void *ready_ctx;

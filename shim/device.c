@@ -118,6 +118,21 @@ static int device_fence(void *ctx)
 	return r;
 }
 
+/* The unit of the region's registration chunks: the least common multiple of its frame size
+ * and its page size (both powers of two times 4 KiB, or a frame any multiple of 4 KiB). */
+static size_t frame_and_page(const struct kvs_cache *c)
+{
+	size_t a = kvs_cache_shard_size(c), b = kvs_cache_page_size(c), x = a, y = b;
+
+	while (y) {
+		size_t t = x % y;
+
+		x = y;
+		y = t;
+	}
+	return x ? a / x * b : a;
+}
+
 static bool data_ready(void *c, size_t off, size_t len)
 {
 	return kvs_cache_data_ready(c, off, len);
@@ -139,8 +154,9 @@ int kvs_device_begin(struct kvs_device_target *t, struct kvs_cache *c, const str
 	if (r)
 		return r;
 	kvs_cache_data_region(c, &base, &len);
-	/* Once per process; never waited for; only the pages the region has; whole frames. */
-	kvs_gpu_register_region(g, base, len, kvs_cache_shard_size(c), data_ready, c);
+	/* Once per process; never waited for; only the pages the region has; whole frames, and
+	 * whole pages of the region (a huge page pinned by one registration). */
+	kvs_gpu_register_region(g, base, len, frame_and_page(c), data_ready, c);
 	t->dest = (struct kvs_dest){.copy = device_copy, .fence = device_fence, .ctx = t};
 	return 0;
 }

@@ -1480,7 +1480,8 @@ START_TEST(test_background_population)
 }
 END_TEST
 
-/* Where /dev/shm cannot back the pages, population reports ENOSPC instead of a SIGBUS. */
+/* Where /dev/shm cannot back the pages, population reports ENOSPC instead of a SIGBUS, by
+ * fallocate and by faults. */
 START_TEST(test_populate_full_tmpfs)
 {
 	char dir[] = "/tmp/kvs_tmpfs.XXXXXX", path[64], cmd[128];
@@ -1498,8 +1499,11 @@ START_TEST(test_populate_full_tmpfs)
 	ck_assert_int_eq(ftruncate(fd, 8 << 20), 0);
 	char *m = mmap(NULL, 8 << 20, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
 	ck_assert(m != MAP_FAILED);
-	ck_assert_int_eq(kvs_populate_range(fd, m, 0, 512 << 10), 0);
-	ck_assert_int_eq(kvs_populate_range(fd, m, 0, 8 << 20), ENOSPC);
+	ck_assert_int_eq(kvs_populate_range(fd, m, 0, 512 << 10, false), 0);
+	ck_assert_int_eq(kvs_populate_range(fd, m, 0, 8 << 20, false), ENOSPC);
+	/* By faults (huge=advise, hugetlbfs): the same ENOSPC, never a SIGBUS. */
+	ck_assert_int_eq(kvs_populate_range(fd, m, 512 << 10, 256 << 10, true), 0);
+	ck_assert_int_eq(kvs_populate_range(fd, m, 0, 8 << 20, true), ENOSPC);
 	munmap(m, 8 << 20);
 	close(fd);
 	snprintf(cmd, sizeof(cmd), "umount %s", dir);

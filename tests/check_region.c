@@ -24,9 +24,11 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
+#include <sys/file.h>
 #include <sys/mount.h>
 #include <sys/stat.h>
 #include <sys/statvfs.h>
+#include <sys/syscall.h>
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
@@ -41,6 +43,7 @@
 #endif
 
 static int case_seq;
+static unsigned prepare_threads; /* kvs_cache_prepare's threads in the prepare cases (0: CPUs) */
 
 static void test_config(struct kvs_config *cfg, uint64_t slots, uint64_t shard)
 {
@@ -345,25 +348,42 @@ END_TEST
 
 /* Run fn in a child process that sees a tmpfs of `size` as /dev/shm (a private mount
  * namespace).  fn returns 0 or a code for the failure it printed. */
-static void with_small_shm(const char *size, int (*fn)(void))
+/* Run fn in a child with a file system of type fs, mounted with opts, at /dev/shm in a mount
+ * namespace of its own.  Returns the child's wait status; 77 (said on stderr) where that
+ * cannot be made. */
+static int in_fs(const char *fs, const char *opts, int (*fn)(void))
 {
 	pid_t pid = fork();
-	int st;
+	int st = -1;
 
-	ck_assert(pid >= 0);
 	if (pid == 0) {
 		if (unshare(CLONE_NEWNS) || mount("none", "/", NULL, MS_REC | MS_PRIVATE, NULL) ||
-		    mount("tmpfs", "/dev/shm", "tmpfs", 0, size))
+		    mount(fs, "/dev/shm", fs, 0, opts))
 			_exit(77);
 		_exit(fn());
 	}
-	ck_assert(waitpid(pid, &st, 0) == pid);
+	if (pid < 0 || waitpid(pid, &st, 0) != pid)
+		return -1;
 	if (WIFEXITED(st) && WEXITSTATUS(st) == 77) {
 		fprintf(stderr,
 			"check_region: no private /dev/shm here (unshare, mount); skipped\n");
-		return;
+		return 0;
 	}
-	ck_assert_msg(WIFEXITED(st) && WEXITSTATUS(st) == 0, "child status %#x", st);
+	return st;
+}
+
+/* in_fs, and the child must succeed (or be skipped). */
+static void with_fs(const char *fs, const char *opts, int (*fn)(void))
+{
+	int st = in_fs(fs, opts, fn);
+
+	ck_assert_msg(st == 0, "child status %#x", st);
+}
+
+/* fn in a private /dev/shm: a tmpfs of the options size ("size=8M", with huge= ...). */
+static void with_small_shm(const char *size, int (*fn)(void))
+{
+	with_fs("tmpfs", size, fn);
 }
 
 #define FAIL_IF(cond, code, ...)                                                                   \
@@ -733,7 +753,7 @@ static int prepare_all(void)
 		fprintf(stderr, "check_region: mincore shows no uncleared page here; the clearing "
 				"itself is not checked\n");
 	uint64_t rss0 = rss_shmem();
-	r = kvs_cache_prepare(c, &done);
+	r = kvs_cache_prepare(c, 0, &done);
 	FAIL_IF(r != 0 || done != 64, 4, "prepare: %d, %u slots", r, done);
 	FAIL_IF(rss_shmem() > rss0 + (1 << 20), 5, "RssShmem %llu after prepare, %llu before",
 		(unsigned long long)rss_shmem(), (unsigned long long)rss0);
@@ -752,7 +772,7 @@ static int prepare_all(void)
 		FAIL_IF(d[i] != 0xa5, 9, "byte %llu of the cached shard is %#x after prepare",
 			(unsigned long long)i, d[i]);
 	kvs_cache_release(c, &pin);
-	r = kvs_cache_prepare(c, &done);
+	r = kvs_cache_prepare(c, 0, &done);
 	FAIL_IF(r != 0 || done != 64, 10, "prepare again: %d, %u slots", r, done);
 	kvs_cache_close(c);
 	return 0;
@@ -788,7 +808,7 @@ static int prepare_headroom(void)
 	kvs_cache_close(e);
 	FAIL_IF(info.populate_err != ENOSPC, 9, "the eager walk did not stop: %u populated",
 		info.slots_populated);
-	r = kvs_cache_prepare(c, &done);
+	r = kvs_cache_prepare(c, prepare_threads, &done);
 	FAIL_IF(r != -ENOSPC || done == 0 || done >= 64, 4, "prepare: %d, %u slots", r, done);
 	FAIL_IF(cleared_slots(c, done, 256 << 10) != done, 7, "%u of the %u slots prepared cleared",
 		cleared_slots(c, done, 256 << 10), done);
@@ -799,7 +819,7 @@ static int prepare_headroom(void)
 		info.slots_populated, done);
 	close(fd);
 	unlink("/dev/shm/filler"); /* the neighbour lets go */
-	r = kvs_cache_prepare(c, &done);
+	r = kvs_cache_prepare(c, 0, &done);
 	kvs_cache_stat(c, &info, &t, NULL, 0);
 	FAIL_IF(r != 0 || done != 64 || info.slots_populated != 64 || info.populate_err, 10,
 		"prepare with room: %d, %u slots; %u populated, populate_errno %d", r, done,
@@ -810,7 +830,9 @@ static int prepare_headroom(void)
 
 START_TEST(test_prepare_stops_at_headroom)
 {
-	with_small_shm("size=32M", prepare_headroom);
+	for (prepare_threads = 1; prepare_threads <= 4; prepare_threads += 3)
+		with_small_shm("size=32M", prepare_headroom);
+	prepare_threads = 0;
 }
 END_TEST
 
@@ -829,11 +851,11 @@ static int prepare_noroom(void)
 	FAIL_IF(r != 0, 2, "open: %d (%s)", r, msg);
 	atomic_store(&c->fpages[5], KVS_PAGES_NOROOM);
 	c->headroom = shm_free() - (3u << 20); /* 12 slots (0-4, 6-12), not 16 at once */
-	r = kvs_cache_prepare(c, &done);
+	r = kvs_cache_prepare(c, prepare_threads, &done);
 	FAIL_IF(r != -ENOSPC || done != 12, 3, "prepare one slot at a time: %d, %u slots", r, done);
 	FAIL_IF(atomic_load(&c->fpages[6]) != KVS_PAGES_OK, 4, "slot 6 left without pages");
 	c->headroom = 0;
-	r = kvs_cache_prepare(c, &done);
+	r = kvs_cache_prepare(c, prepare_threads, &done);
 	FAIL_IF(r != 0 || done != 63, 5, "prepare by chunks: %d, %u slots", r, done);
 	kvs_cache_close(c);
 	return 0;
@@ -841,7 +863,443 @@ static int prepare_noroom(void)
 
 START_TEST(test_prepare_passes_noroom)
 {
-	with_small_shm("size=32M", prepare_noroom);
+	/* One thread, and four: the walk decides which slots get pages in order, under its lock,
+	 * so the answer is the same. */
+	for (prepare_threads = 1; prepare_threads <= 4; prepare_threads += 3)
+		with_small_shm("size=32M", prepare_noroom);
+	prepare_threads = 0;
+}
+END_TEST
+
+/* The PMD size THP gives, 0 without THP. */
+static uint64_t thp_size(void)
+{
+	unsigned long long v = 0;
+	FILE *f = fopen("/sys/kernel/mm/transparent_hugepage/hpage_pmd_size", "r");
+
+	if (f) {
+		if (fscanf(f, "%llu", &v) != 1)
+			v = 0;
+		fclose(f);
+	}
+	return v;
+}
+
+/* The kB of field (Rss, ShmemPmdMapped, ...) that /proc/self/smaps gives the mapping holding
+ * address at. */
+static uint64_t smaps_kb(const void *addr, const char *field)
+{
+	unsigned long lo, hi, at = (unsigned long)addr;
+	unsigned long long kb, got = 0;
+	size_t flen = strlen(field);
+	char line[512];
+	bool in = false;
+	FILE *f;
+
+	f = fopen("/proc/self/smaps", "r");
+	while (f && fgets(line, sizeof(line), f)) {
+		if (sscanf(line, "%lx-%lx ", &lo, &hi) == 2 &&
+		    strchr(line, '-') < strchr(line, ' '))
+			in = lo <= at && at < hi;
+		else if (in && !strncmp(line, field, flen) && line[flen] == ':' &&
+			 sscanf(line + flen + 1, "%llu", &kb) == 1)
+			got += kb;
+	}
+	if (f)
+		fclose(f);
+	return got;
+}
+
+/* Read a byte of every 4 KiB of c's data, then smaps_kb of it. */
+static uint64_t touched_smaps(struct kvs_cache *c, const char *field)
+{
+	size_t len = (size_t)c->nframes * c->shard_size;
+	volatile const char *d = c->data;
+
+	for (size_t off = 0; off < len; off += 4096)
+		(void)d[off];
+	return smaps_kb(c->data, field);
+}
+
+/* On a tmpfs mounted huge=always the region is built on 2 MiB pages: its data starts on one,
+ * its file is whole pages, stat says so, a mapping of it is mapped by PMDs once touched, and an
+ * attacher takes the page size from the header. */
+static int huge_always(void)
+{
+	uint64_t thp = thp_size();
+	struct kvs_config cfg;
+	struct kvs_cache *c = NULL, *a = NULL;
+	struct kvs_region_info info;
+	struct kvs_counters t;
+	char msg[512], path[512];
+	struct stat st;
+	uint32_t done;
+
+	test_config(&cfg, 16, 1 << 20);
+	int r = kvs_cache_open(KVS_CACHE_PARAMS(&cfg), KVS_OPEN_CREATE, &c, msg, sizeof(msg));
+	FAIL_IF(r != 0, 2, "open: %d (%s)", r, msg);
+	FAIL_IF(msg[0], 3, "a message where huge pages are had: %s", msg);
+	kvs_cache_stat(c, &info, &t, NULL, 0);
+	FAIL_IF(info.page_size != thp || info.page_kind != KVS_PAGE_TMPFS, 4,
+		"page size %llu kind %u, want %llu tmpfs", (unsigned long long)info.page_size,
+		info.page_kind, (unsigned long long)thp);
+	path_of(&cfg, path, sizeof(path));
+	FAIL_IF(stat(path, &st) || c->hdr->off_data % thp || (uint64_t)st.st_size % thp ||
+		    (uint64_t)st.st_size != c->hdr->total_bytes,
+		5, "off_data %llu, file %lld: not whole pages of %llu",
+		(unsigned long long)c->hdr->off_data, (long long)st.st_size,
+		(unsigned long long)thp);
+	r = kvs_cache_prepare(c, 2, &done);
+	FAIL_IF(r != 0 || done != 16, 6, "prepare: %d, %u", r, done);
+	uint64_t pmd = touched_smaps(c, "ShmemPmdMapped");
+	FAIL_IF(pmd < 16 * 1024, 7, "%llu kB of the 16 MiB data mapped by PMDs",
+		(unsigned long long)pmd);
+	cfg.cache_huge_pages = KVS_HUGE_OFF; /* an attacher follows the region, not its keys */
+	r = kvs_cache_open(KVS_CACHE_PARAMS(&cfg), 0, &a, msg, sizeof(msg));
+	FAIL_IF(r != 0, 8, "attach: %d (%s)", r, msg);
+	kvs_cache_stat(a, &info, &t, NULL, 0);
+	FAIL_IF(info.page_size != thp, 9, "the attacher sees pages of %llu",
+		(unsigned long long)info.page_size);
+	kvs_cache_close(a);
+	kvs_cache_close(c);
+	return 0;
+}
+
+START_TEST(test_huge_always)
+{
+	if (!thp_size()) {
+		fprintf(stderr, "check_region: no transparent huge pages here; skipped\n");
+		return;
+	}
+	with_small_shm("size=64M,huge=always", huge_always);
+}
+END_TEST
+
+/* huge=advise gives huge pages to a region that asks (cache.huge_pages = auto), by
+ * MADV_HUGEPAGE and faults, prepare on several threads included; with off it has 4 KiB pages
+ * and none is mapped by a PMD. */
+static int huge_advise(void)
+{
+	uint64_t thp = thp_size();
+	struct kvs_config cfg;
+	struct kvs_cache *c = NULL;
+	struct kvs_region_info info;
+	struct kvs_counters t;
+	char msg[512];
+	uint32_t done;
+
+	for (int off = 0; off < 2; off++) {
+		test_config(&cfg, 16, 1 << 20);
+		cfg.cache_huge_pages = off ? KVS_HUGE_OFF : KVS_HUGE_AUTO;
+		int r =
+		    kvs_cache_open(KVS_CACHE_PARAMS(&cfg), KVS_OPEN_CREATE, &c, msg, sizeof(msg));
+		FAIL_IF(r != 0, 2, "open: %d (%s)", r, msg);
+		kvs_cache_stat(c, &info, &t, NULL, 0);
+		FAIL_IF(info.page_size != (off ? 4096 : thp) ||
+			    info.page_kind != (off ? KVS_PAGE_BASE : KVS_PAGE_ADVISE),
+			3, "off %d: page size %llu kind %u", off,
+			(unsigned long long)info.page_size, info.page_kind);
+		r = kvs_cache_prepare(c, 4, &done);
+		FAIL_IF(r != 0 || done != 16, 4, "off %d: prepare: %d, %u", off, r, done);
+		uint64_t pmd = touched_smaps(c, "ShmemPmdMapped");
+		FAIL_IF(off ? pmd != 0 : pmd < 16 * 1024, 5, "off %d: %llu kB mapped by PMDs", off,
+			(unsigned long long)pmd);
+		kvs_cache_close(c);
+	}
+	return 0;
+}
+
+START_TEST(test_huge_advise)
+{
+	if (!thp_size()) {
+		fprintf(stderr, "check_region: no transparent huge pages here; skipped\n");
+		return;
+	}
+	with_small_shm("size=64M,huge=advise", huge_advise);
+}
+END_TEST
+
+/* On huge=advise pages come from faults: prepare on four threads stops at the headroom, in
+ * order, without ever taking the file system below it, counting whole 2 MiB pages. */
+static int huge_advise_headroom(void)
+{
+	struct kvs_config cfg;
+	struct kvs_cache *c = NULL;
+	char msg[512];
+	uint32_t done;
+
+	test_config(&cfg, 64, 256 << 10); /* 16 MiB, 8 slots a page */
+	int r = kvs_cache_open(KVS_CACHE_PARAMS(&cfg), KVS_OPEN_CREATE, &c, msg, sizeof(msg));
+	FAIL_IF(r != 0, 2, "open: %d (%s)", r, msg);
+	c->headroom = shm_free() - (5u << 20); /* room for two pages, not three */
+	kvs_prepare_test_fault_ms = 100;       /* the other threads decide while the first faults */
+	r = kvs_cache_prepare(c, 4, &done);
+	kvs_prepare_test_fault_ms = 0;
+	FAIL_IF(r != -ENOSPC || done != 16, 3, "prepare at the headroom: %d, %u slots", r, done);
+	FAIL_IF(shm_free() < c->headroom, 4, "free %llu below the headroom %llu",
+		(unsigned long long)shm_free(), (unsigned long long)c->headroom);
+	for (uint32_t i = 0; i < 64; i++)
+		FAIL_IF((atomic_load(&c->fpages[i]) == KVS_PAGES_OK) != (i < 16), 5,
+			"slot %u: pages %u", i, atomic_load(&c->fpages[i]));
+	kvs_cache_close(c);
+	return 0;
+}
+
+START_TEST(test_huge_advise_headroom)
+{
+	if (thp_size() != (2u << 20)) {
+		fprintf(stderr, "check_region: no 2 MiB transparent huge pages here; skipped\n");
+		return;
+	}
+	with_small_shm("size=32M,huge=advise", huge_advise_headroom);
+}
+END_TEST
+
+/* cache.huge_pages = on where the file system gives no huge pages: the region is built on 4 KiB
+ * pages, and the creator is told once, with the step that would give them; an attacher
+ * configured on is told once that the region has 4 KiB pages; auto says nothing. */
+static int huge_on_fallback(void)
+{
+	struct kvs_config cfg;
+	struct kvs_cache *c = NULL, *a = NULL;
+	struct kvs_region_info info;
+	struct kvs_counters t;
+	char msg[512];
+
+	test_config(&cfg, 16, 1 << 20);
+	cfg.cache_huge_pages = KVS_HUGE_ON;
+	int r = kvs_cache_open(KVS_CACHE_PARAMS(&cfg), KVS_OPEN_CREATE, &c, msg, sizeof(msg));
+	FAIL_IF(r != 0, 2, "open: %d (%s)", r, msg);
+	const char *say = "cache.huge_pages = on, but /dev/shm (tmpfs, huge=never) gives no huge "
+			  "pages: ";
+	FAIL_IF(!strstr(msg, say) || strstr(strstr(msg, say) + 1, "cache.huge_pages") ||
+		    !strstr(msg, "`mount -o remount,huge=advise /dev/shm`"),
+		3, "the creator's line: %s", msg);
+	kvs_cache_stat(c, &info, &t, NULL, 0);
+	FAIL_IF(info.page_size != 4096 || info.page_kind != KVS_PAGE_BASE, 4,
+		"page size %llu kind %u", (unsigned long long)info.page_size, info.page_kind);
+	r = kvs_cache_open(KVS_CACHE_PARAMS(&cfg), 0, &a, msg, sizeof(msg));
+	FAIL_IF(r != 0 || !strstr(msg, "has 4 KiB pages (it was built") ||
+		    strstr(strstr(msg, "cache.huge_pages") + 1, "cache.huge_pages"),
+		5, "the attacher's line: %d (%s)", r, msg);
+	kvs_cache_close(a);
+	cfg.cache_huge_pages = KVS_HUGE_AUTO;
+	r = kvs_cache_open(KVS_CACHE_PARAMS(&cfg), 0, &a, msg, sizeof(msg));
+	FAIL_IF(r != 0 || msg[0], 6, "auto: %d (%s)", r, msg);
+	kvs_cache_close(a);
+	kvs_cache_close(c);
+	return 0;
+}
+
+START_TEST(test_huge_on_fallback)
+{
+	with_small_shm("size=64M,huge=never", huge_on_fallback);
+}
+END_TEST
+
+/* A region built before the page size was recorded (0 in the header) is one of 4 KiB pages; a
+ * page size no kernel gives is refused as a mismatch. */
+START_TEST(test_page_size_of_old_region)
+{
+	struct kvs_config cfg;
+	struct kvs_cache *c = NULL;
+	struct kvs_region_info info;
+	struct kvs_counters t;
+	char msg[512];
+
+	test_config(&cfg, 8, 1 << 20);
+	ck_assert_int_eq(kvs_cache_open(KVS_CACHE_PARAMS(&cfg), KVS_OPEN_CREATE, &c, msg, 512), 0);
+	ck_assert_uint_eq(c->hdr->page_size, 4096);
+	c->hdr->page_size = 0;
+	kvs_cache_close(c);
+	ck_assert_int_eq(kvs_cache_open(KVS_CACHE_PARAMS(&cfg), 0, &c, msg, sizeof(msg)), 0);
+	kvs_cache_stat(c, &info, &t, NULL, 0);
+	ck_assert_uint_eq(info.page_size, 4096);
+	c->hdr->page_size = 12345;
+	kvs_cache_close(c);
+	ck_assert_int_eq(kvs_cache_open(KVS_CACHE_PARAMS(&cfg), 0, &c, msg, sizeof(msg)), -EPROTO);
+	ck_assert_msg(strstr(msg, "page size"), "%s", msg);
+}
+END_TEST
+
+/* cache.numa: the creator binds the region before any page exists, and the policy is the
+ * file's: another mapping of it has it too (get_mempolicy at an address of its data). */
+START_TEST(test_numa_policy)
+{
+	static const struct {
+		int numa;
+		int mode;
+	} want[] = {{KVS_NUMA_INTERLEAVE, 3 /* MPOL_INTERLEAVE */},
+		    {KVS_NUMA_LOCAL, 4 /* MPOL_LOCAL */},
+		    {KVS_NUMA_OFF, 0 /* MPOL_DEFAULT */}};
+
+	for (size_t i = 0; i < sizeof(want) / sizeof(want[0]); i++) {
+		struct kvs_config cfg;
+		struct kvs_cache *c = NULL, *a = NULL;
+		struct kvs_region_info info;
+		struct kvs_counters t;
+		char msg[512];
+		int mode = -1;
+
+		test_config(&cfg, 8, 1 << 20);
+		cfg.cache_numa = want[i].numa;
+		ck_assert_int_eq(
+		    kvs_cache_open(KVS_CACHE_PARAMS(&cfg), KVS_OPEN_CREATE, &c, msg, 512), 0);
+		kvs_cache_stat(c, &info, &t, NULL, 0);
+		ck_assert_uint_eq(info.numa, (uint32_t)want[i].numa);
+		cfg.cache_numa = KVS_NUMA_OFF; /* the attacher's own key does not matter */
+		ck_assert_int_eq(kvs_cache_open(KVS_CACHE_PARAMS(&cfg), 0, &a, msg, sizeof(msg)),
+				 0);
+		ck_assert_int_eq(syscall(SYS_get_mempolicy, &mode, NULL, 0,
+					 (char *)a->data + (3 << 20), 2 /* MPOL_F_ADDR */),
+				 0);
+		ck_assert_int_eq(mode, want[i].mode);
+		kvs_cache_close(a);
+		kvs_cache_close(c);
+	}
+}
+END_TEST
+
+/* The node's pool of 2 MiB pages, raised by add for a test and given back (under the lock the
+ * huge test takes too).  pool_raise: whether it could; pool_lower: give it back. */
+static int pool_lock_fd = -1;
+
+static unsigned long long pool_pages(void)
+{
+	unsigned long long v = 0;
+	FILE *f = fopen("/proc/sys/vm/nr_hugepages", "r");
+
+	if (f) {
+		if (fscanf(f, "%llu", &v) != 1)
+			v = 0;
+		fclose(f);
+	}
+	return v;
+}
+
+static void pool_set(unsigned long long n)
+{
+	FILE *f = fopen("/proc/sys/vm/nr_hugepages", "w");
+
+	if (f) {
+		fprintf(f, "%llu\n", n);
+		fclose(f);
+	}
+}
+
+static bool pool_raise(unsigned add)
+{
+	unsigned long long was;
+
+	if (geteuid() != 0 || access("/sys/kernel/mm/hugepages/hugepages-2048kB", F_OK))
+		return false;
+	pool_lock_fd = open("/tmp/kvshim-huge-test.lock", O_RDWR | O_CREAT | O_CLOEXEC, 0600);
+	if (pool_lock_fd < 0 || flock(pool_lock_fd, LOCK_EX))
+		return false;
+	was = pool_pages();
+	pool_set(was + add);
+	if (pool_pages() >= was + add)
+		return true;
+	pool_set(was);
+	close(pool_lock_fd);
+	pool_lock_fd = -1;
+	return false;
+}
+
+static void pool_lower(unsigned add)
+{
+	unsigned long long now = pool_pages();
+
+	pool_set(now > add ? now - add : 0);
+	close(pool_lock_fd);
+	pool_lock_fd = -1;
+}
+
+/* Ranks that start together on a hugetlbfs whose pages fit one region: the first creator's
+ * mapping reserves them before it publishes, and a second creator that measured the pool then
+ * would find no room and read storage for good; it waits for the first (lock_creators in
+ * region.c) and attaches to its region. */
+static int hugetlbfs_racing(void)
+{
+	struct kvs_config cfg;
+	struct kvs_cache *c = NULL;
+	struct kvs_region_info info;
+	struct kvs_counters t;
+	char msg[512];
+	pid_t pid;
+	int st;
+
+	test_config(&cfg, 4, 1 << 20); /* a page of control plane and two of data */
+	pid = fork();
+	if (pid == 0) {
+		kvs_region_test_publish_ms = 400;
+		int r =
+		    kvs_cache_open(KVS_CACHE_PARAMS(&cfg), KVS_OPEN_CREATE, &c, msg, sizeof(msg));
+		if (r) {
+			fprintf(stderr, "check_region: the first creator: %d (%s)\n", r, msg);
+			_exit(1);
+		}
+		usleep(500000);
+		_exit(0);
+	}
+	FAIL_IF(pid < 0, 2, "fork");
+	usleep(150000); /* the first has reserved its pages and sleeps before it publishes */
+	int r = kvs_cache_open(KVS_CACHE_PARAMS(&cfg), KVS_OPEN_CREATE, &c, msg, sizeof(msg));
+	FAIL_IF(waitpid(pid, &st, 0) != pid || !WIFEXITED(st) || WEXITSTATUS(st), 3,
+		"the first creator failed");
+	FAIL_IF(r != 0, 4, "the second creator: %d (%s)", r, msg);
+	kvs_cache_stat(c, &info, &t, NULL, 0);
+	FAIL_IF(info.page_kind != KVS_PAGE_HUGETLBFS || info.page_size != (2u << 20), 5,
+		"page kind %u size %llu", info.page_kind, (unsigned long long)info.page_size);
+	kvs_cache_close(c);
+	return 0;
+}
+
+START_TEST(test_hugetlbfs_racing_creators)
+{
+	if (!pool_raise(8)) {
+		fprintf(stderr, "check_region: cannot reserve 2 MiB pages here; skipped\n");
+		return;
+	}
+	/* The mount's size= is the region: 3 pages, and no room for a second. */
+	int st = in_fs("hugetlbfs", "pagesize=2M,size=6M", hugetlbfs_racing);
+	pool_lower(8); /* first: a failure must not keep the node's pages */
+	ck_assert_msg(st == 0, "child status %#x", st);
+}
+END_TEST
+
+/* cache.prefault: an attacher maps the frames that hold a loaded shard, and only those (not
+ * every frame with pages), on a thread of its own, before it reads anything; closing the
+ * handle stops that thread. */
+START_TEST(test_prefault_maps_loaded_frames)
+{
+	struct kvs_config cfg;
+	struct kvs_cache *c = NULL, *a = NULL;
+	struct kvs_pin pin;
+	char msg[512];
+	uint64_t rss = 0;
+
+	uint32_t done;
+
+	test_config(&cfg, 16, 1 << 20);
+	ck_assert_int_eq(kvs_cache_open(KVS_CACHE_PARAMS(&cfg), KVS_OPEN_CREATE, &c, msg, 512), 0);
+	ck_assert_int_eq(kvs_cache_prepare(c, 1, &done), 0); /* every frame has its pages */
+	for (uint64_t k = 0; k < 4; k++) {
+		struct kvs_key key = key_of(7, k);
+
+		ck_assert_int_eq(kvs_cache_pin(c, &key, KVS_ALLOC_LOAD, &pin), KVS_PIN_OWNER);
+		memset(kvs_cache_data(c, &pin), 0x5a, 1 << 20);
+		kvs_cache_mark_ready(c, &pin, 1 << 20);
+		kvs_cache_release(c, &pin);
+	}
+	cfg.cache_prefault = true;
+	ck_assert_int_eq(kvs_cache_open(KVS_CACHE_PARAMS(&cfg), 0, &a, msg, sizeof(msg)), 0);
+	for (int i = 0; i < 200 && (rss = smaps_kb(a->data, "Rss")) < 4096; i++)
+		usleep(10000);
+	ck_assert_msg(rss >= 4096 && rss < 6 * 1024, "Rss %llu kB: not the 4 loaded frames",
+		      (unsigned long long)rss);
+	kvs_cache_close(a);
+	kvs_cache_close(c);
 }
 END_TEST
 
@@ -877,6 +1335,14 @@ static Suite *region_suite(void)
 	tcase_add_test(limits, test_prepare_all);
 	tcase_add_test(limits, test_prepare_stops_at_headroom);
 	tcase_add_test(limits, test_prepare_passes_noroom);
+	tcase_add_test(limits, test_huge_always);
+	tcase_add_test(limits, test_huge_advise);
+	tcase_add_test(limits, test_huge_advise_headroom);
+	tcase_add_test(limits, test_huge_on_fallback);
+	tcase_add_test(core, test_page_size_of_old_region);
+	tcase_add_test(core, test_numa_policy);
+	tcase_add_test(core, test_prefault_maps_loaded_frames);
+	tcase_add_test(limits, test_hugetlbfs_racing_creators);
 	tcase_add_checked_fixture(core, NULL, teardown);
 	tcase_add_checked_fixture(limits, NULL, teardown);
 	tcase_set_timeout(core, 60);

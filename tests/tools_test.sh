@@ -654,7 +654,7 @@ pass "stat shows population in text, --json and --prom"
 # wrong; an argument it does not take is bad usage.
 k prepare
 expect_rc 0 "prepare of a new region"
-grep -qE "^$REGION: 64 of 64 slots prepared \(4\.0 MiB\) in [0-9.]+ s$" "$OUT" ||
+grep -qE "^$REGION: 64 of 64 slots prepared \(4\.0 MiB\) in [0-9.]+ s, [0-9.]+ s per GiB, 4\.0 KiB pages$" "$OUT" ||
 	fail "prepare: $(cat "$OUT")"
 [ ! -s "$ERR" ] || fail "prepare wrote to stderr: $(cat "$ERR")"
 [ "$(($(stat -c %b "$REGION") * 512))" -ge $((4 << 20)) ] ||

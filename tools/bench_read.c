@@ -17,13 +17,22 @@
  *       (one task of all its shards); print the time until the last one is done (s).
  *       --split: rank r reads only files r, r+N, r+2N...: the unique bytes once between
  *       them, at the ranks' concurrency (the storage term of the load's limit)
- *   kvshim-bench-read copy N [--distinct] [--memcpy] MIB
+ *   kvshim-bench-read copy N [--distinct] [--memcpy] [--dir DIR] MIB
  *       fork N processes that start together and each copy MIB MiB, 16 MiB at a time, from
- *       one shared source (a memfd, filled first, as the region is) into its destination:
+ *       one shared source (a memfd, or with --dir an unnamed file in DIR of the pages DIR
+ *       gives, filled first, as the region is) into its destination:
  *       one 16 MiB buffer faulted in and reused, or with --distinct fresh memory for all MIB;
  *       print the time until the last one is done (s) and the aggregate rate (the copy
  *       term of the load's limit).  The copy is the shim's default (loader.copy = auto, the
  *       streaming copy of loader/copy.c); --memcpy copies with memcpy
+ *
+ *   kvshim-bench-read zero [--threads N] [--advise] DIR MIB
+ *       the zeroing limit: MIB MiB of a new unnamed file in DIR (of the kind of pages DIR
+ *       gives: a huge=always tmpfs or a hugetlbfs gives huge pages; --advise asks a
+ *       huge=advise tmpfs for them with MADV_HUGEPAGE) allocated and cleared by the kernel as
+ *       `kvshim prepare` has a region's pages made, without its bookkeeping: on a tmpfs one
+ *       fallocate, then N threads (default: one per CPU) fault their shares in; print the
+ *       time (s), the rate and the seconds per GiB; the file is gone at exit
  *
  *   kvshim-bench-read files [--fds K] [--rounds R] FILE...
  *       with K other descriptors open (of /dev/null), R rounds of: for each FILE, open it
@@ -39,13 +48,17 @@
 #include <errno.h>
 #include <linux/futex.h>
 #include <fcntl.h>
+#include <pthread.h>
+#include <sched.h>
 #include <stdbool.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
+#include <linux/magic.h>
 #include <sys/stat.h>
+#include <sys/statfs.h>
 #include <sys/syscall.h>
 #include <sys/uio.h>
 #include <sys/wait.h>
@@ -393,18 +406,25 @@ static int bench_copy(int argc, char **argv)
 
 	if (!bd)
 		return 2;
+	const char *dir = NULL;
+
 	for (; i < argc && argv[i][0] == '-'; i++) {
 		if (!strcmp(argv[i], "--distinct"))
 			distinct = true;
 		else if (!strcmp(argv[i], "--memcpy"))
 			copy = kvs_copy_pick(KVS_COPY_MEMCPY);
+		else if (!strcmp(argv[i], "--dir") && i + 1 < argc)
+			dir = argv[++i];
 		else
 			return 2;
 	}
 	if (i >= argc || atoi(argv[i]) <= 0)
 		return 2;
 	size_t len = (size_t)atoi(argv[i]) * MIB;
-	int fd = memfd_create("kvshim-bench-copy", 0);
+	/* --dir: a source of the pages DIR gives (a huge=always tmpfs, a hugetlbfs), as a region
+	 * there has; else a memfd, 4 KiB pages as /dev/shm's. */
+	int fd = dir ? open(dir, O_TMPFILE | O_RDWR | O_CLOEXEC, 0600)
+		     : memfd_create("kvshim-bench-copy", 0);
 	if (fd < 0 || ftruncate(fd, (off_t)len) < 0) {
 		perror("kvshim-bench-read: memfd");
 		return 1;
@@ -479,6 +499,96 @@ static int bench_small(const char *kind, long n, const char *path)
 	return 0;
 }
 
+#ifndef MADV_POPULATE_WRITE
+#define MADV_POPULATE_WRITE 23
+#endif
+
+struct zero_part {
+	char *at;
+	size_t len;
+	int err;
+};
+
+static void *zero_main(void *arg)
+{
+	struct zero_part *p = arg;
+
+	if (p->len && madvise(p->at, p->len, MADV_POPULATE_WRITE) < 0)
+		p->err = errno;
+	return NULL;
+}
+
+/* The zeroing limit: fresh memory of DIR's kind, faulted in (allocated and cleared by the
+ * kernel) by N threads at once, each its own share, in multiples of 2 MiB (so that no two
+ * threads share a huge page). */
+static int bench_zero(int argc, char **argv)
+{
+	int i = 0, n = 0, fd, rc = 0;
+	bool advise = false;
+	cpu_set_t set;
+
+	for (; i < argc && argv[i][0] == '-'; i++) {
+		if (!strcmp(argv[i], "--advise"))
+			advise = true;
+		else if (!strcmp(argv[i], "--threads") && i + 1 < argc)
+			n = atoi(argv[++i]);
+		else
+			return 2;
+	}
+	if (i + 2 != argc || atoi(argv[i + 1]) <= 0)
+		return 2;
+	if (n <= 0)
+		n = sched_getaffinity(0, sizeof(set), &set) == 0 ? CPU_COUNT(&set) : 1;
+	if (n > 64)
+		n = 64;
+	size_t len = (size_t)atoi(argv[i + 1]) * MIB, unit = 2 * MIB;
+	size_t share = (len / (size_t)n + unit - 1) / unit * unit;
+	fd = open(argv[i], O_TMPFILE | O_RDWR | O_CLOEXEC, 0600);
+	if (fd < 0 || ftruncate(fd, (off_t)len) < 0) {
+		fprintf(stderr, "kvshim-bench-read: %s: %s\n", argv[i], strerror(errno));
+		return 1;
+	}
+	char *m = mmap(NULL, len, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+	if (m == MAP_FAILED) {
+		fprintf(stderr, "kvshim-bench-read: mmap: %s\n", strerror(errno));
+		return 1;
+	}
+	if (advise)
+		madvise(m, len, MADV_HUGEPAGE);
+	struct zero_part part[64];
+	pthread_t th[64];
+	struct statfs sf;
+	double t0 = now();
+	/* As prepare allocates a tmpfs region's pages (without zeroing them) before it faults
+	 * them in; a hugetlbfs's fallocate would zero them on this thread, and huge=advise's would
+	 * give 4 KiB pages: there the faults allocate. */
+	if (!advise && fstatfs(fd, &sf) == 0 && sf.f_type == TMPFS_MAGIC &&
+	    fallocate(fd, 0, 0, (off_t)len) < 0) {
+		fprintf(stderr, "kvshim-bench-read: fallocate: %s\n", strerror(errno));
+		return 1;
+	}
+	for (int k = 0; k < n; k++) {
+		size_t off = (size_t)k * share < len ? (size_t)k * share : len;
+		part[k] = (struct zero_part){m + off, len - off < share ? len - off : share, 0};
+		if (pthread_create(&th[k], NULL, zero_main, &part[k]))
+			return 1;
+	}
+	for (int k = 0; k < n; k++) {
+		pthread_join(th[k], NULL);
+		if (part[k].err) {
+			fprintf(stderr, "kvshim-bench-read: MADV_POPULATE_WRITE: %s\n",
+				strerror(part[k].err));
+			rc = 1;
+		}
+	}
+	double t = now() - t0;
+	printf("zero %d threads time %.3f s %.2f GB/s %.3f s per GiB\n", n, t,
+	       (double)len / t / 1e9, t / ((double)len / (1u << 30)));
+	munmap(m, len);
+	close(fd);
+	return rc;
+}
+
 int main(int argc, char **argv)
 {
 	if (argc == 5 && !strcmp(argv[1], "small"))
@@ -497,12 +607,15 @@ int main(int argc, char **argv)
 		return bench_write(argc - 2, argv + 2);
 	if (argc >= 3 && !strcmp(argv[1], "files"))
 		return bench_files(argc - 2, argv + 2);
+	if (argc >= 4 && !strcmp(argv[1], "zero"))
+		return bench_zero(argc - 2, argv + 2);
 	fprintf(stderr, "usage: kvshim-bench-read memcpy MIB | probe MIB | read [--direct] "
 			"[--passes N] [--bs BYTES] FILE... "
 			"| ranks N [--direct] [--distinct] [--split] FILE... "
-			"| copy N [--distinct] [--memcpy] MIB "
+			"| copy N [--distinct] [--memcpy] [--dir DIR] MIB "
 			"| write [--direct] [--bs BYTES] N DIR "
 			"| files [--fds K] [--rounds R] FILE... "
-			"| small write|writev|pwrite|fwrite N PATH|-\n");
+			"| small write|writev|pwrite|fwrite N PATH|- "
+			"| zero [--threads N] [--advise] DIR MIB\n");
 	return 2;
 }

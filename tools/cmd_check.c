@@ -12,8 +12,12 @@
  *                  files look written once gets a hint to declare it (files.write_once), a
  *                  declared one whose files look rewritten, or whose file system cannot key
  *                  files by birth, a warning (check_store);
+ *   pages          cache.dir: a tmpfs or hugetlbfs, the pages a region built there gets
+ *                  (kvs_cache_memory), what else the node offers (THP, hugetlb pools and
+ *                  mounts) and the one step that would give the region huge pages; a problem
+ *                  only with cache.huge_pages = on, or on a file system that is not memory;
  *   region         an existing region against the configuration (kvs_cache_check_config: the
- *                  attacher's mismatch message), or room in /dev/shm for a new one
+ *                  attacher's mismatch message), or room in cache.dir for a new one
  *                  (kvs_cache_fits: the rule the creator applies);
  *   library        libkvshim.so, found as `kvshim run` finds it.
  * Problems go to stderr ("kvshim: problem: ..." then "kvshim:   fix: ..."); what passed goes
@@ -44,7 +48,8 @@ static const char usage[] =
     "  -c, --config FILE  check the INI file FILE (as KVSHIM_CONFIG would name it)\n"
     "  -h, --help         print this help\n"
     "Checks the KVSHIM_* environment, the configuration, files.roots (absolute, readable,\n"
-    "O_DIRECT), the region in /dev/shm (room for it, or its geometry) and the shim library.\n"
+    "O_DIRECT), cache.dir and the pages it gives, the region (room for it, or its geometry)\n"
+    "and the shim library.\n"
     "Prints each problem with a fix on stderr; exit status 1 when there is any.\n";
 
 struct check {
@@ -430,6 +435,127 @@ static void check_store(struct check *ck, const struct kvs_config *cfg)
 	}
 }
 
+/* A number from a sysfs file, 0 if it cannot be read. */
+static unsigned long long sysfs_u64(const char *dir, const char *name)
+{
+	unsigned long long v = 0;
+	char path[1024];
+	FILE *f;
+
+	snprintf(path, sizeof(path), "%s/%s", dir, name);
+	f = fopen(path, "r");
+	if (f) {
+		if (fscanf(f, "%llu", &v) != 1)
+			v = 0;
+		fclose(f);
+	}
+	return v;
+}
+
+/* What the node offers besides cache.dir, on one line into buf: the hugetlb pools (pages of
+ * each size, and those neither used nor reserved) and the hugetlbfs mounts. */
+static void node_offers(char *buf, size_t len)
+{
+	const char *pools = "/sys/kernel/mm/hugepages";
+	char line[4096], dir[512], sz[32], *mnt, *opt, *sep;
+	size_t n = 0, before;
+	DIR *d;
+	FILE *f;
+
+	n += (size_t)snprintf(buf + n, len - n, "hugetlb pools:");
+	before = n;
+	d = opendir(pools);
+	for (struct dirent *e; d && (e = readdir(d)) && n < len;) {
+		unsigned long long kb, total, free_p, resv;
+
+		if (sscanf(e->d_name, "hugepages-%llukB", &kb) != 1)
+			continue;
+		snprintf(dir, sizeof(dir), "%s/%s", pools, e->d_name);
+		total = sysfs_u64(dir, "nr_hugepages");
+		free_p = sysfs_u64(dir, "free_hugepages");
+		resv = sysfs_u64(dir, "resv_hugepages");
+		n += (size_t)snprintf(buf + n, len - n, "%s %s: %llu pages, %llu free",
+				      n == before ? "" : ";",
+				      tool_human_bytes(kb << 10, sz, sizeof(sz)), total,
+				      free_p > resv ? free_p - resv : 0);
+	}
+	if (d)
+		closedir(d);
+	if (n == before && n < len)
+		n += (size_t)snprintf(buf + n, len - n, " none");
+	if (n < len)
+		n += (size_t)snprintf(buf + n, len - n, "; hugetlbfs mounts:");
+	before = n;
+	f = fopen("/proc/self/mountinfo", "r");
+	while (f && fgets(line, sizeof(line), f) && n < len) {
+		/* ID PARENT MAJ:MIN ROOT MOUNTPOINT OPTS ... - FSTYPE SOURCE SUPEROPTS */
+		sep = strstr(line, " - ");
+		if (!sep || strncmp(sep + 3, "hugetlbfs ", 10))
+			continue;
+		mnt = line;
+		for (int i = 0; i < 4 && mnt; i++)
+			mnt = strchr(mnt + 1, ' ');
+		if (!mnt)
+			continue;
+		mnt++;
+		mnt[strcspn(mnt, " ")] = '\0';
+		opt = strstr(sep, "pagesize=");
+		n += (size_t)snprintf(buf + n, len - n, " %s (pagesize %.*s)", mnt,
+				      opt ? (int)strcspn(opt + 9, ",\n") : 7,
+				      opt ? opt + 9 : "default");
+	}
+	if (f)
+		fclose(f);
+	if (n == before && n < len)
+		snprintf(buf + n, len - n, " none");
+}
+
+/* cache.dir and the pages a region built there gets; what the node offers besides, and the
+ * step that would give the region huge pages. */
+static void check_pages(struct check *ck, const struct kvs_config *cfg)
+{
+	char fix[320], sz[32], offers[1024];
+	struct kvs_memory m;
+	int r;
+
+	r = kvs_cache_memory(KVS_CACHE_PARAMS(cfg), &m);
+	if (r) {
+		problem(ck, "set cache.dir to an existing tmpfs (/dev/shm) or hugetlbfs directory",
+			"cache.dir %s: %s: no region can be built there", cfg->cache_dir,
+			strerror(-r));
+		return;
+	}
+	if (!m.tmpfs && !m.hugetlbfs)
+		problem(ck, "set cache.dir to a tmpfs (/dev/shm) or a hugetlbfs mount",
+			"cache.dir %s is not a tmpfs or hugetlbfs (file system %s): the region "
+			"would live in storage's page cache, written back to the disk",
+			cfg->cache_dir, m.fs);
+	tool_human_bytes(m.page_size, sz, sizeof(sz));
+	kvs_memory_fix(&m, cfg->cache_dir, fix, sizeof(fix));
+	if (m.hugetlbfs)
+		ok(ck, "ok   pages: %s is a hugetlbfs: a region there gets %s pages (%s)",
+		   cfg->cache_dir, sz, fix);
+	else if (m.kind != KVS_PAGE_BASE)
+		ok(ck, "ok   pages: %s is a tmpfs (huge=%s%s%s): a region there gets %s pages%s",
+		   cfg->cache_dir, m.huge, *m.shmem_enabled ? ", THP shmem_enabled " : "",
+		   m.shmem_enabled, sz,
+		   m.kind == KVS_PAGE_ADVISE ? " by MADV_HUGEPAGE (cache.huge_pages)" : "");
+	else if (cfg->cache_huge_pages == KVS_HUGE_ON)
+		problem(
+		    ck, fix,
+		    "cache.huge_pages = on, but %s (%s%s%s) gives no huge pages: a region there "
+		    "gets 4 KiB pages",
+		    cfg->cache_dir, m.fs, *m.huge ? ", huge=" : "", m.huge);
+	else
+		ok(ck, "note pages: %s (%s%s%s) gives a region 4 KiB pages%s; for huge pages: %s",
+		   cfg->cache_dir, m.fs, *m.huge ? ", huge=" : "", m.huge,
+		   cfg->cache_huge_pages == KVS_HUGE_OFF ? " (cache.huge_pages = off)" : "", fix);
+	node_offers(offers, sizeof(offers));
+	ok(ck, "note pages: this node: THP %s (shmem_enabled %s); %s",
+	   m.thp_size ? tool_human_bytes(m.thp_size, sz, sizeof(sz)) : "absent",
+	   *m.shmem_enabled ? m.shmem_enabled : "-", offers);
+}
+
 /* The region: an existing one against the configuration, else room for a new one. */
 static void check_region(struct check *ck, const struct kvs_config *cfg)
 {
@@ -463,7 +589,8 @@ static void check_region(struct check *ck, const struct kvs_config *cfg)
 				"a Kubernetes emptyDir with medium: Memory)",
 				"%s", msg[0] ? msg : strerror(-r));
 		else
-			ok(ck, "ok   region: %s is absent; /dev/shm has room to build it", path);
+			ok(ck, "ok   region: %s is absent; %s has room to build it", path,
+			   cfg->cache_dir);
 		return;
 	}
 	problem(ck, "run `kvshim reset` to remove it (with no engine running)", "%s",
@@ -497,6 +624,7 @@ int tool_check(bool quiet, bool check_library, bool *config_ok)
 			   cfg->kvshim_enable_env_off ? "KVSHIM_ENABLE=0" : "shim.enable = false");
 		check_roots(&ck, cfg);
 		check_store(&ck, cfg);
+		check_pages(&ck, cfg);
 		check_region(&ck, cfg);
 	}
 	if (check_library) {

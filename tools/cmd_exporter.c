@@ -49,7 +49,7 @@ static const char usage[] =
     "  -l, --listen ADDR:PORT  serve GET /metrics on this address (HOST:PORT, [IPV6]:PORT,\n"
     "                          :PORT for every address; port 0 picks a free one)\n"
     "  -r, --region NAME       export this region only (repeatable); by default every\n"
-    "                          region of this user in /dev/shm\n"
+    "                          region of this user in cache.dir (/dev/shm)\n"
     "  -h, --help              print this help\n";
 
 static const char prom_type[] = "text/plain; version=0.0.4; charset=utf-8";
@@ -199,9 +199,9 @@ static int scrape(struct exporter *ex, char **body, size_t *len)
 	int n = ex->nnames, r;
 
 	if (!names) {
-		n = tool_list_regions(&names);
+		n = tool_list_regions(ex->cfg->cache_dir, &names);
 		if (n < 0) {
-			tool_err("exporter: cannot list /dev/shm: %s", strerror(-n));
+			tool_err("exporter: cannot list %s: %s", ex->cfg->cache_dir, strerror(-n));
 			names = NULL;
 			n = 0;
 		}

@@ -1,5 +1,5 @@
 /*
- * kvshim ls [--all] [--json]: the regions in /dev/shm, one line each.
+ * kvshim ls [--all] [--json]: the regions in cache.dir (/dev/shm by default), one line each.
  *
  * Lists this user's objects kvshim.<euid>.* (with --all, or as root, every kvshim.*): name,
  * size, age, live processes attached and state.  Each is looked at with kvs_cache_peek, which
@@ -25,8 +25,6 @@
 #include "cache.h"
 #include "cmd_common.h"
 #include "config.h"
-
-#define SHM_DIR "/dev/shm/"
 
 static const char usage[] = "usage: kvshim ls [--all] [--json]\n"
 			    "  -a, --all   every kvshim region, not only this user's\n"
@@ -77,7 +75,7 @@ static const char *age_text(uint64_t s, char *buf, size_t len)
 	return buf;
 }
 
-/* Print one object: name is its file name in /dev/shm, path its path. */
+/* Print one object: name is its file name in cache.dir, path its path. */
 static void print_one(const char *name, const char *path, const struct kvs_peek *p, uint64_t now_ns,
 		      bool json, bool first)
 {
@@ -113,8 +111,8 @@ static void print_one(const char *name, const char *path, const struct kvs_peek 
 	       p->refused_attaches, p->capacity_bytes, p->shard_size, p->slots);
 }
 
-/* List the objects of /dev/shm whose names start with prefix; returns an exit status. */
-static int list(const char *prefix, uint32_t mode, bool json)
+/* List the objects of dir whose names start with prefix; returns an exit status. */
+static int list(const char *dir, const char *prefix, uint32_t mode, bool json)
 {
 	size_t n = 0, cap = 0, plen = strlen(prefix);
 	char **names = NULL, path[PATH_MAX];
@@ -123,9 +121,9 @@ static int list(const char *prefix, uint32_t mode, bool json)
 	struct dirent *e;
 	DIR *d;
 
-	d = opendir(SHM_DIR);
+	d = opendir(dir);
 	if (!d) {
-		tool_err("cannot read %s: %s", SHM_DIR, strerror(errno));
+		tool_err("cannot read %s: %s", dir, strerror(errno));
 		return KVS_EXIT_FAIL;
 	}
 	while ((e = readdir(d))) {
@@ -154,7 +152,7 @@ static int list(const char *prefix, uint32_t mode, bool json)
 		struct kvs_peek p;
 		int r;
 
-		snprintf(path, sizeof(path), "%s%s", SHM_DIR, names[i]);
+		snprintf(path, sizeof(path), "%s/%s", dir, names[i]);
 		r = kvs_cache_peek(path, mode, &p);
 		if (r == -ENOENT)
 			continue; /* removed since readdir */
@@ -185,7 +183,7 @@ int cmd_ls(int argc, char **argv)
 	};
 	bool all = false, json = false;
 	struct kvs_config *cfg;
-	char prefix[64];
+	char prefix[64], dir[KVS_CACHE_DIR_MAX + 1];
 	uint32_t mode;
 	int opt;
 
@@ -214,10 +212,13 @@ int cmd_ls(int argc, char **argv)
 	if (tool_load_config(&cfg))
 		return KVS_EXIT_FAIL;
 	mode = (uint32_t)cfg->cache_mode;
+	snprintf(dir, sizeof(dir), "%.*s", KVS_CACHE_DIR_MAX, cfg->cache_dir);
+	for (size_t n = strlen(dir); n > 1 && dir[n - 1] == '/'; n--)
+		dir[n - 1] = '\0';
 	free(cfg);
 	if (all || geteuid() == 0)
 		snprintf(prefix, sizeof(prefix), "kvshim.");
 	else
 		snprintf(prefix, sizeof(prefix), "kvshim.%u.", (unsigned)geteuid());
-	return list(prefix, mode, json);
+	return list(dir, prefix, mode, json);
 }

@@ -1,13 +1,14 @@
 /*
- * kvshim prepare [--config FILE]: create the region if it does not exist and give every slot
- * its memory now, before the engines start.
+ * kvshim prepare [--config FILE] [--threads N]: create the region if it does not exist and
+ * give every slot its memory now, before the engines start.
  *
  * A region's pages otherwise come as loads need them (cache.populate), and the first touch of
  * each fresh page (the kernel zeroing it and, in a virtual machine, the host backing it) then
  * lands inside a cold load's storage reads.  An engine allocates its own buffers at start-up;
  * prepare lets an operator do the same for the cache, as a unit's ExecStartPre or a pod's init
- * step.  The work is kvs_cache_prepare's: it stops where /dev/shm would go below
- * cache.shm_headroom, is idempotent, and leaves data already cached as it is.
+ * step.  The work is kvs_cache_prepare's, on one thread per CPU (--threads N: N): it stops
+ * where cache.dir would go below cache.shm_headroom, is idempotent, and leaves data already
+ * cached as it is.
  *
  * Attaches for the duration (a process-table slot, KVS_OPEN_CREATE) with cache.populate taken
  * as lazy, so that no background walk of its own starts beside the foreground one.  Exit
@@ -29,8 +30,9 @@
 #include "sys.h"
 
 static const char usage[] =
-    "usage: kvshim prepare [--config FILE]\n"
+    "usage: kvshim prepare [--config FILE] [--threads N]\n"
     "  -c, --config FILE  use the INI file FILE (as KVSHIM_CONFIG would name it)\n"
+    "  -t, --threads N    clear with N threads (default: one per CPU it may run on)\n"
     "  -h, --help         print this help\n"
     "\n"
     "Creates the region if needed and allocates and clears the memory of all its slots now,\n"
@@ -40,6 +42,7 @@ int cmd_prepare(int argc, char **argv)
 {
 	static const struct option opts[] = {
 	    {"config", required_argument, NULL, 'c'},
+	    {"threads", required_argument, NULL, 't'},
 	    {"help", no_argument, NULL, 'h'},
 	    {NULL, 0, NULL, 0},
 	};
@@ -50,15 +53,25 @@ int cmd_prepare(int argc, char **argv)
 	struct kvs_cache *c = NULL;
 	struct kvs_config *cfg;
 	int opt, r, status = KVS_EXIT_FAIL;
+	unsigned threads = 0;
 	uint32_t done;
 	uint64_t t0;
+	char *end;
 
 	opterr = 0;
-	while ((opt = getopt_long(argc, argv, "+:c:h", opts, NULL)) != -1) {
+	while ((opt = getopt_long(argc, argv, "+:c:t:h", opts, NULL)) != -1) {
 		switch (opt) {
 		case 'c':
 			if (tool_use_config(optarg))
 				return KVS_EXIT_FAIL;
+			break;
+		case 't':
+			threads = (unsigned)strtoul(optarg, &end, 10);
+			if (*end || !*optarg || threads < 1 || threads > KVS_PREPARE_THREADS_MAX) {
+				tool_err("prepare: --threads takes 1 to %d, not %s",
+					 KVS_PREPARE_THREADS_MAX, optarg);
+				return KVS_EXIT_USAGE;
+			}
 			break;
 		case 'h':
 			fputs(usage, stdout);
@@ -90,19 +103,26 @@ int cmd_prepare(int argc, char **argv)
 		tool_err("%s",
 			 msg); /* a region of other dimensions was replaced, as an engine would */
 	t0 = kvs_mono_ns();
-	r = kvs_cache_prepare(c, &done);
+	r = kvs_cache_prepare(c, threads, &done);
 	if (kvs_cache_stat(c, &info, &totals, NULL, 0) < 0) {
 		tool_err("cannot read the region's figures");
 		goto out;
 	}
-	printf("%s: %u of %u slots prepared (%s) in %.2f s\n", path, done, info.slots,
-	       tool_human_bytes((uint64_t)done * info.shard_size, human, sizeof(human)),
-	       (double)(kvs_mono_ns() - t0) / 1e9);
+	double took = (double)(kvs_mono_ns() - t0) / 1e9;
+	printf("%s: %u of %u slots prepared (%s) in %.2f s", path, done, info.slots,
+	       tool_human_bytes((uint64_t)done * info.shard_size, human, sizeof(human)), took);
+	printf(", %.2f s per GiB, %s pages%s%s\n",
+	       done ? took * (double)(1ull << 30) / ((double)done * (double)info.shard_size) : 0.0,
+	       tool_human_bytes(info.page_size, human, sizeof(human)),
+	       info.page_kind != KVS_PAGE_BASE ? " " : "",
+	       info.page_kind != KVS_PAGE_BASE ? kvs_page_kind_word(info.page_kind) : "");
 	if (r == -ENOSPC) {
-		tool_err(
-		    "prepare: stopped with %u of %u slots prepared: /dev/shm has no more room "
-		    "above cache.shm_headroom; the other slots get their memory as loads need it",
-		    done, info.slots);
+		tool_err("prepare: stopped with %u of %u slots prepared: %s has no more room "
+			 "above cache.shm_headroom; the other slots get their memory as loads need "
+			 "it",
+			 done, info.slots,
+			 info.page_kind == KVS_PAGE_HUGETLBFS ? "the huge page pool"
+							      : cfg->cache_dir);
 	} else if (r) {
 		tool_err("prepare: stopped with %u of %u slots prepared: %s", done, info.slots,
 			 strerror(-r));

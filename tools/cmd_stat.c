@@ -88,12 +88,14 @@ static void print_json(FILE *f, const struct tool_snapshot *s)
 		",\"processes_attached\":%" PRIu32 ",\"max_processes\":%" PRIu32
 		",\"slots_populated\":%" PRIu32 ",\"populate_errno\":%" PRId32
 		",\"populate\":\"%s\",\"populate_reason\":\"%s\",\"shm_free_bytes\":%" PRIu64
-		",\"procs_unlocked\":%s,\"refused_attaches\":%" PRIu64 ",\"built_by\":",
+		",\"procs_unlocked\":%s,\"refused_attaches\":%" PRIu64 ",\"page_size\":%" PRIu64
+		",\"huge_pages\":\"%s\",\"numa\":\"%s\",\"built_by\":",
 		i->capacity_bytes, i->shard_size, i->total_bytes, i->slots, i->reserved_slots,
 		i->slots_ready, i->bytes_ready, i->slots_loading, i->slots_failed, i->slots_pinned,
 		i->slots_claimed, i->processes_attached, i->max_processes, i->slots_populated,
 		i->populate_err, kvs_config_populate_word(i->populate_mode), i->populate_reason,
-		i->shm_free_bytes, i->procs_unlocked ? "true" : "false", i->refused_attaches);
+		i->shm_free_bytes, i->procs_unlocked ? "true" : "false", i->refused_attaches,
+		i->page_size, kvs_page_kind_word(i->page_kind), kvs_config_numa_word(i->numa));
 	json_string(f, i->built_by);
 	fputs("},\"totals\":{", f);
 	json_counters(f, &s->totals);
@@ -233,7 +235,19 @@ static void print_text(FILE *f, const struct tool_snapshot *s, struct rates *rt)
 	if (i->populate_err)
 		fprintf(f, "; walk stopped: %s (%s)", i->populate_reason,
 			strerror(i->populate_err));
-	fprintf(f, "; /dev/shm has %s free\n", tool_human_bytes(i->shm_free_bytes, a, sizeof(a)));
+	if (i->page_kind == KVS_PAGE_HUGETLBFS)
+		fprintf(f, "; its huge page pool has %s free\n",
+			tool_human_bytes(i->shm_free_bytes, a, sizeof(a)));
+	else
+		fprintf(f, "; %.*s has %s free\n", (int)(strrchr(s->path, '/') - s->path), s->path,
+			tool_human_bytes(i->shm_free_bytes, a, sizeof(a)));
+	fprintf(f, "pages      %s", tool_human_bytes(i->page_size, a, sizeof(a)));
+	if (i->page_kind != KVS_PAGE_BASE)
+		fprintf(f, " huge pages (%s)", kvs_page_kind_word(i->page_kind));
+	fprintf(f, ", placed %s\n",
+		i->numa == KVS_NUMA_OFF	    ? "by the kernel (cache.numa off)"
+		: i->numa == KVS_NUMA_LOCAL ? "local (cache.numa)"
+					    : "interleaved (cache.numa)");
 	fprintf(f, "processes  %" PRIu32 " attached (table of %" PRIu32 ")%s\n\n",
 		i->processes_attached, i->max_processes,
 		i->procs_unlocked ? "; read without proc_lock, which is stuck: a process being "

@@ -6,7 +6,7 @@
  *   kvshim stat [--json | --prom] [--watch SEC]   print the shared cache's figures
  *   kvshim config [--explain | --sample]          print the effective configuration
  *   kvshim reset [--force]                        remove the shared cache region
- *   kvshim ls [--all] [--json]                    list the regions in /dev/shm
+ *   kvshim ls [--all] [--json]                    list the regions in cache.dir
  *   kvshim evict PATH...                          drop the cached shards of files
  *   kvshim exporter --listen ADDR:PORT [--region NAME]...   serve /metrics to Prometheus
  *
@@ -54,11 +54,11 @@ static const char usage[] =
     "  config [--explain | --sample]\n"
     "                      print the effective configuration and where each value came from,\n"
     "                      or a sample kvshim.ini with every key and its default\n"
-    "  prepare [--config FILE]\n"
+    "  prepare [--config FILE] [--threads N]\n"
     "                      create the region and give all its slots their memory now, before\n"
     "                      the engines start (stops at cache.shm_headroom)\n"
     "  reset [--force]     remove the shared cache region (refused while processes are attached)\n"
-    "  ls [--all] [--json] list the regions in /dev/shm: size, age, processes, state\n"
+    "  ls [--all] [--json] list the regions in cache.dir: size, age, processes, state\n"
     "  evict PATH...       drop the cached shards of each file\n"
     "  exporter --listen ADDR:PORT [--region NAME]...\n"
     "                      serve the regions' figures to Prometheus over HTTP (GET /metrics)\n"

@@ -21,7 +21,7 @@ struct gauge {
 	uint64_t v;
 };
 
-#define NGAUGES 16
+#define NGAUGES 17
 
 /* Fill g with the gauges of i, always in the same order (name, help and value side by side,
  * so that they cannot drift apart). */
@@ -46,8 +46,12 @@ static void gauges_of(const struct kvs_region_info *i, struct gauge g[NGAUGES])
 	    {"slots_populated", "frames whose pages are allocated", i->slots_populated},
 	    {"populate_errno", "errno that stopped the eager walk, or 0",
 	     (uint64_t)(uint32_t)i->populate_err},
-	    {"shm_free_bytes", "free bytes of the file system holding the region",
+	    {"shm_free_bytes",
+	     "free bytes of the file system holding the region (of its huge page pool on "
+	     "hugetlbfs)",
 	     i->shm_free_bytes},
+	    {"page_size_bytes", "bytes of the region's pages: 4096, or a huge page's",
+	     i->page_size},
 	    {"procs_unlocked",
 	     "1 when proc_lock was stuck and the process figures were read without it",
 	     i->procs_unlocked},

@@ -127,7 +127,7 @@ void tool_names_free(char **names, int n)
 	free(names);
 }
 
-int tool_list_regions(char ***names)
+int tool_list_regions(const char *dir, char ***names)
 {
 	char prefix[32];
 	char **v = NULL;
@@ -137,7 +137,7 @@ int tool_list_regions(char ***names)
 	DIR *d;
 
 	plen = (size_t)snprintf(prefix, sizeof(prefix), "kvshim.%u.", (unsigned)geteuid());
-	d = opendir("/dev/shm");
+	d = opendir(dir);
 	if (!d)
 		return -errno;
 	while ((errno = 0, e = readdir(d))) {

@@ -43,12 +43,12 @@ int tool_snapshot_take(const struct kvs_config *cfg, struct tool_snapshot *s);
 void tool_snapshot_free(struct tool_snapshot *s);
 
 /*
- * The names of the regions of this effective uid in /dev/shm (/dev/shm/kvshim.<euid>.<name>),
- * sorted, without the leftovers of creators that died (NAME.tmp.<pid>.<n>,
- * NAME.build.<pid>.<hex>).  *names is a heap array of heap strings (tool_names_free); returns
- * their number, or -errno.
+ * The names of the regions of this effective uid in dir, the configuration's cache.dir
+ * (dir/kvshim.<euid>.<name>), sorted, without the leftovers of creators that died
+ * (NAME.tmp.<pid>.<n>, NAME.build.<pid>.<hex>).  *names is a heap array of heap strings
+ * (tool_names_free); returns their number, or -errno.
  */
-int tool_list_regions(char ***names);
+int tool_list_regions(const char *dir, char ***names);
 void tool_names_free(char **names, int n);
 
 /* True when s is a name the configuration accepts for cache.name (A-Z a-z 0-9 . _ -). */
