@@ -36,7 +36,6 @@
 #include <linux/futex.h>
 #include <limits.h>
 #include <pthread.h>
-#include <sched.h>
 #include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
@@ -477,29 +476,17 @@ static void after_read(int64_t n)
 			     "a read went to storage directly (%s)", strerror((int)-n));
 }
 
-/* kvs_anchor_get, for calls that never run in a signal handler (cuFile, aio, kernel AIO):
- * another thread installing this file's anchor answers -EBUSY, for the POSIX hooks' sake
- * (they may, and must never wait); these wait for it a little. */
-static int anchor_waiting(int fd, const struct kvs_fdinfo *fi)
-{
-	int anchor;
-
-	for (int tries = 0; (anchor = kvs_anchor_get(fd, fi)) == -EBUSY && tries < 1000; tries++)
-		sched_yield();
-	return anchor;
-}
-
-/* Attach the region and take fd's anchor (waiting while another thread installs it, for
- * callers that never run in a signal handler).  The anchor, referenced (kvs_anchor_put it
- * once the read is over), or -1 having said why not.
- * Caller holds guard; a position lock, if any, before attach_mu (attach never takes one). */
-static int attach_anchor(int fd, const struct kvs_fdinfo *fi, bool wait)
+/* Attach the region and take fd's anchor (anchor.h: waits while another thread installs or
+ * retires one).  The anchor, referenced (kvs_anchor_put it once the read is over), or -1 having
+ * said why not.  Caller holds guard; a position lock, if any, before attach_mu and the anchors'
+ * lock (neither is held while taking one). */
+static int attach_anchor(int fd, const struct kvs_fdinfo *fi)
 {
 	if (!attach()) {
 		pass(fd, fi, KVS_WHY_NO_CACHE, 0);
 		return -1;
 	}
-	int anchor = wait ? anchor_waiting(fd, fi) : kvs_anchor_get(fd, fi);
+	int anchor = kvs_anchor_get(fd, fi);
 	if (anchor < 0)
 		pass(fd, fi, KVS_WHY_ANCHOR, -anchor);
 	return anchor;
@@ -554,8 +541,7 @@ ssize_t kvs_shim_read(int fd, const struct iovec *iov, int iovcnt, off_t off, bo
 		goto out;
 	if (!direct_fits(fd, &fi, iov, iovcnt, off))
 		goto out;
-	/* Attached (admit): from here on this may run in a signal handler, so no waiting. */
-	anchor = attach_anchor(fd, &fi, false);
+	anchor = attach_anchor(fd, &fi);
 	if (anchor < 0)
 		goto out;
 	/* The kernel moves at most MAX_RW_COUNT bytes in one call, whatever was asked. */
@@ -608,7 +594,7 @@ static int prepare_to(struct kvs_shim_async *a, int fd, uint64_t ptr, size_t siz
 		pass(fd, &fi, KVS_WHY_BUFFERS, 0);
 		return -1;
 	}
-	anchor = attach_anchor(fd, &fi, true);
+	anchor = attach_anchor(fd, &fi);
 	if (anchor < 0)
 		return -1;
 	if (kvs_device_begin(&a->tg, cache, &cfg)) {
@@ -744,7 +730,7 @@ int kvs_shim_read_start(struct kvs_shim_async *a, int fd, const struct iovec *io
 		pass(fd, &fi, KVS_WHY_BUFFERS, 0);
 		goto out;
 	}
-	anchor = attach_anchor(fd, &fi, true);
+	anchor = attach_anchor(fd, &fi);
 	if (anchor < 0)
 		goto out;
 	a->fd = fd;
