@@ -425,6 +425,26 @@ static bool buffers_writable(const struct iovec *iov, int iovcnt)
 	return true;
 }
 
+/* May the read of fd (described as fi) write its buffers (buffers_writable)?  Else counted and
+ * said: the real call answers EFAULT or a short count.  Caller holds guard. */
+static bool buffers_fit(int fd, const struct kvs_fdinfo *fi, const struct iovec *iov, int iovcnt)
+{
+	if (buffers_writable(iov, iovcnt))
+		return true;
+	unserved(KVS_CTR_unserved_buffers, KVS_CAUSE_UNSERVED_BUFFERS,
+		 "a read of a KV file into memory the shim may not write");
+	pass(fd, fi, KVS_WHY_BUFFERS, 0);
+	return false;
+}
+
+/* The cache handed back a read of fd it had taken (n < 0): the caller makes the real call.
+ * Counted, and said at debug (after_read says it once at info).  Caller holds guard. */
+static void fell_back(int fd, uint64_t dev, uint64_t ino, int64_t n)
+{
+	kvs_cache_count(cache, KVS_CTR_unserved_fallback, 1);
+	kvs_why(fd, dev, ino, KVS_WHY_FALLBACK, n < 0 ? (int)-n : 0);
+}
+
 /* Zero the request's bytes from pos to its end, as the kernel does for a short O_DIRECT read on
  * some file systems. */
 static void zero_tail(const struct iovec *iov, int iovcnt, uint64_t pos)
@@ -483,12 +503,18 @@ static void after_read(int64_t n)
 static int attach_anchor(int fd, const struct kvs_fdinfo *fi)
 {
 	if (!attach()) {
+		unserved(KVS_CTR_unserved_no_cache, KVS_CAUSE_UNSERVED_NO_CACHE,
+			 "a read of a KV file while the cache cannot be used in this process");
 		pass(fd, fi, KVS_WHY_NO_CACHE, 0);
 		return -1;
 	}
 	int anchor = kvs_anchor_get(fd, fi);
-	if (anchor < 0)
+	if (anchor < 0) {
+		unserved(KVS_CTR_unserved_anchor, KVS_CAUSE_UNSERVED_ANCHOR,
+			 "a read of a KV file the shim could not hold open (shim.log = debug "
+			 "says why)");
 		pass(fd, fi, KVS_WHY_ANCHOR, -anchor);
+	}
 	return anchor;
 }
 
@@ -526,10 +552,8 @@ ssize_t kvs_shim_read(int fd, const struct iovec *iov, int iovcnt, off_t off, bo
 	pthread_setcancelstate(PTHREAD_CANCEL_DISABLE, &cancel_state);
 	if (!admit(fd, kvs_fdinfo_get(fd, &fi), &fi, false))
 		goto out;
-	if (!buffers_writable(iov, iovcnt)) {
-		pass(fd, &fi, KVS_WHY_BUFFERS, 0);
+	if (!buffers_fit(fd, &fi, iov, iovcnt))
 		goto out;
-	}
 	if (use_pos) {
 		pos_lock = &pos_mu[(fi.ino ^ fi.dev * 31) % POS_LOCKS];
 		pthread_mutex_lock(pos_lock);
@@ -554,7 +578,7 @@ ssize_t kvs_shim_read(int fd, const struct iovec *iov, int iovcnt, off_t off, bo
 	kvs_anchor_put(anchor); /* the loader is done with it */
 	after_read(n);
 	if (n < 0) {
-		pass(fd, &fi, KVS_WHY_FALLBACK, (int)-n);
+		fell_back(fd, fi.dev, fi.ino, n);
 		goto out;
 	}
 	if (use_pos && lseek(fd, off + n, SEEK_SET) < 0)
@@ -569,6 +593,15 @@ out:
 	guard--;
 	errno = saved;
 	return ret;
+}
+
+/* A cuFile read of fd into memory the shim cannot copy to: counted and said.  Caller holds
+ * guard. */
+static void device_unserved(int fd, const struct kvs_fdinfo *fi)
+{
+	unserved(KVS_CTR_unserved_device, KVS_CAUSE_UNSERVED_DEVICE,
+		 "a cuFile read of a KV file into memory the shim cannot copy to");
+	pass(fd, fi, KVS_WHY_DEVICE, 0);
 }
 
 /*
@@ -587,19 +620,17 @@ static int prepare_to(struct kvs_shim_async *a, int fd, uint64_t ptr, size_t siz
 	if (!admit(fd, kvs_fdinfo_get(fd, &fi), &fi, true))
 		return -1;
 	if (kvs_device_target(&cfg, ptr, size, &a->tg)) {
-		pass(fd, &fi, KVS_WHY_DEVICE, 0);
+		device_unserved(fd, &fi);
 		return -1;
 	}
-	if (a->tg.host && !buffers_writable(&a->tg.iov, 1)) {
-		pass(fd, &fi, KVS_WHY_BUFFERS, 0);
+	if (a->tg.host && !buffers_fit(fd, &fi, &a->tg.iov, 1))
 		return -1;
-	}
 	anchor = attach_anchor(fd, &fi);
 	if (anchor < 0)
 		return -1;
 	if (kvs_device_begin(&a->tg, cache, &cfg)) {
 		kvs_anchor_put(anchor);
-		pass(fd, &fi, KVS_WHY_DEVICE, 0);
+		device_unserved(fd, &fi);
 		return -1;
 	}
 	a->fd = fd;
@@ -627,7 +658,7 @@ ssize_t kvs_shim_read_to(int fd, uint64_t ptr, size_t size, off_t off)
 	kvs_anchor_put(a.rd.fd);
 	after_read(n);
 	if (n < 0)
-		kvs_why(fd, a.rd.dev, a.rd.ino, KVS_WHY_FALLBACK, (int)-n);
+		fell_back(fd, a.rd.dev, a.rd.ino, n);
 	if (n >= 0) {
 		kvs_cache_count(cache, KVS_CTR_cufile_requests, 1);
 		ret = n;
@@ -655,7 +686,7 @@ static void async_done(struct kvs_task *t, int64_t result)
 	async_tail(a, result);
 	after_read(result);
 	if (result < 0)
-		kvs_why(a->fd, a->rd.dev, a->rd.ino, KVS_WHY_FALLBACK, (int)-result);
+		fell_back(a->fd, a->rd.dev, a->rd.ino, result); /* a->done reads it for real */
 	if (result >= 0 && !a->posix)
 		kvs_cache_count(cache, KVS_CTR_cufile_requests, 1);
 	int anchor = a->rd.fd;
@@ -671,8 +702,11 @@ static int start_async(struct kvs_shim_async *a)
 	int r = kvs_loader_start(loader, &a->task, &a->rd, async_done, a);
 
 	if (r != 1) {
-		if (r != 0)
+		if (r != 0) {
 			kvs_anchor_put(a->rd.fd);
+			fell_back(a->fd, a->rd.dev, a->rd.ino,
+				  r); /* the caller passes it through */
+		}
 		return r == 0 ? 0 : -1;
 	}
 	kvs_anchor_put(a->rd.fd); /* a hit: the loader read nothing through it */
@@ -726,10 +760,8 @@ int kvs_shim_read_start(struct kvs_shim_async *a, int fd, const struct iovec *io
 		goto out;
 	if (!direct_fits(fd, &fi, iov, iovcnt, off))
 		goto out;
-	if (!buffers_writable(iov, iovcnt)) {
-		pass(fd, &fi, KVS_WHY_BUFFERS, 0);
+	if (!buffers_fit(fd, &fi, iov, iovcnt))
 		goto out;
-	}
 	anchor = attach_anchor(fd, &fi);
 	if (anchor < 0)
 		goto out;
@@ -799,6 +831,29 @@ static bool stream_pinned(struct stream_read *sr)
 	return true;
 }
 
+/* A cuFileReadAsync of a KV file passed to the real library: counted and said.  Caller holds
+ * guard. */
+static void stream_unserved(void)
+{
+	unserved(KVS_CTR_unserved_stream, KVS_CAUSE_UNSERVED_STREAM,
+		 "a cuFileReadAsync of a KV file on a stream not registered with fixed sizes and "
+		 "offsets, into host memory, or longer than 16 shards");
+}
+
+void kvs_shim_note_stream(int fd)
+{
+	struct kvs_fdinfo fi;
+
+	if (fd < 0 || !kvs_shim_wants(SIZE_MAX))
+		return;
+	int saved = errno;
+	guard++;
+	if (kvs_fdinfo_get(fd, &fi) == 0 && fi.kv)
+		stream_unserved();
+	guard--;
+	errno = saved;
+}
+
 int kvs_shim_read_to_stream(int fd, uint64_t ptr, size_t size, off_t off, ssize_t *bytes_read,
 			    void *stream)
 {
@@ -812,8 +867,18 @@ int kvs_shim_read_to_stream(int fd, uint64_t ptr, size_t size, off_t off, ssize_
 	if (prepare_to(&sr->a, fd, ptr, size, off))
 		goto out;
 	anchor = sr->a.rd.fd; /* held until stream_done, or put on the way out */
-	if (sr->a.tg.host || kvs_loader_pin(loader, &sr->a.task, &sr->a.rd))
+	if (sr->a.tg.host) {
+		stream_unserved();
 		goto out;
+	}
+	int r = kvs_loader_pin(loader, &sr->a.task, &sr->a.rd);
+	if (r == -E2BIG) {
+		stream_unserved(); /* longer than a task's shards: the stream is the library's */
+		goto out;
+	} else if (r) {
+		fell_back(fd, sr->a.rd.dev, sr->a.rd.ino, r);
+		goto out;
+	}
 	sr->bytes_read = bytes_read;
 	sr->result = (int64_t)(sr->a.task.end - sr->a.rd.off);
 	/* Once the first host function is on the stream, the last must follow it: nothing can be
@@ -821,23 +886,24 @@ int kvs_shim_read_to_stream(int fd, uint64_t ptr, size_t size, off_t off, ssize_
 	 * slot is read by the driver at the enqueue, so the shards must be READY before it: then
 	 * this call waits for them, and a failure still passes the read through. */
 	if (!stream_pinned(sr)) {
-		if (kvs_loader_settle(loader, &sr->a.task)) {
+		r = kvs_loader_settle(loader, &sr->a.task);
+		if (r) {
 			kvs_loader_unpin(loader, &sr->a.task);
+			fell_back(fd, sr->a.rd.dev, sr->a.rd.ino, r);
 			goto out;
 		}
 	} else if (kvs_device_stream_func(&sr->a.tg, stream, stream_settle, sr)) {
 		kvs_loader_unpin(loader, &sr->a.task);
+		fell_back(fd, sr->a.rd.dev, sr->a.rd.ino, -EIO);
 		goto out;
 	}
 	for (uint32_t i = 0; i < kvs_loader_nops(&sr->a.task); i++) {
 		const void *src;
 		uint64_t pos;
 		uint32_t len;
-		int r;
 
 		kvs_loader_op(loader, &sr->a.task, i, &src, &pos, &len);
-		r = kvs_device_stream_copy(&sr->a.tg, stream, pos, src, len);
-		if (r) {
+		if (kvs_device_stream_copy(&sr->a.tg, stream, pos, src, len)) {
 			sr->result = -KVS_CU_FILE_CUDA_DRIVER_ERROR;
 			break;
 		}

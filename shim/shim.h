@@ -159,6 +159,9 @@ void kvs_shim_note_stdio(int fd);
  * shim passes through: counted as unserved_io_uring when fd is a KV file.  The cause is said
  * by the caller.  Never changes errno. */
 void kvs_shim_note_uring_unserved(int fd);
+/* A cuFileReadAsync of fd passed to the real library because its stream does not fix its
+ * parameters: counted as unserved_stream when fd is a KV file.  Never changes errno. */
+void kvs_shim_note_stream(int fd);
 
 /* cuda.cufile_library, the configuration loaded first if need be; "libcufile.so.0" while
  * another thread loads it, or when the key is empty (never "": dlopen("") is the program). */
