@@ -43,14 +43,16 @@ clean_err() { # FILE: nothing on it but the shim's info line saying it attached
 # io_read_bytes around processes this script started and waited for is what the kernel read
 # from storage for them, whatever they are (Python, C, UCM's threads, the shim's own threads).
 io_read_bytes() { awk '/^read_bytes:/ { print $2 }' "/proc/$$/io"; }
-# storage_agrees KERNEL BACKEND ATIME NFILES: 0 when the kernel's count of a run agrees with the
-# bytes the shim counted for it (backend_bytes), else 1 with the difference in $storage_why.
-# The kernel may count more by the shim's atime reads (ATIME, the run's atime_updates: one
-# block each, atime.c), by the last block of each of NFILES files (O_DIRECT reads whole
-# blocks; backend_bytes counts the bytes a read returned) and 64 KiB of metadata; never less.
+# storage_agrees KERNEL BACKEND ATIME NFILES [PASSED]: 0 when the kernel's count of a run agrees
+# with the bytes the shim counted for it (backend_bytes), else 1 with the difference in
+# $storage_why.  The kernel may count more by the shim's atime reads (ATIME, the run's
+# atime_updates: one block each, atime.c), by the last block of each of NFILES files (O_DIRECT
+# reads whole blocks; backend_bytes counts the bytes a read returned), by at most PASSED bytes
+# the test knows were passed through (reads the shim counts in unserved_*) and 64 KiB of
+# metadata; never less.
 storage_agrees() {
 	local kernel=$1 backend=$2 atime=$3 nfiles=$4
-	local slack=$((atime * 4096 + nfiles * 4096 + 65536))
+	local slack=$((atime * 4096 + nfiles * 4096 + ${5:-0} + 65536))
 	storage_why=""
 	if [ "$kernel" -lt "$backend" ]; then
 		storage_why="the kernel read $kernel bytes, less than the shim's backend_bytes $backend"
