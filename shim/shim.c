@@ -310,18 +310,22 @@ static bool admit(int fd, int r, const struct kvs_fdinfo *fi, bool any_mode)
 
 void kvs_shim_note_small(int fd, size_t len)
 {
-	/* Only in a process that has mapped the region already, and only for a descriptor the
-	 * last look found to be a KV file: one load for every other small read. */
+	/* Only in a process that has mapped the region already: one load for a descriptor known
+	 * not to be a KV file; one look (statx, the path) the first time a descriptor is read
+	 * small before anything else classified it (a 12 KiB header read first), then its class
+	 * is known until its close. */
 	if (guard || len == 0 || len >= min_read ||
-	    atomic_load_explicit(&mapped, memory_order_acquire) != AT_OK || !kvs_fdinfo_hint_kv(fd))
+	    atomic_load_explicit(&mapped, memory_order_acquire) != AT_OK || kvs_fdinfo_not_kv(fd))
 		return;
 	int saved = errno;
 	struct kvs_fdinfo fi;
 	guard++;
-	unserved(KVS_CTR_unserved_small, KVS_CAUSE_UNSERVED_SMALL,
-		 "a read of a KV file shorter than files.min_read");
-	if (kvs_log_wants(KVS_LOG_DEBUG) && kvs_fdinfo_known(fd, &fi) == 0)
-		pass(fd, &fi, KVS_WHY_SMALL, 0);
+	if (kvs_fdinfo_hint_kv(fd) || (kvs_fdinfo_get(fd, &fi) == 0 && fi.kv)) {
+		unserved(KVS_CTR_unserved_small, KVS_CAUSE_UNSERVED_SMALL,
+			 "a read of a KV file shorter than files.min_read");
+		if (kvs_log_wants(KVS_LOG_DEBUG) && kvs_fdinfo_known(fd, &fi) == 0)
+			pass(fd, &fi, KVS_WHY_SMALL, 0);
+	}
 	guard--;
 	errno = saved;
 }

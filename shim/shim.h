@@ -147,9 +147,9 @@ void kvs_shim_write_completed(struct kvs_shim_wpend *p, ssize_t ret);
 void kvs_shim_truncated(struct wt_file *f, int fd, struct kvs_wtok *tok, int ret);
 
 /* What the shim sees but does not serve, counted (stat unserved_*) and said once at info:
- * a read shorter than files.min_read on a descriptor last seen as a KV file (only in a process
- * that has mapped the region; one load otherwise); a mapping of fd (mmap hook).  None
- * changes errno or fails. */
+ * a read shorter than files.min_read of a KV file (only in a process that has mapped the
+ * region; one load for a descriptor known not to be one, one look at a descriptor not yet
+ * classified); a mapping of fd (mmap hook).  None changes errno or fails. */
 void kvs_shim_note_small(int fd, size_t len);
 void kvs_shim_note_mmap(int fd);
 /* An fread of fd's stream that cannot be served (bytes to write, ungetc'd bytes, wide): counted
