@@ -361,8 +361,8 @@ KVS_EXPORT ssize_t cuFileWrite(kvs_cufile_handle_t fh, const void *buf, size_t s
 	n = fn(fh, buf, size, file_offset, buf_offset);
 	if (staged)
 		kvs_shim_cufile_write_after(&w, fd, n);
-	if (fd >= 0 && file_offset >= 0)
-		kvs_shim_invalidate(fd, file_offset, size, false, 0);
+	if (fd >= 0 && file_offset >= 0) /* after the write: a negative pos_delta says so */
+		kvs_shim_invalidate(fd, file_offset, size, false, -(off_t)size);
 	return n;
 }
 

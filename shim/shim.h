@@ -42,7 +42,9 @@ ssize_t kvs_shim_read(int fd, const struct iovec *iov, int iovcnt, off_t off, bo
 /* Invalidate the cached shards of fd's file that a write of len bytes at off changes; with
  * use_pos, at the file position plus pos_delta (0 before a write, minus the count after it).
  * Hooks call it before the write (the old identity's shards) and after it (shards another
- * process may have loaded while the write was landing).  Never fails; never changes errno. */
+ * process may have loaded while the write was landing), with a negative pos_delta after it
+ * whether or not use_pos (wonce.h judges a rewrite before the write only).  Never fails;
+ * never changes errno. */
 void kvs_shim_invalidate(int fd, off_t off, size_t len, bool use_pos, off_t pos_delta);
 
 /* A cuFile read served asynchronously (a batch entry): storage for the whole read, owned by

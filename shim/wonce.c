@@ -10,8 +10,14 @@
  * record: a file that loses its record starts over with its size then (a rewrite of its
  * first bytes is then not seen: a miss, as for a writer outside the shim).
  *
+ * A write below the size in the record is a rewrite only where the file holds data
+ * (SEEK_DATA, on a description of the shim's own): a new file written out of order through
+ * several descriptors (UCM's dump) fills holes, which is no rewrite.
+ *
  * Warned once per file: a second table of file tags (dev, ino hashed), never cleared.
  */
+#include <errno.h>
+#include <fcntl.h>
 #include <pthread.h>
 #include <stdio.h>
 #include <unistd.h>
@@ -21,6 +27,7 @@
 #include "cache.h"
 #include "config.h"
 #include "log.h"
+#include "real.h"
 #include "wonce.h"
 
 #define KVS_WONCE_FILES 64
@@ -117,8 +124,31 @@ static struct record *record_locked(int fd, const struct kvs_fdinfo *fi)
 	return r;
 }
 
+/* Does fd's file hold data anywhere in [off, off + len)?  Asked of a description of the
+ * shim's own (lseek would move the program's offset): SEEK_DATA from off finds the first data
+ * at or after it; ENXIO, none.  A file system without holes answers data: true, as on any
+ * doubt. */
+static bool has_data(int fd, uint64_t off, uint64_t len)
+{
+	char link[64];
+	int saved = errno;
+
+	snprintf(link, sizeof(link), "/proc/self/fd/%d", fd);
+	int d = open(link, O_RDONLY | O_CLOEXEC);
+	if (d < 0) {
+		errno = saved;
+		return true;
+	}
+	off_t next = lseek(d, (off_t)off, SEEK_DATA);
+	bool data = next < 0 ? errno != ENXIO : (uint64_t)next < off + len;
+	kvs_real_init();
+	kvs_real.close(d);
+	errno = saved;
+	return data;
+}
+
 bool kvs_wonce_rewrites(struct kvs_cache *c, int fd, const struct kvs_fdinfo *fi, uint64_t off,
-			uint64_t len)
+			uint64_t len, bool after)
 {
 	bool rewrite, count = false;
 
@@ -126,8 +156,13 @@ bool kvs_wonce_rewrites(struct kvs_cache *c, int fd, const struct kvs_fdinfo *fi
 		return false;
 	pthread_mutex_lock(&wonce_mu);
 	struct record *r = record_locked(fd, fi);
-	/* O_APPEND writes go to the end, whatever offset the caller thinks: never in place. */
-	rewrite = !fi->append && off < r->open_size;
+	/* O_APPEND writes go to the end, whatever offset the caller thinks: never in place.
+	 * Below the size the file had: a rewrite unless those bytes are a hole (a file written
+	 * out of order through several descriptors, UCM's dump: each shard opened, written and
+	 * closed by a thread of its own).  After the write they are data: the verdict is then
+	 * the file's (a violation seen drops everything, as before the write). */
+	rewrite =
+	    !fi->append && off < r->open_size && (after ? r->counted : has_data(fd, off, len));
 	if (rewrite && !r->counted) {
 		r->counted = count = true;
 		say_locked(fd, fi);
