@@ -89,3 +89,33 @@ pip_client() { # python-module pip-package...
 pip_client kvikio kvikio-cu13 libkvikio-cu13 cuda-pathfinder rapids-logger numpy packaging
 pip_client cufile cufile-python
 pip_client nixl_cu13 nixl-cu13
+
+# UCM's own storage layer (PyPI's uc-manager-cuda-cu130 0.8.1, a cp312 wheel that needs only
+# wrapt) for the `ucm` test and scripts/bench_ucm.sh: a Python 3.12 virtual environment of its
+# own, KVS_UCM_VENV (default ~/.cache/kvshim/ucm-venv).  python3.12 is found on the PATH, else
+# among pyenv's versions.  The test skips where it is missing, so a failed install must not
+# stop the build.
+ucm_venv=${KVS_UCM_VENV:-${XDG_CACHE_HOME:-$HOME/.cache}/kvshim/ucm-venv}
+ucm_import='import ucm, importlib, os, ctypes
+ctypes.CDLL(os.path.join(os.path.dirname(ucm.__file__), "shared/metrics/libmetrics.so"), mode=os.RTLD_NOW | os.RTLD_GLOBAL)
+importlib.import_module("ucm.store.pipeline.ucmpipelinestore")'
+if ! "$ucm_venv/bin/python" -c "$ucm_import" >/dev/null 2>&1; then
+	py312=""
+	for p in "$(command -v python3.12 || true)" \
+		"$(command -v pyenv >/dev/null && pyenv root 2>/dev/null)"/versions/3.12*/bin/python3.12 \
+		/usr/bin/python3.12 /usr/local/bin/python3.12; do
+		if [ -n "$p" ] && [ -x "$p" ] && "$p" -c 'import sys, venv; sys.exit(sys.version_info[:2] != (3, 12))' 2>/dev/null; then
+			py312=$p
+			break
+		fi
+	done
+	if [ -z "$py312" ]; then
+		echo "deps: no Python 3.12 (python3.12 or pyenv's 3.12); the ucm test skips" >&2
+	else
+		echo "deps: installing uc-manager-cuda-cu130 0.8.1 into $ucm_venv ($py312)" >&2
+		{ "$py312" -m venv "$ucm_venv" >/dev/null 2>&1 &&
+			"$ucm_venv/bin/python" -m pip install --quiet uc-manager-cuda-cu130==0.8.1 \
+				>/dev/null 2>&1; } ||
+			echo "deps: uc-manager-cuda-cu130 did not install; the ucm test skips" >&2
+	fi
+fi

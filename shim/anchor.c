@@ -38,6 +38,15 @@
  * locked[]: hashes of (dev, ino) of files the program locked, inserted by CAS into an empty
  * entry, never removed; full: every file counts as locked.  A hash collision makes an
  * unlocked file look locked: the careful path, never the unsafe one.
+ *
+ * anchor_mu serialises installing (kvs_anchor_get's slow path) and retiring (closing, a
+ * replaced slot, the parked list): a few system calls (dup, fstat, statx, close) while it is
+ * held, never I/O.  Both wait for it: a thread that gave up when another was installing would
+ * send its read to storage, and with many threads opening a descriptor per read (UCM's psync
+ * engine: 128 of them) that was 1 read in 10.  The one caller that must not wait is a signal
+ * handler that interrupted this very thread while it holds the lock, or is taking it: in_mu,
+ * per thread and set before the lock is taken, makes such a nested call give up (-EBUSY, or
+ * leave the anchor for a later retirement) instead of waiting for itself.
  */
 #include <errno.h>
 #include <fcntl.h>
@@ -78,6 +87,27 @@ static _Atomic bool locked_full;
 static pthread_mutex_t anchor_mu = PTHREAD_MUTEX_INITIALIZER;
 static int parked[MAX_PARKED]; /* under anchor_mu */
 static int nparked;
+/* This thread holds anchor_mu or is taking it (a signal handler on it must not wait). */
+static __thread int in_mu __attribute__((tls_model("initial-exec")));
+
+/* Take anchor_mu, waiting for it.  False, without waiting, when this thread holds it already or
+ * is taking it: a signal handler that interrupted it. */
+static bool lock_anchors(void)
+{
+	if (in_mu)
+		return false;
+	in_mu = 1;
+	atomic_signal_fence(memory_order_seq_cst); /* a handler on this thread sees in_mu first */
+	pthread_mutex_lock(&anchor_mu);
+	return true;
+}
+
+static void unlock_anchors(void)
+{
+	pthread_mutex_unlock(&anchor_mu);
+	atomic_signal_fence(memory_order_seq_cst); /* released before in_mu says so */
+	in_mu = 0;
+}
 
 static struct tables *tables_get(bool create)
 {
@@ -131,8 +161,10 @@ static uint64_t file_hash(uint64_t dev, uint64_t ino)
 void kvs_anchor_note_lock(int fd)
 {
 	struct stat st;
+	int saved = errno, r = fstat(fd, &st);
 
-	if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode))
+	errno = saved; /* the program's lock call sets errno, not this look */
+	if (r != 0 || !S_ISREG(st.st_mode))
 		return;
 	uint64_t h = file_hash((uint64_t)st.st_dev, (uint64_t)st.st_ino);
 	for (uint32_t i = 0; i < LOCKED_SLOTS; i++) {
@@ -298,15 +330,15 @@ void kvs_anchor_closing(int fd)
 	    !atomic_load_explicit(&t->slot[fd], memory_order_relaxed))
 		return;
 	int saved = errno;
-	if (pthread_mutex_trylock(&anchor_mu) == 0) {
+	if (lock_anchors()) {
 		int a = atomic_exchange(&t->slot[fd], 0) - 1;
 
 		if (a >= 0 && is_ours(a))
 			retire_locked(t, a);
-		pthread_mutex_unlock(&anchor_mu);
+		unlock_anchors();
 	}
-	/* Busy: the anchor stays in its slot and is retired when the number names another
-	 * file, as it always was. */
+	/* Not taken (a signal handler that interrupted this thread inside this file): the anchor
+	 * stays in its slot and is retired when the number names another file. */
 	errno = saved;
 }
 
@@ -352,8 +384,8 @@ int kvs_anchor_get(int fd, const struct kvs_fdinfo *fi)
 	r = get_slot(t, fd, fi);
 	if (r != -ENOENT)
 		goto out;
-	if (pthread_mutex_trylock(&anchor_mu)) {
-		r = -EBUSY;
+	if (!lock_anchors()) {
+		r = -EBUSY; /* a signal handler that interrupted this thread inside this file */
 		goto out;
 	}
 	r = get_slot(t, fd, fi); /* another thread may have installed one meanwhile */
@@ -390,7 +422,7 @@ int kvs_anchor_get(int fd, const struct kvs_fdinfo *fi)
 	if (r < 0)
 		kvs_anchor_put(d);
 out_unlock:
-	pthread_mutex_unlock(&anchor_mu);
+	unlock_anchors();
 out:
 	errno = saved;
 	return r;
@@ -402,6 +434,7 @@ void kvs_anchor_atfork_child(void)
 
 	/* The child runs one thread; a parent thread may have held anchor_mu. */
 	pthread_mutex_init(&anchor_mu, NULL);
+	in_mu = 0;
 	nparked = 0;
 	/* Close every anchor the child still holds (it holds no record locks yet: nothing to
 	 * lose), and nothing else: a number the program closed and reused since is its own (its

@@ -18,7 +18,15 @@
  * program closes the number, or the number names another file at its next served read.
  * Anchors are O_CLOEXEC; a fork child closes those it still holds.
  *
- * Every function is async-signal-safe (no malloc, no lock waits) and leaves errno alone.
+ * What a caller may count on: no function allocates memory (the tables are mmap'ed once) and
+ * every one leaves errno alone.  kvs_anchor_get and kvs_anchor_closing take one process-wide
+ * mutex and wait for it, held by another thread for a few system calls (dup, fstat, statx,
+ * close; a scan of /proc/self/fd for a file the program locked).  A call from a signal handler
+ * that interrupted this very thread while it holds that mutex, or is taking it, does not wait:
+ * kvs_anchor_get answers -EBUSY and kvs_anchor_closing leaves the anchor for a later
+ * retirement.  That is what makes them safe to call from a handler under glibc, but they are
+ * not async-signal-safe in POSIX's sense: pthread_mutex_lock and strtol are not on its
+ * list.  kvs_anchor_put and kvs_anchor_note_lock use atomics and fstat only.
  */
 #ifndef KVS_SHIM_ANCHOR_H
 #define KVS_SHIM_ANCHOR_H
@@ -27,9 +35,11 @@
 
 /* The anchor of fd, a KV file kvs_fdinfo_get just described as fi: a descriptor of the
  * shim's own whose file has exactly fi's identity, made on first use, with a reference taken
- * (kvs_anchor_put it).  Returns the descriptor, or -errno (-EBADF: fd out of range; -ESTALE:
- * the file changed between the two looks; -EBUSY: another thread is installing an anchor; or
- * dup's error) and the caller passes through, holding nothing. */
+ * (kvs_anchor_put it).  Waits while another thread installs or retires an anchor.  Returns the
+ * descriptor, or -errno (-EBADF: fd out of range; -ESTALE: the file changed between the two
+ * looks; -EMFILE: the dup's number is beyond the tables; -EBUSY: called from a signal handler
+ * that interrupted this thread inside this module; or dup's or fstat's error) and the caller
+ * passes through, holding nothing. */
 int kvs_anchor_get(int fd, const struct kvs_fdinfo *fi);
 
 /* Drop the reference kvs_anchor_get took; the last one on a retired anchor closes it.
@@ -37,8 +47,8 @@ int kvs_anchor_get(int fd, const struct kvs_fdinfo *fi);
 void kvs_anchor_put(int anchor);
 
 /* The program is about to close fd: retire its anchor, if any (closed now, or parked while the
- * program may hold locks on the file, or when the last reference goes).  One load when fd has
- * none. */
+ * program may hold locks on the file, or when the last reference goes), waiting for the mutex
+ * as kvs_anchor_get does.  One load when fd has none. */
 void kvs_anchor_closing(int fd);
 
 /* The program takes a POSIX record lock on fd's file (fcntl F_SETLK/F_SETLKW, lockf): from now

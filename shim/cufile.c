@@ -365,8 +365,8 @@ KVS_EXPORT ssize_t cuFileWrite(kvs_cufile_handle_t fh, const void *buf, size_t s
 	kvs_shim_drop();
 	if (staged)
 		kvs_shim_cufile_write_after(&w, fd, n);
-	if (fd >= 0 && file_offset >= 0)
-		kvs_shim_invalidate(fd, file_offset, size, false, 0);
+	if (fd >= 0 && file_offset >= 0) /* after the write: a negative pos_delta says so */
+		kvs_shim_invalidate(fd, file_offset, size, false, -(off_t)size);
 	return n;
 }
 
@@ -440,12 +440,17 @@ KVS_EXPORT kvs_cufile_error_t cuFileReadAsync(kvs_cufile_handle_t fh, void *buf,
 	    (kvs_cufile_read_async_fn)kvs_cufile_real(KVS_CF_cuFileReadAsync);
 	int fd = kvs_cufile_fd(fh);
 
-	/* Served only when the parameters may be read now: the stream fixed them. */
+	/* Served only when the parameters may be read now: the stream fixed them.  A KV file's
+	 * read on another stream is counted (unserved_stream). */
 	if (fd >= 0 && buf && size_p && file_offset_p && buf_offset_p && bytes_read_p &&
-	    *buf_offset_p >= 0 && kvs_shim_wants(*size_p) && stream_fixed(stream) &&
-	    kvs_shim_read_to_stream(fd, (uint64_t)(uintptr_t)buf + (uint64_t)*buf_offset_p, *size_p,
-				    *file_offset_p, bytes_read_p, stream) == 0)
-		return ok_error;
+	    *buf_offset_p >= 0 && kvs_shim_wants(*size_p)) {
+		if (!stream_fixed(stream))
+			kvs_shim_note_stream(fd);
+		else if (kvs_shim_read_to_stream(
+			     fd, (uint64_t)(uintptr_t)buf + (uint64_t)*buf_offset_p, *size_p,
+			     *file_offset_p, bytes_read_p, stream) == 0)
+			return ok_error;
+	}
 	return fn ? fn(fh, buf, size_p, file_offset_p, buf_offset_p, bytes_read_p, stream)
 		  : no_library;
 }

@@ -20,8 +20,9 @@
  * A ring mapped through mmap() whose setup the shim did not see is said once at info: its
  * reads are not served.
  *
- * What is served.  IORING_OP_READ, READ_FIXED and READV of a KV file at an explicit offset,
- * no RWF flags, no buffer selection; by descriptor, or by registered-file index when
+ * What is served.  IORING_OP_READ and READV of a KV file at an explicit offset, no RWF flags,
+ * no buffer selection (not READ_FIXED: whether its address lies in the registered buffer is the
+ * kernel's to check); by descriptor, or by registered-file index when
  * IOSQE_FIXED_FILE is set (the table recorded from io_uring_register / the liburing calls,
  * each slot with the identity of the file it was registered with, checked against the
  * descriptor number at serve time).  Not an entry that follows a linked one (its read must
@@ -38,7 +39,9 @@
  * Passed through, counted (unserved_io_uring) and said once per cause: SQPOLL rings (the
  * kernel takes entries whenever it likes), a kernel without NOP result injection (probed
  * once), a registered ring descriptor on the syscall door, a fixed-file table the shim does not
- * know (files installed by the ring itself), a ring seen only at mmap.
+ * know (files installed by the ring itself), a ring seen only at mmap.  Every other read entry
+ * of a KV file left to the kernel (above: READ_FIXED, linked, drained, past the end, short) is
+ * counted in unserved_io_uring too, without a line of its own (declined).
  *
  * Threads.  tables_mu guards the ring and file tables; it is never held across a read or a
  * call into liburing or the kernel.  A submission's reads complete on the loader's completion
@@ -540,6 +543,21 @@ static void invalidate_if_write(const struct view *v, const struct io_uring_sqe 
 		kvs_shim_change_now(fd, (int64_t)off, len);
 }
 
+/* sqe, a read the shim leaves to the kernel (READ_FIXED, one that follows a link or a drain,
+ * with RWF flags, up to or past the end of the file, shorter than files.min_read, or one that
+ * came out short): counted in unserved_io_uring when it reads a KV file.  A registered file the
+ * shim cannot name was counted by read_of. */
+static void declined(const struct view *v, const struct io_uring_sqe *sqe)
+{
+	if (sqe->opcode != IORING_OP_READ && sqe->opcode != IORING_OP_READV &&
+	    sqe->opcode != IORING_OP_READ_FIXED)
+		return;
+	int fd =
+	    (sqe->flags & IOSQE_FIXED_FILE) ? fixed_fd(v->ring_fd, (unsigned)sqe->fd) : sqe->fd;
+	if (fd >= 0)
+		kvs_shim_note_uring_unserved(fd);
+}
+
 /* Serve what can be served of v's pending entries and rewrite those into NOPs. */
 static void serve(const struct view *v)
 {
@@ -573,8 +591,12 @@ static void serve(const struct view *v)
 		if (changes_files(sqe))
 			files_unknown(v->ring_fd);
 		invalidate_if_write(v, sqe);
-		if (follows || drained || (fd = read_of(v, sqe, &iov, &iovp, &iovcnt)) < 0)
+		if (follows || drained || (fd = read_of(v, sqe, &iov, &iovp, &iovcnt)) < 0) {
+			if (iovp && iovp != &iov)
+				free((void *)iovp); /* read_of's copy of a READV's iovecs */
+			declined(v, sqe);
 			continue;
+		}
 		struct iovec *copy = iovp != &iov ? (struct iovec *)iovp : NULL;
 		uint64_t len = 0;
 		for (int k = 0; k < iovcnt; k++)
@@ -584,6 +606,7 @@ static void serve(const struct view *v)
 		    sqe->off + len > (uint64_t)st.st_size || (!c && !(c = calloc(n, sizeof(*c))))) {
 			free(
 			    copy); /* up to or past the end of the file: the kernel's (see below) */
+			declined(v, sqe);
 			continue;
 		}
 		struct cand *x = &c[nc];
@@ -625,8 +648,11 @@ static void serve(const struct view *v)
 		 * it would (a short read breaks a link and posts a CQE despite CQE_SKIP_SUCCESS,
 		 * and O_DIRECT leaves its own tail past the end); only the file's last shard is
 		 * read twice. */
-		if (res < (int64_t)c[k].asked)
+		if (res < (int64_t)c[k].asked) {
+			if (res >= 0)
+				declined(v, sqe); /* a failure was counted as unserved_fallback */
 			continue;
+		}
 		__u64 user_data = sqe->user_data;
 		__u8 flags = sqe->flags & (IOSQE_IO_LINK | IOSQE_IO_HARDLINK |
 					   IOSQE_CQE_SKIP_SUCCESS | IOSQE_ASYNC);

@@ -192,6 +192,8 @@ bool kvs_log_wants(int level)
 	return level <= atomic_load(&max_level);
 }
 
+_Static_assert(KVS_CAUSE_NCAUSES <= 32, "one bit per cause in printed");
+
 void kvs_log_once(enum kvs_cause cause, int level, const char *fmt, ...)
 {
 	va_list ap;

@@ -36,7 +36,6 @@
 #include <linux/futex.h>
 #include <limits.h>
 #include <pthread.h>
-#include <sched.h>
 #include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
@@ -413,18 +412,22 @@ static bool admit(int fd, int r, const struct kvs_fdinfo *fi, bool any_mode)
 
 void kvs_shim_note_small(int fd, size_t len)
 {
-	/* Only in a process that has mapped the region already, and only for a descriptor the
-	 * last look found to be a KV file: one load for every other small read. */
+	/* Only in a process that has mapped the region already: one load for a descriptor known
+	 * not to be a KV file; one look (statx, the path) the first time a descriptor is read
+	 * small before anything else classified it (a 12 KiB header read first), then its class
+	 * is known until its close. */
 	if (guard || len == 0 || len >= min_read ||
-	    atomic_load_explicit(&mapped, memory_order_acquire) != AT_OK || !kvs_fdinfo_hint_kv(fd))
+	    atomic_load_explicit(&mapped, memory_order_acquire) != AT_OK || kvs_fdinfo_not_kv(fd))
 		return;
 	int saved = errno;
 	struct kvs_fdinfo fi;
 	guard++;
-	unserved(KVS_CTR_unserved_small, KVS_CAUSE_UNSERVED_SMALL,
-		 "a read of a KV file shorter than files.min_read");
-	if (kvs_log_wants(KVS_LOG_DEBUG) && kvs_fdinfo_known(fd, &fi) == 0)
-		pass(fd, &fi, KVS_WHY_SMALL, 0);
+	if (kvs_fdinfo_hint_kv(fd) || (kvs_fdinfo_get(fd, &fi) == 0 && fi.kv)) {
+		unserved(KVS_CTR_unserved_small, KVS_CAUSE_UNSERVED_SMALL,
+			 "a read of a KV file shorter than files.min_read");
+		if (kvs_log_wants(KVS_LOG_DEBUG) && kvs_fdinfo_known(fd, &fi) == 0)
+			pass(fd, &fi, KVS_WHY_SMALL, 0);
+	}
 	guard--;
 	errno = saved;
 }
@@ -544,6 +547,26 @@ static bool buffers_writable(const struct iovec *iov, int iovcnt)
 	return true;
 }
 
+/* May the read of fd (described as fi) write its buffers (buffers_writable)?  Else counted and
+ * said: the real call answers EFAULT or a short count.  Caller holds guard. */
+static bool buffers_fit(int fd, const struct kvs_fdinfo *fi, const struct iovec *iov, int iovcnt)
+{
+	if (buffers_writable(iov, iovcnt))
+		return true;
+	unserved(KVS_CTR_unserved_buffers, KVS_CAUSE_UNSERVED_BUFFERS,
+		 "a read of a KV file into memory the shim may not write");
+	pass(fd, fi, KVS_WHY_BUFFERS, 0);
+	return false;
+}
+
+/* The cache handed back a read of fd it had taken (n < 0): the caller makes the real call.
+ * Counted, and said at debug (after_read says it once at info).  Caller holds guard. */
+static void fell_back(int fd, uint64_t dev, uint64_t ino, int64_t n)
+{
+	kvs_cache_count(cache, KVS_CTR_unserved_fallback, 1);
+	kvs_why(fd, dev, ino, KVS_WHY_FALLBACK, n < 0 ? (int)-n : 0);
+}
+
 /* Zero the request's bytes from pos to its end, as the kernel does for a short O_DIRECT read on
  * some file systems. */
 static void zero_tail(const struct iovec *iov, int iovcnt, uint64_t pos)
@@ -595,31 +618,25 @@ static void after_read(int64_t n)
 			     "a read went to storage directly (%s)", strerror((int)-n));
 }
 
-/* kvs_anchor_get, for calls that never run in a signal handler (cuFile, aio, kernel AIO):
- * another thread installing this file's anchor answers -EBUSY, for the POSIX hooks' sake
- * (they may, and must never wait); these wait for it a little. */
-static int anchor_waiting(int fd, const struct kvs_fdinfo *fi)
-{
-	int anchor;
-
-	for (int tries = 0; (anchor = kvs_anchor_get(fd, fi)) == -EBUSY && tries < 1000; tries++)
-		sched_yield();
-	return anchor;
-}
-
-/* Attach the region and take fd's anchor (waiting while another thread installs it, for
- * callers that never run in a signal handler).  The anchor, referenced (kvs_anchor_put it
- * once the read is over), or -1 having said why not.
- * Caller holds guard; a position lock, if any, before attach_mu (attach never takes one). */
-static int attach_anchor(int fd, const struct kvs_fdinfo *fi, bool wait)
+/* Attach the region and take fd's anchor (anchor.h: waits while another thread installs or
+ * retires one).  The anchor, referenced (kvs_anchor_put it once the read is over), or -1 having
+ * said why not.  Caller holds guard; a position lock, if any, before attach_mu and the anchors'
+ * lock (neither is held while taking one). */
+static int attach_anchor(int fd, const struct kvs_fdinfo *fi)
 {
 	if (!attach()) {
+		unserved(KVS_CTR_unserved_no_cache, KVS_CAUSE_UNSERVED_NO_CACHE,
+			 "a read of a KV file while the cache cannot be used in this process");
 		pass(fd, fi, KVS_WHY_NO_CACHE, 0);
 		return -1;
 	}
-	int anchor = wait ? anchor_waiting(fd, fi) : kvs_anchor_get(fd, fi);
-	if (anchor < 0)
+	int anchor = kvs_anchor_get(fd, fi);
+	if (anchor < 0) {
+		unserved(KVS_CTR_unserved_anchor, KVS_CAUSE_UNSERVED_ANCHOR,
+			 "a read of a KV file the shim could not hold open (shim.log = debug "
+			 "says why)");
 		pass(fd, fi, KVS_WHY_ANCHOR, -anchor);
+	}
 	return anchor;
 }
 
@@ -657,10 +674,8 @@ ssize_t kvs_shim_read(int fd, const struct iovec *iov, int iovcnt, off_t off, bo
 	pthread_setcancelstate(PTHREAD_CANCEL_DISABLE, &cancel_state);
 	if (!admit(fd, kvs_fdinfo_get(fd, &fi), &fi, false))
 		goto out;
-	if (!buffers_writable(iov, iovcnt)) {
-		pass(fd, &fi, KVS_WHY_BUFFERS, 0);
+	if (!buffers_fit(fd, &fi, iov, iovcnt))
 		goto out;
-	}
 	if (use_pos) {
 		pos_lock = &pos_mu[(fi.ino ^ fi.dev * 31) % POS_LOCKS];
 		pthread_mutex_lock(pos_lock);
@@ -672,8 +687,7 @@ ssize_t kvs_shim_read(int fd, const struct iovec *iov, int iovcnt, off_t off, bo
 		goto out;
 	if (!direct_fits(fd, &fi, iov, iovcnt, off))
 		goto out;
-	/* Attached (admit): from here on this may run in a signal handler, so no waiting. */
-	anchor = attach_anchor(fd, &fi, false);
+	anchor = attach_anchor(fd, &fi);
 	if (anchor < 0)
 		goto out;
 	/* The kernel moves at most MAX_RW_COUNT bytes in one call, whatever was asked. */
@@ -686,7 +700,7 @@ ssize_t kvs_shim_read(int fd, const struct iovec *iov, int iovcnt, off_t off, bo
 	kvs_anchor_put(anchor); /* the loader is done with it */
 	after_read(n);
 	if (n < 0) {
-		pass(fd, &fi, KVS_WHY_FALLBACK, (int)-n);
+		fell_back(fd, fi.dev, fi.ino, n);
 		goto out;
 	}
 	if (use_pos && lseek(fd, off + n, SEEK_SET) < 0)
@@ -731,6 +745,15 @@ ssize_t kvs_shim_readv(int fd, const struct iovec *iov, int iovcnt, off_t off, b
 	return kvs_shim_read(fd, v, iovcnt, off, use_pos);
 }
 
+/* A cuFile read of fd into memory the shim cannot copy to: counted and said.  Caller holds
+ * guard. */
+static void device_unserved(int fd, const struct kvs_fdinfo *fi)
+{
+	unserved(KVS_CTR_unserved_device, KVS_CAUSE_UNSERVED_DEVICE,
+		 "a cuFile read of a KV file into memory the shim cannot copy to");
+	pass(fd, fi, KVS_WHY_DEVICE, 0);
+}
+
 /*
  * A cuFile read's common part: fd a KV file (O_DIRECT or not: cuFile reads are served either
  * way), the destination classified and ready, the region attached, the anchor taken (in
@@ -747,19 +770,17 @@ static int prepare_to(struct kvs_shim_async *a, int fd, uint64_t ptr, size_t siz
 	if (!admit(fd, kvs_fdinfo_get(fd, &fi), &fi, true))
 		return -1;
 	if (kvs_device_target(&cfg, ptr, size, &a->tg)) {
-		pass(fd, &fi, KVS_WHY_DEVICE, 0);
+		device_unserved(fd, &fi);
 		return -1;
 	}
-	if (a->tg.host && !buffers_writable(&a->tg.iov, 1)) {
-		pass(fd, &fi, KVS_WHY_BUFFERS, 0);
+	if (a->tg.host && !buffers_fit(fd, &fi, &a->tg.iov, 1))
 		return -1;
-	}
-	anchor = attach_anchor(fd, &fi, true);
+	anchor = attach_anchor(fd, &fi);
 	if (anchor < 0)
 		return -1;
 	if (kvs_device_begin(&a->tg, cache, &cfg)) {
 		kvs_anchor_put(anchor);
-		pass(fd, &fi, KVS_WHY_DEVICE, 0);
+		device_unserved(fd, &fi);
 		return -1;
 	}
 	a->fd = fd;
@@ -787,7 +808,7 @@ ssize_t kvs_shim_read_to(int fd, uint64_t ptr, size_t size, off_t off)
 	kvs_anchor_put(a.rd.fd);
 	after_read(n);
 	if (n < 0)
-		kvs_why(fd, a.rd.dev, a.rd.ino, KVS_WHY_FALLBACK, (int)-n);
+		fell_back(fd, a.rd.dev, a.rd.ino, n);
 	if (n >= 0) {
 		kvs_cache_count(cache, KVS_CTR_cufile_requests, 1);
 		ret = n;
@@ -815,7 +836,7 @@ static void async_done(struct kvs_task *t, int64_t result)
 	async_tail(a, result);
 	after_read(result);
 	if (result < 0)
-		kvs_why(a->fd, a->rd.dev, a->rd.ino, KVS_WHY_FALLBACK, (int)-result);
+		fell_back(a->fd, a->rd.dev, a->rd.ino, result); /* a->done reads it for real */
 	if (result >= 0 && !a->posix)
 		kvs_cache_count(cache, KVS_CTR_cufile_requests, 1);
 	int anchor = a->rd.fd;
@@ -831,8 +852,11 @@ static int start_async(struct kvs_shim_async *a)
 	int r = kvs_loader_start(loader, &a->task, &a->rd, async_done, a);
 
 	if (r != 1) {
-		if (r != 0)
+		if (r != 0) {
 			kvs_anchor_put(a->rd.fd);
+			fell_back(a->fd, a->rd.dev, a->rd.ino,
+				  r); /* the caller passes it through */
+		}
 		return r == 0 ? 0 : -1;
 	}
 	kvs_anchor_put(a->rd.fd); /* a hit: the loader read nothing through it */
@@ -886,11 +910,9 @@ int kvs_shim_read_start(struct kvs_shim_async *a, int fd, const struct iovec *io
 		goto out;
 	if (!direct_fits(fd, &fi, iov, iovcnt, off))
 		goto out;
-	if (!buffers_writable(iov, iovcnt)) {
-		pass(fd, &fi, KVS_WHY_BUFFERS, 0);
+	if (!buffers_fit(fd, &fi, iov, iovcnt))
 		goto out;
-	}
-	anchor = attach_anchor(fd, &fi, true);
+	anchor = attach_anchor(fd, &fi);
 	if (anchor < 0)
 		goto out;
 	a->fd = fd;
@@ -1079,6 +1101,29 @@ static int stream_copies(struct stream_read *sr, void *stream, bool batch, bool 
 	return 0;
 }
 
+/* A cuFileReadAsync of a KV file passed to the real library: counted and said.  Caller holds
+ * guard. */
+static void stream_unserved(void)
+{
+	unserved(KVS_CTR_unserved_stream, KVS_CAUSE_UNSERVED_STREAM,
+		 "a cuFileReadAsync of a KV file on a stream not registered with fixed sizes and "
+		 "offsets, into host memory, or longer than 16 shards");
+}
+
+void kvs_shim_note_stream(int fd)
+{
+	struct kvs_fdinfo fi;
+
+	if (fd < 0 || !kvs_shim_wants(SIZE_MAX))
+		return;
+	int saved = errno;
+	guard++;
+	if (kvs_fdinfo_get(fd, &fi) == 0 && fi.kv)
+		stream_unserved();
+	guard--;
+	errno = saved;
+}
+
 int kvs_shim_read_to_stream(int fd, uint64_t ptr, size_t size, off_t off, ssize_t *bytes_read,
 			    void *stream)
 {
@@ -1094,9 +1139,18 @@ int kvs_shim_read_to_stream(int fd, uint64_t ptr, size_t size, off_t off, ssize_
 	anchor = sr->a.rd.fd; /* held until stream_done, or put on the way out */
 	/* A capturing stream runs what is enqueued at every launch of its graph, after the
 	 * first has freed sr: not a read the shim can serve (nor one it can ask about). */
-	if (sr->a.tg.host || kvs_device_stream_capturing(&sr->a.tg, stream) != 0 ||
-	    kvs_loader_pin(loader, &sr->a.task, &sr->a.rd))
+	if (sr->a.tg.host || kvs_device_stream_capturing(&sr->a.tg, stream) != 0) {
+		stream_unserved();
 		goto out;
+	}
+	int r = kvs_loader_pin(loader, &sr->a.task, &sr->a.rd);
+	if (r == -E2BIG) {
+		stream_unserved(); /* longer than a task's shards: the stream is the library's */
+		goto out;
+	} else if (r) {
+		fell_back(fd, sr->a.rd.dev, sr->a.rd.ino, r);
+		goto out;
+	}
 	sr->bytes_read = bytes_read;
 	sr->result = (int64_t)(sr->a.task.end - sr->a.rd.off);
 
@@ -1105,18 +1159,20 @@ int kvs_shim_read_to_stream(int fd, uint64_t ptr, size_t size, off_t off, ssize_
 	if (!kvs_loader_pinned_ready(&sr->a.task) && (batch || pinned) && settler_ready() &&
 	    kvs_device_gate_wait(&sr->a.tg, stream, &sr->gate) == 0) {
 		sr->gated = true;
-	} else if (kvs_loader_settle(loader, &sr->a.task)) {
+	} else if ((r = kvs_loader_settle(loader, &sr->a.task))) {
 		kvs_loader_unpin(loader, &sr->a.task); /* nothing on the stream: pass through */
+		fell_back(fd, sr->a.rd.dev, sr->a.rd.ino, r);
 		goto out;
 	}
 	/* GATED: in stream order (batch, else pinned slots).  SETTLED: the slots are READY, so
 	 * any order: pinned slots by DMA, else a batch that reads them during the call without
 	 * waiting for the stream (a pageable cuMemcpyHtoDAsync may wait for it first). */
 	bool queued;
-	int r = stream_copies(sr, stream, sr->gated ? batch : batch && !pinned, sr->gated,
-			      !sr->gated || pinned, &queued);
+	r = stream_copies(sr, stream, sr->gated ? batch : batch && !pinned, sr->gated,
+			  !sr->gated || pinned, &queued);
 	if (r && !queued && !sr->gated) {
 		kvs_loader_unpin(loader, &sr->a.task); /* nothing on the stream: pass through */
+		fell_back(fd, sr->a.rd.dev, sr->a.rd.ino, r);
 		goto out;
 	}
 	if (r)
@@ -1342,7 +1398,7 @@ bool kvs_shim_change_before(struct kvs_shim_change *ch, int fd, int64_t off, con
 				       : ((uint64_t)off + len - 1) / S;
 			/* A write-once file changed over bytes it held: all of it goes (wonce.h).
 			 */
-			if (kvs_wonce_rewrites(c, fd, &ch->fi, (uint64_t)off, len)) {
+			if (kvs_wonce_rewrites(c, fd, &ch->fi, (uint64_t)off, len, false)) {
 				ch->first = 0;
 				ch->last = UINT64_MAX;
 			}
@@ -1594,7 +1650,8 @@ void kvs_shim_invalidate(int fd, off_t off, size_t len, bool use_pos, off_t pos_
 		off += pos_delta;
 	}
 	uint64_t S = kvs_cache_shard_size(c);
-	if (kvs_wonce_rewrites(c, fd, &fi, (uint64_t)off, len))
+	/* pos_delta < 0: the call after the write (hooks_posix.c's AROUND_WRITE). */
+	if (kvs_wonce_rewrites(c, fd, &fi, (uint64_t)off, len, pos_delta < 0))
 		kvs_cache_invalidate(c, &fi.block, 0, fi.size ? (fi.size - 1) / S : 0);
 	else
 		kvs_cache_invalidate(c, &fi.block, (uint64_t)off / S,

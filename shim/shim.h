@@ -53,7 +53,9 @@ ssize_t kvs_shim_readv(int fd, const struct iovec *iov, int iovcnt, off_t off, b
 /* Invalidate the cached shards of fd's file that a write of len bytes at off changes; with
  * use_pos, at the file position plus pos_delta (0 before a write, minus the count after it).
  * Hooks call it before the write (the old identity's shards) and after it (shards another
- * process may have loaded while the write was landing).  Never fails; never changes errno. */
+ * process may have loaded while the write was landing), with a negative pos_delta after it
+ * whether or not use_pos (wonce.h judges a rewrite before the write only).  Never fails;
+ * never changes errno. */
 void kvs_shim_invalidate(int fd, off_t off, size_t len, bool use_pos, off_t pos_delta);
 
 /* An open that may write path (relative to dirfd) with flags is about to be made / returned fd
@@ -211,9 +213,9 @@ void kvs_shim_change_now(int fd, int64_t off, uint64_t len);
 void kvs_shim_truncated(struct wt_file *f, int fd, struct kvs_wtok *tok, int ret);
 
 /* What the shim sees but does not serve, counted (stat unserved_*) and said once at info:
- * a read shorter than files.min_read on a descriptor last seen as a KV file (only in a process
- * that has mapped the region; one load otherwise); a mapping of fd (mmap hook).  None
- * changes errno or fails. */
+ * a read shorter than files.min_read of a KV file (only in a process that has mapped the
+ * region; one load for a descriptor known not to be one, one look at a descriptor not yet
+ * classified); a mapping of fd (mmap hook).  None changes errno or fails. */
 void kvs_shim_note_small(int fd, size_t len);
 void kvs_shim_note_mmap(int fd);
 /* mmap of fd with prot and flags succeeded: a KV file mapped MAP_SHARED through a descriptor
@@ -227,6 +229,9 @@ void kvs_shim_note_stdio(int fd);
  * shim passes through: counted as unserved_io_uring when fd is a KV file.  The cause is said
  * by the caller.  Never changes errno. */
 void kvs_shim_note_uring_unserved(int fd);
+/* A cuFileReadAsync of fd passed to the real library because its stream does not fix its
+ * parameters: counted as unserved_stream when fd is a KV file.  Never changes errno. */
+void kvs_shim_note_stream(int fd);
 
 /* cuda.cufile_library, the configuration loaded first if need be; "libcufile.so.0" while
  * another thread loads it, or when the key is empty (never "": dlopen("") is the program). */

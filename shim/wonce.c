@@ -12,6 +12,10 @@
  * record: a file that loses its record starts over with its size then (a rewrite of its first
  * bytes is then not seen: a miss, as for a writer outside the shim).
  *
+ * A write below the size in the record is a rewrite only where the file holds data
+ * (SEEK_DATA, on a description of the shim's own, asked with no lock held): a new file written
+ * out of order through several descriptors (UCM's dump) fills holes, which is no rewrite.
+ *
  * Said once per file: a second table of file tags (dev, ino hashed), never cleared; the line is
  * printed after wonce_mu is let go (stderr may be a full pipe).
  */
@@ -198,8 +202,31 @@ void kvs_wonce_opened(const struct kvs_wonce_open *o, int fd)
 	say(say_what, fd, o->dev, o->ino);
 }
 
+/* Does fd's file hold data anywhere in [off, off + len)?  Asked of a description of the
+ * shim's own (lseek would move the program's offset): SEEK_DATA from off finds the first data
+ * at or after it; ENXIO, none.  A file system without holes answers data: true, as on any
+ * doubt. */
+static bool has_data(int fd, uint64_t off, uint64_t len)
+{
+	char link[64];
+	int saved = errno;
+
+	snprintf(link, sizeof(link), "/proc/self/fd/%d", fd);
+	int d = open(link, O_RDONLY | O_CLOEXEC);
+	if (d < 0) {
+		errno = saved;
+		return true;
+	}
+	off_t next = lseek(d, (off_t)off, SEEK_DATA);
+	bool data = next < 0 ? errno != ENXIO : (uint64_t)next < off + len;
+	kvs_real_init();
+	kvs_real.close(d);
+	errno = saved;
+	return data;
+}
+
 bool kvs_wonce_rewrites(struct kvs_cache *c, int fd, const struct kvs_fdinfo *fi, uint64_t off,
-			uint64_t len)
+			uint64_t len, bool after)
 {
 	bool rewrite, count = false;
 	int say_what = SAY_NOTHING;
@@ -208,8 +235,16 @@ bool kvs_wonce_rewrites(struct kvs_cache *c, int fd, const struct kvs_fdinfo *fi
 		return false;
 	pthread_mutex_lock(&wonce_mu);
 	struct record *r = record_locked(fd, fi->dev, fi->ino, fi->size, false);
-	/* O_APPEND writes go to the end, whatever offset the caller thinks: never in place. */
-	rewrite = !fi->append && off < r->open_size;
+	/* O_APPEND writes go to the end, whatever offset the caller thinks: never in place.
+	 * Below the size the file had: a rewrite unless those bytes are a hole (a file written
+	 * out of order through several descriptors, UCM's dump: each shard opened, written and
+	 * closed by a thread of its own).  After the write they are data: the verdict is then
+	 * the file's (a violation seen drops everything, as before the write). */
+	bool below = !fi->append && off < r->open_size, counted = r->counted;
+	pthread_mutex_unlock(&wonce_mu);
+	rewrite = below && (after ? counted : has_data(fd, off, len));
+	pthread_mutex_lock(&wonce_mu);
+	r = record_locked(fd, fi->dev, fi->ino, fi->size, false);
 	if (rewrite && !r->counted) {
 		r->counted = count = true;
 		say_what = to_say_locked(fi->dev, fi->ino);

@@ -5,12 +5,13 @@
  * it is written, so a rewrite in place would leave old bytes under its key.  The declaration
  * says it never happens; when a process under the shim does it anyway, the shim sees it: an
  * open for writing with O_TRUNC of a file that held bytes, a truncation, or a write that
- * overlaps the bytes the file held when this process opened it (or, for a descriptor opened
- * where the shim did not see it, when it first wrote to it) is a rewrite in place.  The
- * file's shards are then dropped (the caller invalidates them all, before the write and after
- * it), and the first one per file and open is counted (write_once_violations) and said (the
- * declaration was wrong for that file).  A new file written in any order, appended to, or
- * patched over its own new bytes (a header written last) is no violation.
+ * overlaps bytes the file held (data, not holes) when this process opened it (or, for a
+ * descriptor opened where the shim did not see it, when it first wrote to it) is a rewrite in
+ * place.  The file's shards are then dropped (the caller invalidates them all, before the write
+ * and after it), and the first one per file and open is counted (write_once_violations) and
+ * said (the declaration was wrong for that file).  A new file written in any order (through
+ * several descriptors, filling holes: UCM's dump), appended to, or patched over its own new
+ * bytes (a header written last) is no violation.
  *
  * What a process outside the shim does is not seen: docs/operations.md says what goes wrong
  * when a declared root is rewritten in place.
@@ -49,10 +50,12 @@ bool kvs_wonce_opening(struct kvs_wonce_open *o, struct kvs_cache *(*region)(voi
 void kvs_wonce_opened(const struct kvs_wonce_open *o, int fd);
 
 /* A write of len bytes at off to fd, which fi describes (a KV file keyed by birth), is about
- * to be made, or was just made (called again after it): true when it rewrites bytes in
- * place, and the caller must drop every shard of the file.  c (may be NULL) counts it. */
+ * to be made, or was just made (after: called again after it): true when it rewrites bytes
+ * in place (bytes the file held, not a hole), and the caller must drop every shard of the
+ * file.  c (may be NULL) counts it.  Before the write, a write below the file's size costs an
+ * open of /proc/self/fd/N, an lseek(SEEK_DATA) and a close. */
 bool kvs_wonce_rewrites(struct kvs_cache *c, int fd, const struct kvs_fdinfo *fi, uint64_t off,
-			uint64_t len);
+			uint64_t len, bool after);
 
 /* The program closed fd, or every number of [lo, hi]: this process's records of files opened
  * through them end.  Atomics only, async-signal-safe. */

@@ -87,8 +87,10 @@ print(sys.argv[2], g["read"]["io_bytes"], g["error"])' "$1" "$2"
 	(cd "$work" && "${fio_read[@]}" >"$work/fio0.json" 2>"$work/fio0.err")
 	want=$(summary "$work/fio0.json" $?)
 	reset_region
+	k0=$(io_read_bytes)
 	(cd "$work" && LD_PRELOAD=$lib "${fio_read[@]}" >"$work/fio1.json" 2>"$work/fio1.err")
 	got=$(summary "$work/fio1.json" $? 2>&1)
+	kernel=$(($(io_read_bytes) - k0))
 	unique=$(stat -c %s "$work/kv/big")
 	backend=$(totals backend_bytes)
 	req=$(totals requests)
@@ -96,6 +98,8 @@ print(sys.argv[2], g["read"]["io_bytes"], g["error"])' "$1" "$2"
 		fail "fio posixaio without the shim: $want ($(head -c 300 "$work/fio0.err"))"
 	elif [ "$got" != "$want" ] || ! clean_err "$work/fio1.err"; then
 		fail "fio posixaio under the shim: $got, want $want ($(head -c 300 "$work/fio1.err"))"
+	elif ! storage_agrees "$kernel" "$backend" "$(totals atime_updates)" 1; then
+		fail "fio posixaio under the shim: $storage_why"
 	elif [ "$req" -le 0 ] || [ "$backend" -gt $((unique + unique / 100)) ]; then
 		fail "fio posixaio: storage read $backend bytes for $unique unique ($req requests)"
 	else

@@ -92,11 +92,13 @@ for api in read batch; do
 	nother=$(grep -vc '^kvshim:' "$work/err.nodrv.$api")
 	h2d=$(totals h2d_bytes)
 	reqs=$(totals cufile_requests)
+	udev=$(totals unserved_device)
+	freads=$(($(fake_sum "$work/st.nodrv.$api" fakecufile reads) + $(fake_sum "$work/st.nodrv.$api" fakecufile batch_entries)))
 	if [ "$fake" -eq "$unique" ] && [ "$nwarn" -eq 1 ] && [ "$nother" -eq 0 ] &&
-		[ "$h2d" -eq 0 ] && [ "$reqs" -eq 0 ]; then
-		ok "$label: bytes right, the fake libcufile read all $fake, one warning: $(cat "$work/err.nodrv.$api")"
+		[ "$h2d" -eq 0 ] && [ "$reqs" -eq 0 ] && [ "$udev" -eq "$freads" ]; then
+		ok "$label: bytes right, the fake libcufile read all $fake, unserved_device $udev (its reads), one warning: $(cat "$work/err.nodrv.$api")"
 	else
-		fail "$label: fake read_bytes $fake (want $unique), $nwarn kvshim: lines and $nother others on stderr (want 1, 0): $(head -c 300 "$work/err.nodrv.$api"); h2d_bytes $h2d, cufile_requests $reqs (want 0, 0)"
+		fail "$label: fake read_bytes $fake (want $unique), $nwarn kvshim: lines and $nother others on stderr (want 1, 0): $(head -c 300 "$work/err.nodrv.$api"); h2d_bytes $h2d, cufile_requests $reqs (want 0, 0), unserved_device $udev (want $freads)"
 	fi
 done
 
@@ -106,12 +108,15 @@ for api in read batch; do
 	run_engine htod.$api $api FAKECUDA_FAIL=cuMemcpyHtoDAsync_v2
 	engine_ok "$label" htod.$api $api || continue
 	fb=$(totals fallbacks)
+	ufb=$(totals unserved_fallback)
 	h2d=$(totals h2d_bytes)
 	fake=$(fake_sum "$work/st.htod.$api" fakecufile read_bytes)
-	if [ "$fb" -gt 0 ] && [ "$h2d" -eq 0 ] && [ "$fake" -eq "$unique" ]; then
-		ok "$label: bytes right, fallbacks $fb, h2d_bytes 0, the fake libcufile read all $fake"
+	freads=$(($(fake_sum "$work/st.htod.$api" fakecufile reads) + $(fake_sum "$work/st.htod.$api" fakecufile batch_entries)))
+	# Each read the shim took and handed back is counted by its cause: every one the fake made.
+	if [ "$fb" -gt 0 ] && [ "$h2d" -eq 0 ] && [ "$fake" -eq "$unique" ] && [ "$ufb" -eq "$freads" ]; then
+		ok "$label: bytes right, fallbacks $fb, unserved_fallback $ufb (the fake's reads), h2d_bytes 0, the fake libcufile read all $fake"
 	else
-		fail "$label: fallbacks $fb (want > 0), h2d_bytes $h2d (want 0), fake read_bytes $fake (want $unique)"
+		fail "$label: fallbacks $fb (want > 0), unserved_fallback $ufb (want the fake's $freads reads), h2d_bytes $h2d (want 0), fake read_bytes $fake (want $unique)"
 	fi
 done
 

@@ -3,7 +3,7 @@
 
     kv_ranks.py write DIR NFILES SIZE [--gen G] [--shape SHAPE] [--prefix P]
     kv_ranks.py load DIR NFILES SIZE [--gen G] [--ranks N] [--chunk BYTES] [--skew BYTES]
-                [--buffered] [--prefix P] [--stagger SEC]
+                [--buffered] [--prefix P] [--stagger SEC] [--threads T [--repeat R]]
     kv_ranks.py touch DIR NFILES SIZE [--how utime|atime] [--prefix P]
 
 Every file P<i> holds 64-bit words: word w of file i, generation G is
@@ -29,7 +29,9 @@ into page-aligned buffers (--buffered: without O_DIRECT), rank r starting at fil
 reads of --chunk bytes (default the whole file) from offset --skew (default 0; the bytes
 before it are read first as one read), so that reads need not be aligned to the cache's
 shards, as llama.cpp's tensor reads are not.  Rank r starts r * --stagger seconds after the
-first.  Every byte is checked.  Prints "load: N ranks, F files, B bytes asked, ok, storage S"
+first.  With --threads T, each rank runs T threads that take its reads from one queue, and
+every read opens the file, reads, and closes it (UCM's psync engine); --repeat R reads it all
+R times.  Every byte is checked.  Prints "load: N ranks, F files, B bytes asked, ok, storage S"
 where S is the sum of the ranks' /proc/self/io read_bytes over their loads (what the kernel
 read from storage for them); exits 1 on a wrong byte (stderr says where).
 
@@ -189,6 +191,68 @@ def touch(a):
     print(f"touch: {a.nfiles} files ({a.how})")
 
 
+def pieces_of(a):
+    """The (offset, length) reads of one file: the skew first, then chunks."""
+    chunk = a.chunk or a.size
+    pieces = []
+    if a.skew:
+        pieces.append((0, min(a.skew, a.size)))
+    off = a.skew or 0
+    while off < a.size:
+        pieces.append((off, min(chunk, a.size - off)))
+        off += chunk
+    return pieces
+
+
+def check_piece(a, rank, path, i, buf, off, n, got):
+    if got < n:
+        print(f"kv_ranks: rank {rank}: {path} at {off}: {got} of {n} bytes", file=sys.stderr)
+        os._exit(1)
+    have = np.frombuffer(buf, dtype=np.uint8, count=n)
+    want = pattern(a.gen, i, off, n)
+    if not np.array_equal(have, want):
+        bad = int(np.nonzero(have != want)[0][0])
+        print(f"kv_ranks: rank {rank}: {path}: wrong byte at {off + bad}", file=sys.stderr)
+        os._exit(1)
+
+
+def load_threads(a, rank, flags):
+    """--threads T: UCM's psync engine's shape.  T threads take the rank's reads from one
+    queue (files from file rank on, in order), and each read opens the file, reads its piece
+    into the thread's buffer, and closes it."""
+    jobs = [((rank + k) % a.nfiles, off, n) for k in range(a.nfiles) for off, n in pieces_of(a)]
+    jobs = jobs * a.repeat
+    jobs.reverse()
+    lock = threading.Lock()
+    # The bytes each read must return, made before the threads start: checking a read is then
+    # a copy and a memcmp, short beside the read, so the threads' opens, reads and closes
+    # overlap as a C engine's do (numpy's check holds the GIL 10 times longer).
+    want = {(i, off): pattern(a.gen, i, off, n).tobytes() for i, off, n in jobs}
+
+    def work():
+        buf = aligned(max(a.chunk or a.size, a.skew or 0) + PAGE)
+        while True:
+            with lock:
+                if not jobs:
+                    return
+                i, off, n = jobs.pop()
+            path = os.path.join(a.dir, f"{a.prefix}{i}")
+            fd = os.open(path, flags)
+            try:
+                got = read_range(fd, buf, off, n, not a.buffered)
+            finally:
+                os.close(fd)
+            if got != n or buf[:n] != want[(i, off)]:
+                check_piece(a, rank, path, i, buf, off, n, got)  # says where, exits
+
+    threads = [threading.Thread(target=work) for _ in range(a.threads)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    return a.repeat * sum(n for _ in range(a.nfiles) for _, n in pieces_of(a))
+
+
 def load_rank(a, rank, go):
     flags = os.O_RDONLY | (0 if a.buffered else os.O_DIRECT)
     chunk = a.chunk or a.size
@@ -198,28 +262,16 @@ def load_rank(a, rank, go):
         time.sleep(0.0005)
     if a.stagger:
         time.sleep(rank * a.stagger)
+    if a.threads:
+        return load_threads(a, rank, flags)
     for k in range(a.nfiles):
         i = (rank + k) % a.nfiles
         path = os.path.join(a.dir, f"{a.prefix}{i}")
         fd = os.open(path, flags)
-        pieces = []
-        if a.skew:
-            pieces.append((0, min(a.skew, a.size)))
-        off = a.skew or 0
-        while off < a.size:
-            pieces.append((off, min(chunk, a.size - off)))
-            off += chunk
-        for off, n in pieces:
+        for off, n in pieces_of(a):
             got = read_range(fd, buf, off, n, not a.buffered)
             asked += n
-            if got < n:
-                sys.exit(f"kv_ranks: rank {rank}: {path} at {off}: {got} of {n} bytes")
-            have = np.frombuffer(buf, dtype=np.uint8, count=n)
-            want = pattern(a.gen, i, off, n)
-            if not np.array_equal(have, want):
-                bad = int(np.nonzero(have != want)[0][0])
-                print(f"kv_ranks: rank {rank}: {path}: wrong byte at {off + bad}", file=sys.stderr)
-                os._exit(1)
+            check_piece(a, rank, path, i, buf, off, n, got)
         os.close(fd)
     return asked
 
@@ -272,6 +324,8 @@ def main():
     p.add_argument("--skew", type=int, default=0)
     p.add_argument("--buffered", action="store_true")
     p.add_argument("--stagger", type=float, default=0.0)
+    p.add_argument("--threads", type=int, default=0)
+    p.add_argument("--repeat", type=int, default=1)
     p.add_argument("--pace", type=float, default=0.0)
     p.add_argument("--how", choices=["utime", "atime"], default="utime")
     a = p.parse_args()

@@ -37,3 +37,27 @@ fake_sum() { # DIR PREFIX COUNTER: the counter summed over a fake library's stat
 clean_err() { # FILE: nothing on it but the shim's info line saying it attached
 	! grep -v '^kvshim: [0-9T:.Z-]* pid [0-9]* info: attached' "$1" | grep -q .
 }
+
+# Storage by the kernel's count.  A process's /proc/PID/io read_bytes includes every child it
+# has reaped (the kernel adds a waited-for child's I/O to its parent's), so the difference of
+# io_read_bytes around processes this script started and waited for is what the kernel read
+# from storage for them, whatever they are (Python, C, UCM's threads, the shim's own threads).
+io_read_bytes() { awk '/^read_bytes:/ { print $2 }' "/proc/$$/io"; }
+# storage_agrees KERNEL BACKEND ATIME NFILES [PASSED]: 0 when the kernel's count of a run agrees
+# with the bytes the shim counted for it (backend_bytes), else 1 with the difference in
+# $storage_why.  The kernel may count more by the shim's atime reads (ATIME, the run's
+# atime_updates: one block each, atime.c), by the last block of each of NFILES files (O_DIRECT
+# reads whole blocks; backend_bytes counts the bytes a read returned), by at most PASSED bytes
+# the test knows were passed through (reads the shim counts in unserved_*) and 64 KiB of
+# metadata; never less.
+storage_agrees() {
+	local kernel=$1 backend=$2 atime=$3 nfiles=$4
+	local slack=$((atime * 4096 + nfiles * 4096 + ${5:-0} + 65536))
+	storage_why=""
+	if [ "$kernel" -lt "$backend" ]; then
+		storage_why="the kernel read $kernel bytes, less than the shim's backend_bytes $backend"
+	elif [ $((kernel - backend)) -gt $slack ]; then
+		storage_why="the kernel read $kernel bytes, the shim's backend_bytes is $backend: $((kernel - backend)) bytes read past the cache (allowed $slack: $atime atime reads, $nfiles files' last blocks, metadata)"
+	fi
+	[ -z "$storage_why" ]
+}
