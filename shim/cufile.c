@@ -445,7 +445,7 @@ KVS_EXPORT kvs_cufile_error_t cuFileReadAsync(kvs_cufile_handle_t fh, void *buf,
 	if (fd >= 0 && buf && size_p && file_offset_p && buf_offset_p && bytes_read_p &&
 	    *buf_offset_p >= 0 && kvs_shim_wants(*size_p)) {
 		if (!stream_fixed(stream))
-			kvs_shim_note_stream(fd);
+			kvs_shim_note_stream(fd, (uint64_t)*file_offset_p, *size_p);
 		else if (kvs_shim_read_to_stream(
 			     fd, (uint64_t)(uintptr_t)buf + (uint64_t)*buf_offset_p, *size_p,
 			     *file_offset_p, bytes_read_p, stream) == 0)
