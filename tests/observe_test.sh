@@ -15,13 +15,16 @@
 #   prom      `kvshim stat --prom` of both regions passes `promtool check metrics` (skipped
 #             without promtool);
 #   dashboard every metric docs/examples/grafana-kvshim.json queries is one the exporter
-#             exports.
-#   observe_test.sh LIBKVSHIM KVSHIM DASHBOARD_JSON
+#             exports;
+#   check     `kvshim check` names, for each root, what it can tell up front: a raw block
+#             device root is a problem, a FUSE mount of 3FS (slowfs mounted as one) a note.
+#   observe_test.sh LIBKVSHIM KVSHIM DASHBOARD_JSON [SLOWFS]
 set -uo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 PREFIX=observe
 source "$here/preload_lib.sh" # lib, kvshim, work, name, ok, fail
-dashboard=${3:?usage: observe_test.sh LIBKVSHIM KVSHIM DASHBOARD_JSON}
+dashboard=${3:?usage: observe_test.sh LIBKVSHIM KVSHIM DASHBOARD_JSON [SLOWFS]}
+slowfs=${4:-}
 python3 -c 'import numpy' 2>/dev/null || {
 	echo "SKIP: python3 with numpy is needed (tests/kv_ranks.py)"
 	exit 77
@@ -232,5 +235,35 @@ PY
 )
 [ -z "$missing" ] && ok "dashboard: every metric its queries name is exported" ||
 	fail "dashboard: not exported: $missing"
+
+# --- check: what each root can be told to miss before a launch
+blk=$(find /dev -maxdepth 1 -type b 2>/dev/null | head -1)
+if [ -n "$blk" ]; then
+	out=$(KVSHIM_FILES_ROOTS=$work/kv:$blk "$kvshim" check 2>&1)
+	grep -q "problem: files.roots: $blk is a raw block device: its reads go past any shim" <<<"$out" &&
+		grep -q "^ok   bypass: $work/kv (" <<<"$out" &&
+		ok "check: a block device root is a problem, a directory's bypasses are listed" ||
+		fail "check: $(grep -E 'bypass|block' <<<"$out")"
+else
+	echo "skip - check: no block device in /dev"
+fi
+if [ -n "$slowfs" ] && [ -x "$slowfs" ] && [ -e /dev/fuse ]; then
+	mkdir -p "$work/src" "$work/mnt"
+	if "$slowfs" "$work/src" "$work/mnt" -o fsname=hf3fs.test,subtype=hf3fs 2>"$work/slowfs.log"; then
+		for _ in $(seq 100); do
+			grep -qs " $work/mnt fuse" /proc/mounts && break
+			sleep 0.05
+		done
+		out=$(KVSHIM_FILES_ROOTS=$work/mnt "$kvshim" check 2>&1)
+		fusermount3 -u "$work/mnt" 2>/dev/null || umount -l "$work/mnt" 2>/dev/null
+		grep -q "^note bypass: $work/mnt is a FUSE mount of 3FS (fuse.hf3fs, hf3fs.test)" <<<"$out" &&
+			ok "check: a FUSE mount of 3FS is named, with its USRBIO rings" ||
+			fail "check: 3FS: $(grep bypass <<<"$out")"
+	else
+		echo "skip - check: slowfs did not mount ($(head -c 200 "$work/slowfs.log"))"
+	fi
+else
+	echo "skip - check: no FUSE (slowfs) here"
+fi
 
 [ "$fails" = 0 ] || exit 1
