@@ -114,6 +114,14 @@
  * under its stripe (a load it owned becomes FAILED with EOWNERDEAD, waking the waiters), slots
  * it had CLAIMED go back to FREE, its counters fold into the totals, its slot becomes FREE.
  *
+ * Regions of keys only (hdr.keys_only: shim.mode = observe).  The same control plane, built
+ * from the same dimensions, and no data section: the build marks every frame's pages
+ * allocated and the walk done, so nothing ever allocates a page or touches a slot's bytes;
+ * every protocol above holds as written (its owners publish READY with a length and no byte).
+ *
+ * Tallies (tally.c): figures by pod and by root, added to by any process without a lock; a
+ * pod's entry is joined, and recycled, under proc_lock.
+ *
  * Crashes.  A process dying inside a stripe leaves the mutex EOWNERDEAD; the next locker
  * rebuilds that stripe's chains from slot metadata (every slot whose state is hashed and whose
  * bucket maps to the stripe) and recounts refs from all pin tables, then marks the mutex

@@ -102,6 +102,12 @@ int cmd_prepare(int argc, char **argv)
 	if (*msg)
 		tool_err("%s",
 			 msg); /* a region of other dimensions was replaced, as an engine would */
+	if (params.keys_only) {
+		printf("%s: a region of keys only (shim.mode = observe): no memory to prepare\n",
+		       path);
+		status = KVS_EXIT_OK;
+		goto out;
+	}
 	t0 = kvs_mono_ns();
 	r = kvs_cache_prepare(c, threads, &done);
 	if (kvs_cache_stat(c, &info, &totals, NULL, 0) < 0) {
