@@ -234,7 +234,8 @@ int kvs_cache_tallies(struct kvs_cache *c, struct kvs_tally_info *out, int n)
 				struct kvs_proc *pr = proc_at(c, p);
 
 				o->processes += load_relaxed(&pr->state) == KVS_PROC_ACTIVE &&
-						pr->pod == i && kvs_proc_alive(c, p);
+						pr->pod == i &&
+						((int)p == c->self || kvs_proc_alive(c, p));
 			}
 		}
 		k++;

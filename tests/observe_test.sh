@@ -164,9 +164,15 @@ if [ "$(id -u)" = 0 ] && unshare -p -u -f true 2>/dev/null && command -v dd >/de
 		for p in "${pids[@]}"; do wait "$p" || bad=$((bad + 1)); done
 		echo $bad
 	}
+	# One after the other: the kernel gives them one inode number, their names tell them apart.
+	for ns in 1 2 3; do one_ns "seq$ns" 1 || fail "pods: a reader in namespace seq$ns failed"; done
+	seq=$(json 'sorted(p["pod"] for p in d["pods"] if p["pod"].startswith("podseq"))')
+	[ "$seq" = "['podseq1', 'podseq2', 'podseq3']" ] &&
+		ok "pods: 3 namespaces one after the other are 3 pods" ||
+		fail "pods: 3 namespaces one after the other: $seq"
 	before=$(json 'sum(p["read_bytes"] for p in d["pods"])')
 	bad=$(many_ns 1 10 10)
-	pods=$(json 'len([p for p in d["pods"] if p["pod"].startswith("pod")])')
+	pods=$(json 'len([p for p in d["pods"] if p["pod"][3:].isdigit()])')
 	got=$(($(json 'sum(p["read_bytes"] for p in d["pods"])') - before))
 	[ "$bad" = 0 ] && [ "$pods" = 10 ] && [ "$got" = $((100 * SIZE)) ] &&
 		ok "pods: 100 processes in 10 namespaces: 10 pods, every byte counted" ||
