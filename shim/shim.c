@@ -47,6 +47,7 @@
 #include "cache.h"
 #include "cache_params.h"
 #include "config.h"
+#include "cufile.h"
 #include "cufile_types.h"
 #include "device.h"
 #include "anchor.h"
@@ -685,6 +686,18 @@ static bool direct_fits(int fd, const struct kvs_fdinfo *fi, const struct iovec 
 	return false;
 }
 
+/* shim.mode = observe: a POSIX read of fd (described as fi) that would be served, keyed and
+ * counted, unless fd is the descriptor of a cuFile handle: then it is libcufile's own read of
+ * a cuFile read observed already (compatibility mode).  The caller then makes the real call.
+ * Caller holds guard. */
+static void observe_posix(int fd, const struct kvs_fdinfo *fi, uint64_t off, uint64_t len)
+{
+	struct kvs_cache *c = kvs_cufile_fd_registered(fd) ? NULL : region();
+
+	if (c)
+		kvs_observe_read(c, fi, off, len);
+}
+
 ssize_t kvs_shim_read(int fd, const struct iovec *iov, int iovcnt, off_t off, bool use_pos)
 {
 	int saved = errno, cancel_state, anchor;
@@ -725,10 +738,7 @@ ssize_t kvs_shim_read(int fd, const struct iovec *iov, int iovcnt, off_t off, bo
 	if (len > KVS_MAX_RW_COUNT)
 		len = KVS_MAX_RW_COUNT;
 	if (kvs_observe_on()) { /* keyed and counted; the real call reads it */
-		struct kvs_cache *c = region();
-
-		if (c)
-			kvs_observe_read(c, &fi, (uint64_t)off, len);
+		observe_posix(fd, &fi, (uint64_t)off, len);
 		goto out;
 	}
 	anchor = attach_anchor(fd, &fi, (uint64_t)off, len);
@@ -938,6 +948,27 @@ int kvs_shim_read_to_start(struct kvs_shim_async *a, int fd, uint64_t ptr, size_
 	return ret;
 }
 
+static bool shim_on(void);
+
+bool kvs_shim_observing(void)
+{
+	return shim_on() && kvs_observe_on();
+}
+
+void kvs_shim_observe_to(int fd, uint64_t ptr, size_t size, off_t off)
+{
+	int saved = errno, cancel_state;
+	struct kvs_shim_async a;
+
+	guard++;
+	pthread_setcancelstate(PTHREAD_CANCEL_DISABLE, &cancel_state);
+	memset(&a.tg, 0, sizeof(a.tg));
+	(void)prepare_to(&a, fd, ptr, size, off); /* observes, then passes it through (-1) */
+	pthread_setcancelstate(cancel_state, NULL);
+	guard--;
+	errno = saved;
+}
+
 int kvs_shim_read_start(struct kvs_shim_async *a, int fd, const struct iovec *iov, int iovcnt,
 			off_t off, void (*done)(struct kvs_shim_async *a, int64_t result))
 {
@@ -966,10 +997,7 @@ int kvs_shim_read_start(struct kvs_shim_async *a, int fd, const struct iovec *io
 	if (!kvs_observe_on() && !buffers_fit(fd, &fi, iov, iovcnt, (uint64_t)off, len))
 		goto out;
 	if (kvs_observe_on()) { /* keyed and counted; the real call reads it */
-		struct kvs_cache *c = region();
-
-		if (c)
-			kvs_observe_read(c, &fi, (uint64_t)off, len);
+		observe_posix(fd, &fi, (uint64_t)off, len);
 		goto out;
 	}
 	anchor = attach_anchor(fd, &fi, (uint64_t)off, len);

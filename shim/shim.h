@@ -114,6 +114,14 @@ ssize_t kvs_shim_read_to(int fd, uint64_t ptr, size_t size, off_t off);
 int kvs_shim_read_to_start(struct kvs_shim_async *a, int fd, uint64_t ptr, size_t size, off_t off,
 			   void (*done)(struct kvs_shim_async *a, int64_t result));
 
+/* shim.mode = observe (observe.h): is the shim on and observing?  One load after the first
+ * hooked call.  kvs_shim_observe_to: a cuFile read of size bytes at off into ptr that the
+ * caller passes to the real library as it is, keyed and counted as kvs_shim_read_to_start
+ * would have taken it (a batch entry: the batch then goes whole to the real Submit, as
+ * without the shim). */
+bool kvs_shim_observing(void);
+void kvs_shim_observe_to(int fd, uint64_t ptr, size_t size, off_t off);
+
 /*
  * cuFileReadAsync on a stream whose sizes and offsets were fixed at registration: size bytes
  * at off into the device memory at ptr, in stream order.  Enqueues on stream: a host function
