@@ -573,15 +573,15 @@ static bool buffers_fit(int fd, const struct kvs_fdinfo *fi, const struct iovec 
 	return false;
 }
 
-/* The cache handed back rd, a read of fd it had taken (n < 0): the caller makes the real call.
- * Counted with its bytes, and said at debug (after_read says it once at info).  Caller holds
- * guard. */
-/* What a unserved count needs of rd's file. */
+/* What an unserved count needs of rd's file: its size and root. */
 static struct kvs_fdinfo fi_of(const struct kvs_read *rd)
 {
 	return (struct kvs_fdinfo){.kv = true, .size = rd->file_size, .root = rd->root};
 }
 
+/* The cache handed back rd, a read of fd it had taken (n < 0): the caller makes the real call.
+ * Counted with its bytes, and said at debug (after_read says it once at info).  Caller holds
+ * guard. */
 static void fell_back(int fd, const struct kvs_read *rd, int64_t n)
 {
 	struct kvs_fdinfo fi = fi_of(rd);
