@@ -120,14 +120,16 @@ static int take_frame(struct kvs_cache *c, uint32_t f)
 }
 
 /* Walk frames [base, base + len) with hand h.  Returns 0 with frame *frame taken, or
- * -ENOSPC.  Staging (KVS_ALLOC_STAGE) walks once, takes a free frame or one whose access byte
- * is clear, and clears none: bytes that may never be published push out no bytes in use. */
+ * -ENOSPC.  Staging (KVS_ALLOC_STAGE) makes only the two sweeps with second chances, never the
+ * third that ignores access bytes: bytes that may never be published push out no frame a
+ * reader touched since the hand last passed it twice, yet a save still displaces what was
+ * read once and left (a store just loaded, an older save), as a load would. */
 static int sweep(struct kvs_cache *c, _Atomic uint64_t *h, uint32_t base, uint32_t len,
 		 enum kvs_alloc_class cls, uint32_t *frame)
 {
 	bool clock = c->eviction == KVS_EVICT_CLOCK, stage = cls == KVS_ALLOC_STAGE;
 
-	for (int pass = 0; pass < (stage ? 1 : 3); pass++) {
+	for (int pass = 0; pass < (stage ? 2 : 3); pass++) {
 		bool second_chance = clock && pass < 2;
 
 		for (uint32_t n = 0; n < len; n++) {
@@ -144,8 +146,6 @@ static int sweep(struct kvs_cache *c, _Atomic uint64_t *h, uint32_t base, uint32
 				if (pages == KVS_PAGES_NOROOM ||
 				    (pages != KVS_PAGES_OK && !kvs_populate_may_grow(c)))
 					continue;
-			} else if (stage && load_relaxed(&c->access[f])) {
-				continue; /* in use lately: not a stager's to take */
 			} else if (second_chance && load_relaxed(&c->access[f])) {
 				store_relaxed(&c->access[f], 0);
 				continue;

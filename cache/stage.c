@@ -6,8 +6,8 @@
  * DESIGN (the protocol of region.c, one state more in use)
  *
  * A staged slot is CLAIMED by its writer: taken like any allocation (kvs_evict_claim, from
- * the main share only, so the reserve stays for loads, and only a free frame or one nobody used
- * since the hand last passed: KVS_ALLOC_STAGE), then left CLAIMED while the writer copies into
+ * the main share only, so the reserve stays for loads, and only by CLOCK's sweeps with second
+ * chances: KVS_ALLOC_STAGE), then left CLAIMED while the writer copies into
  * it, for as long as the writer's file stays open.  The node's writers together stage at most a
  * quarter of the region: each process says how many it holds in its process-table entry
  * (proc.staged, written by itself), and a claim sums them first; a dead writer's count goes

@@ -17,6 +17,11 @@
  * for O_DIRECT; the bytes are dropped.  A file keyed by birth (a write-once root) whose owner
  * we are gets futimens(atime now, mtime as it is) instead: it moves ctime, which is no part of
  * that file's id, and reads nothing from storage.
+ *
+ * The dup is a number in the program's table.  A program that closes every descriptor with
+ * raw calls (a daemon's close loop, close_range) and opens its own may be given that number
+ * while the job waits: the worker and a fork child (kvs_atime_atfork_child) act on the
+ * number, and close it, only while it is still the file the job noted (kvs_close_if_ours).
  */
 #include <errno.h>
 #include <fcntl.h>
@@ -45,6 +50,7 @@ struct job {
 	int rule;	 /* the mount's atime rule (fdinfo.h) */
 	bool write_once; /* keyed by birth: ctime is no part of its id */
 	uint32_t len;
+	uint64_t dev, ino; /* the file fd is of, while fd is still ours (kvs_close_if_ours) */
 	struct kvs_cache *c;
 };
 
@@ -99,11 +105,14 @@ static void run(struct job *j, int fd)
 	 * owner), gets the read. */
 	static const struct timespec now_omit[2] = {{0, UTIME_NOW}, {0, UTIME_OMIT}};
 
-	if (kvs_ident_of_fd(fd, false, &id) == 0 && id.size && kvs_fdinfo_atime_due(j->rule, &id) &&
+	/* A program that closes every descriptor with raw calls (close_range, syscall) may have
+	 * been given our number again: act on it, and close it, only while it is our file. */
+	if (kvs_ident_of_fd(fd, false, &id) == 0 && id.dev == j->dev && id.ino == j->ino &&
+	    id.size && kvs_fdinfo_atime_due(j->rule, &id) &&
 	    ((j->write_once && kvs_real.futimens(fd, now_omit) == 0) ||
 	     kvs_real.pread(fd, buf, j->len, 0) > 0))
 		kvs_cache_count(j->c, KVS_CTR_atime_updates, 1);
-	kvs_real.close(fd);
+	kvs_close_if_ours(fd, j->dev, j->ino);
 }
 
 static void *worker_main(void *arg)
@@ -166,6 +175,8 @@ void kvs_atime_note(struct kvs_cache *c, int anchor, const struct kvs_fdinfo *fi
 		uint32_t len = fi->dio_off_align > 4096 ? fi->dio_off_align : 4096;
 		j->len = len < KVS_ATIME_BUF ? len : KVS_ATIME_BUF;
 		j->c = c;
+		j->dev = fi->dev;
+		j->ino = fi->ino;
 		j->rule = fi->atime_rule;
 		j->write_once = fi->write_once;
 		atomic_store_explicit(&j->state, J_READY,
@@ -183,8 +194,8 @@ void kvs_atime_atfork_child(void)
 	for (int i = 0; i < KVS_ATIME_JOBS; i++) {
 		uint32_t st = atomic_load_explicit(&jobs[i].state, memory_order_relaxed);
 
-		if (st == J_READY) /* queued, never taken: the descriptor is ours */
-			kvs_real.close(jobs[i].fd);
+		if (st == J_READY) /* queued, never taken: ours, if the program left it so */
+			kvs_close_if_ours(jobs[i].fd, jobs[i].dev, jobs[i].ino);
 		/* FILLING: its dup may be made or not (left); TAKEN: the worker's (gone). */
 		atomic_store_explicit(&jobs[i].state, J_FREE, memory_order_relaxed);
 	}

@@ -211,7 +211,10 @@ backend=$(totals backend_bytes)
 held=$(region bytes_ready)
 if [ $bad -ne 0 ]; then
 	fail "small files: some output differs"
-elif [ "$hits" -lt $((4 * 200 * 95 / 100)) ]; then
+elif [ "$hits" -lt $((4 * 200 * 3 / 4)) ]; then
+	# Whole slots would hit 64 (16 files by 4 readers).  Packed, all 200 fit; on a loaded
+	# machine (two tests at a time, a sanitizer) four readers opening frames at once seal some
+	# part full, and a few files are evicted: 649 of 800 was seen so, 800 alone.
 	fail "small files: the second round hit $hits of $((4 * 200)) (whole slots keep 16 files)"
 elif ! storage_agrees "$kernel" "$backend" "$(totals atime_updates)" 200; then
 	fail "small files: $storage_why"

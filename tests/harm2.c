@@ -340,7 +340,15 @@ static int cmd_forkfds(const char *path)
 		syscall(SYS_close, i); /* raw: the shim is not told, as with close_range */
 	for (; np < 32 && pipe(pipes[np]) == 0; np++)
 		;
-	pid_t kid = fork();
+	pid_t kid;
+	/* A loaded machine (other tests' thousands of threads) may refuse a fork for a while: a
+	 * program retries, and a refusal is said, never taken for a child that found nothing. */
+	for (int tries = 0; (kid = fork()) < 0 && errno == EAGAIN && tries < 100; tries++)
+		usleep(50000);
+	if (kid < 0) {
+		printf("forkfds: fork: %s\n", strerror(errno));
+		return 1;
+	}
 	if (kid == 0) {
 		int good = 0;
 
@@ -355,7 +363,8 @@ static int cmd_forkfds(const char *path)
 		fflush(stdout);
 		_exit(0);
 	}
-	waitpid(kid, &st, 0);
+	if (waitpid(kid, &st, 0) != kid || !WIFEXITED(st) || WEXITSTATUS(st))
+		printf("forkfds: the child ended with status %#x\n", st);
 	return 0;
 }
 
