@@ -67,6 +67,54 @@ struct kvs_counters {
 	uint64_t v[KVS_NCOUNTERS];
 };
 
+/*
+ * Tallies (cache/tally.c): the figures of reads by pod (a PID namespace) and by root (a
+ * directory of files.roots), in a bounded table in the region: KVS_TALLY_PODS pod entries
+ * and KVS_TALLY_ROOTS root entries, the last of each named "other".  A process joins its
+ * pod's entry when it attaches (taking a free one, else one whose processes are all gone,
+ * whose figures then go to "other", else "other"), and each of its roots' entries when asked
+ * (a root the table has no room for counts in "other").  A reference names one pod and one
+ * root entry (KVS_TALLY_NONE: neither); kvs_cache_tally_add adds to both, without a lock.
+ */
+enum kvs_tally_id {
+#define KVS_TALLY(name, help) KVS_TALLY_##name,
+#include "tallies.def"
+#undef KVS_TALLY
+	KVS_NTALLY
+};
+#define KVS_TALLY_PODS	   16u
+#define KVS_TALLY_ROOTS	   16u
+#define KVS_TALLY_NAME_MAX 168u /* bytes of a tally's name, its NUL included */
+#define KVS_TALLY_NONE	   0u	/* a reference to no entry (a zeroed one) */
+enum kvs_tally_kind {
+	KVS_TALLY_FREE = 0,
+	KVS_TALLY_POD = 1,
+	KVS_TALLY_ROOT = 2,
+	KVS_TALLY_OTHER = 3
+};
+
+/* The reference to this process's pod entry and to root entry root (a kvs_cache_tally_root
+ * answer, or -1 for none): what kvs_cache_tally_add takes.  KVS_TALLY_NONE for a watcher. */
+uint32_t kvs_cache_tally_ref(const struct kvs_cache *c, int root);
+/* The entry of the root directory path (its entry made now if there is none and room),
+ * "other"'s when the table is full: an index for kvs_cache_tally_ref, or -EUCLEAN (the
+ * process table's lock is stuck) or -EPERM (a watcher). */
+int kvs_cache_tally_root(struct kvs_cache *c, const char *path);
+/* Add v to figure id of the entries ref names (relaxed adds; no-op for KVS_TALLY_NONE). */
+void kvs_cache_tally_add(struct kvs_cache *c, uint32_t ref, enum kvs_tally_id id, uint64_t v);
+
+struct kvs_tally_info {
+	enum kvs_tally_kind kind; /* POD, ROOT or OTHER (of pods, or of roots: root says which) */
+	bool root;		  /* a root's entry (or the roots' "other") */
+	uint64_t key;		  /* POD: its PID namespace (inode of /proc/self/ns/pid) */
+	char name[KVS_TALLY_NAME_MAX]; /* POD: its host name; ROOT: the directory; "other" */
+	uint32_t processes;	       /* POD: processes attached now that joined it */
+	uint64_t v[KVS_NTALLY];
+};
+/* The entries in use (pods first, then roots; an "other" only when it has counted something)
+ * into out[0..n): returns how many there are (may exceed n).  Works on a watcher's mapping. */
+int kvs_cache_tallies(struct kvs_cache *c, struct kvs_tally_info *out, int n);
+
 /* What a pin found. */
 enum kvs_pin_result {
 	KVS_PIN_HIT = 0,   /* READY: copy the bytes out, then release */
@@ -142,7 +190,8 @@ int kvs_cache_check_config(struct kvs_cache *c, const struct kvs_cache_params *c
  * read), so that loads begin on prepared memory: `kvshim prepare`, before the engines start.
  * It stops, as a walk does, at the first slot for which the file system would go below
  * cache.shm_headroom.  Idempotent, and harmless on a region in use: a page that holds data is
- * left as it is.  *slots_done receives the slots that have their pages from the first on.
+ * left as it is.  *slots_done receives the slots that have their pages from the first on.  A
+ * region of keys only has nothing to prepare (0, every slot done).
  * Returns 0, -ENOSPC (the headroom or a full file system stopped it), -EBADF for a
  * KVS_OPEN_WATCH mapping, or another -errno of the allocation.
  */
@@ -361,7 +410,7 @@ uint64_t kvs_cache_first_seen(struct kvs_cache *c, const struct kvs_key *block, 
  * in use); it never waits for a load.  And only while the slots staged on the node, summed
  * over the processes attached (kvs_cache_stage_count), are below a quarter of the region's.
  * 0 with *slot, -ENOSPC (the node's share spent, nothing idle in the main share, or /dev/shm
- * at the headroom), -EPERM (a watcher), -EUCLEAN.
+ * at the headroom), -EPERM (a watcher, a region of keys only), -EUCLEAN.
  * kvs_cache_stage_count: this process holds n slots staged now (for the node's bound).
  * kvs_cache_stage_data: the slot's shard_size bytes.
  * kvs_cache_stage_publish hashes a staged slot under key as READY with length bytes, kept
@@ -473,6 +522,7 @@ struct kvs_region_info {
 	uint32_t page_kind;	     /* enum kvs_page_kind: how the region gets its pages */
 	uint64_t page_size;	     /* and their size */
 	uint32_t numa;		     /* enum kvs_numa: the placement its creator gave it */
+	bool keys_only;		     /* keys without data: a region of shim.mode = observe */
 	bool procs_unlocked;	     /* proc_lock was stuck: the process figures were read
 				      * without it (a fold in progress may count twice) */
 	uint64_t refused_attaches;   /* attaches refused for the region's dimensions */

@@ -25,7 +25,10 @@ struct kvs_cache {
 	void *base;
 	size_t map_len;
 	struct kvs_hdr *hdr;
-	char *procs; /* nprocs records of proc_stride bytes */
+	char *procs;		 /* nprocs records of proc_stride bytes */
+	struct kvs_tally *tally; /* KVS_TALLY_PODS + KVS_TALLY_ROOTS entries (tally.c) */
+	uint32_t pod;		 /* this process's pod entry, KVS_NIL for none (a watcher) */
+	bool keys_only;		 /* hdr.keys_only: no data section, no page is ever allocated */
 	struct kvs_stripe *stripes;
 	_Atomic uint32_t *buckets;
 	struct kvs_slot *slots;
@@ -250,6 +253,12 @@ bool kvs_pack_seal(struct kvs_cache *c);
 
 /* wait.c */
 void kvs_wake_all(_Atomic uint32_t *word);
+
+/* tally.c: a region's tallies as built (the two "other" entries named); this process's pod
+ * entry, joined (or recycled, or "other") for the PID namespace pidns; caller holds
+ * proc_lock, and stores the answer in its process entry. */
+void kvs_tally_build(struct kvs_cache *c);
+uint32_t kvs_tally_join_pod_locked(struct kvs_cache *c, uint64_t pidns);
 
 /* proc.c */
 int kvs_proc_attach(struct kvs_cache *c);

@@ -2,13 +2,19 @@
  * layout: the shared region's format, private to cache/.  The protocol over these fields is
  * the essay at the top of region.c.  Changing anything here changes KVS_LAYOUT_VERSION.
  *
- *   [ header | process table | stripe mutexes | bucket heads | slot metadata | frame pages |
- *     access bytes | identities seen | write sequences | page-aligned data frames ]
+ *   [ header | process table | tallies | stripe mutexes | bucket heads | slot metadata |
+ *     frame pages | access bytes | identities seen | write sequences | page-aligned data frames ]
  *
  * The data is hdr.nslots frames of shard_size bytes.  A frame holds the bytes of one
  * slot (a whole shard) or of several (small files and files' tails, packed: pack.c); each
  * frame owns per_frame consecutive slot records, frame f the records [f * per_frame,
  * (f + 1) * per_frame), and a slot's bytes lie in its own frame.
+ *
+ * A region of keys only (hdr.keys_only: shim.mode = observe) has every section but the data:
+ * off_data is the end of the control plane and total_bytes the control plane's pages, every
+ * frame's pages are KVS_PAGES_OK from its build (no page is ever allocated for it), and no
+ * slot's bytes are ever read or written.  Its keys, states, lengths and expiries live as in
+ * any region, so eviction, packing and expiry behave as they would with the data.
  */
 #ifndef KVS_LAYOUT_H
 #define KVS_LAYOUT_H
@@ -21,7 +27,7 @@
 #include "cache.h"
 
 #define KVS_MAGIC	   0x3130594b4d485356ULL /* "VSHMKY01" little-endian */
-#define KVS_LAYOUT_VERSION 6u
+#define KVS_LAYOUT_VERSION 7u
 #define KVS_CACHELINE	   64u
 #define KVS_PAGE	   4096u
 #define KVS_NIL		   UINT32_MAX
@@ -29,9 +35,10 @@
 #define KVS_MAX_STRIPES	   1024u
 #define KVS_POPULATE_BYTE  8192u /* OFD lock byte of the populating process (past the table) */
 #define KVS_BUILT_BY_MAX   32u	 /* bytes of hdr.built_by, NUL-padded (not always terminated) */
-#define KVS_CTR_ROOM	   48u	 /* counters a process record and the totals have room for */
+#define KVS_CTR_ROOM	   64u	 /* counters a process record and the totals have room for */
 #define KVS_SEEN_WAYS	   4u	 /* entries of the seen table one block id may use */
 #define KVS_MAX_PER_FRAME  256u	 /* slot records of one frame (a power of two) */
+#define KVS_TALLY_ROOM	   8u	 /* figures a tally has room for (KVS_TALLY_* in cache.h) */
 /* The claimer a packed frame's unused slots are CLAIMED by while it is the open frame (no
  * process: the table has at most 4096 entries). */
 #define KVS_PACK_OWNER 0x7fffffu
@@ -95,13 +102,13 @@ struct kvs_hdr {
 	_Atomic uint32_t populate_why;
 	_Atomic uint32_t populate_wake;
 	uint8_t pad5[KVS_CACHELINE - 16];
-	/* Line 5: the process-table mutex (robust) and its holder word (lock.c); lines 6-11: the
+	/* Line 5: the process-table mutex (robust) and its holder word (lock.c); lines 6-13: the
 	 * folded totals it guards. */
 	pthread_mutex_t proc_lock;
 	_Atomic uint32_t proc_holder;
 	uint8_t pad4[KVS_CACHELINE - sizeof(pthread_mutex_t) - 4];
 	_Atomic uint64_t totals[KVS_CTR_ROOM];
-	/* Line 12: the region's history.  refused_attaches: fetch-added (relaxed) by a process of
+	/* Line 14: the region's history.  refused_attaches: fetch-added (relaxed) by a process of
 	 * this euid whose configuration the region's geometry did not match (region.c), never
 	 * locked; read for `kvshim stat` and `kvshim ls` only.  built_by: KVS_VERSION of the
 	 * creator, truncated and NUL-padded, written before publication, then read-only.
@@ -113,7 +120,7 @@ struct kvs_hdr {
 	uint32_t nseen;
 	uint32_t pad12;
 	uint64_t off_wseq;
-	/* Line 13: the open frame of packed slots (pack.c), guarded by pack_lock (robust, with
+	/* Line 15: the open frame of packed slots (pack.c), guarded by pack_lock (robust, with
 	 * its holder word as the others, lock.c): pack_frame (KVS_NIL: none), its next unused
 	 * slot record (index within the frame) and its first unused page.  Written under the
 	 * lock only; read under it only. */
@@ -121,19 +128,20 @@ struct kvs_hdr {
 	_Atomic uint32_t pack_holder;
 	uint32_t pack_frame, pack_next, pack_fill;
 	uint8_t pad13[KVS_CACHELINE - sizeof(pthread_mutex_t) - 16];
-	/* Line 14: dimensions like those of lines 0-1: the frame pages' offset and the slot
+	/* Line 16: dimensions like those of lines 0-1: the frame pages' offset and the slot
 	 * records per frame; the region's memory (pages.c): the kind of its pages (enum
 	 * kvs_page_kind), their size (off_data and total_bytes are multiples of it) and the
-	 * placement its creator gave them (enum kvs_numa).  page_kind, page_size and numa were
-	 * padding before: a region built then reads as 0, which means 4 KiB pages, placed
-	 * nowhere in particular. */
+	 * placement its creator gave them (enum kvs_numa); keys_only: 1 for a region of keys
+	 * without data (shim.mode = observe); the tallies' offset (tally.c: KVS_TALLY_PODS pod
+	 * entries, then KVS_TALLY_ROOTS root entries). */
 	uint64_t off_frames;
 	uint32_t per_frame;
 	uint32_t page_kind;
 	uint64_t page_size;
 	uint32_t numa;
-	uint32_t pad14;
-	uint8_t pad14b[KVS_CACHELINE - 32];
+	uint32_t keys_only;
+	uint64_t off_tally;
+	uint8_t pad16[KVS_CACHELINE - 40];
 };
 
 struct kvs_proc {
@@ -147,8 +155,9 @@ struct kvs_proc {
 	_Atomic uint32_t staged;
 	uint64_t attach_ns;
 	uint64_t pidns; /* inode of its /proc/self/ns/pid, 0 if unknown */
-	uint8_t pad1[KVS_CACHELINE - 32];
-	/* Lines 1-6: added to by the process's own threads (relaxed); folded and zeroed under
+	uint32_t pod;	/* its pod's tally (tally.c), KVS_NIL for none: under proc_lock */
+	uint8_t pad1[KVS_CACHELINE - 36];
+	/* Lines 1-8: added to by the process's own threads (relaxed); folded and zeroed under
 	 * proc_lock. */
 	_Atomic uint64_t ctr[KVS_CTR_ROOM];
 	/* Pin table: slot index + 1, or 0.  An entry changes only under the stripe lock of the
@@ -196,32 +205,56 @@ struct kvs_seen {
 	_Atomic uint64_t lo, hi, t;
 };
 
+/*
+ * One tally (tally.c): the figures of one pod (a PID namespace) or one root (a directory of
+ * files.roots), added to by every process whose reads they are.  kind, key and name are
+ * written under proc_lock while no process uses the entry (its join, its recycling), and read
+ * without a lock by `kvshim stat` (a name being rewritten may read torn: figures only); v[]
+ * takes relaxed adds from any process, and is folded into the "other" entry under proc_lock
+ * when a pod's entry is recycled.
+ */
+struct kvs_tally {
+	_Atomic uint32_t kind; /* KVS_TALLY_FREE, _POD, _ROOT, _OTHER */
+	uint32_t pad;
+	uint64_t key;	  /* pod: the PID namespace's inode; root: a hash of its path */
+	uint64_t last_ns; /* pod: CLOCK_REALTIME of its last join (recycling's order) */
+	char name[KVS_TALLY_NAME_MAX];	    /* pod: its host name; root: its path; NUL-padded */
+	_Atomic uint64_t v[KVS_TALLY_ROOM]; /* enum kvs_tally_id */
+};
+
 _Static_assert(offsetof(struct kvs_hdr, hand) == 128, "hand on line 2");
 _Static_assert(offsetof(struct kvs_hdr, rhand) == 192, "rhand on line 3");
 _Static_assert(offsetof(struct kvs_hdr, populated) == 256, "populated on line 4");
 _Static_assert(offsetof(struct kvs_hdr, proc_lock) == 320, "proc_lock on line 5");
 _Static_assert(offsetof(struct kvs_hdr, totals) == 384, "totals on line 6");
-_Static_assert(offsetof(struct kvs_hdr, refused_attaches) == 768, "history on line 12");
-_Static_assert(offsetof(struct kvs_hdr, built_by) == 776, "built_by after refused_attaches");
-_Static_assert(offsetof(struct kvs_hdr, off_seen) == 808, "off_seen after built_by");
-_Static_assert(offsetof(struct kvs_hdr, off_wseq) == 824, "off_wseq last");
-_Static_assert(offsetof(struct kvs_hdr, pack_lock) == 832, "pack_lock on line 13");
-_Static_assert(offsetof(struct kvs_hdr, off_frames) == 896, "frames' offset on line 14");
-_Static_assert(offsetof(struct kvs_hdr, page_kind) == 908, "page kind in line 14's padding");
-_Static_assert(offsetof(struct kvs_hdr, page_size) == 912, "page size in line 14's padding");
-_Static_assert(offsetof(struct kvs_hdr, numa) == 920, "placement in line 14's padding");
-_Static_assert(sizeof(struct kvs_hdr) == 960, "header of fifteen lines");
+_Static_assert(offsetof(struct kvs_hdr, refused_attaches) == 896, "history on line 14");
+_Static_assert(offsetof(struct kvs_hdr, built_by) == 904, "built_by after refused_attaches");
+_Static_assert(offsetof(struct kvs_hdr, off_seen) == 936, "off_seen after built_by");
+_Static_assert(offsetof(struct kvs_hdr, off_wseq) == 952, "off_wseq last");
+_Static_assert(offsetof(struct kvs_hdr, pack_lock) == 960, "pack_lock on line 15");
+_Static_assert(offsetof(struct kvs_hdr, off_frames) == 1024, "frames' offset on line 16");
+_Static_assert(offsetof(struct kvs_hdr, page_kind) == 1036, "page kind on line 16");
+_Static_assert(offsetof(struct kvs_hdr, page_size) == 1040, "page size on line 16");
+_Static_assert(offsetof(struct kvs_hdr, numa) == 1048, "placement on line 16");
+_Static_assert(offsetof(struct kvs_hdr, keys_only) == 1052, "keys only on line 16");
+_Static_assert(offsetof(struct kvs_hdr, off_tally) == 1056, "tallies' offset on line 16");
+_Static_assert(sizeof(struct kvs_hdr) == 1088, "header of seventeen lines");
 _Static_assert(sizeof(pthread_mutex_t) + 16 <= KVS_CACHELINE, "pack lock and state fit a line");
 _Static_assert(sizeof(pthread_mutex_t) + 4 <= KVS_CACHELINE, "mutex and holder fit a line");
 _Static_assert(offsetof(struct kvs_proc, ctr) == 64, "counters on line 1");
-_Static_assert(offsetof(struct kvs_proc, pin) == 448, "pins after counters");
-_Static_assert(sizeof(struct kvs_proc) == 448 + 4 * KVS_PINS_PER_PROC, "proc size");
+_Static_assert(offsetof(struct kvs_proc, pod) == 32, "pod in line 0");
+_Static_assert(offsetof(struct kvs_proc, pin) == 576, "pins after counters");
+_Static_assert(sizeof(struct kvs_proc) == 576 + 4 * KVS_PINS_PER_PROC, "proc size");
+_Static_assert(offsetof(struct kvs_tally, name) == 24, "tally name after its key");
+_Static_assert(offsetof(struct kvs_tally, v) == 192, "tally figures on their own line");
+_Static_assert(sizeof(struct kvs_tally) == 256, "tally size: four lines");
 _Static_assert(sizeof(struct kvs_stripe) == KVS_CACHELINE, "stripe size");
 _Static_assert(offsetof(struct kvs_slot, refs) == KVS_CACHELINE, "state word alone");
 _Static_assert(offsetof(struct kvs_slot, key) == KVS_CACHELINE + 24, "key offset");
 _Static_assert(offsetof(struct kvs_slot, expires) == KVS_CACHELINE + 56, "expires on line 1");
 _Static_assert(sizeof(struct kvs_slot) == 2 * KVS_CACHELINE, "slot size");
 _Static_assert(sizeof(struct kvs_seen) == 32, "seen entry size");
-_Static_assert(KVS_NCOUNTERS <= KVS_CTR_ROOM, "counters fit six lines");
+_Static_assert(KVS_NCOUNTERS <= KVS_CTR_ROOM, "counters fit eight lines");
+_Static_assert(KVS_NTALLY <= KVS_TALLY_ROOM, "tally figures fit their room");
 
 #endif

@@ -6,6 +6,7 @@
 #ifndef KVS_CACHE_PARAMS_H
 #define KVS_CACHE_PARAMS_H
 
+#include <stdbool.h>
 #include <stdint.h>
 
 struct kvs_cache_params {
@@ -25,6 +26,8 @@ struct kvs_cache_params {
 	int on_mismatch;	  /* enum kvs_on_mismatch */
 	int wait_mode;		  /* loader.wait: enum kvs_wait_mode */
 	uint64_t wait_timeout_ms; /* loader.wait_timeout_ms: also bounds lock waits */
+	bool keys_only;		  /* a region of keys without data (shim.mode = observe): the
+				   * control plane of the region these dimensions give, no data */
 };
 
 #endif

@@ -444,8 +444,8 @@ void kvs_populate_start(struct kvs_cache *c)
 	struct populator *p;
 	int fd;
 
-	if (c->watch || c->populate == KVS_POPULATE_LAZY)
-		return;
+	if (c->watch || c->populate == KVS_POPULATE_LAZY || c->keys_only)
+		return; /* a region of keys only has every frame's pages from its build */
 	/* For `kvshim stat`: the mode of the walk, eager winning over ahead; lazy processes
 	 * never set it back. */
 	uint32_t mode = load_relaxed(&c->hdr->populate_mode);
@@ -663,6 +663,10 @@ int kvs_cache_prepare(struct kvs_cache *c, unsigned threads, uint32_t *slots_don
 	*slots_done = 0;
 	if (c->watch)
 		return -EBADF;
+	if (c->keys_only) { /* no data: every frame has what it needs from the build */
+		*slots_done = c->nframes;
+		return 0;
+	}
 	if (!threads)
 		threads = cpus_allowed();
 	if (threads > KVS_PREPARE_THREADS_MAX)

@@ -65,6 +65,8 @@ int kvs_proc_attach(struct kvs_cache *c)
 			store_relaxed(&p->ctr[k], 0);
 		p->pid = (int32_t)getpid();
 		p->pidns = stat("/proc/self/ns/pid", &ns) == 0 ? (uint64_t)ns.st_ino : 0;
+		p->pod = kvs_tally_join_pod_locked(c, p->pidns);
+		c->pod = p->pod;
 		store_relaxed(&p->rank, -1);
 		store_relaxed(&p->staged, 0);
 		clock_gettime(CLOCK_REALTIME, &ts);
@@ -88,6 +90,7 @@ static void retire_locked(struct kvs_cache *c, struct kvs_proc *p)
 	}
 	p->pid = 0;
 	p->pidns = 0;
+	p->pod = KVS_NIL;
 	store_relaxed(&p->staged, 0); /* its claims are freed: nothing staged is left */
 	store_release(&p->state, KVS_PROC_FREE);
 }
@@ -105,6 +108,7 @@ void kvs_proc_detach(struct kvs_cache *c)
 	ofd(c, F_OFD_SETLK, F_UNLCK, (uint32_t)c->self, NULL);
 	c->self = -1;
 	c->me = NULL;
+	c->pod = KVS_NIL;
 }
 
 int kvs_proc_reclaim(struct kvs_cache *c, uint32_t p)

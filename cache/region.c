@@ -114,6 +114,14 @@
  * under its stripe (a load it owned becomes FAILED with EOWNERDEAD, waking the waiters), slots
  * it had CLAIMED go back to FREE, its counters fold into the totals, its slot becomes FREE.
  *
+ * Regions of keys only (hdr.keys_only: shim.mode = observe).  The same control plane, built
+ * from the same dimensions, and no data section: the build marks every frame's pages
+ * allocated and the walk done, so nothing ever allocates a page or touches a slot's bytes;
+ * every protocol above holds as written (its owners publish READY with a length and no byte).
+ *
+ * Tallies (tally.c): figures by pod and by root, added to by any process without a lock; a
+ * pod's entry is joined, and recycled, under proc_lock.
+ *
  * Crashes.  A process dying inside a stripe leaves the mutex EOWNERDEAD; the next locker
  * rebuilds that stripe's chains from slot metadata (every slot whose state is hashed and whose
  * bucket maps to the stripe) and recounts refs from all pin tables, then marks the mutex
@@ -156,7 +164,9 @@ struct dims {
 	uint64_t shard_size, capacity, total, page; /* page: off_data and total are multiples */
 	uint32_t nframes, nreserved, nbuckets, nstripes, nprocs, nseen;
 	uint32_t per_frame, nslots; /* slot records: per_frame for each frame */
-	uint64_t off_procs, off_stripes, off_buckets, off_slots, off_frames, off_access, off_seen;
+	bool keys_only;		    /* no data: off_data == total */
+	uint64_t off_procs, off_tally, off_stripes, off_buckets, off_slots, off_frames, off_access,
+	    off_seen;
 	uint64_t off_wseq, off_data;
 };
 
@@ -200,9 +210,10 @@ static uint64_t page_of(uint64_t page_size)
 }
 
 /* Derive every offset from the four dimensions that define a region (frames: hdr.nslots) and
- * the size of its pages (pages.c): the data starts on a page, and the file is whole pages. */
+ * the size of its pages (pages.c): the data starts on a page, and the file is whole pages.  A
+ * region of keys only ends where the data would start. */
 static int dims_from(struct dims *d, uint64_t shard_size, uint64_t nframes, uint64_t nreserved,
-		     uint64_t nprocs, uint64_t page)
+		     uint64_t nprocs, uint64_t page, bool keys_only)
 {
 	memset(d, 0, sizeof(*d));
 	if (shard_size == 0 || shard_size % KVS_PAGE || shard_size > UINT32_MAX || !page_of(page))
@@ -221,10 +232,13 @@ static int dims_from(struct dims *d, uint64_t shard_size, uint64_t nframes, uint
 	d->nbuckets = pow2_at_least(d->nslots);
 	d->nstripes = d->nbuckets < KVS_MAX_STRIPES ? d->nbuckets : KVS_MAX_STRIPES;
 	d->nprocs = (uint32_t)nprocs;
+	d->keys_only = keys_only;
 
 	uint64_t off = align_up(sizeof(struct kvs_hdr), KVS_CACHELINE);
 	d->off_procs = off;
 	off = align_up(off + (uint64_t)d->nprocs * sizeof(struct kvs_proc), KVS_CACHELINE);
+	d->off_tally = off;
+	off += (uint64_t)(KVS_TALLY_PODS + KVS_TALLY_ROOTS) * sizeof(struct kvs_tally);
 	d->off_stripes = off;
 	off += (uint64_t)d->nstripes * sizeof(struct kvs_stripe);
 	d->off_buckets = off;
@@ -241,7 +255,7 @@ static int dims_from(struct dims *d, uint64_t shard_size, uint64_t nframes, uint
 	d->off_wseq = off;
 	off = align_up(off + (uint64_t)d->nseen * 8, d->page);
 	d->off_data = off;
-	d->total = align_up(off + d->capacity, d->page);
+	d->total = keys_only ? off : align_up(off + d->capacity, d->page);
 	return 0;
 }
 
@@ -252,7 +266,7 @@ static int dims_for(const struct kvs_cache_params *cfg, uint64_t n, uint64_t pag
 
 	if (n && reserved >= n)
 		reserved = n - 1;
-	return dims_from(d, cfg->shard_size, n, reserved, cfg->max_processes, page);
+	return dims_from(d, cfg->shard_size, n, reserved, cfg->max_processes, page, cfg->keys_only);
 }
 
 /* The region the configuration asks for on pages of page bytes; with capacity = auto, one of
@@ -283,8 +297,10 @@ static int dims_of_file(int fd, struct dims *d)
 
 	if (read_header(fd, &h))
 		return -EPROTO;
-	return dims_from(d, h.shard_size, h.nslots, h.nreserved, h.nprocs, h.page_size) ? -EPROTO
-											: 0;
+	return dims_from(d, h.shard_size, h.nslots, h.nreserved, h.nprocs, h.page_size,
+			 h.keys_only != 0)
+		   ? -EPROTO
+		   : 0;
 }
 
 int kvs_cache_path(const struct kvs_cache_params *cfg, char *buf, size_t len)
@@ -397,6 +413,8 @@ static void bind(struct kvs_cache *c, const struct dims *d)
 
 	c->hdr = (struct kvs_hdr *)b;
 	c->procs = b + d->off_procs;
+	c->tally = (struct kvs_tally *)(b + d->off_tally);
+	c->keys_only = d->keys_only;
 	c->stripes = (struct kvs_stripe *)(b + d->off_stripes);
 	c->buckets = (_Atomic uint32_t *)(b + d->off_buckets);
 	c->slots = (struct kvs_slot *)(b + d->off_slots);
@@ -438,8 +456,11 @@ static int build(struct kvs_cache *c, const struct dims *d, const struct kvs_cac
 	h->nprocs = d->nprocs;
 	h->npins = KVS_PINS_PER_PROC;
 	h->eviction = (uint32_t)cfg->eviction;
-	h->populate_mode = (uint32_t)cfg->populate;
+	/* A region of keys only has no pages to walk: every frame has its pages (below). */
+	h->populate_mode = d->keys_only ? KVS_POPULATE_LAZY : (uint32_t)cfg->populate;
+	h->keys_only = d->keys_only;
 	h->off_procs = d->off_procs;
+	h->off_tally = d->off_tally;
 	h->off_stripes = d->off_stripes;
 	h->off_buckets = d->off_buckets;
 	h->off_slots = d->off_slots;
@@ -475,6 +496,11 @@ static int build(struct kvs_cache *c, const struct dims *d, const struct kvs_cac
 		store_relaxed(&c->slots[i].next, KVS_NIL);
 		store_relaxed(&c->slots[i].owner, KVS_NIL);
 	}
+	for (uint32_t f = 0; d->keys_only && f < d->nframes; f++)
+		store_relaxed(&c->fpages[f], KVS_PAGES_OK); /* nothing to allocate, ever */
+	if (d->keys_only)
+		store_relaxed(&h->populated, d->nframes);
+	kvs_tally_build(c);
 	/* Pairs with the acquire load of magic in check(): readers of a published region see
 	 * every field above. */
 	atomic_thread_fence(memory_order_release);
@@ -511,6 +537,7 @@ static int check(struct kvs_cache *c, const struct dims *d, size_t file_size, ch
 	atomic_thread_fence(memory_order_acquire); /* pairs with the fence in build() */
 	MISMATCH("layout version", h->version, KVS_LAYOUT_VERSION);
 	MISMATCH("header size", h->hdr_bytes, sizeof(*h));
+	MISMATCH("keys only (1: a region of shim.mode = observe)", h->keys_only, d->keys_only);
 	/* The dimensions an operator sets come first, so the message names the key that differs. */
 	MISMATCH("shard_size", h->shard_size, d->shard_size);
 	MISMATCH("capacity", h->capacity, d->capacity);
@@ -529,6 +556,7 @@ static int check(struct kvs_cache *c, const struct dims *d, size_t file_size, ch
 	MISMATCH("file size", file_size, d->total);
 	MISMATCH("pins per process", h->npins, KVS_PINS_PER_PROC);
 	MISMATCH("off_procs", h->off_procs, d->off_procs);
+	MISMATCH("off_tally", h->off_tally, d->off_tally);
 	MISMATCH("off_stripes", h->off_stripes, d->off_stripes);
 	MISMATCH("off_buckets", h->off_buckets, d->off_buckets);
 	MISMATCH("off_slots", h->off_slots, d->off_slots);
@@ -1098,6 +1126,7 @@ int kvs_cache_open(const struct kvs_cache_params *cfg, int flags, struct kvs_cac
 	c->fd = -1;
 	c->mismatch_fd = -1;
 	c->self = -1;
+	c->pod = KVS_NIL;
 	c->stage_spare = KVS_NIL;
 	c->watch = flags & KVS_OPEN_WATCH;
 	c->wait_mode = cfg->wait_mode;
@@ -1161,7 +1190,7 @@ int kvs_cache_open(const struct kvs_cache_params *cfg, int flags, struct kvs_cac
 	}
 	if (!c->watch) {
 		kvs_populate_start(c);
-		if (cfg->prefault)
+		if (cfg->prefault && !c->keys_only)
 			kvs_memory_prefault_start(c);
 		r = kvs_proc_attach(c);
 		if (r) {
@@ -1328,6 +1357,7 @@ int kvs_cache_stat(struct kvs_cache *c, struct kvs_region_info *info, struct kvs
 	info->page_kind = c->page_kind;
 	info->page_size = c->page_size;
 	info->numa = c->numa;
+	info->keys_only = c->keys_only;
 	info->shm_free_bytes = kvs_memory_free(c->fd, c->page_kind);
 	for (uint32_t i = 0; i < c->nslots; i++) {
 		uint32_t w = load_relaxed(&c->slots[i].state), st = st_of(w);

@@ -490,14 +490,14 @@ uint32_t kvs_cache_room(struct kvs_cache *c, const struct kvs_pin *pin)
 void kvs_cache_data_region(const struct kvs_cache *c, void **base, size_t *len)
 {
 	*base = c->data;
-	*len = (size_t)c->nframes * c->shard_size;
+	*len = c->keys_only ? 0 : (size_t)c->nframes * c->shard_size;
 }
 
 bool kvs_cache_data_ready(const struct kvs_cache *c, size_t off, size_t len)
 {
 	uint64_t S = c->shard_size;
 
-	if (len == 0 || off + len > (size_t)c->nframes * S)
+	if (len == 0 || c->keys_only || off + len > (size_t)c->nframes * S)
 		return false;
 	for (uint64_t f = off / S; f <= (off + len - 1) / S; f++)
 		if (atomic_load_explicit(&c->fpages[f], memory_order_acquire) != KVS_PAGES_OK)

@@ -69,8 +69,8 @@ static uint64_t staged_on_node(struct kvs_cache *c)
 
 int kvs_cache_stage_claim(struct kvs_cache *c, uint32_t *slot)
 {
-	if (c->self < 0)
-		return -EPERM;
+	if (c->self < 0 || c->keys_only)
+		return -EPERM; /* a watcher; a region without data */
 	/* The node's bound: a quarter of the region staged, by all its writers together. */
 	if (staged_on_node(c) >= (c->nframes / 4 ? c->nframes / 4 : 1))
 		return -ENOSPC;

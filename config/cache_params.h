@@ -5,8 +5,14 @@
 #ifndef KVS_CONFIG_CACHE_PARAMS_H
 #define KVS_CONFIG_CACHE_PARAMS_H
 
+#include <errno.h>
+#include <stdio.h>
+
 #include "config.h"
 #include "params.h"
+
+/* The suffix of the region of keys that shim.mode = observe uses: <cache.name>.observe. */
+#define KVS_OBSERVE_SUFFIX ".observe"
 
 /* The cache's parameters of cfg; name points into cfg, which must outlive their use. */
 static inline struct kvs_cache_params kvs_cache_params_of(const struct kvs_config *cfg)
@@ -29,6 +35,23 @@ static inline struct kvs_cache_params kvs_cache_params_of(const struct kvs_confi
 	    .wait_mode = cfg->loader_wait,
 	    .wait_timeout_ms = cfg->loader_wait_timeout_ms,
 	};
+}
+
+/* The parameters of the region cfg's shim.mode uses: cfg's own (serve), or (observe) its
+ * dimensions with keys only, named <cache.name>.observe in name[len].  0, or -ENAMETOOLONG when
+ * that name does not fit. */
+static inline int kvs_cache_params_mode(const struct kvs_config *cfg, struct kvs_cache_params *p,
+					char *name, size_t len)
+{
+	*p = kvs_cache_params_of(cfg);
+	if (cfg->shim_mode != KVS_MODE_OBSERVE)
+		return 0;
+	if ((size_t)snprintf(name, len, "%s" KVS_OBSERVE_SUFFIX, cfg->cache_name) >= len)
+		return -ENAMETOOLONG;
+	p->name = name;
+	p->keys_only = true;
+	p->prefault = false;
+	return 0;
 }
 
 /* A pointer to cfg's cache parameters, for one call: kvs_cache_open(KVS_CACHE_PARAMS(&cfg),

@@ -71,6 +71,7 @@ enum key_type {
 	KT_ENUM_MISMATCH,
 	KT_ENUM_HUGE,
 	KT_ENUM_NUMA,
+	KT_ENUM_MODE,
 };
 
 struct key_desc {
@@ -160,6 +161,11 @@ static const struct word numa_words[] = {
     {"interleave", KVS_NUMA_INTERLEAVE},
     {"local", KVS_NUMA_LOCAL},
     {"off", KVS_NUMA_OFF},
+    {NULL, 0},
+};
+static const struct word mode_words[] = {
+    {"serve", KVS_MODE_SERVE},
+    {"observe", KVS_MODE_OBSERVE},
     {NULL, 0},
 };
 static const struct word no_words[] = {{NULL, 0}}; /* for the types that are not enums */
@@ -379,6 +385,8 @@ static const struct word *words_of(enum key_type t)
 		return huge_words;
 	case KT_ENUM_NUMA:
 		return numa_words;
+	case KT_ENUM_MODE:
+		return mode_words;
 	default:
 		return no_words;
 	}

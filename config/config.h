@@ -32,6 +32,7 @@ enum kvs_copy_mode { KVS_COPY_AUTO, KVS_COPY_MEMCPY, KVS_COPY_STREAM };
 enum kvs_on_mismatch { KVS_MISMATCH_REFUSE, KVS_MISMATCH_REBUILD };
 enum kvs_huge_pages { KVS_HUGE_AUTO, KVS_HUGE_ON, KVS_HUGE_OFF };
 enum kvs_numa { KVS_NUMA_OFF, KVS_NUMA_INTERLEAVE, KVS_NUMA_LOCAL };
+enum kvs_shim_mode { KVS_MODE_SERVE, KVS_MODE_OBSERVE };
 
 /* Where a key's effective value came from. */
 enum kvs_source { KVS_SRC_DEFAULT, KVS_SRC_FILE, KVS_SRC_ENV };
@@ -61,6 +62,7 @@ typedef char kvs_config_str[KVS_CONFIG_STR_MAX];
 #define KVS_CTYPE_ENUM_MISMATCH int
 #define KVS_CTYPE_ENUM_HUGE	int
 #define KVS_CTYPE_ENUM_NUMA	int
+#define KVS_CTYPE_ENUM_MODE	int
 
 enum kvs_key_id {
 #define KVS_KEY(sec, key, type, field, def, min, max, help) KVS_KEY_##field,

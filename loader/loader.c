@@ -171,6 +171,8 @@ static void owner_read_done(struct kvs_bio *bio)
 
 		kvs_cache_count(c, KVS_CTR_backend_bytes, (uint64_t)op->size);
 		kvs_cache_count(c, KVS_CTR_shards_loaded, 1);
+		kvs_cache_tally_add(c, rd->tally, KVS_TALLY_storage_bytes, op->size);
+		kvs_cache_tally_add(c, rd->tally, KVS_TALLY_unique_bytes, op->size);
 		kvs_publish_loaded(
 		    c, &op->pin,
 		    kvs_check_file(bio->fd, rd->dev, rd->ino, rd->write_once, &rd->block),
@@ -483,6 +485,7 @@ static int read_self(struct kvs_loader *ld, const struct kvs_read *rd, struct kv
 		if (got < (int64_t)op->len)
 			return got < 0 ? (int)got : -EIO;
 		kvs_cache_count(ld->c, KVS_CTR_backend_bytes, (uint64_t)got);
+		kvs_cache_tally_add(ld->c, rd->tally, KVS_TALLY_storage_bytes, (uint64_t)got);
 		if (kvs_check_file(rd->fd, rd->dev, rd->ino, rd->write_once, &rd->block) ==
 		    KVS_V_WRONG_FILE)
 			return -ESTALE;
@@ -501,6 +504,7 @@ static int read_self(struct kvs_loader *ld, const struct kvs_read *rd, struct kv
 		r = -ESTALE;
 	if (r == 0) {
 		kvs_cache_count(ld->c, KVS_CTR_backend_bytes, (uint64_t)got);
+		kvs_cache_tally_add(ld->c, rd->tally, KVS_TALLY_storage_bytes, (uint64_t)got);
 		r = copy_to(ld, rd, op->pos, (char *)ld->bounce[b] + (op->from - start), op->len);
 	}
 	bounce_put(ld, b);

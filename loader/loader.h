@@ -61,6 +61,8 @@ struct kvs_read {
 	uint64_t dev, ino;	/* the file, for the check after each storage read */
 	bool write_once;	/* block is the file's identity by birth (cache.h, kvs_ident) */
 	uint64_t file_size;	/* st_size when the block id was taken */
+	int root;		/* which of files.roots the file is under (the shim's) */
+	uint32_t tally;		/* the tallies its storage reads count in (kvs_cache_tally_ref) */
 	uint64_t off;		/* file offset of the read */
 	uint64_t len;		/* bytes asked for */
 	/* The destination: dest, or when it is NULL the host buffers iov (memcpy). */

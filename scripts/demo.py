@@ -11,16 +11,19 @@ utime(path, NULL) from a thread of a process under the shim) and the ranks load 
 an engine saves a new store of the same size through the
 shim (vLLM's tiering fs: an O_DIRECT write of each block to NAME.tmp, then os.replace; timed
 against the same save without the shim), and the ranks load what it saved: write-through kept
-it, so that reload should read nothing from storage.  It reads `kvshim stat --json`, prints a
-table and one sentence saying what kvshim won.  Progress goes to stderr: one line rewritten in place on a terminal, a
+it, so that reload should read nothing from storage.  With `observe`, a first run under the
+shim in observe mode (KVSHIM_SHIM_MODE=observe: every read goes to storage, the shim counts
+what the cache would have done) comes before all of them, as the first column.  It reads
+`kvshim stat --json`, prints a table and one sentence saying what kvshim won.  Progress goes to stderr: one line rewritten in place on a terminal, a
 plain line every 10% otherwise (a log file), so stdout holds only the table and the sentence.
 
   demo.py store  DIR NBLOCKS BLOCK_BYTES      write a KV store and its manifest
   demo.py save   DIR NBLOCKS BLOCK_BYTES      save one as an engine does (tmp + os.replace)
   demo.py touch  DIR                          touch every block as UCM's lookup does
   demo.py rank   DIR                          one rank (used by `run`)
-  demo.py run    DIR NRANKS KVSHIM CONFIG SAVED   the runs and the table; SAVED: where the
-                                                  engine saves (under the config's roots)
+  demo.py run    DIR NRANKS KVSHIM CONFIG SAVED [observe]
+                                              the runs and the table; SAVED: where the
+                                              engine saves (under the config's roots)
 """
 import ctypes
 import hashlib
@@ -215,8 +218,9 @@ def run_ranks(d, nranks, prefix, label):
     return max(o["end"] for o in outs) - start, outs
 
 
-def stat(kvshim, config):
-    out = subprocess.run([kvshim, "stat", "--json"], env=dict(os.environ, KVSHIM_CONFIG=config),
+def stat(kvshim, config, mode="serve"):
+    out = subprocess.run([kvshim, "stat", "--json"],
+                         env=dict(os.environ, KVSHIM_CONFIG=config, KVSHIM_SHIM_MODE=mode),
                          check=True, stdout=subprocess.PIPE).stdout
     return json.loads(out)
 
@@ -247,20 +251,25 @@ def timed_save(prefix, d, nblocks, block_bytes, label):
     return json.loads(out)["save_s"]
 
 
-def run(d, nranks, kvshim, config, saved):
+def run(d, nranks, kvshim, config, saved, observe=False):
     with open(os.path.join(d, "manifest.json")) as f:
         manifest = json.load(f)
     unique = sum(size for _, size, _ in manifest)
     env_cfg = dict(os.environ, KVSHIM_CONFIG=config)
     subprocess.run([kvshim, "reset", "--force"], env=env_cfg, stderr=subprocess.DEVNULL)
     storage_s, copy_s = limits(d, manifest, nranks, kvshim)
+    shim = [kvshim, "run", "--config", config, "--"]
+    if observe:
+        # Observe mode first, as an operator tries it: every read goes to storage.
+        wallo, outso = run_ranks(d, nranks, ["env", "KVSHIM_SHIM_MODE=observe"] + shim,
+                                 "run 0/5 (kvshim observe)")
+        to = stat(kvshim, config, "observe")["totals"]
     wall0, outs0 = run_ranks(d, nranks, [], "run 1/5 (without kvshim)")
     # The region's memory, before the clock, as the ranks' own buffers are (see rank()): an
     # operator runs `kvshim prepare` before the engines start.
     t = time.perf_counter()
     subprocess.run([kvshim, "prepare", "--config", config], check=True, stdout=sys.stderr)
     prepare_s = time.perf_counter() - t
-    shim = [kvshim, "run", "--config", config, "--"]
     wall1, outs1 = run_ranks(d, nranks, shim, "run 2/5 (kvshim, region empty)")
     t1 = stat(kvshim, config)["totals"]
     # the cache outlives its processes
@@ -283,7 +292,8 @@ def run(d, nranks, kvshim, config, saved):
     t3b = stat(kvshim, config)["totals"]
     t3 = {k: t3b[k] - t3a[k] for k in t3b}
     kept = t3a["write_through_bytes"] - tta["write_through_bytes"]
-    bad = sum(o["bad_blocks"] for o in outs0 + outs1 + outs2 + outst + outs3)
+    bad = sum(o["bad_blocks"] for o in outs0 + outs1 + outs2 + outst + outs3 +
+              (outso if observe else []))
     mib = 1 << 20
 
     def slowest(outs):
@@ -328,11 +338,32 @@ def run(d, nranks, kvshim, config, saved):
         ("blocks with wrong bytes",) +
         tuple("%d" % sum(x["bad_blocks"] for x in o) for _, o, _ in runs),
     ]
+    if observe:
+        # The first column: what observe mode read, and what it said the cache would read.
+        ocol = {
+            "wall time, all ranks loaded (s)": "%.2f" % wallo,
+            "  speed-up over no kvshim": "%.2fx" % (wall0 / wallo),
+            "slowest rank's load time (s)": slowest(outso),
+            "ranks' CPU while loading (s)": cpu(outso),
+            "bytes read from storage (MiB) [k]": "%d" % (kernel(outso) // mib),
+            "  per unique byte": "%.3f" % (kernel(outso) / unique),
+            "  as kvshim counts it (MiB)": "%d [o]" % (to["would_read_bytes"] // mib),
+            "bytes delivered to ranks (MiB)": "%d" % (sum(x["bytes"] for x in outso) // mib),
+            "shards loaded / waited / hit": shards(to),
+            "fallbacks / failures": "%d / %d" % (to["fallbacks"], to["failures"]),
+            "blocks with wrong bytes": "%d" % sum(x["bad_blocks"] for x in outso),
+        }
+        rows = [(r[0], ocol.get(r[0], "-")) + r[1:] for r in rows]
     print("\n%d ranks, %d blocks, %d MiB unique (O_DIRECT preadv, every byte checked)\n" %
           (nranks, len(manifest), unique // mib))
-    fmt = "%-34s %14s %16s %16s %16s %16s"
-    print(fmt % ("", "without kvshim", "kvshim, 1st", "kvshim, 2nd", "kvshim, 3rd", "kvshim, reload"))
-    print(fmt % ("", "", "(region empty)", "(region warm)", "(all touched)", "(after a save)"))
+    fmt = "%-34s" + (" %16s" if observe else "") + " %14s %16s %16s %16s %16s"
+    head = ("", "without kvshim", "kvshim, 1st", "kvshim, 2nd", "kvshim, 3rd", "kvshim, reload")
+    head2 = ("", "", "(region empty)", "(region warm)", "(all touched)", "(after a save)")
+    if observe:
+        head = head[:1] + ("kvshim observe",) + head[1:]
+        head2 = head2[:1] + ("(nothing served)",) + head2[1:]
+    print(fmt % head)
+    print(fmt % head2)
     for r in rows:
         print(fmt % r)
     print("\n[k] the kernel's count (the ranks' /proc/self/io read_bytes).  [m] measured without"
@@ -340,6 +371,9 @@ def run(d, nranks, kvshim, config, saved):
           " computed.\nThe limit of a load from an empty region is max(storage, copy): the"
           " two overlap; a warm\nload, and a reload of what was saved through kvshim, only"
           " copy.")
+    if observe:
+        print("[o] observe mode: what the cache would have read from storage (would_read_bytes);"
+              " every byte\ncame from storage, as without kvshim.")
     # reset says what it removed: housekeeping, so stderr, and the sentence follows the table
     subprocess.run([kvshim, "reset", "--force"], env=env_cfg, stdout=sys.stderr)
     if bad:
@@ -349,6 +383,9 @@ def run(d, nranks, kvshim, config, saved):
         return ("%.1fx faster" % (wall0 / wall) if wall <= wall0 else
                 "%.1fx slower" % (wall / wall0))
 
+    if observe:
+        print("\nIn observe mode kvshim served nothing and said it would read %s from storage"
+              " instead of %s." % (human(to["would_read_bytes"]), human(kernel(outso))))
     print("\nkvshim read %s from storage instead of %s, and the ranks loaded %s on the first"
           " run and %s with the region warm (%s after the engine touched every block, reading"
           " %s); reloading what the engine had just saved through kvshim read %s from storage,"
@@ -367,8 +404,9 @@ def main():
         touch_store(sys.argv[2])
     elif cmd == "save" and len(sys.argv) == 5:
         save_store(sys.argv[2], int(sys.argv[3]), int(sys.argv[4]))
-    elif cmd == "run" and len(sys.argv) == 7:
-        run(sys.argv[2], int(sys.argv[3]), sys.argv[4], sys.argv[5], sys.argv[6])
+    elif cmd == "run" and len(sys.argv) in (7, 8) and sys.argv[7:] in ([], ["observe"]):
+        run(sys.argv[2], int(sys.argv[3]), sys.argv[4], sys.argv[5], sys.argv[6],
+            len(sys.argv) == 8)
     else:
         sys.exit(__doc__)
 

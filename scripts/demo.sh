@@ -8,9 +8,16 @@
 # with the ranks: write-through kept it, so the reload reads no storage; print what changed.  Progress
 # goes to stderr (in place on a terminal, every 10% in a log); the table and a closing sentence
 # saying what kvshim won go to stdout.
-#   scripts/demo.sh [NBLOCKS] [BLOCK_MIB] [NRANKS]      (default 256 4 8: 1 GiB unique)
+# With --observe, a run in observe mode (shim.mode = observe: nothing served, what the cache
+# would have read counted) comes first, as the first column.
+#   scripts/demo.sh [--observe] [NBLOCKS] [BLOCK_MIB] [NRANKS]   (default 256 4 8: 1 GiB unique)
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
+observe=()
+if [ "${1:-}" = --observe ]; then
+	observe=(observe)
+	shift
+fi
 nblocks=${1:-256}
 block_mib=${2:-4}
 nranks=${3:-8}
@@ -41,4 +48,4 @@ shard_size = 1M
 INI
 mkdir -p "$work/saved"
 python3 "$root/scripts/demo.py" run "$store" "$nranks" "$root/build/tools/kvshim" "$work/kvshim.ini" \
-	"$work/saved"
+	"$work/saved" "${observe[@]}"

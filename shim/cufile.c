@@ -51,6 +51,12 @@ static void *_Atomic real[KVS_CF_N];
 static void *_Atomic lib;
 static _Atomic bool lib_ours;
 
+/* How many recorded handles name each descriptor number (saturating at 255, never
+ * decremented from there): kvs_cufile_fd_registered, one relaxed load.  Written under
+ * handles_mu. */
+#define FD_REFS 65536
+static _Atomic uint8_t fd_refs[FD_REFS];
+
 static pthread_mutex_t handles_mu = PTHREAD_MUTEX_INITIALIZER;
 static struct {
 	kvs_cufile_handle_t fh;
@@ -245,17 +251,33 @@ KVS_EXPORT int dlclose(void *handle)
 
 /* ------------------------------------------------------------------ handles */
 
+/* One more (up 1) or one fewer handle names fd.  Caller holds handles_mu. */
+static void fd_ref(int fd, bool up)
+{
+	if (fd < 0 || fd >= FD_REFS)
+		return;
+	uint8_t n = atomic_load_explicit(&fd_refs[fd], memory_order_relaxed);
+
+	if (n != UINT8_MAX && (up || n))
+		atomic_store_explicit(&fd_refs[fd], (uint8_t)(up ? n + 1 : n - 1),
+				      memory_order_relaxed);
+}
+
 static void handle_add(kvs_cufile_handle_t fh, int fd)
 {
 	pthread_mutex_lock(&handles_mu);
 	for (unsigned i = 0; i < nhandles; i++) {
 		if (handles[i].fh == fh) {
+			fd_ref(handles[i].fd, false);
+			fd_ref(fd, true);
 			handles[i].fd = fd; /* the library reused a handle value */
 			goto out;
 		}
 	}
-	if (nhandles < MAX_HANDLES)
+	if (nhandles < MAX_HANDLES) {
 		handles[nhandles++] = (__typeof__(handles[0])){fh, fd};
+		fd_ref(fd, true);
+	}
 out:
 	pthread_mutex_unlock(&handles_mu);
 }
@@ -265,11 +287,18 @@ static void handle_remove(kvs_cufile_handle_t fh)
 	pthread_mutex_lock(&handles_mu);
 	for (unsigned i = 0; i < nhandles; i++) {
 		if (handles[i].fh == fh) {
+			fd_ref(handles[i].fd, false);
 			handles[i] = handles[--nhandles];
 			break;
 		}
 	}
 	pthread_mutex_unlock(&handles_mu);
+}
+
+bool kvs_cufile_fd_registered(int fd)
+{
+	return fd >= 0 && fd < FD_REFS &&
+	       atomic_load_explicit(&fd_refs[fd], memory_order_relaxed) != 0;
 }
 
 int kvs_cufile_fd(kvs_cufile_handle_t fh)
@@ -445,7 +474,7 @@ KVS_EXPORT kvs_cufile_error_t cuFileReadAsync(kvs_cufile_handle_t fh, void *buf,
 	if (fd >= 0 && buf && size_p && file_offset_p && buf_offset_p && bytes_read_p &&
 	    *buf_offset_p >= 0 && kvs_shim_wants(*size_p)) {
 		if (!stream_fixed(stream))
-			kvs_shim_note_stream(fd);
+			kvs_shim_note_stream(fd, (uint64_t)*file_offset_p, *size_p);
 		else if (kvs_shim_read_to_stream(
 			     fd, (uint64_t)(uintptr_t)buf + (uint64_t)*buf_offset_p, *size_p,
 			     *file_offset_p, bytes_read_p, stream) == 0)

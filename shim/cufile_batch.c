@@ -206,6 +206,25 @@ KVS_EXPORT kvs_cufile_error_t cuFileBatchIOSubmit(kvs_cufile_batch_handle_t batc
 		return no_library;
 	if (!b || !iocbp || nr == 0 || nr > b->max)
 		return fn(batch_idp, nr, iocbp, flags);
+	if (kvs_shim_observing()) { /* keyed and counted; the batch goes whole, as without us */
+		for (unsigned i = 0; i < nr; i++) {
+			int fd = servable(&iocbp[i]);
+
+			if (fd >= 0)
+				kvs_shim_observe_to(
+				    fd,
+				    (uint64_t)(uintptr_t)iocbp[i].u.batch.devPtr_base +
+					(uint64_t)iocbp[i].u.batch.devPtr_offset,
+				    iocbp[i].u.batch.size, iocbp[i].u.batch.file_offset);
+		}
+		e = fn(batch_idp, nr, iocbp, flags);
+		if (e.err == KVS_CU_FILE_SUCCESS) {
+			pthread_mutex_lock(&b->mu);
+			b->real_pending += nr; /* GetStatus asks the real batch for them */
+			pthread_mutex_unlock(&b->mu);
+		}
+		return e;
+	}
 	rest = malloc(nr * sizeof(*rest));
 	fds = malloc(nr * sizeof(*fds));
 	slot = malloc(nr * sizeof(*slot));

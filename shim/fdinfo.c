@@ -65,7 +65,7 @@ struct verdict {
 	uint32_t once_root; /* under a files.write_once root */
 	uint32_t fs_gen;    /* the file system answered FS_IOC_GETVERSION */
 	uint32_t atime;	    /* the mount's atime rule: KVS_ATIME_* */
-	uint32_t pad;
+	uint32_t root;	    /* the index in files.roots of the root it lies under */
 	uint64_t fs_type;
 	/* per identity: the words it was matched on, and what follows from them */
 	uint64_t size;
@@ -136,6 +136,11 @@ int kvs_fdinfo_set_roots(const char *spec)
 {
 	nroots = parse_dirs(spec, roots, root_len);
 	return nroots;
+}
+
+const char *kvs_fdinfo_root(int i)
+{
+	return i >= 0 && i < nroots ? (root_len[i] ? roots[i] : "/") : NULL;
 }
 
 int kvs_fdinfo_set_write_once(const char *spec)
@@ -337,8 +342,10 @@ static uint8_t classify(int fd, struct kvs_ident *id, struct verdict *v)
 	if (n <= 0)
 		return CLS_NOT_KV;
 	path[n] = '\0';
-	if (under(path, roots, root_len, nroots) < 0)
+	int root = under(path, roots, root_len, nroots);
+	if (root < 0)
 		return CLS_NOT_KV;
+	v->root = (uint32_t)root;
 	/* ext4, XFS and btrfs (iomap) zero the caller's buffer past the end of the file on a
 	 * short O_DIRECT read; FUSE, NFS and tmpfs leave it alone.  The shim does the same. */
 	struct statfs sf = {0};
@@ -460,6 +467,7 @@ static int describe(int fd, struct kvs_fdinfo *out, bool known_only)
 	out->dio_zero_tail = v.zero_tail;
 	out->settle_ns = v.settle_ns;
 	out->node_clock = v.node_clock;
+	out->root = (int)v.root;
 	return 0;
 }
 

@@ -44,11 +44,15 @@ struct kvs_fdinfo {
 	uint32_t dio_mem_align; /* O_DIRECT alignment of buffers */
 	uint32_t dio_off_align; /* O_DIRECT alignment of offsets and lengths */
 	bool dio_zero_tail;	/* a short O_DIRECT read zeroes the rest of the buffers */
+	int root;		/* which of files.roots it lies under (kvs_fdinfo_root) */
 };
 
 /* Set the roots (colon-separated directories; each is canonicalised, missing ones dropped).
  * Returns the number of usable roots. */
 int kvs_fdinfo_set_roots(const char *roots);
+
+/* Root i of files.roots as canonicalised, or NULL past the last. */
+const char *kvs_fdinfo_root(int i);
 
 /* Set the write-once roots (files.write_once, the same form).  Returns how many are usable. */
 int kvs_fdinfo_set_write_once(const char *dirs);

@@ -195,7 +195,7 @@ KVS_EXPORT size_t fread(void *ptr, size_t size, size_t nmemb, FILE *f)
 	have = f->_IO_read_end > f->_IO_read_ptr ? (size_t)(f->_IO_read_end - f->_IO_read_ptr) : 0;
 	if (f->_IO_write_ptr > f->_IO_write_base || (f->_flags & KVS_IO_IN_BACKUP) ||
 	    f->_mode > 0) {
-		kvs_shim_note_stdio(fileno_unlocked(f));
+		kvs_shim_note_stdio(fileno_unlocked(f), total);
 	} else if (have < total && kvs_shim_wants(total - have)) {
 		int fd = fileno_unlocked(f), saved = errno;
 
@@ -765,7 +765,7 @@ static void mapped(void *p, int prot, int flags, int fd, off64_t off)
 KVS_EXPORT void *mmap(void *addr, size_t len, int prot, int flags, int fd, off_t off)
 {
 	if (fd >= 0 && !(flags & MAP_ANONYMOUS))
-		kvs_shim_note_mmap(fd);
+		kvs_shim_note_mmap(fd, len);
 	kvs_real_init();
 	void *p = kvs_real.mmap(addr, len, prot, flags, fd, off);
 	mapped(p, prot, flags, fd, off);
@@ -775,7 +775,7 @@ KVS_EXPORT void *mmap(void *addr, size_t len, int prot, int flags, int fd, off_t
 KVS_EXPORT void *mmap64(void *addr, size_t len, int prot, int flags, int fd, off64_t off)
 {
 	if (fd >= 0 && !(flags & MAP_ANONYMOUS))
-		kvs_shim_note_mmap(fd);
+		kvs_shim_note_mmap(fd, len);
 	kvs_real_init();
 	void *p = kvs_real.mmap64(addr, len, prot, flags, fd, off);
 	mapped(p, prot, flags, fd, off);

@@ -402,7 +402,7 @@ static void unserved(enum cause c, int fd)
 	    KVS_CAUSE_URING_FIXED,  KVS_CAUSE_URING_UNSEEN,
 	};
 
-	kvs_shim_note_uring_unserved(fd);
+	kvs_shim_note_uring_unserved(fd, 0, 0);
 	kvs_log_once(cause[c], KVS_LOG_INFO,
 		     "%s: reads of KV files through it are not served (counted in "
 		     "unserved_io_uring)",
@@ -554,8 +554,16 @@ static void declined(const struct view *v, const struct io_uring_sqe *sqe)
 		return;
 	int fd =
 	    (sqe->flags & IOSQE_FIXED_FILE) ? fixed_fd(v->ring_fd, (unsigned)sqe->fd) : sqe->fd;
-	if (fd >= 0)
-		kvs_shim_note_uring_unserved(fd);
+	if (fd < 0)
+		return;
+	/* READ and READ_FIXED name their bytes; a READV's iovecs are not read again for it. */
+	kvs_shim_note_uring_unserved(fd, sqe->off,
+				     sqe->opcode == IORING_OP_READV ? 0 : (uint64_t)sqe->len);
+	if (sqe->opcode == IORING_OP_READ_FIXED && kvs_shim_is_kv(fd))
+		kvs_log_once(
+		    KVS_CAUSE_URING_READ_FIXED, KVS_LOG_INFO,
+		    "an io_uring READ_FIXED of a KV file (into buffers registered with the "
+		    "ring): not served (counted in unserved_io_uring)");
 }
 
 /* Serve what can be served of v's pending entries and rewrite those into NOPs. */

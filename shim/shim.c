@@ -47,6 +47,7 @@
 #include "cache.h"
 #include "cache_params.h"
 #include "config.h"
+#include "cufile.h"
 #include "cufile_types.h"
 #include "device.h"
 #include "anchor.h"
@@ -55,6 +56,7 @@
 #include "hooks_uring.h"
 #include "loader.h"
 #include "log.h"
+#include "observe.h"
 #include "real.h"
 #include "shim.h"
 #include "sys.h"
@@ -150,6 +152,9 @@ static void init(void)
 			     cfg.files_write_once);
 	min_read = cfg.files_min_read ? cfg.files_min_read : 1;
 	kvs_fdinfo_set_settle(cfg.files_settle);
+	kvs_observe_configure(&cfg);
+	if (kvs_observe_on())
+		cfg.files_write_through = false; /* a region of keys has no room for bytes */
 	kvs_wthru_configure(&cfg);
 	for (int i = 0; i < POS_LOCKS; i++)
 		pthread_mutex_init(&pos_mu[i], NULL);
@@ -283,8 +288,11 @@ static bool map_locked(bool create)
 	if (m != AT_NONE)
 		return m == AT_OK;
 	m = AT_FAILED;
-	int r = kvs_cache_open(KVS_CACHE_PARAMS(&cfg), create ? KVS_OPEN_CREATE : 0, &cache, msg,
-			       sizeof(msg));
+	/* shim.mode = observe: the region of keys only, <cache.name>.observe (observe.h). */
+	const struct kvs_cache_params *params = kvs_observe_params(&cfg);
+	int r = params
+		    ? kvs_cache_open(params, create ? KVS_OPEN_CREATE : 0, &cache, msg, sizeof(msg))
+		    : -ENAMETOOLONG;
 	if (r == -ENOENT && !create)
 		return false; /* nothing to map yet */
 	if (r)
@@ -293,6 +301,8 @@ static bool map_locked(bool create)
 			     msg[0] ? msg : strerror(-r));
 	else
 		m = AT_OK;
+	if (!r)
+		kvs_observe_mapped(cache); /* before the hooks may see it (the store below) */
 	if (!r && msg[0]) /* cache.on_mismatch = rebuild replaced the region: say so, once */
 		kvs_log_once(KVS_CAUSE_ATTACH, KVS_LOG_WARN, "%s", msg);
 	atomic_store_explicit(&mapped, m, memory_order_release); /* publishes cache */
@@ -366,15 +376,13 @@ out:
 	return a == AT_OK;
 }
 
-/* A KV file read or mapped in a way the shim passes through: count it, say so once at info,
- * so that an operator sees the shim loaded but out of the path, and why.  Caller holds
- * guard. */
-static void unserved(enum kvs_counter_id id, enum kvs_cause cause, const char *what)
+/* A KV file (fi, or NULL when it was not described) read at off for len bytes, or mapped, in a
+ * way the shim passes through: count it with its bytes (observe.h), say so once at info, so
+ * that an operator sees the shim loaded but out of the path, and why.  Caller holds guard. */
+static void unserved(enum kvs_counter_id id, enum kvs_cause cause, const char *what,
+		     const struct kvs_fdinfo *fi, uint64_t off, uint64_t len)
 {
-	struct kvs_cache *c = region();
-
-	if (c)
-		kvs_cache_count(c, id, 1);
+	kvs_observe_unserved(region(), fi, id, off, len);
 	kvs_log_once(cause, KVS_LOG_INFO, "%s: not served (counted in `kvshim stat` unserved_*)",
 		     what);
 }
@@ -388,7 +396,8 @@ static void pass(int fd, const struct kvs_fdinfo *fi, enum kvs_why why, int err)
 /* Does a read path serve fd, which kvs_fdinfo_get described as fi with result r?  Says why not.
  * any_mode: cuFile, which serves a descriptor whether it has O_DIRECT or not.  Caller holds
  * guard. */
-static bool admit(int fd, int r, const struct kvs_fdinfo *fi, bool any_mode)
+static bool admit(int fd, int r, const struct kvs_fdinfo *fi, bool any_mode, uint64_t off,
+		  uint64_t len)
 {
 	if (r)
 		return false; /* fstat or fcntl failed: the real call will say why */
@@ -403,7 +412,8 @@ static bool admit(int fd, int r, const struct kvs_fdinfo *fi, bool any_mode)
 	}
 	if (!any_mode && !fi->direct && !cfg.files_buffered) {
 		unserved(KVS_CTR_unserved_buffered, KVS_CAUSE_UNSERVED_BUFFERED,
-			 "a buffered read of a KV file (no O_DIRECT, files.buffered = false)");
+			 "a buffered read of a KV file (no O_DIRECT, files.buffered = false)", fi,
+			 off, len);
 		pass(fd, fi, KVS_WHY_BUFFERED, 0);
 		return false;
 	}
@@ -422,9 +432,12 @@ void kvs_shim_note_small(int fd, size_t len)
 	int saved = errno;
 	struct kvs_fdinfo fi;
 	guard++;
+	fi.kv = false;
 	if (kvs_fdinfo_hint_kv(fd) || (kvs_fdinfo_get(fd, &fi) == 0 && fi.kv)) {
+		/* A descriptor known already is not looked at again: its root is not known. */
 		unserved(KVS_CTR_unserved_small, KVS_CAUSE_UNSERVED_SMALL,
-			 "a read of a KV file shorter than files.min_read");
+			 "a read of a KV file shorter than files.min_read", fi.kv ? &fi : NULL, 0,
+			 len);
 		if (kvs_log_wants(KVS_LOG_DEBUG) && kvs_fdinfo_known(fd, &fi) == 0)
 			pass(fd, &fi, KVS_WHY_SMALL, 0);
 	}
@@ -432,10 +445,10 @@ void kvs_shim_note_small(int fd, size_t len)
 	errno = saved;
 }
 
-/* fd, if it is a KV file, passed through for a reason the shim counts (id) and says once
- * (cause, what; why at debug). */
+/* fd, if it is a KV file, read (or mapped) for len bytes at off and passed through for a reason
+ * the shim counts (id) and says once (cause, what; why at debug). */
 static void note_kv_unserved(int fd, enum kvs_counter_id id, enum kvs_cause cause, const char *what,
-			     enum kvs_why why)
+			     enum kvs_why why, uint64_t off, uint64_t len)
 {
 	struct kvs_fdinfo fi;
 
@@ -444,17 +457,18 @@ static void note_kv_unserved(int fd, enum kvs_counter_id id, enum kvs_cause caus
 	int saved = errno;
 	guard++;
 	if (kvs_fdinfo_get(fd, &fi) == 0 && fi.kv) {
-		unserved(id, cause, what);
+		unserved(id, cause, what, &fi, off, len);
 		pass(fd, &fi, why, 0);
 	}
 	guard--;
 	errno = saved;
 }
 
-void kvs_shim_note_mmap(int fd)
+void kvs_shim_note_mmap(int fd, uint64_t len)
 {
 	note_kv_unserved(fd, KVS_CTR_unserved_mmap, KVS_CAUSE_UNSERVED_MMAP,
-			 "a KV file mapped with mmap (its reads are page faults)", KVS_WHY_MMAP);
+			 "a KV file mapped with mmap (its reads are page faults)", KVS_WHY_MMAP, 0,
+			 len);
 }
 
 void kvs_shim_mapped(int fd, int prot, int flags)
@@ -473,15 +487,16 @@ void kvs_shim_mapped(int fd, int prot, int flags)
 	errno = saved;
 }
 
-void kvs_shim_note_stdio(int fd)
+void kvs_shim_note_stdio(int fd, uint64_t len)
 {
+	/* The stream's position is not asked for: the bytes are counted as asked. */
 	note_kv_unserved(fd, KVS_CTR_unserved_stdio, KVS_CAUSE_UNSERVED_STDIO,
 			 "an fread of a KV file on a stream with bytes to write, ungetc'd bytes or "
 			 "wide characters",
-			 KVS_WHY_STDIO);
+			 KVS_WHY_STDIO, 0, len);
 }
 
-void kvs_shim_note_uring_unserved(int fd)
+void kvs_shim_note_uring_unserved(int fd, uint64_t off, uint64_t len)
 {
 	struct kvs_fdinfo fi;
 
@@ -489,12 +504,10 @@ void kvs_shim_note_uring_unserved(int fd)
 		return;
 	int saved = errno;
 	guard++;
-	if (fd < 0 || (kvs_fdinfo_get(fd, &fi) == 0 && fi.kv)) {
-		struct kvs_cache *c = region();
-
-		if (c)
-			kvs_cache_count(c, KVS_CTR_unserved_io_uring, 1);
-	}
+	fi.kv = false;
+	if (fd < 0 || (kvs_fdinfo_get(fd, &fi) == 0 && fi.kv))
+		kvs_observe_unserved(region(), fi.kv ? &fi : NULL, KVS_CTR_unserved_io_uring, off,
+				     len);
 	guard--;
 	errno = saved;
 }
@@ -549,22 +562,32 @@ static bool buffers_writable(const struct iovec *iov, int iovcnt)
 
 /* May the read of fd (described as fi) write its buffers (buffers_writable)?  Else counted and
  * said: the real call answers EFAULT or a short count.  Caller holds guard. */
-static bool buffers_fit(int fd, const struct kvs_fdinfo *fi, const struct iovec *iov, int iovcnt)
+static bool buffers_fit(int fd, const struct kvs_fdinfo *fi, const struct iovec *iov, int iovcnt,
+			uint64_t off, uint64_t len)
 {
 	if (buffers_writable(iov, iovcnt))
 		return true;
 	unserved(KVS_CTR_unserved_buffers, KVS_CAUSE_UNSERVED_BUFFERS,
-		 "a read of a KV file into memory the shim may not write");
+		 "a read of a KV file into memory the shim may not write", fi, off, len);
 	pass(fd, fi, KVS_WHY_BUFFERS, 0);
 	return false;
 }
 
-/* The cache handed back a read of fd it had taken (n < 0): the caller makes the real call.
- * Counted, and said at debug (after_read says it once at info).  Caller holds guard. */
-static void fell_back(int fd, uint64_t dev, uint64_t ino, int64_t n)
+/* What an unserved count needs of rd's file: its size and root. */
+static struct kvs_fdinfo fi_of(const struct kvs_read *rd)
 {
-	kvs_cache_count(cache, KVS_CTR_unserved_fallback, 1);
-	kvs_why(fd, dev, ino, KVS_WHY_FALLBACK, n < 0 ? (int)-n : 0);
+	return (struct kvs_fdinfo){.kv = true, .size = rd->file_size, .root = rd->root};
+}
+
+/* The cache handed back rd, a read of fd it had taken (n < 0): the caller makes the real call.
+ * Counted with its bytes, and said at debug (after_read says it once at info).  Caller holds
+ * guard. */
+static void fell_back(int fd, const struct kvs_read *rd, int64_t n)
+{
+	struct kvs_fdinfo fi = fi_of(rd);
+
+	kvs_observe_unserved(cache, &fi, KVS_CTR_unserved_fallback, rd->off, rd->len);
+	kvs_why(fd, rd->dev, rd->ino, KVS_WHY_FALLBACK, n < 0 ? (int)-n : 0);
 }
 
 /* Zero the request's bytes from pos to its end, as the kernel does for a short O_DIRECT read on
@@ -600,6 +623,8 @@ static struct kvs_read make_read(const struct kvs_fdinfo *fi, int anchor, uint64
 				 .ino = fi->ino,
 				 .write_once = fi->write_once,
 				 .file_size = fi->size,
+				 .root = fi->root,
+				 .tally = kvs_observe_ref(cache, fi),
 				 .off = off,
 				 .len = len};
 }
@@ -622,11 +647,12 @@ static void after_read(int64_t n)
  * retires one).  The anchor, referenced (kvs_anchor_put it once the read is over), or -1 having
  * said why not.  Caller holds guard; a position lock, if any, before attach_mu and the anchors'
  * lock (neither is held while taking one). */
-static int attach_anchor(int fd, const struct kvs_fdinfo *fi)
+static int attach_anchor(int fd, const struct kvs_fdinfo *fi, uint64_t off, uint64_t len)
 {
 	if (!attach()) {
 		unserved(KVS_CTR_unserved_no_cache, KVS_CAUSE_UNSERVED_NO_CACHE,
-			 "a read of a KV file while the cache cannot be used in this process");
+			 "a read of a KV file while the cache cannot be used in this process", fi,
+			 off, len);
 		pass(fd, fi, KVS_WHY_NO_CACHE, 0);
 		return -1;
 	}
@@ -634,7 +660,8 @@ static int attach_anchor(int fd, const struct kvs_fdinfo *fi)
 	if (anchor < 0) {
 		unserved(KVS_CTR_unserved_anchor, KVS_CAUSE_UNSERVED_ANCHOR,
 			 "a read of a KV file the shim could not hold open (shim.log = debug "
-			 "says why)");
+			 "says why)",
+			 fi, off, len);
 		pass(fd, fi, KVS_WHY_ANCHOR, -anchor);
 	}
 	return anchor;
@@ -646,12 +673,29 @@ static int attach_anchor(int fd, const struct kvs_fdinfo *fi)
 static bool direct_fits(int fd, const struct kvs_fdinfo *fi, const struct iovec *iov, int iovcnt,
 			off_t off)
 {
+	uint64_t len = 0;
+
 	if (!fi->direct || direct_ok(fi, iov, iovcnt, off))
 		return true;
+	for (int i = 0; i < iovcnt; i++)
+		len += iov[i].iov_len;
 	unserved(KVS_CTR_unserved_misaligned, KVS_CAUSE_UNSERVED_MISALIGNED,
-		 "an O_DIRECT read of a KV file not aligned as O_DIRECT needs");
+		 "an O_DIRECT read of a KV file not aligned as O_DIRECT needs", fi, (uint64_t)off,
+		 len);
 	pass(fd, fi, KVS_WHY_MISALIGNED, 0);
 	return false;
+}
+
+/* shim.mode = observe: a POSIX read of fd (described as fi) that would be served, keyed and
+ * counted, unless fd is the descriptor of a cuFile handle: then it is libcufile's own read of
+ * a cuFile read observed already (compatibility mode).  The caller then makes the real call.
+ * Caller holds guard. */
+static void observe_posix(int fd, const struct kvs_fdinfo *fi, uint64_t off, uint64_t len)
+{
+	struct kvs_cache *c = kvs_cufile_fd_registered(fd) ? NULL : region();
+
+	if (c)
+		kvs_observe_read(c, fi, off, len);
 }
 
 ssize_t kvs_shim_read(int fd, const struct iovec *iov, int iovcnt, off_t off, bool use_pos)
@@ -672,9 +716,12 @@ ssize_t kvs_shim_read(int fd, const struct iovec *iov, int iovcnt, off_t off, bo
 	}
 	guard++;
 	pthread_setcancelstate(PTHREAD_CANCEL_DISABLE, &cancel_state);
-	if (!admit(fd, kvs_fdinfo_get(fd, &fi), &fi, false))
+	/* The position of a read at it is not known yet: its bytes are counted from 0. */
+	if (!admit(fd, kvs_fdinfo_get(fd, &fi), &fi, false, use_pos ? 0 : (uint64_t)off, len))
 		goto out;
-	if (!buffers_fit(fd, &fi, iov, iovcnt))
+	/* Observe mode writes no buffer: the three system calls of the check are not its cost. */
+	if (!kvs_observe_on() &&
+	    !buffers_fit(fd, &fi, iov, iovcnt, use_pos ? 0 : (uint64_t)off, len))
 		goto out;
 	if (use_pos) {
 		pos_lock = &pos_mu[(fi.ino ^ fi.dev * 31) % POS_LOCKS];
@@ -687,12 +734,16 @@ ssize_t kvs_shim_read(int fd, const struct iovec *iov, int iovcnt, off_t off, bo
 		goto out;
 	if (!direct_fits(fd, &fi, iov, iovcnt, off))
 		goto out;
-	anchor = attach_anchor(fd, &fi);
-	if (anchor < 0)
-		goto out;
 	/* The kernel moves at most MAX_RW_COUNT bytes in one call, whatever was asked. */
 	if (len > KVS_MAX_RW_COUNT)
 		len = KVS_MAX_RW_COUNT;
+	if (kvs_observe_on()) { /* keyed and counted; the real call reads it */
+		observe_posix(fd, &fi, (uint64_t)off, len);
+		goto out;
+	}
+	anchor = attach_anchor(fd, &fi, (uint64_t)off, len);
+	if (anchor < 0)
+		goto out;
 	rd = make_read(&fi, anchor, (uint64_t)off, len);
 	rd.iov = iov;
 	rd.iovcnt = iovcnt;
@@ -700,9 +751,10 @@ ssize_t kvs_shim_read(int fd, const struct iovec *iov, int iovcnt, off_t off, bo
 	kvs_anchor_put(anchor); /* the loader is done with it */
 	after_read(n);
 	if (n < 0) {
-		fell_back(fd, fi.dev, fi.ino, n);
+		fell_back(fd, &rd, n);
 		goto out;
 	}
+	kvs_observe_served(cache, rd.tally, (uint64_t)n);
 	if (use_pos && lseek(fd, off + n, SEEK_SET) < 0)
 		goto out; /* cannot happen on a regular file; the real read will redo it */
 	if (fi.direct && fi.dio_zero_tail && n > 0 && (uint64_t)n < len)
@@ -747,10 +799,10 @@ ssize_t kvs_shim_readv(int fd, const struct iovec *iov, int iovcnt, off_t off, b
 
 /* A cuFile read of fd into memory the shim cannot copy to: counted and said.  Caller holds
  * guard. */
-static void device_unserved(int fd, const struct kvs_fdinfo *fi)
+static void device_unserved(int fd, const struct kvs_fdinfo *fi, uint64_t off, uint64_t len)
 {
 	unserved(KVS_CTR_unserved_device, KVS_CAUSE_UNSERVED_DEVICE,
-		 "a cuFile read of a KV file into memory the shim cannot copy to");
+		 "a cuFile read of a KV file into memory the shim cannot copy to", fi, off, len);
 	pass(fd, fi, KVS_WHY_DEVICE, 0);
 }
 
@@ -767,20 +819,28 @@ static int prepare_to(struct kvs_shim_async *a, int fd, uint64_t ptr, size_t siz
 
 	if (off < 0 || size == 0 || size > KVS_MAX_RW_COUNT || ptr + size < ptr)
 		return -1;
-	if (!admit(fd, kvs_fdinfo_get(fd, &fi), &fi, true))
+	if (!admit(fd, kvs_fdinfo_get(fd, &fi), &fi, true, (uint64_t)off, size))
 		return -1;
 	if (kvs_device_target(&cfg, ptr, size, &a->tg)) {
-		device_unserved(fd, &fi);
+		device_unserved(fd, &fi, (uint64_t)off, size);
 		return -1;
 	}
-	if (a->tg.host && !buffers_fit(fd, &fi, &a->tg.iov, 1))
+	if (a->tg.host && !kvs_observe_on() &&
+	    !buffers_fit(fd, &fi, &a->tg.iov, 1, (uint64_t)off, size))
 		return -1;
-	anchor = attach_anchor(fd, &fi);
+	if (kvs_observe_on()) { /* keyed and counted; the real library reads it */
+		struct kvs_cache *c = region();
+
+		if (c)
+			kvs_observe_read(c, &fi, (uint64_t)off, size);
+		return -1;
+	}
+	anchor = attach_anchor(fd, &fi, (uint64_t)off, size);
 	if (anchor < 0)
 		return -1;
 	if (kvs_device_begin(&a->tg, cache, &cfg)) {
 		kvs_anchor_put(anchor);
-		device_unserved(fd, &fi);
+		device_unserved(fd, &fi, (uint64_t)off, size);
 		return -1;
 	}
 	a->fd = fd;
@@ -808,9 +868,10 @@ ssize_t kvs_shim_read_to(int fd, uint64_t ptr, size_t size, off_t off)
 	kvs_anchor_put(a.rd.fd);
 	after_read(n);
 	if (n < 0)
-		fell_back(fd, a.rd.dev, a.rd.ino, n);
+		fell_back(fd, &a.rd, n);
 	if (n >= 0) {
 		kvs_cache_count(cache, KVS_CTR_cufile_requests, 1);
+		kvs_observe_served(cache, a.rd.tally, (uint64_t)n);
 		ret = n;
 	}
 out:
@@ -836,7 +897,9 @@ static void async_done(struct kvs_task *t, int64_t result)
 	async_tail(a, result);
 	after_read(result);
 	if (result < 0)
-		fell_back(a->fd, a->rd.dev, a->rd.ino, result); /* a->done reads it for real */
+		fell_back(a->fd, &a->rd, result); /* a->done reads it for real */
+	else
+		kvs_observe_served(cache, a->rd.tally, (uint64_t)result);
 	if (result >= 0 && !a->posix)
 		kvs_cache_count(cache, KVS_CTR_cufile_requests, 1);
 	int anchor = a->rd.fd;
@@ -854,8 +917,7 @@ static int start_async(struct kvs_shim_async *a)
 	if (r != 1) {
 		if (r != 0) {
 			kvs_anchor_put(a->rd.fd);
-			fell_back(a->fd, a->rd.dev, a->rd.ino,
-				  r); /* the caller passes it through */
+			fell_back(a->fd, &a->rd, r); /* the caller passes it through */
 		}
 		return r == 0 ? 0 : -1;
 	}
@@ -863,6 +925,7 @@ static int start_async(struct kvs_shim_async *a)
 	a->result = a->task.result;
 	async_tail(a, a->result);
 	after_read(a->result);
+	kvs_observe_served(cache, a->rd.tally, (uint64_t)a->result);
 	if (!a->posix)
 		kvs_cache_count(cache, KVS_CTR_cufile_requests, 1);
 	return 1;
@@ -883,6 +946,27 @@ int kvs_shim_read_to_start(struct kvs_shim_async *a, int fd, uint64_t ptr, size_
 	guard--;
 	errno = saved;
 	return ret;
+}
+
+static bool shim_on(void);
+
+bool kvs_shim_observing(void)
+{
+	return shim_on() && kvs_observe_on();
+}
+
+void kvs_shim_observe_to(int fd, uint64_t ptr, size_t size, off_t off)
+{
+	int saved = errno, cancel_state;
+	struct kvs_shim_async a;
+
+	guard++;
+	pthread_setcancelstate(PTHREAD_CANCEL_DISABLE, &cancel_state);
+	memset(&a.tg, 0, sizeof(a.tg));
+	(void)prepare_to(&a, fd, ptr, size, off); /* observes, then passes it through (-1) */
+	pthread_setcancelstate(cancel_state, NULL);
+	guard--;
+	errno = saved;
 }
 
 int kvs_shim_read_start(struct kvs_shim_async *a, int fd, const struct iovec *iov, int iovcnt,
@@ -906,13 +990,17 @@ int kvs_shim_read_start(struct kvs_shim_async *a, int fd, const struct iovec *io
 	memset(&a->tg, 0, sizeof(a->tg));
 	a->done = done;
 	a->zero_tail = false;
-	if (!admit(fd, kvs_fdinfo_get(fd, &fi), &fi, false))
+	if (!admit(fd, kvs_fdinfo_get(fd, &fi), &fi, false, (uint64_t)off, len))
 		goto out;
 	if (!direct_fits(fd, &fi, iov, iovcnt, off))
 		goto out;
-	if (!buffers_fit(fd, &fi, iov, iovcnt))
+	if (!kvs_observe_on() && !buffers_fit(fd, &fi, iov, iovcnt, (uint64_t)off, len))
 		goto out;
-	anchor = attach_anchor(fd, &fi);
+	if (kvs_observe_on()) { /* keyed and counted; the real call reads it */
+		observe_posix(fd, &fi, (uint64_t)off, len);
+		goto out;
+	}
+	anchor = attach_anchor(fd, &fi, (uint64_t)off, len);
 	if (anchor < 0)
 		goto out;
 	a->fd = fd;
@@ -1044,6 +1132,7 @@ static void stream_done(void *arg)
 	if (sr->result >= 0) {
 		kvs_cache_count(cache, KVS_CTR_h2d_bytes, (uint64_t)sr->result);
 		kvs_cache_count(cache, KVS_CTR_cufile_requests, 1);
+		kvs_observe_served(cache, sr->a.rd.tally, (uint64_t)sr->result);
 	} else {
 		kvs_cache_count(cache, KVS_CTR_failures, 1);
 	}
@@ -1101,16 +1190,17 @@ static int stream_copies(struct stream_read *sr, void *stream, bool batch, bool 
 	return 0;
 }
 
-/* A cuFileReadAsync of a KV file passed to the real library: counted and said.  Caller holds
- * guard. */
-static void stream_unserved(void)
+/* A cuFileReadAsync of fi's file (len bytes at off) passed to the real library: counted and
+ * said.  Caller holds guard. */
+static void stream_unserved(const struct kvs_fdinfo *fi, uint64_t off, uint64_t len)
 {
 	unserved(KVS_CTR_unserved_stream, KVS_CAUSE_UNSERVED_STREAM,
 		 "a cuFileReadAsync of a KV file on a stream not registered with fixed sizes and "
-		 "offsets, into host memory, or longer than 16 shards");
+		 "offsets, into host memory, or longer than 16 shards",
+		 fi, off, len);
 }
 
-void kvs_shim_note_stream(int fd)
+void kvs_shim_note_stream(int fd, uint64_t off, uint64_t len)
 {
 	struct kvs_fdinfo fi;
 
@@ -1119,7 +1209,7 @@ void kvs_shim_note_stream(int fd)
 	int saved = errno;
 	guard++;
 	if (kvs_fdinfo_get(fd, &fi) == 0 && fi.kv)
-		stream_unserved();
+		stream_unserved(&fi, off, len);
 	guard--;
 	errno = saved;
 }
@@ -1140,15 +1230,20 @@ int kvs_shim_read_to_stream(int fd, uint64_t ptr, size_t size, off_t off, ssize_
 	/* A capturing stream runs what is enqueued at every launch of its graph, after the
 	 * first has freed sr: not a read the shim can serve (nor one it can ask about). */
 	if (sr->a.tg.host || kvs_device_stream_capturing(&sr->a.tg, stream) != 0) {
-		stream_unserved();
+		struct kvs_fdinfo fi = fi_of(&sr->a.rd);
+
+		stream_unserved(&fi, sr->a.rd.off, sr->a.rd.len);
 		goto out;
 	}
 	int r = kvs_loader_pin(loader, &sr->a.task, &sr->a.rd);
 	if (r == -E2BIG) {
-		stream_unserved(); /* longer than a task's shards: the stream is the library's */
+		struct kvs_fdinfo fi = fi_of(&sr->a.rd);
+
+		/* longer than a task's shards: the stream is the library's */
+		stream_unserved(&fi, sr->a.rd.off, sr->a.rd.len);
 		goto out;
 	} else if (r) {
-		fell_back(fd, sr->a.rd.dev, sr->a.rd.ino, r);
+		fell_back(fd, &sr->a.rd, r);
 		goto out;
 	}
 	sr->bytes_read = bytes_read;
@@ -1161,7 +1256,7 @@ int kvs_shim_read_to_stream(int fd, uint64_t ptr, size_t size, off_t off, ssize_
 		sr->gated = true;
 	} else if ((r = kvs_loader_settle(loader, &sr->a.task))) {
 		kvs_loader_unpin(loader, &sr->a.task); /* nothing on the stream: pass through */
-		fell_back(fd, sr->a.rd.dev, sr->a.rd.ino, r);
+		fell_back(fd, &sr->a.rd, r);
 		goto out;
 	}
 	/* GATED: in stream order (batch, else pinned slots).  SETTLED: the slots are READY, so
@@ -1172,7 +1267,7 @@ int kvs_shim_read_to_stream(int fd, uint64_t ptr, size_t size, off_t off, ssize_
 			  !sr->gated || pinned, &queued);
 	if (r && !queued && !sr->gated) {
 		kvs_loader_unpin(loader, &sr->a.task); /* nothing on the stream: pass through */
-		fell_back(fd, sr->a.rd.dev, sr->a.rd.ino, r);
+		fell_back(fd, &sr->a.rd, r);
 		goto out;
 	}
 	if (r)

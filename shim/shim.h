@@ -114,6 +114,14 @@ ssize_t kvs_shim_read_to(int fd, uint64_t ptr, size_t size, off_t off);
 int kvs_shim_read_to_start(struct kvs_shim_async *a, int fd, uint64_t ptr, size_t size, off_t off,
 			   void (*done)(struct kvs_shim_async *a, int64_t result));
 
+/* shim.mode = observe (observe.h): is the shim on and observing?  One load after the first
+ * hooked call.  kvs_shim_observe_to: a cuFile read of size bytes at off into ptr that the
+ * caller passes to the real library as it is, keyed and counted as kvs_shim_read_to_start
+ * would have taken it (a batch entry: the batch then goes whole to the real Submit, as
+ * without the shim). */
+bool kvs_shim_observing(void);
+void kvs_shim_observe_to(int fd, uint64_t ptr, size_t size, off_t off);
+
 /*
  * cuFileReadAsync on a stream whose sizes and offsets were fixed at registration: size bytes
  * at off into the device memory at ptr, in stream order.  Enqueues on stream: a host function
@@ -217,21 +225,22 @@ void kvs_shim_truncated(struct wt_file *f, int fd, struct kvs_wtok *tok, int ret
  * region; one load for a descriptor known not to be one, one look at a descriptor not yet
  * classified); a mapping of fd (mmap hook).  None changes errno or fails. */
 void kvs_shim_note_small(int fd, size_t len);
-void kvs_shim_note_mmap(int fd);
+void kvs_shim_note_mmap(int fd, uint64_t len);
 /* mmap of fd with prot and flags succeeded: a KV file mapped MAP_SHARED through a descriptor
  * that can write keeps nothing of write-through while the mapping lives (wthru.h,
  * kvs_wthru_mapped).  Never changes errno. */
 void kvs_shim_mapped(int fd, int prot, int flags);
-/* An fread of fd's stream that cannot be served (bytes to write, ungetc'd bytes, wide): counted
- * as unserved_stdio when fd is a KV file.  Never changes errno. */
-void kvs_shim_note_stdio(int fd);
-/* A read of fd (-1: a registered file the shim cannot name) through an io_uring that the
- * shim passes through: counted as unserved_io_uring when fd is a KV file.  The cause is said
- * by the caller.  Never changes errno. */
-void kvs_shim_note_uring_unserved(int fd);
-/* A cuFileReadAsync of fd passed to the real library because its stream does not fix its
- * parameters: counted as unserved_stream when fd is a KV file.  Never changes errno. */
-void kvs_shim_note_stream(int fd);
+/* An fread of len bytes of fd's stream that cannot be served (bytes to write, ungetc'd bytes,
+ * wide): counted as unserved_stdio when fd is a KV file.  Never changes errno. */
+void kvs_shim_note_stdio(int fd, uint64_t len);
+/* A read of len bytes at off of fd (-1: a registered file the shim cannot name; len 0: not
+ * known) through an io_uring that the shim passes through: counted as unserved_io_uring when
+ * fd is a KV file.  The cause is said by the caller.  Never changes errno. */
+void kvs_shim_note_uring_unserved(int fd, uint64_t off, uint64_t len);
+/* A cuFileReadAsync of len bytes at off of fd passed to the real library because its stream
+ * does not fix its parameters: counted as unserved_stream when fd is a KV file.  Never changes
+ * errno. */
+void kvs_shim_note_stream(int fd, uint64_t off, uint64_t len);
 
 /* cuda.cufile_library, the configuration loaded first if need be; "libcufile.so.0" while
  * another thread loads it, or when the key is empty (never "": dlopen("") is the program). */

@@ -210,18 +210,26 @@ START_TEST(test_layout_pinned)
 	ck_assert_uint_eq(offsetof(struct kvs_hdr, populated), 256);
 	ck_assert_uint_eq(offsetof(struct kvs_hdr, proc_lock), 320);
 	ck_assert_uint_eq(offsetof(struct kvs_hdr, totals), 384);
-	ck_assert_uint_eq(offsetof(struct kvs_hdr, refused_attaches), 768);
-	ck_assert_uint_eq(offsetof(struct kvs_hdr, built_by), 776);
-	ck_assert_uint_eq(offsetof(struct kvs_hdr, off_seen), 808);
-	ck_assert_uint_eq(offsetof(struct kvs_hdr, nseen), 816);
-	ck_assert_uint_eq(offsetof(struct kvs_hdr, pack_lock), 832);
-	ck_assert_uint_eq(offsetof(struct kvs_hdr, off_frames), 896);
-	ck_assert_uint_eq(offsetof(struct kvs_hdr, per_frame), 904);
-	ck_assert_uint_eq(sizeof(struct kvs_hdr), 960);
+	ck_assert_uint_eq(offsetof(struct kvs_hdr, refused_attaches), 896);
+	ck_assert_uint_eq(offsetof(struct kvs_hdr, built_by), 904);
+	ck_assert_uint_eq(offsetof(struct kvs_hdr, off_seen), 936);
+	ck_assert_uint_eq(offsetof(struct kvs_hdr, nseen), 944);
+	ck_assert_uint_eq(offsetof(struct kvs_hdr, pack_lock), 960);
+	ck_assert_uint_eq(offsetof(struct kvs_hdr, off_frames), 1024);
+	ck_assert_uint_eq(offsetof(struct kvs_hdr, per_frame), 1032);
+	ck_assert_uint_eq(offsetof(struct kvs_hdr, keys_only), 1052);
+	ck_assert_uint_eq(offsetof(struct kvs_hdr, off_tally), 1056);
+	ck_assert_uint_eq(sizeof(struct kvs_hdr), 1088);
 	ck_assert_uint_eq(offsetof(struct kvs_proc, ctr), 64);
-	ck_assert_uint_eq(offsetof(struct kvs_proc, pin), 448);
+	ck_assert_uint_eq(offsetof(struct kvs_proc, pod), 32);
+	ck_assert_uint_eq(offsetof(struct kvs_proc, pin), 576);
+	ck_assert_uint_eq(offsetof(struct kvs_tally, kind), 0);
+	ck_assert_uint_eq(offsetof(struct kvs_tally, key), 8);
+	ck_assert_uint_eq(offsetof(struct kvs_tally, name), 24);
+	ck_assert_uint_eq(offsetof(struct kvs_tally, v), 192);
+	ck_assert_uint_eq(sizeof(struct kvs_tally), 256);
 	ck_assert_uint_eq(sizeof(struct kvs_stripe), 64);
-	ck_assert_uint_eq(KVS_LAYOUT_VERSION, 6);
+	ck_assert_uint_eq(KVS_LAYOUT_VERSION, 7);
 
 	struct kvs_config cfg;
 	test_config(&cfg, 8, 4096);
@@ -3350,6 +3358,149 @@ START_TEST(test_pack_holder_killed)
 }
 END_TEST
 
+/* A region of keys only (shim.mode = observe): the control plane of its dimensions and no
+ * data; every frame has its pages from the build, so no walk or prepare allocates any; keys
+ * are pinned, owned, marked READY with a length (no byte) and hit as in any region, and
+ * evicted by frame; nothing can be staged; an attacher that wants data refuses it. */
+START_TEST(test_keys_only_region)
+{
+	struct kvs_config cfg;
+	struct kvs_cache_params p, full;
+	struct kvs_cache *c = NULL, *d = NULL;
+	char name[KVS_CONFIG_STR_MAX + 16], msg[256], path[256];
+	struct kvs_pin pin;
+	struct stat st;
+	uint32_t done = 0, slot;
+	void *base;
+	size_t len;
+
+	test_config(&cfg, 8, 65536); /* 8 frames of 64 KiB: 512 KiB of data */
+	cfg.shim_mode = KVS_MODE_OBSERVE;
+	ck_assert_int_eq(kvs_cache_params_mode(&cfg, &p, name, sizeof(name)), 0);
+	ck_assert(p.keys_only);
+	ck_assert_str_eq(p.name + strlen(cfg.cache_name), ".observe");
+	ck_assert_int_eq(kvs_cache_open(&p, KVS_OPEN_CREATE, &c, msg, sizeof(msg)), 0);
+	ck_assert(c->keys_only && c->hdr->keys_only == 1);
+	ck_assert_uint_eq(c->hdr->total_bytes, c->hdr->off_data);
+	kvs_cache_path(&p, path, sizeof(path));
+	ck_assert_int_eq(stat(path, &st), 0);
+	ck_assert_uint_eq((uint64_t)st.st_size, c->hdr->total_bytes);
+	ck_assert_uint_lt((uint64_t)st.st_size, 8 * 65536); /* less than its data would be */
+	for (uint32_t f = 0; f < c->nframes; f++)
+		ck_assert_uint_eq(c->fpages[f], KVS_PAGES_OK);
+	ck_assert_uint_eq(c->hdr->populate_mode, KVS_POPULATE_LAZY);
+	kvs_cache_data_region(c, &base, &len);
+	ck_assert_uint_eq(len, 0);
+	ck_assert_int_eq(kvs_cache_prepare(c, 1, &done), 0);
+	ck_assert_uint_eq(done, 8);
+	ck_assert_int_eq(kvs_cache_stage_claim(c, &slot), -EPERM);
+	/* Owner, READY with a length and no byte, then a hit. */
+	struct kvs_key k = key_of(1, 0);
+	ck_assert_int_eq(kvs_cache_pin_load(c, &k, KVS_ALLOC_LOAD, 65536, 0, &pin), KVS_PIN_OWNER);
+	kvs_cache_mark_ready(c, &pin, 65536);
+	kvs_cache_release(c, &pin);
+	ck_assert_int_eq(kvs_cache_pin_ready(c, &k, &pin), KVS_PIN_HIT);
+	ck_assert_uint_eq(kvs_cache_length(c, &pin), 65536);
+	kvs_cache_release(c, &pin);
+	/* Twelve more keys through eight frames: evicted by frame, as with the data. */
+	for (uint64_t b = 2; b < 14; b++) {
+		struct kvs_key kb = key_of(b, 0);
+
+		ck_assert_int_eq(kvs_cache_pin_load(c, &kb, KVS_ALLOC_LOAD, 65536, 0, &pin),
+				 KVS_PIN_OWNER);
+		kvs_cache_mark_ready(c, &pin, 65536);
+		kvs_cache_release(c, &pin);
+	}
+	struct kvs_region_info info;
+	struct kvs_counters t;
+	ck_assert_int_ge(kvs_cache_stat(c, &info, &t, NULL, 0), 0);
+	ck_assert(info.keys_only);
+	ck_assert_uint_eq(info.slots_ready, 8);
+	ck_assert_uint_ge(t.v[KVS_CTR_evictions], 5);
+	ck_assert_uint_eq(info.slots_populated, 8);
+	/* The same name wanted with data: refused, and the message says why. */
+	full = p;
+	full.keys_only = false;
+	ck_assert_int_eq(kvs_cache_open(&full, 0, &d, msg, sizeof(msg)), -EPROTO);
+	ck_assert_msg(strstr(msg, "keys only"), "%s", msg);
+	kvs_cache_close(c);
+	unlink(path);
+}
+END_TEST
+
+/* Tallies: a process joins its pod's entry at attach; 15 named pods, then the one joined
+ * longest ago whose processes are gone is recycled, its figures added to "other"; a root's
+ * entry is found again by its path, and roots past the 15th count in "other"; adds reach
+ * both entries of a reference, and the table says what each holds. */
+START_TEST(test_tallies)
+{
+	struct kvs_config cfg;
+	struct kvs_tally_info t[KVS_TALLY_PODS + KVS_TALLY_ROOTS];
+	char root[64];
+
+	test_config(&cfg, 8, 65536);
+	struct kvs_cache *c = open_ok(&cfg);
+	uint32_t mine = c->pod;
+	ck_assert_uint_lt(mine, KVS_TALLY_PODS - 1);
+	ck_assert_uint_eq(c->me->pod, mine);
+	int r0 = kvs_cache_tally_root(c, "/kv/a");
+	ck_assert_int_eq(r0, 0);
+	ck_assert_int_eq(kvs_cache_tally_root(c, "/kv/a"), 0); /* the same path, the same entry */
+	uint32_t ref = kvs_cache_tally_ref(c, r0);
+	kvs_cache_tally_add(c, ref, KVS_TALLY_reads, 3);
+	kvs_cache_tally_add(c, ref, KVS_TALLY_read_bytes, 300);
+	kvs_cache_tally_add(c, KVS_TALLY_NONE, KVS_TALLY_reads, 1000); /* counts nowhere */
+	/* Other namespaces: 14 more fill the named entries, each with 1 read. */
+	uint32_t pods[30];
+	ck_assert_int_eq(kvs_proc_lock(c), 0);
+	for (uint64_t ns = 1; ns <= 14; ns++) {
+		pods[ns] = kvs_tally_join_pod_locked(c, 1000 + ns);
+		ck_assert_uint_lt(pods[ns], KVS_TALLY_PODS - 1);
+		c->tally[pods[ns]].last_ns = ns; /* joined in this order */
+		add_relaxed(&c->tally[pods[ns]].v[KVS_TALLY_reads], 1);
+	}
+	/* A 16th pod: namespace 1001's entry (joined first, no process) is recycled. */
+	uint32_t p16 = kvs_tally_join_pod_locked(c, 2000);
+	ck_assert_uint_eq(p16, pods[1]);
+	ck_assert_uint_eq(c->tally[p16].key, 2000);
+	ck_assert_uint_eq(c->tally[p16].v[KVS_TALLY_reads], 0);
+	ck_assert_uint_eq(c->tally[KVS_TALLY_PODS - 1].v[KVS_TALLY_reads], 1);
+	/* This process's own entry is in use: never recycled, found again by its namespace. */
+	ck_assert_uint_eq(kvs_tally_join_pod_locked(c, c->me->pidns), mine);
+	kvs_proc_unlock(c);
+	/* Roots: 15 named, the 16th and later in "other". */
+	for (int i = 1; i < 15; i++) {
+		snprintf(root, sizeof(root), "/kv/r%d", i);
+		ck_assert_int_eq(kvs_cache_tally_root(c, root), i);
+	}
+	ck_assert_int_eq(kvs_cache_tally_root(c, "/kv/r15"), KVS_TALLY_ROOTS - 1);
+	ck_assert_int_eq(kvs_cache_tally_root(c, "/kv/r16"), KVS_TALLY_ROOTS - 1);
+	kvs_cache_tally_add(c, kvs_cache_tally_ref(c, KVS_TALLY_ROOTS - 1), KVS_TALLY_reads, 5);
+	int n = kvs_cache_tallies(c, t, (int)(sizeof(t) / sizeof(t[0])));
+	uint64_t pod_reads = 0, root_reads = 0;
+	int npods = 0, nroots = 0;
+	for (int i = 0; i < n; i++) {
+		if (t[i].root) {
+			nroots++;
+			root_reads += t[i].v[KVS_TALLY_reads];
+		} else {
+			npods++;
+			pod_reads += t[i].v[KVS_TALLY_reads];
+		}
+		if (!t[i].root && t[i].kind == KVS_TALLY_POD && t[i].key == c->me->pidns) {
+			ck_assert_uint_eq(t[i].processes, 1);
+			ck_assert_uint_eq(t[i].v[KVS_TALLY_read_bytes], 300);
+		}
+	}
+	ck_assert_int_eq(npods, 16);  /* 15 named and other */
+	ck_assert_int_eq(nroots, 16); /* 15 named and other */
+	ck_assert_uint_eq(pod_reads, 3 + 14 + 5);
+	ck_assert_uint_eq(root_reads, 3 + 5);
+	kvs_cache_close(c);
+	remove_region(&cfg);
+}
+END_TEST
+
 static Suite *cache_suite(void)
 {
 	Suite *s = suite_create("cache");
@@ -3359,6 +3510,8 @@ static Suite *cache_suite(void)
 	TCase *crash = tcase_create("crash");
 
 	tcase_add_test(core, test_layout_pinned);
+	tcase_add_test(core, test_keys_only_region);
+	tcase_add_test(core, test_tallies);
 	tcase_add_test(core, test_expiry);
 	tcase_add_test(core, test_first_seen);
 	tcase_add_test(core, test_stage_publish_rekey);

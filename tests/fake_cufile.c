@@ -104,10 +104,12 @@ enum counter {
 	C_ASYNC_READS,
 	C_WRITES,
 	C_WRITE_BYTES,
+	C_BATCH_SUBMITS,
 	C_N
 };
-static const char *const counter_names[C_N] = {"reads",	      "read_bytes", "batch_entries",
-					       "async_reads", "writes",	    "write_bytes"};
+static const char *const counter_names[C_N] = {"reads",	       "read_bytes", "batch_entries",
+					       "async_reads",  "writes",     "write_bytes",
+					       "batch_submits"};
 static atomic_ullong counters[C_N];
 
 /* Add v to counter c. */
@@ -874,6 +876,7 @@ API kvs_cufile_error_t cuFileBatchIOSubmit(kvs_cufile_batch_handle_t batch_idp, 
 		pthread_mutex_unlock(&b->lock);
 		return cf_err(nr > b->max ? KVS_CU_FILE_INVALID_VALUE : KVS_CU_FILE_BATCH_FULL);
 	}
+	count(C_BATCH_SUBMITS, 1);
 	for (unsigned k = 0, i = 0; k < nr; k++) {
 		while (b->slot[i].state != S_FREE)
 			i++;

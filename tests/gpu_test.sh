@@ -136,6 +136,45 @@ for api in read batch async; do
 	done
 done
 
+# Observe mode (issue 29): every cuFile read goes to the fake libcufile, as without the shim,
+# keyed and counted in the region of keys: the cache would have read the unique bytes once,
+# and the fake's own preads (its compatibility mode, FAKECUFILE_POSIX=1) are not counted
+# again (the engines' buffered check reads are, as unserved_buffered); a batch goes whole to
+# the real Submit, in as many calls as without the shim.
+for api in read batch async; do
+	label="observe, api $api, 8 processes"
+	"$kvshim" reset --force >/dev/null 2>&1
+	for mode in off observe; do
+		stats=$work/stats.obs.$api.$mode
+		mkdir -p "$stats"
+		menv=KVSHIM_ENABLE=0 # the shim off: the fake's own figures, for comparison
+		[ $mode = observe ] && menv=KVSHIM_SHIM_MODE=observe
+		pids=()
+		for r in 0 1 2 3 4 5 6 7; do
+			env "$menv" FAKECUFILE_POSIX=1 LD_PRELOAD="$lib" LD_LIBRARY_PATH="$fakedir" \
+				FAKECUFILE_STATS="$stats" FAKECUDA_STATS="$stats" timeout 120 \
+				"$engine_dl" --api $api --block $((1024 * 1024)) "${files[@]}" \
+				>"$work/out.$r" 2>"$work/err.$r" &
+			pids+=($!)
+		done
+		bad=""
+		for r in 0 1 2 3 4 5 6 7; do
+			wait "${pids[$r]}" || bad="$bad rank $r: $(head -c 200 "$work/err.$r");"
+		done
+		[ -z "$bad" ] || fail "$label ($mode):$bad"
+	done
+	off=$work/stats.obs.$api.off obs=$work/stats.obs.$api.observe
+	would=$(KVSHIM_SHIM_MODE=observe "$kvshim" stat --json | python3 -c 'import json,sys
+t = json.load(sys.stdin)["totals"]
+print(t["would_read_bytes"], t["read_bytes"] - t["unserved_buffered_bytes"], t["h2d_bytes"])')
+	got="$(fake_sum "$obs" fakecufile read_bytes) $(fake_sum "$obs" fakecufile batch_submits) $would"
+	want="$((8 * unique)) $(fake_sum "$off" fakecufile batch_submits) $unique $((8 * unique)) 0"
+	[ "$got" = "$want" ] &&
+		ok "$label: the fake read every byte, the cache would have read $unique once, batches whole" ||
+		fail "$label: fake read, batch submits, would_read, read, h2d: $got, want $want"
+done
+"$kvshim" reset --force >/dev/null 2>&1
+
 # cuFileReadAsync while the region is pageable (not registered yet, or never): the driver reads
 # a pageable source when the copy is enqueued, not when the stream reaches it (the fake does
 # as CUDA documents), so a copy enqueued behind a host function that waits for the load would

@@ -6,8 +6,14 @@
  *                  with the nearest known name: the loader ignores most of them silently;
  *   configuration  kvs_config_load and its one-line message, with a near-miss hint;
  *   roots          files.roots not empty; each root absolute, an existing, readable
- *                  directory, on a file system that accepts O_DIRECT (an open of a file in
+ *                  directory (a raw block device is named as one: reads of it go past any
+ *                  shim), on a file system that accepts O_DIRECT (an open of a file in
  *                  it, else of a temporary file it makes and removes);
+ *   bypass         for each root, the ways KV reads of it can go past the cache that can be
+ *                  told before a launch (a FUSE mount of 3FS, whose USRBIO rings no shim
+ *                  sees; a file system without O_DIRECT under files.buffered = false), and
+ *                  those counted only when seen (kvshim stat, "not served"): advice, never
+ *                  a problem (check_bypass);
  *   store          advice, never a problem: a sample of each root's files; a root whose
  *                  files look written once gets a hint to declare it (files.write_once), a
  *                  declared one whose files look rewritten, or whose file system cannot key
@@ -171,6 +177,78 @@ static int takes_odirect(const char *dir)
 	return 0;
 }
 
+/* The mount of /proc/self/mountinfo that holds path (the longest mount point that is a prefix
+ * of it): its file system type and source, into type and src.  0, or -errno. */
+static int mount_of(const char *path, char *type, size_t tlen, char *src, size_t slen)
+{
+	char line[PATH_MAX * 2], best[PATH_MAX] = "";
+	size_t bestlen = 0;
+	FILE *f = fopen("/proc/self/mountinfo", "re");
+
+	if (!f)
+		return -errno;
+	type[0] = src[0] = '\0';
+	while (fgets(line, sizeof(line), f)) {
+		char mnt[PATH_MAX], fst[128], source[PATH_MAX];
+		const char *dash = strstr(line, " - ");
+
+		/* id parent major:minor root mount-point options ... - type source super */
+		if (!dash || sscanf(line, "%*s %*s %*s %*s %4095s", mnt) != 1 ||
+		    sscanf(dash + 3, "%127s %4095s", fst, source) != 2)
+			continue;
+		size_t n = strlen(mnt);
+		bool under = (n == 1 && mnt[0] == '/') ||
+			     (!strncmp(path, mnt, n) && (path[n] == '/' || path[n] == '\0'));
+		if (!under || n < bestlen)
+			continue;
+		bestlen = n;
+		snprintf(best, sizeof(best), "%s", mnt);
+		snprintf(type, tlen, "%s", fst);
+		snprintf(src, slen, "%s", source);
+	}
+	fclose(f);
+	return best[0] ? 0 : -ENOENT;
+}
+
+/* Whether s contains "3fs" in any case. */
+static bool names_3fs(const char *s)
+{
+	for (; *s; s++)
+		if (s[0] == '3' && (s[1] == 'f' || s[1] == 'F') && (s[2] == 's' || s[2] == 'S'))
+			return true;
+	return false;
+}
+
+/* What can take KV reads of root past the cache, as far as it can be told before a launch
+ * (odirect: what takes_odirect said).  Advice on stdout: the operator learns before the
+ * launch which figures will read 1.0x for a reason the shim cannot change. */
+static void check_bypass(struct check *ck, const struct kvs_config *cfg, const char *root,
+			 int odirect)
+{
+	char real[PATH_MAX], type[128], src[PATH_MAX];
+
+	if (!realpath(root, real) || mount_of(real, type, sizeof(type), src, sizeof(src)))
+		return;
+	if (!strncmp(type, "fuse", 4) && (names_3fs(type) || names_3fs(src)))
+		ok(ck,
+		   "note bypass: %s is a FUSE mount of 3FS (%s, %s): clients that read it through "
+		   "USRBIO rings (hf3fs_iovcreate, hf3fs_prep_io: 3FS's own KV clients) hand their "
+		   "reads to the FUSE daemon's shared memory, which no shim sees; only its POSIX "
+		   "reads can be served",
+		   root, type, src);
+	if (odirect == 0 && !cfg->files_buffered)
+		ok(ck,
+		   "note bypass: %s (%s) takes no O_DIRECT: every read of it is buffered and "
+		   "passes through (counted in unserved_buffered)",
+		   root, type);
+	ok(ck,
+	   "ok   bypass: %s (%s): seen only when they happen, and then counted with their "
+	   "bytes in `kvshim stat` (\"not served\"): buffered reads%s, memory-mapped stores "
+	   "(mmap), io_uring READ_FIXED into registered buffers and SQPOLL rings; never seen: "
+	   "SPDK and raw block devices (not files)",
+	   root, type, cfg->files_buffered ? " (none: files.buffered = true)" : "");
+}
+
 /* files.roots: not empty; each absolute, an existing readable directory, O_DIRECT. */
 static void check_roots(struct check *ck, const struct kvs_config *cfg)
 {
@@ -213,6 +291,15 @@ static void check_roots(struct check *ck, const struct kvs_config *cfg)
 				root, strerror(errno));
 			goto next;
 		}
+		if (S_ISBLK(st.st_mode)) {
+			problem(ck,
+				"keep the KV files in a file system and name its directory: the "
+				"cache serves files, and no shim sees the reads of a raw block "
+				"device (nor SPDK's, which bypass the kernel)",
+				"files.roots: %s is a raw block device: its reads go past any shim",
+				root);
+			goto next;
+		}
 		if (!S_ISDIR(st.st_mode)) {
 			problem(ck, "name the directory that holds the KV files",
 				"files.roots: %s is not a directory", root);
@@ -237,6 +324,7 @@ static void check_roots(struct check *ck, const struct kvs_config *cfg)
 			   root, strerror(-r));
 		if (ck->problems == before)
 			ok(ck, "ok   files.roots: %s", root);
+		check_bypass(ck, cfg, root, r);
 	next:
 		if (!end)
 			break;
@@ -559,17 +647,24 @@ static void check_pages(struct check *ck, const struct kvs_config *cfg)
 /* The region: an existing one against the configuration, else room for a new one. */
 static void check_region(struct check *ck, const struct kvs_config *cfg)
 {
-	char path[PATH_MAX], msg[KVS_CONFIG_MSG_MAX];
+	char path[PATH_MAX], msg[KVS_CONFIG_MSG_MAX], name[KVS_CONFIG_STR_MAX + 16];
+	struct kvs_cache_params params;
 	struct kvs_cache *c = NULL;
 	int r;
 
-	if (kvs_cache_path(KVS_CACHE_PARAMS(cfg), path, sizeof(path))) {
+	/* shim.mode = observe: its region of keys, <cache.name>.observe. */
+	if (kvs_cache_params_mode(cfg, &params, name, sizeof(name)) ||
+	    kvs_cache_path(&params, path, sizeof(path))) {
 		problem(ck, "use a shorter cache.name", "cache.name: the region path is too long");
 		return;
 	}
-	r = kvs_cache_open(KVS_CACHE_PARAMS(cfg), KVS_OPEN_WATCH, &c, msg, sizeof(msg));
+	if (cfg->shim_mode == KVS_MODE_OBSERVE)
+		ok(ck,
+		   "note shim.mode = observe: nothing is served; every read goes to storage and "
+		   "`kvshim stat` says what the cache would have saved");
+	r = kvs_cache_open(&params, KVS_OPEN_WATCH, &c, msg, sizeof(msg));
 	if (r == 0) {
-		r = kvs_cache_check_config(c, KVS_CACHE_PARAMS(cfg), msg, sizeof(msg));
+		r = kvs_cache_check_config(c, &params, msg, sizeof(msg));
 		kvs_cache_close(c);
 		if (r)
 			problem(ck,
@@ -582,7 +677,7 @@ static void check_region(struct check *ck, const struct kvs_config *cfg)
 		return;
 	}
 	if (r == -ENOENT) {
-		r = kvs_cache_fits(KVS_CACHE_PARAMS(cfg), msg, sizeof(msg));
+		r = kvs_cache_fits(&params, msg, sizeof(msg));
 		if (r)
 			problem(ck,
 				"see Sizing in docs/operations.md (docker --shm-size, "

@@ -61,7 +61,8 @@ int cmd_evict(int argc, char **argv)
 	    {"help", no_argument, NULL, 'h'},
 	    {NULL, 0, NULL, 0},
 	};
-	char msg[KVS_CONFIG_MSG_MAX], path[PATH_MAX];
+	char msg[KVS_CONFIG_MSG_MAX], path[PATH_MAX], name[KVS_CONFIG_STR_MAX + 16];
+	struct kvs_cache_params params;
 	int opt, r, status = KVS_EXIT_OK;
 	struct kvs_cache *c = NULL;
 	struct kvs_config *cfg;
@@ -83,12 +84,13 @@ int cmd_evict(int argc, char **argv)
 	}
 	if (tool_load_config(&cfg))
 		return KVS_EXIT_FAIL;
-	if (kvs_cache_path(KVS_CACHE_PARAMS(cfg), path, sizeof(path))) {
+	if (kvs_cache_params_mode(cfg, &params, name, sizeof(name)) ||
+	    kvs_cache_path(&params, path, sizeof(path))) {
 		tool_err("the region path is too long");
 		status = KVS_EXIT_FAIL;
 		goto out;
 	}
-	r = kvs_cache_open(KVS_CACHE_PARAMS(cfg), 0, &c, msg, sizeof(msg));
+	r = kvs_cache_open(&params, 0, &c, msg, sizeof(msg));
 	if (r == -ENOENT) {
 		tool_err("no region at %s; nothing is cached", path);
 		c = NULL;

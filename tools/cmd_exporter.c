@@ -215,6 +215,7 @@ static int scrape(struct exporter *ex, char **body, size_t *len)
 	}
 	for (int i = 0; i < n; i++) {
 		snprintf(ex->cfg->cache_name, sizeof(ex->cfg->cache_name), "%s", names[i]);
+		ex->cfg->shim_mode = KVS_MODE_SERVE; /* the name is the region's own */
 		r = tool_snapshot_take(ex->cfg, &s[i]);
 		/* A listed region removed since is simply gone; a named one is worth saying. */
 		if (r == -ENOENT && ex->names)

@@ -46,7 +46,7 @@ int cmd_prepare(int argc, char **argv)
 	    {"help", no_argument, NULL, 'h'},
 	    {NULL, 0, NULL, 0},
 	};
-	char msg[KVS_CONFIG_MSG_MAX], path[PATH_MAX], human[32];
+	char msg[KVS_CONFIG_MSG_MAX], path[PATH_MAX], human[32], name[KVS_CONFIG_STR_MAX + 16];
 	struct kvs_cache_params params;
 	struct kvs_region_info info;
 	struct kvs_counters totals;
@@ -87,11 +87,11 @@ int cmd_prepare(int argc, char **argv)
 	}
 	if (tool_load_config(&cfg))
 		return KVS_EXIT_FAIL;
-	if (kvs_cache_path(KVS_CACHE_PARAMS(cfg), path, sizeof(path))) {
+	if (kvs_cache_params_mode(cfg, &params, name, sizeof(name)) ||
+	    kvs_cache_path(&params, path, sizeof(path))) {
 		tool_err("the region path is too long");
 		goto out;
 	}
-	params = kvs_cache_params_of(cfg);
 	params.populate = KVS_POPULATE_LAZY; /* the walk is ours, in the foreground */
 	r = kvs_cache_open(&params, KVS_OPEN_CREATE, &c, msg, sizeof(msg));
 	if (r) {
@@ -102,6 +102,12 @@ int cmd_prepare(int argc, char **argv)
 	if (*msg)
 		tool_err("%s",
 			 msg); /* a region of other dimensions was replaced, as an engine would */
+	if (params.keys_only) {
+		printf("%s: a region of keys only (shim.mode = observe): no memory to prepare\n",
+		       path);
+		status = KVS_EXIT_OK;
+		goto out;
+	}
 	t0 = kvs_mono_ns();
 	r = kvs_cache_prepare(c, threads, &done);
 	if (kvs_cache_stat(c, &info, &totals, NULL, 0) < 0) {

@@ -157,8 +157,9 @@ int cmd_reset(int argc, char **argv)
 	    {"help", no_argument, NULL, 'h'},
 	    {NULL, 0, NULL, 0},
 	};
+	char path[PATH_MAX], other[PATH_MAX], name[KVS_CONFIG_STR_MAX + 16];
+	struct kvs_cache_params params;
 	struct kvs_config *cfg;
-	char path[PATH_MAX];
 	bool force = false;
 	uint32_t mode;
 	int opt, r;
@@ -183,12 +184,29 @@ int cmd_reset(int argc, char **argv)
 	}
 	if (tool_load_config(&cfg))
 		return KVS_EXIT_FAIL;
-	r = kvs_cache_path(KVS_CACHE_PARAMS(cfg), path, sizeof(path));
+	/* The region of shim.mode, then the other mode's if there is one: a node switched from
+	 * observe to serve (or back) is reset whole. */
+	int mine = cfg->shim_mode;
+	r = kvs_cache_params_mode(cfg, &params, name, sizeof(name));
+	if (!r)
+		r = kvs_cache_path(&params, path, sizeof(path));
+	cfg->shim_mode = mine == KVS_MODE_OBSERVE ? KVS_MODE_SERVE : KVS_MODE_OBSERVE;
+	if (!r)
+		r = kvs_cache_params_mode(cfg, &params, name, sizeof(name));
+	if (!r)
+		r = kvs_cache_path(&params, other, sizeof(other));
 	mode = (uint32_t)cfg->cache_mode;
 	free(cfg);
 	if (r) {
 		tool_err("the region path is too long");
 		return KVS_EXIT_FAIL;
 	}
-	return reset(path, mode, force);
+	int status = reset(path, mode, force);
+	struct stat st;
+	if (lstat(other, &st) == 0) {
+		int st2 = reset(other, mode, force);
+
+		status = status ? status : st2;
+	}
+	return status;
 }

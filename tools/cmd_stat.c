@@ -68,10 +68,66 @@ static void json_counters(FILE *f, const struct kvs_counters *c)
 		fprintf(f, "%s\"%s\":%" PRIu64, k ? "," : "", tool_ctr_name[k], c->v[k]);
 }
 
+/* Print a ratio, or null when there is none (-1). */
+static void json_ratio(FILE *f, const char *key, double v)
+{
+	if (v < 0)
+		fprintf(f, "\"%s\":null", key);
+	else
+		fprintf(f, "\"%s\":%.6f", key, v);
+}
+
+/* Print figures as "read_bytes":..,"hit_ratio":.. pairs. */
+static void json_figures(FILE *f, const struct tool_figures *g)
+{
+	fprintf(f,
+		"\"read_bytes\":%" PRIu64 ",\"storage_bytes\":%" PRIu64 ",\"unique_bytes\":%" PRIu64
+		",\"unserved_bytes\":%" PRIu64 ",\"cached_storage_bytes\":%" PRIu64 ",",
+		g->read, g->storage, g->unique, g->unserved, g->cached);
+	json_ratio(f, "hit_ratio", g->hit_ratio);
+	fputc(',', f);
+	json_ratio(f, "storage_per_unique", g->per_unique);
+}
+
+/* Print s's pods (root false) or roots as a JSON array. */
+static void json_tallies(FILE *f, const struct tool_snapshot *s, bool root)
+{
+	int n = s->ntallies < (int)(KVS_TALLY_PODS + KVS_TALLY_ROOTS)
+		    ? s->ntallies
+		    : (int)(KVS_TALLY_PODS + KVS_TALLY_ROOTS);
+	bool first = true;
+
+	fputc('[', f);
+	for (int i = 0; i < n; i++) {
+		const struct kvs_tally_info *t = &s->tallies[i];
+		struct tool_figures g;
+
+		if (t->root != root)
+			continue;
+		fputs(first ? "{" : ",{", f);
+		first = false;
+		fputs(root ? "\"root\":" : "\"pod\":", f);
+		json_string(f, t->name);
+		if (!root)
+			fprintf(f, ",\"pidns\":%" PRIu64 ",\"processes\":%" PRIu32,
+				t->kind == KVS_TALLY_POD ? t->key : 0, t->processes);
+		for (int k = 0; k < KVS_NTALLY; k++)
+			fprintf(f, ",\"%s\":%" PRIu64, tool_tally_name[k], t->v[k]);
+		tool_tally_figures(t, s->info.keys_only, &g);
+		fputc(',', f);
+		json_ratio(f, "hit_ratio", g.hit_ratio);
+		fputc(',', f);
+		json_ratio(f, "storage_per_unique", g.per_unique);
+		fputc('}', f);
+	}
+	fputc(']', f);
+}
+
 /* Print s as one JSON object on one line. */
 static void print_json(FILE *f, const struct tool_snapshot *s)
 {
 	const struct kvs_region_info *i = &s->info;
+	struct tool_figures g;
 
 	fputs("{\"version\":", f);
 	json_string(f, KVS_VERSION);
@@ -89,16 +145,37 @@ static void print_json(FILE *f, const struct tool_snapshot *s)
 		",\"slots_populated\":%" PRIu32 ",\"populate_errno\":%" PRId32
 		",\"populate\":\"%s\",\"populate_reason\":\"%s\",\"shm_free_bytes\":%" PRIu64
 		",\"procs_unlocked\":%s,\"refused_attaches\":%" PRIu64 ",\"page_size\":%" PRIu64
-		",\"huge_pages\":\"%s\",\"numa\":\"%s\",\"built_by\":",
+		",\"huge_pages\":\"%s\",\"numa\":\"%s\",\"mode\":\"%s\",\"built_by\":",
 		i->capacity_bytes, i->shard_size, i->total_bytes, i->slots, i->reserved_slots,
 		i->slots_ready, i->bytes_ready, i->slots_loading, i->slots_failed, i->slots_pinned,
 		i->slots_claimed, i->processes_attached, i->max_processes, i->slots_populated,
 		i->populate_err, kvs_config_populate_word(i->populate_mode), i->populate_reason,
 		i->shm_free_bytes, i->procs_unlocked ? "true" : "false", i->refused_attaches,
-		i->page_size, kvs_page_kind_word(i->page_kind), kvs_config_numa_word(i->numa));
+		i->page_size, kvs_page_kind_word(i->page_kind), kvs_config_numa_word(i->numa),
+		i->keys_only ? "observe" : "serve");
 	json_string(f, i->built_by);
 	fputs("},\"totals\":{", f);
 	json_counters(f, &s->totals);
+	fputs("},\"figures\":{", f);
+	tool_figures_of(s, &g);
+	json_figures(f, &g);
+	fputs("},\"pods\":", f);
+	json_tallies(f, s, false);
+	fputs(",\"roots\":", f);
+	json_tallies(f, s, true);
+	fputs(",\"unserved\":{", f);
+	for (int u = 0, first = 1; u < tool_nunserved; u++) {
+		uint64_t calls = s->totals.v[tool_unserved[u].calls];
+
+		if (!calls)
+			continue;
+		fprintf(f, "%s\"%s\":{\"calls\":%" PRIu64 ",\"bytes\":%" PRIu64 ",\"what\":",
+			first ? "" : ",", tool_ctr_name[tool_unserved[u].calls], calls,
+			s->totals.v[tool_unserved[u].bytes]);
+		json_string(f, tool_unserved[u].what);
+		fputc('}', f);
+		first = 0;
+	}
 	fputs("},\"processes\":[", f);
 	for (int p = 0; p < s->nprocs; p++) {
 		const struct kvs_proc_info *pi = &s->procs[p];
@@ -200,6 +277,118 @@ static void print_rates(FILE *f, const struct tool_snapshot *s, struct rates *rt
 	rt->at = now;
 }
 
+/* The observe sentence: what the cache would have read from storage against what was read. */
+static void print_observed(FILE *f, const struct tool_figures *g)
+{
+	char a[32], b[32];
+
+	if (!g->read) {
+		fputs("observe    nothing observed yet (shim.mode = observe: every read goes to "
+		      "storage)\n",
+		      f);
+		return;
+	}
+	fprintf(f, "observe    would have read %s from storage instead of %s: ",
+		tool_human_bytes(g->cached, a, sizeof(a)),
+		tool_human_bytes(g->storage, b, sizeof(b)));
+	if (g->cached)
+		fprintf(f, "%.1fx less\n", (double)g->storage / (double)g->cached);
+	else
+		fputs("nothing from storage\n", f);
+}
+
+/* What storage gave against what the engines read (serve). */
+static void print_storage(FILE *f, const struct tool_figures *g)
+{
+	char a[32], b[32];
+
+	if (!g->read)
+		return;
+	fprintf(f, "storage    %s from storage for %s the engines read of KV files: ",
+		tool_human_bytes(g->storage, a, sizeof(a)),
+		tool_human_bytes(g->read, b, sizeof(b)));
+	if (g->storage)
+		fprintf(f, "%.1fx less\n", (double)g->read / (double)g->storage);
+	else
+		fputs("nothing from storage\n", f);
+}
+
+/* One line for each way KV reads went past the cache, with its bytes: a figure of 1.0x is
+ * never left to look like a success. */
+static void print_unserved(FILE *f, const struct tool_snapshot *s)
+{
+	char a[32];
+
+	for (int u = 0; u < tool_nunserved; u++) {
+		uint64_t calls = s->totals.v[tool_unserved[u].calls];
+
+		if (!calls)
+			continue;
+		fprintf(f, "not served %" PRIu64 " %s: %s (%s)\n", calls, tool_unserved[u].what,
+			tool_human_bytes(s->totals.v[tool_unserved[u].bytes], a, sizeof(a)),
+			tool_ctr_name[tool_unserved[u].calls]);
+	}
+}
+
+/* A ratio for the tables: "0.875", or "-" for none. */
+static const char *ratio_cell(double v, char *buf, size_t len)
+{
+	if (v < 0)
+		snprintf(buf, len, "-");
+	else
+		snprintf(buf, len, "%.3f", v);
+	return buf;
+}
+
+/* The pods' and the roots' figures, one line each. */
+static void print_tallies(FILE *f, const struct tool_snapshot *s)
+{
+	char rd[32], st[32], un[32], hit[32], per[32], ns[32], procs[16];
+	int namew = 4;
+
+	for (int i = 0; i < s->ntallies; i++) {
+		int n = (int)strnlen(s->tallies[i].name, sizeof(s->tallies[i].name));
+
+		namew = n > namew ? n : namew;
+	}
+	for (int pass = 0; pass < 2; pass++) {
+		bool head = false;
+
+		for (int i = 0; i < s->ntallies; i++) {
+			const struct kvs_tally_info *t = &s->tallies[i];
+			struct tool_figures g;
+
+			if (t->root != (pass == 1))
+				continue;
+			if (!head)
+				fprintf(f, "%-10s %-*s %12s %5s %8s %11s %11s %11s %9s %7s\n",
+					pass ? "by root" : "by pod", namew, pass ? "root" : "host",
+					pass ? "" : "pid ns", pass ? "" : "procs", "reads", "read",
+					"storage", s->info.keys_only ? "would load" : "loaded",
+					s->info.keys_only ? "would hit" : "hit ratio", "st/uniq");
+			head = true;
+			tool_tally_figures(t, s->info.keys_only, &g);
+			ns[0] = procs[0] = '\0';
+			if (pass == 0) {
+				snprintf(procs, sizeof(procs), "%" PRIu32, t->processes);
+				if (t->kind == KVS_TALLY_POD)
+					snprintf(ns, sizeof(ns), "%" PRIu64, t->key);
+				else
+					snprintf(ns, sizeof(ns), "-");
+			}
+			fprintf(f, "%-10s %-*s %12s %5s %8" PRIu64 " %11s %11s %11s %9s %7s\n", "",
+				namew, t->name, ns, procs, t->v[KVS_TALLY_reads],
+				tool_human_bytes(g.read, rd, sizeof(rd)),
+				tool_human_bytes(g.storage, st, sizeof(st)),
+				tool_human_bytes(g.unique, un, sizeof(un)),
+				ratio_cell(g.hit_ratio, hit, sizeof(hit)),
+				ratio_cell(g.per_unique, per, sizeof(per)));
+		}
+	}
+	if (s->ntallies)
+		fputc('\n', f);
+}
+
 /* Print s as a readable summary and a table: counters down; total, then each process across.
  * Bytes and times are in human units (--json has the raw integers).  With rt (a watch), the
  * time and the rates since the last sample come first. */
@@ -208,6 +397,7 @@ static void print_text(FILE *f, const struct tool_snapshot *s, struct rates *rt)
 	const struct kvs_region_info *i = &s->info;
 	uint64_t from = s->totals.v[KVS_CTR_backend_bytes];
 	char a[32], b[32], head[32];
+	struct tool_figures g;
 	int w = 8, namew = 9;
 
 	if (rt)
@@ -215,13 +405,21 @@ static void print_text(FILE *f, const struct tool_snapshot *s, struct rates *rt)
 	fprintf(f, "region     %s (%s), read by kvshim %s\n", s->name, s->path, KVS_VERSION);
 	fprintf(f, "built by   kvshim %s; %" PRIu64 " attaches refused for its dimensions\n",
 		i->built_by, i->refused_attaches);
-	fprintf(f, "served     %s to readers from %s read from storage: ",
-		tool_human_bytes(served(&s->totals), a, sizeof(a)),
-		tool_human_bytes(from, b, sizeof(b)));
-	if (from)
-		fprintf(f, "sharing factor %.2f\n", (double)served(&s->totals) / (double)from);
-	else
-		fputs("sharing factor - (nothing read from storage yet)\n", f);
+	tool_figures_of(s, &g);
+	if (i->keys_only) {
+		print_observed(f, &g);
+	} else {
+		fprintf(f, "served     %s to readers from %s read from storage: ",
+			tool_human_bytes(served(&s->totals), a, sizeof(a)),
+			tool_human_bytes(from, b, sizeof(b)));
+		if (from)
+			fprintf(f, "sharing factor %.2f\n",
+				(double)served(&s->totals) / (double)from);
+		else
+			fputs("sharing factor - (nothing read from storage yet)\n", f);
+		print_storage(f, &g);
+	}
+	print_unserved(f, s);
 	fprintf(f, "capacity   %s in %" PRIu32 " slots of %s (%" PRIu32 " reserved)\n",
 		tool_human_bytes(i->capacity_bytes, a, sizeof(a)), i->slots,
 		tool_human_bytes(i->shard_size, b, sizeof(b)), i->reserved_slots);
@@ -253,6 +451,7 @@ static void print_text(FILE *f, const struct tool_snapshot *s, struct rates *rt)
 		i->procs_unlocked ? "; read without proc_lock, which is stuck: a process being "
 				    "folded in may count twice"
 				  : "");
+	print_tallies(f, s);
 
 	for (int k = 0; k < KVS_NCOUNTERS; k++) {
 		int n = (int)strlen(tool_ctr_name[k]);
@@ -417,7 +616,8 @@ int cmd_stat(int argc, char **argv)
 	    {"help", no_argument, NULL, 'h'},
 	    {NULL, 0, NULL, 0},
 	};
-	char path[PATH_MAX];
+	char path[PATH_MAX], name[KVS_CONFIG_STR_MAX + 16];
+	struct kvs_cache_params params;
 	struct timespec period = {0};
 	enum format fmt = FMT_TEXT;
 	struct kvs_config *cfg;
@@ -458,7 +658,8 @@ int cmd_stat(int argc, char **argv)
 	}
 	if (tool_load_config(&cfg))
 		return KVS_EXIT_FAIL;
-	if (kvs_cache_path(KVS_CACHE_PARAMS(cfg), path, sizeof(path))) {
+	if (kvs_cache_params_mode(cfg, &params, name, sizeof(name)) ||
+	    kvs_cache_path(&params, path, sizeof(path))) {
 		tool_err("the region path is too long");
 		status = KVS_EXIT_FAIL;
 		goto out;

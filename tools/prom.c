@@ -21,7 +21,7 @@ struct gauge {
 	uint64_t v;
 };
 
-#define NGAUGES 17
+#define NGAUGES 18
 
 /* Fill g with the gauges of i, always in the same order (name, help and value side by side,
  * so that they cannot drift apart). */
@@ -55,6 +55,10 @@ static void gauges_of(const struct kvs_region_info *i, struct gauge g[NGAUGES])
 	    {"procs_unlocked",
 	     "1 when proc_lock was stuck and the process figures were read without it",
 	     i->procs_unlocked},
+	    {"keys_only",
+	     "1 for a region of keys without data (shim.mode = observe: what the cache would "
+	     "have done)",
+	     i->keys_only},
 	};
 
 	memcpy(g, all, sizeof(all));
@@ -149,6 +153,139 @@ static bool first_of_rank(const struct tool_snapshot *s, int p)
 	return true;
 }
 
+/* Print a ratio gauge's value (the caller left it out when there is none). */
+static void ratio_value(FILE *f, double v)
+{
+	fprintf(f, " %.6f\n", v);
+}
+
+/* The region's derived figures (snapshot.h, struct tool_figures): the hit ratio and storage
+ * bytes per unique byte, for each region that has one. */
+static void write_figures(FILE *f, const struct tool_snapshot *s, int n)
+{
+	static const char *const fam[2] = {"kvshim_hit_ratio",
+					   "kvshim_storage_bytes_per_unique_byte"};
+	static const char *const help[2] = {
+	    "share of the bytes the engines read of KV files that the cache gave (observe: "
+	    "would have given), 1 - storage / read",
+	    "bytes read from storage for each byte the cache loaded (observe: would have "
+	    "loaded): about 1 when the cache works, the number of readers of each byte without "
+	    "it"};
+
+	for (int g = 0; g < 2; g++) {
+		bool head = false;
+
+		for (int r = 0; r < n; r++) {
+			struct tool_figures fg;
+
+			if (s[r].err)
+				continue;
+			tool_figures_of(&s[r], &fg);
+			double v = g ? fg.per_unique : fg.hit_ratio;
+			if (v < 0)
+				continue;
+			if (!head)
+				fprintf(f, "# HELP %s %s\n# TYPE %s gauge\n", fam[g], help[g],
+					fam[g]);
+			head = true;
+			fputs(fam[g], f);
+			open_region(f, &s[r]);
+			fputc('}', f);
+			ratio_value(f, v);
+		}
+	}
+}
+
+/* Print the labels of tally t after the region's: pod and pidns, or root. */
+static void tally_labels(FILE *f, const struct kvs_tally_info *t)
+{
+	if (t->root) {
+		fputs(",root=", f);
+		label(f, t->name);
+		return;
+	}
+	fputs(",pod=", f);
+	label(f, t->name);
+	if (t->kind == KVS_TALLY_POD)
+		fprintf(f, ",pidns=\"%" PRIu64 "\"", t->key);
+	else
+		fputs(",pidns=\"other\"", f);
+}
+
+/* The figures by pod (root false) or by root: at most KVS_TALLY_PODS or KVS_TALLY_ROOTS
+ * label values per region, whatever runs on the node (cache.h, "Tallies"). */
+static void write_tallies(FILE *f, const struct tool_snapshot *s, int n, bool root)
+{
+	const char *kind = root ? "root" : "pod";
+	char family[96];
+	bool any = false;
+
+	for (int r = 0; r < n && !any; r++)
+		for (int i = 0; !s[r].err && i < s[r].ntallies; i++)
+			any |= s[r].tallies[i].root == root;
+	if (!any)
+		return;
+	for (int k = 0; k < KVS_NTALLY; k++) {
+		snprintf(family, sizeof(family), "kvshim_%s_%s_total", kind, tool_tally_name[k]);
+		fprintf(f, "# HELP %s %s (by %s)\n# TYPE %s counter\n", family, tool_tally_help[k],
+			root ? "directory of files.roots" : "pod: a PID namespace", family);
+		for (int r = 0; r < n; r++) {
+			for (int i = 0; !s[r].err && i < s[r].ntallies; i++) {
+				const struct kvs_tally_info *t = &s[r].tallies[i];
+
+				if (t->root != root)
+					continue;
+				fputs(family, f);
+				open_region(f, &s[r]);
+				tally_labels(f, t);
+				fprintf(f, "} %" PRIu64 "\n", t->v[k]);
+			}
+		}
+	}
+	for (int g = 0; g < 3; g++) {
+		static const char *const what[3] = {"hit_ratio", "storage_bytes_per_unique_byte",
+						    "processes"};
+		bool head = false;
+
+		if (g == 2 && root)
+			break;
+		snprintf(family, sizeof(family), "kvshim_%s_%s", kind, what[g]);
+		for (int r = 0; r < n; r++) {
+			for (int i = 0; !s[r].err && i < s[r].ntallies; i++) {
+				const struct kvs_tally_info *t = &s[r].tallies[i];
+				struct tool_figures fg;
+
+				if (t->root != root)
+					continue;
+				tool_tally_figures(t, s[r].info.keys_only, &fg);
+				double v = g == 0   ? fg.hit_ratio
+					   : g == 1 ? fg.per_unique
+						    : (double)t->processes;
+				if (v < 0)
+					continue;
+				if (!head)
+					fprintf(f, "# HELP %s %s\n# TYPE %s gauge\n", family,
+						g == 0 ? "share of the bytes read the cache gave "
+							 "(observe: would have given)"
+						: g == 1
+						    ? "bytes read from storage for each byte the "
+						      "cache loaded (observe: would have loaded)"
+						    : "live processes attached that joined the pod",
+						family);
+				head = true;
+				fputs(family, f);
+				open_region(f, &s[r]);
+				tally_labels(f, t);
+				fputc('}', f);
+				if (g == 2)
+					fprintf(f, " %" PRIu32 "\n", t->processes);
+				else
+					ratio_value(f, v);
+			}
+		}
+	}
+}
+
 int tool_prom_write(FILE *f, const struct tool_snapshot *s, int n)
 {
 	char family[96];
@@ -224,6 +361,10 @@ int tool_prom_write(FILE *f, const struct tool_snapshot *s, int n)
 			value(f, k, s[r].totals.v[k]);
 		}
 	}
+
+	write_figures(f, s, n);
+	write_tallies(f, s, n, false);
+	write_tallies(f, s, n, true);
 
 	/* Series of one rank: only live processes with a rank, and live processes that share a
 	 * rank summed; every process, gone ones included, is in the region's totals. */

@@ -25,19 +25,105 @@ const char *const tool_ctr_help[KVS_NCOUNTERS] = {
 #undef KVS_COUNTER
 };
 
+const char *const tool_tally_name[KVS_NTALLY] = {
+#define KVS_TALLY(name, help) #name,
+#include "tallies.def"
+#undef KVS_TALLY
+};
+
+const char *const tool_tally_help[KVS_NTALLY] = {
+#define KVS_TALLY(name, help) help,
+#include "tallies.def"
+#undef KVS_TALLY
+};
+
+const struct tool_unserved tool_unserved[] = {
+    {KVS_CTR_unserved_buffered, KVS_CTR_unserved_buffered_bytes,
+     "buffered reads (no O_DIRECT, and files.buffered = false)"},
+    {KVS_CTR_unserved_small, KVS_CTR_unserved_small_bytes, "reads shorter than files.min_read"},
+    {KVS_CTR_unserved_misaligned, KVS_CTR_unserved_misaligned_bytes,
+     "O_DIRECT reads not aligned as O_DIRECT needs"},
+    {KVS_CTR_unserved_mmap, KVS_CTR_unserved_mmap_bytes,
+     "mappings (mmap: a memory-mapped store reads by page faults; bytes mapped)"},
+    {KVS_CTR_unserved_io_uring, KVS_CTR_unserved_io_uring_bytes,
+     "io_uring reads passed to the kernel (SQPOLL, READ_FIXED into registered buffers, ...)"},
+    {KVS_CTR_unserved_stdio, KVS_CTR_unserved_stdio_bytes,
+     "fread calls on streams the shim cannot read around"},
+    {KVS_CTR_unserved_buffers, KVS_CTR_unserved_buffers_bytes,
+     "reads into memory the shim may not write"},
+    {KVS_CTR_unserved_no_cache, KVS_CTR_unserved_no_cache_bytes,
+     "reads while the loader could not start"},
+    {KVS_CTR_unserved_anchor, KVS_CTR_unserved_anchor_bytes,
+     "reads of files the shim could not hold open"},
+    {KVS_CTR_unserved_fallback, KVS_CTR_unserved_fallback_bytes,
+     "reads the cache handed back to storage"},
+    {KVS_CTR_unserved_device, KVS_CTR_unserved_device_bytes,
+     "cuFile reads into memory the shim cannot copy to"},
+    {KVS_CTR_unserved_stream, KVS_CTR_unserved_stream_bytes,
+     "cuFileReadAsync calls on streams without fixed parameters"},
+};
+const int tool_nunserved = (int)(sizeof(tool_unserved) / sizeof(tool_unserved[0]));
+
+/* hit_ratio and per_unique of f's bytes. */
+static void ratios(struct tool_figures *f)
+{
+	f->cached = f->observe ? f->unique + f->unserved : f->storage;
+	f->hit_ratio = -1;
+	if (f->read)
+		f->hit_ratio = f->cached >= f->read ? 0 : 1 - (double)f->cached / (double)f->read;
+	f->per_unique = f->unique ? (double)f->storage / (double)f->unique : -1;
+}
+
+void tool_figures_of(const struct tool_snapshot *s, struct tool_figures *f)
+{
+	const uint64_t *v = s->totals.v;
+
+	memset(f, 0, sizeof(*f));
+	f->observe = s->info.keys_only;
+	for (int i = 0; i < tool_nunserved; i++)
+		if (tool_unserved[i].calls != KVS_CTR_unserved_mmap)
+			f->unserved += v[tool_unserved[i].bytes];
+	f->read = v[KVS_CTR_read_bytes];
+	if (f->observe) {
+		f->storage = f->read;
+		f->unique = v[KVS_CTR_would_read_bytes];
+	} else {
+		f->storage = v[KVS_CTR_backend_bytes] + f->unserved;
+		for (int i = 0; i < s->ntallies; i++) /* every process counts in one pod entry */
+			if (!s->tallies[i].root)
+				f->unique += s->tallies[i].v[KVS_TALLY_unique_bytes];
+	}
+	ratios(f);
+}
+
+void tool_tally_figures(const struct kvs_tally_info *t, bool observe, struct tool_figures *f)
+{
+	memset(f, 0, sizeof(*f));
+	f->observe = observe;
+	f->read = t->v[KVS_TALLY_read_bytes];
+	f->storage = t->v[KVS_TALLY_storage_bytes];
+	f->unique = t->v[KVS_TALLY_unique_bytes];
+	f->unserved = t->v[KVS_TALLY_unserved_bytes];
+	ratios(f);
+}
+
 int tool_snapshot_take(const struct kvs_config *cfg, struct tool_snapshot *s)
 {
 	struct kvs_cache *c = NULL;
+	struct kvs_cache_params params;
 	int max = (int)cfg->cache_max_processes, n, r;
 
 	memset(s, 0, sizeof(*s));
-	snprintf(s->name, sizeof(s->name), "%s", cfg->cache_name);
-	if (kvs_cache_path(KVS_CACHE_PARAMS(cfg), s->path, sizeof(s->path))) {
+	/* shim.mode = observe: its region of keys, <cache.name>.observe. */
+	if (kvs_cache_params_mode(cfg, &params, s->name, sizeof(s->name)) ||
+	    kvs_cache_path(&params, s->path, sizeof(s->path))) {
 		snprintf(s->msg, sizeof(s->msg), "the region path is too long");
 		r = -ENAMETOOLONG;
 		goto out;
 	}
-	r = kvs_cache_open(KVS_CACHE_PARAMS(cfg), KVS_OPEN_WATCH, &c, s->msg, sizeof(s->msg));
+	if (params.name != s->name)
+		snprintf(s->name, sizeof(s->name), "%s", cfg->cache_name);
+	r = kvs_cache_open(&params, KVS_OPEN_WATCH, &c, s->msg, sizeof(s->msg));
 	if (r)
 		goto out;
 	/* A watcher takes the region as built: its process table may be larger than the
@@ -63,6 +149,7 @@ int tool_snapshot_take(const struct kvs_config *cfg, struct tool_snapshot *s)
 			break;
 		max = n;
 	}
+	s->ntallies = kvs_cache_tallies(c, s->tallies, KVS_TALLY_PODS + KVS_TALLY_ROOTS);
 out_close:
 	kvs_cache_close(c);
 out:
