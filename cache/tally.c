@@ -14,11 +14,11 @@
  *                a recycler (under proc_lock: fold to other)
  *
  * Pods.  A process joins at attach, under proc_lock (kvs_proc_attach): the entry of its PID
- * namespace (the kernel reuses a namespace's inode number once it is gone, so an entry of that
- * number under another host name, with no process in the table, is taken as a new pod and
- * recycled as below); else a FREE one; else the entry, among those whose processes have all left
- * the process table (no ACTIVE entry names it: a dead one not reaped yet still does), joined
- * longest ago, whose figures are first added to "other" and zeroed (no process adds to it
+ * namespace under its host name, or with a process in the table (the kernel reuses a
+ * namespace's inode number once it is gone: the same number under another name, with no
+ * process left, is another pod); else a FREE one; else the entry, among those whose processes have
+ * all left the process table (no ACTIVE entry names it: a dead one not reaped yet still does),
+ * joined longest ago, whose figures are first added to "other" and zeroed (no process adds to it
  * then: nothing that could is in the table); else "other".  The answer is kept in the
  * process entry (pod), read by `kvshim stat` for the processes of each pod, and in the handle.
  *
@@ -98,7 +98,6 @@ uint32_t kvs_tally_join_pod_locked(struct kvs_cache *c, uint64_t pidns)
 	char host[KVS_TALLY_NAME_MAX];
 	uint32_t free_i = KVS_NIL, old_i = KVS_NIL;
 	uint64_t old_ns = UINT64_MAX;
-	bool reborn = false; /* old_i is this namespace's number, under another name */
 
 	if (gethostname(host, sizeof(host)))
 		host[0] = '\0';
@@ -107,25 +106,20 @@ uint32_t kvs_tally_join_pod_locked(struct kvs_cache *c, uint64_t pidns)
 		struct kvs_tally *t = &c->tally[i];
 		uint32_t kind = load_relaxed(&t->kind);
 
-		if (kind == KVS_TALLY_POD && t->key == pidns) {
-			/* The kernel reuses a namespace's inode number once it is gone: the same
-			 * number under another host name, with no process left, is a new pod. */
-			bool same = !strncmp(t->name, host, sizeof(t->name) - 1);
-
-			if (same || pod_in_use(c, i)) {
-				t->last_ns = realtime_ns();
-				return i;
-			}
-			old_i = i; /* recycled below, before any other */
-			reborn = true;
-			break;
+		if (kind == KVS_TALLY_POD && t->key == pidns &&
+		    (!strncmp(t->name, host, sizeof(t->name) - 1) || pod_in_use(c, i))) {
+			t->last_ns = realtime_ns();
+			return i;
 		}
+		/* The kernel reuses a namespace's inode number once it is gone: the same number
+		 * under another host name, with no process left, is another pod, and that entry
+		 * one to recycle like any other. */
 		if (kind == KVS_TALLY_FREE && free_i == KVS_NIL)
 			free_i = i;
 		else if (kind == KVS_TALLY_POD && t->last_ns < old_ns && !pod_in_use(c, i))
 			old_i = i, old_ns = t->last_ns;
 	}
-	uint32_t i = reborn ? old_i : free_i != KVS_NIL ? free_i : old_i;
+	uint32_t i = free_i != KVS_NIL ? free_i : old_i;
 	if (i == KVS_NIL)
 		return POD_OTHER;
 	if (i == old_i)
