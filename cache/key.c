@@ -37,6 +37,7 @@
 #include <xxhash.h>
 
 #include "cache.h"
+#include "raw.h"
 
 void kvs_block_id(const struct stat *st, struct kvs_key *out)
 {
@@ -109,12 +110,12 @@ int kvs_ident_generation(int fd, struct kvs_ident *id)
 		if (e != EBADF)
 			return -e;
 		snprintf(link, sizeof(link), "/proc/self/fd/%d", fd);
-		rfd = openat(AT_FDCWD, link, O_RDONLY | O_NONBLOCK | O_NOCTTY | O_CLOEXEC);
+		rfd = kvs_sys_openat(AT_FDCWD, link, O_RDONLY | O_NONBLOCK | O_NOCTTY | O_CLOEXEC);
 		if (rfd < 0)
 			return -e;
 		int r = ioctl(rfd, FS_IOC_GETVERSION, &gen);
 		e = errno;
-		close(rfd);
+		kvs_sys_close(rfd);
 		if (r != 0)
 			return -e;
 	}

@@ -73,6 +73,7 @@
 
 #include "config.h"
 #include "internal.h"
+#include "raw.h"
 #include "sys.h"
 
 #define THP_DIR "/sys/kernel/mm/transparent_hugepage/"
@@ -84,15 +85,15 @@
  * system calls: inside the shim, read is our own hook. */
 static ssize_t read_small(const char *path, char *buf, size_t len)
 {
-	int fd = open(path, O_RDONLY | O_CLOEXEC);
+	int fd = kvs_sys_open(path, O_RDONLY | O_CLOEXEC);
 	ssize_t n;
 
 	if (fd < 0)
 		return -errno;
-	n = syscall(SYS_read, fd, buf, len - 1);
+	n = kvs_syscall(SYS_read, fd, buf, len - 1);
 	if (n < 0)
 		n = -errno;
-	close(fd);
+	kvs_sys_close(fd);
 	buf[n > 0 ? n : 0] = '\0';
 	return n;
 }
@@ -130,11 +131,11 @@ static void tmpfs_huge_option(dev_t dev, char *out, size_t len)
 	out[0] = '\0';
 	snprintf(want, sizeof(want), " %u:%u ", major(dev), minor(dev));
 	buf = malloc(cap);
-	fd = open("/proc/self/mountinfo", O_RDONLY | O_CLOEXEC);
+	fd = kvs_sys_open("/proc/self/mountinfo", O_RDONLY | O_CLOEXEC);
 	if (!buf || fd < 0)
 		goto out;
 	for (;;) {
-		ssize_t n = syscall(SYS_read, fd, buf + have, cap - 1 - have);
+		ssize_t n = kvs_syscall(SYS_read, fd, buf + have, cap - 1 - have);
 
 		if (n <= 0)
 			break;
@@ -164,7 +165,7 @@ static void tmpfs_huge_option(dev_t dev, char *out, size_t len)
 	}
 out:
 	if (fd >= 0)
-		close(fd);
+		kvs_sys_close(fd);
 	free(buf);
 }
 
@@ -267,12 +268,12 @@ uint64_t kvs_memory_free(int fd, uint32_t kind)
 int kvs_cache_memory(const struct kvs_cache_params *cfg, struct kvs_memory *m)
 {
 	const char *dir = cfg->dir && *cfg->dir ? cfg->dir : "/dev/shm";
-	int fd = open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC), r;
+	int fd = kvs_sys_open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC), r;
 
 	if (fd < 0)
 		return -errno;
 	r = kvs_memory_probe(fd, cfg->huge_pages, m);
-	close(fd);
+	kvs_sys_close(fd);
 	return r;
 }
 
@@ -332,7 +333,8 @@ static int allowed_nodes(unsigned long *mask)
 	int n = 0;
 
 	memset(mask, 0, NODE_BITS / 8);
-	if (syscall(SYS_get_mempolicy, NULL, mask, NODE_BITS + 1, NULL, MPOL_F_MEMS_ALLOWED) < 0)
+	if (kvs_syscall(SYS_get_mempolicy, NULL, mask, NODE_BITS + 1, NULL, MPOL_F_MEMS_ALLOWED) <
+	    0)
 		return -errno;
 	for (unsigned i = 0; i < NODE_BITS / (8 * sizeof(long)); i++)
 		n += __builtin_popcountl(mask[i]);
@@ -349,10 +351,10 @@ int kvs_memory_place(void *addr, size_t len, uint32_t numa, int *nodes)
 	case KVS_NUMA_INTERLEAVE:
 		if (*nodes <= 0)
 			return *nodes < 0 ? *nodes : -EINVAL;
-		r = syscall(SYS_mbind, addr, len, MPOL_INTERLEAVE, mask, NODE_BITS + 1, 0);
+		r = kvs_syscall(SYS_mbind, addr, len, MPOL_INTERLEAVE, mask, NODE_BITS + 1, 0);
 		break;
 	case KVS_NUMA_LOCAL:
-		r = syscall(SYS_mbind, addr, len, MPOL_LOCAL, NULL, 0, 0);
+		r = kvs_syscall(SYS_mbind, addr, len, MPOL_LOCAL, NULL, 0, 0);
 		break;
 	default:
 		return 0;

@@ -16,6 +16,7 @@
 #include <unistd.h>
 
 #include "internal.h"
+#include "raw.h"
 
 static uint64_t ns_of(const struct timespec *ts)
 {
@@ -62,12 +63,13 @@ int kvs_cache_peek(const char *path, uint32_t mode, struct kvs_peek *out)
 	if (fstat(fd, &st) < 0) {
 		int r = -errno;
 
-		close(fd);
+		kvs_sys_close(fd);
 		return r;
 	}
 	classify(&st, mode, out); /* the file opened: trusted, so this only fills the figures */
 	/* A raw system call: inside the shim, pread is our own hook. */
-	if (syscall(SYS_pread64, fd, &h, sizeof(h), 0) != (long)sizeof(h) || h.magic != KVS_MAGIC) {
+	if (kvs_syscall(SYS_pread64, fd, &h, sizeof(h), 0) != (long)sizeof(h) ||
+	    h.magic != KVS_MAGIC) {
 		out->state = KVS_PEEK_NOT_REGION;
 		snprintf(out->why, sizeof(out->why), "no kvshim region header");
 	} else if (h.version != KVS_LAYOUT_VERSION || h.hdr_bytes != sizeof(h)) {
@@ -93,6 +95,6 @@ int kvs_cache_peek(const char *path, uint32_t mode, struct kvs_peek *out)
 		if (out->live < 0)
 			out->live = -1;
 	}
-	close(fd);
+	kvs_sys_close(fd);
 	return 0;
 }

@@ -84,6 +84,7 @@
 
 #include "config.h"
 #include "internal.h"
+#include "raw.h"
 #include "sys.h"
 
 #ifndef MADV_POPULATE_WRITE
@@ -166,7 +167,7 @@ int kvs_populate_range(int fd, char *base, uint64_t off, uint64_t len, bool by_f
 	if (kvs_populate_test_no_fallocate)
 		errno = EOPNOTSUPP; /* what a file system without fallocate answers */
 	else
-		r = fallocate(fd, 0, (off_t)off, (off_t)len);
+		r = kvs_sys_fallocate(fd, 0, (off_t)off, (off_t)len);
 	if (r == 0)
 		return 0;
 	if (errno != EOPNOTSUPP && errno != ENOSYS)
@@ -429,10 +430,10 @@ static void *populate_main(void *arg)
 				break;
 		}
 	}
-	fcntl(p->fd, F_OFD_SETLK, &fl);
+	kvs_sys_fcntl(p->fd, F_OFD_SETLK, &fl);
 	munmap(p->base, p->len);
 	atomic_store(&walker_fd, -1);
-	close(p->fd);
+	kvs_sys_close(p->fd);
 	free(p);
 	return NULL;
 }
@@ -463,7 +464,7 @@ void kvs_populate_start(struct kvs_cache *c)
 	 * not shared with the handle's descriptor. */
 	char self[64];
 	snprintf(self, sizeof(self), "/proc/self/fd/%d", c->fd);
-	fd = open(self, O_RDWR | O_CLOEXEC);
+	fd = kvs_sys_open(self, O_RDWR | O_CLOEXEC);
 	if (fd < 0)
 		return;
 	/* Published before the lock is taken, so that a fork at any point after closes the
@@ -475,7 +476,7 @@ void kvs_populate_start(struct kvs_cache *c)
 	walker_ino = c->fd_ino;
 	if (!atomic_compare_exchange_strong(&walker_fd, &none, fd))
 		goto err_close;
-	if (fcntl(fd, F_OFD_SETLK, &fl) < 0)
+	if (kvs_sys_fcntl(fd, F_OFD_SETLK, &fl) < 0)
 		goto err_unpublish; /* someone populates already */
 	p = calloc(1, sizeof(*p));
 	if (!p)
@@ -491,7 +492,7 @@ void kvs_populate_start(struct kvs_cache *c)
 	p->by_fault = kvs_pages_by_fault(c);
 	p->reserved = c->page_kind == KVS_PAGE_HUGETLBFS;
 	p->page = c->page_size;
-	p->base = mmap(NULL, p->len, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+	p->base = kvs_sys_mmap(NULL, p->len, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
 	if (p->base == MAP_FAILED)
 		goto err_free;
 	/* Its faults allocate pages: they must be huge (advise) and placed (hugetlbfs). */
@@ -507,7 +508,7 @@ err_free:
 err_unpublish:
 	atomic_store(&walker_fd, -1);
 err_close:
-	close(fd); /* drops the lock with the last reference */
+	kvs_sys_close(fd); /* drops the lock with the last reference */
 }
 
 /*

@@ -19,13 +19,14 @@
 #include <unistd.h>
 
 #include "internal.h"
+#include "raw.h"
 #include "sys.h"
 
 static int ofd(struct kvs_cache *c, int cmd, short type, uint32_t byte, short *seen)
 {
 	struct flock fl = {.l_type = type, .l_whence = SEEK_SET, .l_start = byte, .l_len = 1};
 
-	if (fcntl(c->fd, cmd, &fl) < 0)
+	if (kvs_sys_fcntl(c->fd, cmd, &fl) < 0)
 		return -errno;
 	if (seen)
 		*seen = fl.l_type;
@@ -199,7 +200,8 @@ void kvs_cache_set_rank(struct kvs_cache *c, int rank)
 
 int kvs_cache_live_processes(const char *path)
 {
-	int fd = open(path, O_RDONLY | O_CLOEXEC | O_NONBLOCK); /* a FIFO must not block us */
+	int fd =
+	    kvs_sys_open(path, O_RDONLY | O_CLOEXEC | O_NONBLOCK); /* a FIFO must not block us */
 	int n = 0;
 
 	if (fd < 0)
@@ -209,10 +211,10 @@ int kvs_cache_live_processes(const char *path)
 		struct flock fl = {
 		    .l_type = F_RDLCK, .l_whence = SEEK_SET, .l_start = i, .l_len = 1};
 
-		if (fcntl(fd, F_OFD_GETLK, &fl) == 0 && fl.l_type != F_UNLCK)
+		if (kvs_sys_fcntl(fd, F_OFD_GETLK, &fl) == 0 && fl.l_type != F_UNLCK)
 			n++;
 	}
-	close(fd);
+	kvs_sys_close(fd);
 	return n;
 }
 

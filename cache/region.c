@@ -152,6 +152,7 @@
 
 #include "config.h"
 #include "internal.h"
+#include "raw.h"
 #include "sys.h"
 
 /* capacity = auto refuses a region of fewer slots than this. */
@@ -285,7 +286,8 @@ static int dims_of(const struct kvs_cache_params *cfg, uint64_t page, struct dim
 static int read_header(int fd, struct kvs_hdr *h)
 {
 	/* A raw system call: inside the shim, pread is our own hook. */
-	if (syscall(SYS_pread64, fd, h, sizeof(*h), 0) != (long)sizeof(*h) || h->magic != KVS_MAGIC)
+	if (kvs_syscall(SYS_pread64, fd, h, sizeof(*h), 0) != (long)sizeof(*h) ||
+	    h->magic != KVS_MAGIC)
 		return -EPROTO;
 	return 0;
 }
@@ -365,7 +367,7 @@ int kvs_cache_open_file(const char *path, int oflags, uint32_t mode, char *msg, 
 	int fd, r;
 
 	/* O_NONBLOCK: a FIFO or a device at the path must not block the open. */
-	fd = open(path, oflags | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC);
+	fd = kvs_sys_open(path, oflags | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC);
 	if (fd < 0) {
 		r = -errno;
 		if (r == -ELOOP) {
@@ -387,14 +389,14 @@ int kvs_cache_open_file(const char *path, int oflags, uint32_t mode, char *msg, 
 		goto err_close;
 	}
 	/* A regular file: blocking mode is irrelevant to it, but leave nothing unusual set. */
-	if (fcntl(fd, F_SETFL, fcntl(fd, F_GETFL) & ~O_NONBLOCK) < 0) {
+	if (kvs_sys_fcntl(fd, F_SETFL, kvs_sys_fcntl(fd, F_GETFL) & ~O_NONBLOCK) < 0) {
 		r = -errno;
 		goto err_close;
 	}
 	return fd;
 
 err_close:
-	close(fd);
+	kvs_sys_close(fd);
 	return r;
 }
 
@@ -680,7 +682,7 @@ static int open_unnamed(int dirfd, const char *path, char *name, size_t namelen)
 
 	name[0] = '\0';
 	if (!kvs_region_test_no_tmpfile) {
-		fd = openat(dirfd, ".", O_TMPFILE | O_RDWR | O_CLOEXEC, 0600);
+		fd = kvs_sys_openat(dirfd, ".", O_TMPFILE | O_RDWR | O_CLOEXEC, 0600);
 		if (fd >= 0 || (errno != EOPNOTSUPP && errno != EISDIR && errno != EINVAL))
 			return fd >= 0 ? fd : -errno;
 	}
@@ -689,7 +691,7 @@ static int open_unnamed(int dirfd, const char *path, char *name, size_t namelen)
 	n = snprintf(name, namelen, "%s.build.%d.", path, (int)getpid());
 	for (size_t i = 0; i < sizeof(rnd) && n > 0 && (size_t)n + 2 < namelen; i++)
 		n += snprintf(name + n, namelen - (size_t)n, "%02x", rnd[i]);
-	fd = open(name, O_RDWR | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0600);
+	fd = kvs_sys_open(name, O_RDWR | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0600);
 	if (fd < 0) {
 		fd = -errno;
 		name[0] = '\0';
@@ -708,7 +710,7 @@ static int publish(int fd, const char *name, const char *path, bool replace)
 
 	if (replace) {
 		if (*name) /* a named build: rename it over the region */
-			return rename(name, path) ? -errno : 0;
+			return kvs_sys_rename(name, path) ? -errno : 0;
 		/* Unnamed: a name of its own first, which rename then moves over the region. */
 		if (getrandom(rnd, sizeof(rnd), 0) != (ssize_t)sizeof(rnd))
 			return -EAGAIN;
@@ -718,7 +720,7 @@ static int publish(int fd, const char *name, const char *path, bool replace)
 		snprintf(self, sizeof(self), "/proc/self/fd/%d", fd);
 		if (linkat(AT_FDCWD, self, AT_FDCWD, tmp, AT_SYMLINK_FOLLOW) < 0)
 			return -errno;
-		if (rename(tmp, path) < 0) {
+		if (kvs_sys_rename(tmp, path) < 0) {
 			int r = -errno;
 
 			unlink(tmp);
@@ -730,7 +732,7 @@ static int publish(int fd, const char *name, const char *path, bool replace)
 		snprintf(self, sizeof(self), "/proc/self/fd/%d", fd);
 		return linkat(AT_FDCWD, self, AT_FDCWD, path, AT_SYMLINK_FOLLOW) ? -errno : 0;
 	}
-	if (renameat2(AT_FDCWD, name, AT_FDCWD, path, RENAME_NOREPLACE) == 0)
+	if (kvs_sys_renameat2(AT_FDCWD, name, AT_FDCWD, path, RENAME_NOREPLACE) == 0)
 		return 0;
 	if (errno != EINVAL && errno != ENOSYS)
 		return -errno;
@@ -836,7 +838,7 @@ static int create(struct kvs_cache *c, struct dims *d, const struct kvs_cache_pa
 	name[0] = '\0';
 	snprintf(dir, sizeof(dir), "%.*s", slash ? (int)(slash - c->path) : 1,
 		 slash && slash != c->path ? c->path : "/");
-	dirfd = open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+	dirfd = kvs_sys_open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
 	if (dirfd < 0) {
 		r = -errno;
 		snprintf(msg, msglen, "cannot open %s (cache.dir): %s", dir, strerror(-r));
@@ -875,14 +877,14 @@ static int create(struct kvs_cache *c, struct dims *d, const struct kvs_cache_pa
 		snprintf(msg, msglen, "cannot create a region in %s: %s", dir, strerror(-r));
 		goto out_dir;
 	}
-	if (fchmod(fd, (mode_t)cfg->mode) < 0 || ftruncate(fd, (off_t)d->total) < 0) {
+	if (fchmod(fd, (mode_t)cfg->mode) < 0 || kvs_sys_ftruncate(fd, (off_t)d->total) < 0) {
 		r = -errno;
 		snprintf(msg, msglen, "cannot size %s to %" PRIu64 " bytes: %s", c->path, d->total,
 			 strerror(-r));
 		goto err_close;
 	}
 	/* On hugetlbfs this reserves every page of the region from the pool. */
-	c->base = mmap(NULL, d->total, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+	c->base = kvs_sys_mmap(NULL, d->total, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
 	if (c->base == MAP_FAILED) {
 		r = -errno;
 		c->base = NULL;
@@ -915,7 +917,7 @@ static int create(struct kvs_cache *c, struct dims *d, const struct kvs_cache_pa
 			snprintf(msg, msglen, "cannot publish %s: %s", c->path, strerror(-r));
 		goto err_unmap;
 	}
-	close(dirfd);
+	kvs_sys_close(dirfd);
 	return fd;
 
 err_unmap:
@@ -924,10 +926,10 @@ err_unmap:
 err_close:
 	if (*name)
 		unlink(name);
-	close(fd);
+	kvs_sys_close(fd);
 out_dir:
 	c->note[0] = '\0'; /* nothing was built: nothing to say but msg */
-	close(dirfd);
+	kvs_sys_close(dirfd);
 	return r;
 }
 
@@ -965,8 +967,8 @@ static int attach(struct kvs_cache *c, struct dims *d, const struct kvs_cache_pa
 		c->hdr = NULL;
 		/* Map the header alone to say what differs. */
 		if ((size_t)st.st_size >= sizeof(struct kvs_hdr)) {
-			void *h =
-			    mmap(NULL, sizeof(struct kvs_hdr), PROT_READ, MAP_SHARED, c->fd, 0);
+			void *h = kvs_sys_mmap(NULL, sizeof(struct kvs_hdr), PROT_READ, MAP_SHARED,
+					       c->fd, 0);
 			if (h != MAP_FAILED) {
 				c->hdr = h;
 				r = check(c, d, (size_t)st.st_size, msg, msglen);
@@ -982,7 +984,7 @@ static int attach(struct kvs_cache *c, struct dims *d, const struct kvs_cache_pa
 		goto err_close;
 	}
 	len = c->watch ? d->off_data : d->total;
-	c->base = mmap(NULL, len, PROT_READ | PROT_WRITE, MAP_SHARED, c->fd, 0);
+	c->base = kvs_sys_mmap(NULL, len, PROT_READ | PROT_WRITE, MAP_SHARED, c->fd, 0);
 	if (c->base == MAP_FAILED) {
 		r = -errno;
 		c->base = NULL;
@@ -1016,10 +1018,10 @@ err_close:
 	 * replace it (cache.on_mismatch = rebuild). */
 	if (r == -EPROTO && !c->watch) {
 		if (c->mismatch_fd >= 0)
-			close(c->mismatch_fd);
+			kvs_sys_close(c->mismatch_fd);
 		c->mismatch_fd = c->fd;
 	} else {
-		close(c->fd);
+		kvs_sys_close(c->fd);
 	}
 	c->fd = -1;
 	return r;
@@ -1033,10 +1035,10 @@ static void count_refusal(int fd)
 	struct kvs_hdr *h;
 	struct stat st;
 
-	if ((fcntl(fd, F_GETFL) & O_ACCMODE) != O_RDWR || fstat(fd, &st) < 0 ||
+	if ((kvs_sys_fcntl(fd, F_GETFL) & O_ACCMODE) != O_RDWR || fstat(fd, &st) < 0 ||
 	    (uint64_t)st.st_size < sizeof(*h))
 		return;
-	h = mmap(NULL, sizeof(*h), PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+	h = kvs_sys_mmap(NULL, sizeof(*h), PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
 	if (h == MAP_FAILED)
 		return;
 	if (h->magic == KVS_MAGIC) {
@@ -1179,7 +1181,7 @@ int kvs_cache_open(const struct kvs_cache_params *cfg, int flags, struct kvs_cac
 	if (r == -EPROTO && c->mismatch_fd >= 0)
 		count_refusal(c->mismatch_fd);
 	if (c->mismatch_fd >= 0)
-		close(c->mismatch_fd);
+		kvs_sys_close(c->mismatch_fd);
 	c->mismatch_fd = -1;
 	if (r)
 		goto err_free;
@@ -1209,7 +1211,7 @@ int kvs_cache_open(const struct kvs_cache_params *cfg, int flags, struct kvs_cac
 
 err_unmap:
 	munmap(c->base, c->map_len);
-	close(c->fd);
+	kvs_sys_close(c->fd);
 err_free:
 	pthread_mutex_destroy(&c->reclaim_mu);
 	free(c);
@@ -1226,7 +1228,7 @@ void kvs_cache_close(struct kvs_cache *c)
 	if (c->base)
 		munmap(c->base, c->map_len);
 	if (c->fd >= 0)
-		close(c->fd);
+		kvs_sys_close(c->fd);
 	pthread_mutex_destroy(&c->reclaim_mu);
 	free(c);
 }
@@ -1259,7 +1261,7 @@ int kvs_cache_fits(const struct kvs_cache_params *cfg, char *msg, size_t msglen)
 	slash = strrchr(path, '/');
 	snprintf(dir, sizeof(dir), "%.*s", slash != path ? (int)(slash - path) : 1,
 		 slash != path ? path : "/");
-	dirfd = open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+	dirfd = kvs_sys_open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
 	if (dirfd < 0) {
 		r = -errno;
 		snprintf(msg, msglen, "cannot open %s (cache.dir): %s", dir, strerror(-r));
@@ -1278,7 +1280,7 @@ int kvs_cache_fits(const struct kvs_cache_params *cfg, char *msg, size_t msglen)
 	}
 	r = fit(&mem, dir, &d, cfg, 0, path, msg, msglen); /* the rule create() applies */
 out:
-	close(dirfd);
+	kvs_sys_close(dirfd);
 	return r;
 }
 

@@ -37,6 +37,8 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "raw.h"
+
 /* Shards are allocated and read with O_DIRECT, hence aligned to 4 KiB whatever the page size. */
 #define SHARD_ALIGN 4096u
 
@@ -772,7 +774,7 @@ static char *read_line(char *str, int num, void *stream)
 			     c->path, c->lineno + 1, KVS_CONFIG_LINE_MAX - 1);
 			return NULL;
 		}
-		n = read(c->fd, c->buf + c->end, sizeof(c->buf) - c->end);
+		n = kvs_sys_read(c->fd, c->buf + c->end, sizeof(c->buf) - c->end);
 		if (n < 0 && errno == EINTR)
 			continue;
 		if (n < 0) {
@@ -866,7 +868,7 @@ static int load_file(struct load_ctx *c, const char *path, bool must)
 
 	c->path = path;
 	/* O_NONBLOCK: opening a FIFO must not hang the host; it is refused below. */
-	c->fd = open(path, O_RDONLY | O_CLOEXEC | O_NOCTTY | O_NONBLOCK);
+	c->fd = kvs_sys_open(path, O_RDONLY | O_CLOEXEC | O_NOCTTY | O_NONBLOCK);
 	if (c->fd < 0) {
 		if (!must && (errno == ENOENT || errno == ENOTDIR))
 			return 0;
@@ -901,7 +903,7 @@ static int load_file(struct load_ctx *c, const char *path, bool must)
 	}
 	ret = c->failed ? -EINVAL : 0;
 out:
-	close(c->fd);
+	kvs_sys_close(c->fd);
 	return ret;
 }
 

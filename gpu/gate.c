@@ -26,6 +26,7 @@
 #include <sys/mman.h>
 
 #include "internal.h"
+#include "raw.h"
 
 #define PAGE 4096
 
@@ -39,8 +40,8 @@ static _Atomic uint32_t *gates_page(struct kvs_gpu *g)
 
 	if (p)
 		return p;
-	void *m = mmap(NULL, PAGE, PROT_READ | PROT_WRITE,
-		       MAP_PRIVATE | MAP_ANONYMOUS | MAP_POPULATE, -1, 0);
+	void *m = kvs_sys_mmap(NULL, PAGE, PROT_READ | PROT_WRITE,
+			       MAP_PRIVATE | MAP_ANONYMOUS | MAP_POPULATE, -1, 0);
 	if (m == MAP_FAILED)
 		return NULL;
 	pthread_mutex_lock(&g->lock);

@@ -34,6 +34,7 @@
 
 #include "backend.h"
 #include "config.h"
+#include "raw.h"
 #include "sys.h"
 
 struct kvs_backend {
@@ -70,7 +71,7 @@ int64_t kvs_read_full(int fd, void *buf, uint64_t len, uint64_t off)
 	uint64_t got = 0;
 
 	while (got < len) {
-		long n = syscall(SYS_pread64, fd, (char *)buf + got, len - got, off + got);
+		long n = kvs_syscall(SYS_pread64, fd, (char *)buf + got, len - got, off + got);
 
 		if (n < 0) {
 			if (errno == EINTR || errno == EAGAIN)

@@ -55,6 +55,7 @@
 #include "dlsym.h"
 #include "fdinfo.h"
 #include "hooks_uring.h"
+#include "raw.h"
 #include "shim.h"
 #include "touch.h"
 
@@ -64,64 +65,9 @@
 
 /* ------------------------------------------------------------------ raw system calls */
 
-/* The kernel's answer, -errno on failure, without touching errno. */
-#if defined(__x86_64__)
-static long raw6(long n, long a, long b, long c, long d, long e, long f)
-{
-	register long r10 __asm__("r10") = d;
-	register long r8 __asm__("r8") = e;
-	register long r9 __asm__("r9") = f;
-	long ret;
-
-	__asm__ volatile("syscall"
-			 : "=a"(ret)
-			 : "a"(n), "D"(a), "S"(b), "d"(c), "r"(r10), "r"(r8), "r"(r9)
-			 : "rcx", "r11", "memory");
-	return ret;
-}
-#elif defined(__aarch64__)
-static long raw6(long n, long a, long b, long c, long d, long e, long f)
-{
-	register long x8 __asm__("x8") = n;
-	register long x0 __asm__("x0") = a;
-	register long x1 __asm__("x1") = b;
-	register long x2 __asm__("x2") = c;
-	register long x3 __asm__("x3") = d;
-	register long x4 __asm__("x4") = e;
-	register long x5 __asm__("x5") = f;
-
-	__asm__ volatile("svc 0"
-			 : "+r"(x0)
-			 : "r"(x8), "r"(x1), "r"(x2), "r"(x3), "r"(x4), "r"(x5)
-			 : "memory", "cc");
-	return x0;
-}
-#else
-/* Elsewhere glibc's own syscall(), found past the shim; errno is saved around it. */
-static long raw6(long n, long a, long b, long c, long d, long e, long f)
-{
-	static long (*real)(long, ...);
-	long (*fn)(long, ...) = __atomic_load_n(&real, __ATOMIC_ACQUIRE); /* pairs below */
-	int saved = errno;
-	long r;
-
-	if (!fn) {
-		kvs_dlsym_resolve();
-		fn = (long (*)(long, ...))kvs_dlsym_real(RTLD_NEXT, "syscall");
-		if (!fn)
-			return -ENOSYS;
-		__atomic_store_n(&real, fn, __ATOMIC_RELEASE); /* pairs above */
-	}
-	r = fn(n, a, b, c, d, e, f);
-	if (r == -1)
-		r = -errno;
-	errno = saved;
-	return r;
-}
-#endif
-
+/* kvs_raw6 (raw.h): the kernel's answer, -errno on failure, errno untouched. */
 #define RAW(n, a, b, c, d, e, f)                                                                   \
-	raw6((n), (long)(a), (long)(b), (long)(c), (long)(d), (long)(e), (long)(f))
+	kvs_raw6((n), (long)(a), (long)(b), (long)(c), (long)(d), (long)(e), (long)(f))
 
 /* ------------------------------------------------------------------ libaio's functions */
 
@@ -897,7 +843,7 @@ int io_destroy(void *ctx);
 
 static long raw_args(long n, const long *a)
 {
-	return raw6(n, a[0], a[1], a[2], a[3], a[4], a[5]);
+	return kvs_raw6(n, a[0], a[1], a[2], a[3], a[4], a[5]);
 }
 
 /* A change of a file made through libc's syscall() (a write, a truncation, a copy into it):
@@ -909,7 +855,7 @@ static long changing(long number, const long *a)
 	struct kvs_shim_change ch;
 	int fd = (number == SYS_copy_file_range || number == SYS_splice) ? (int)a[2] : (int)a[0];
 	bool on = kvs_shim_change_before(&ch, fd, KVS_WT_ANYWHERE, NULL, UINT64_MAX, true);
-	long r = raw6(number, a[0], a[1], a[2], a[3], a[4], a[5]);
+	long r = kvs_raw6(number, a[0], a[1], a[2], a[3], a[4], a[5]);
 
 	if (on) {
 		int saved = errno;
@@ -959,7 +905,7 @@ KVS_EXPORT long syscall(long number, ...)
 	/* io_uring through libc's syscall() (fio's own ring code): hooks_uring.c learns the
 	 * ring's layout and files, and serves the entries an enter is about to submit. */
 	case SYS_io_uring_setup:
-		r = raw6(number, a[0], a[1], a[2], a[3], a[4], a[5]);
+		r = kvs_raw6(number, a[0], a[1], a[2], a[3], a[4], a[5]);
 		if (r >= 0) {
 			int saved = errno;
 			kvs_uring_setup_done((int)r, (const void *)a[1]);
@@ -970,11 +916,11 @@ KVS_EXPORT long syscall(long number, ...)
 		int saved = errno;
 		kvs_uring_enter((int)a[0], (unsigned)a[1], (unsigned)a[3]);
 		errno = saved;
-		r = raw6(number, a[0], a[1], a[2], a[3], a[4], a[5]);
+		r = kvs_raw6(number, a[0], a[1], a[2], a[3], a[4], a[5]);
 		break;
 	}
 	case SYS_io_uring_register:
-		r = raw6(number, a[0], a[1], a[2], a[3], a[4], a[5]);
+		r = kvs_raw6(number, a[0], a[1], a[2], a[3], a[4], a[5]);
 		{
 			int saved = errno;
 			kvs_uring_register((int)a[0], (unsigned)a[1], (const void *)a[2],

@@ -7,6 +7,7 @@
 #include <string.h>
 #include <sys/stat.h>
 
+#include "raw.h"
 #include "sys.h"
 
 int kvs_thread_start(pthread_t *th, void *(*fn)(void *), void *arg, size_t stack)
@@ -37,12 +38,13 @@ void kvs_node_clock_init(void)
 {
 	char buf[256];
 	int64_t off = 0;
-	long fd = syscall(SYS_openat, AT_FDCWD, "/proc/self/timens_offsets", O_RDONLY | O_CLOEXEC);
+	long fd =
+	    kvs_syscall(SYS_openat, AT_FDCWD, "/proc/self/timens_offsets", O_RDONLY | O_CLOEXEC);
 
 	if (fd < 0)
 		goto out;
-	long n = syscall(SYS_read, fd, buf, sizeof(buf) - 1);
-	syscall(SYS_close, fd);
+	long n = kvs_syscall(SYS_read, fd, buf, sizeof(buf) - 1);
+	kvs_syscall(SYS_close, fd);
 	if (n <= 0)
 		goto out;
 	buf[n] = '\0';
@@ -77,8 +79,8 @@ void kvs_close_if_ours(int fd, uint64_t dev, uint64_t ino)
 
 	if (fd < 0)
 		return;
-	fl = (int)syscall(SYS_fcntl, fd, F_GETFD);
+	fl = (int)kvs_syscall(SYS_fcntl, fd, F_GETFD);
 	if (fl >= 0 && (fl & FD_CLOEXEC) && fstat(fd, &st) == 0 && (uint64_t)st.st_dev == dev &&
 	    (uint64_t)st.st_ino == ino)
-		syscall(SYS_close, fd);
+		kvs_syscall(SYS_close, fd);
 }

@@ -1,5 +1,7 @@
 /*
- * sys: the few system facilities cache/ uses in several places, wrapped once.
+ * sys: the system facilities the libraries (cache/, loader/) and the shim use in several
+ * places, wrapped once.  Part of base/, the ground floor: it depends on nothing in the project,
+ * and its system calls are raw (raw.h), never a name the shim exports.
  *
  *   futex wait/wake  private (threads of one process) or shared (processes mapping the
  *                    region); a wait returns on a wake, a value change, a signal or timeout,
@@ -22,21 +24,23 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "raw.h"
+
 /* Sleep while *word == expect, at most ns nanoseconds (0: no limit). */
 static inline void kvs_futex_wait(_Atomic uint32_t *word, uint32_t expect, uint64_t ns, bool shared)
 {
 	struct timespec ts = {.tv_sec = (time_t)(ns / 1000000000ull),
 			      .tv_nsec = (long)(ns % 1000000000ull)};
 
-	syscall(SYS_futex, (uint32_t *)word, FUTEX_WAIT | (shared ? 0 : FUTEX_PRIVATE_FLAG), expect,
-		ns ? &ts : NULL, NULL, 0);
+	kvs_syscall(SYS_futex, (uint32_t *)word, FUTEX_WAIT | (shared ? 0 : FUTEX_PRIVATE_FLAG),
+		    expect, ns ? &ts : NULL, NULL, 0);
 }
 
 /* Wake up to n sleepers on word (INT_MAX: all).  Harmless on memory nobody waits on. */
 static inline void kvs_futex_wake(_Atomic uint32_t *word, int n, bool shared)
 {
-	syscall(SYS_futex, (uint32_t *)word, FUTEX_WAKE | (shared ? 0 : FUTEX_PRIVATE_FLAG), n,
-		NULL, NULL, 0);
+	kvs_syscall(SYS_futex, (uint32_t *)word, FUTEX_WAKE | (shared ? 0 : FUTEX_PRIVATE_FLAG), n,
+		    NULL, NULL, 0);
 }
 
 static inline uint64_t kvs_mono_ns(void)
