@@ -62,6 +62,7 @@
 
 #include "anchor.h"
 #include "cache.h"
+#include "raw.h"
 
 #define FD_SLOTS     65536
 #define MAX_PARKED   64
@@ -115,7 +116,7 @@ static struct tables *tables_get(bool create)
 
 	if (t || !create)
 		return t;
-	t = mmap(NULL, sizeof(*t), PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+	t = kvs_sys_mmap(NULL, sizeof(*t), PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
 	if (t == MAP_FAILED)
 		return NULL;
 	struct tables *expect = NULL;
@@ -143,7 +144,7 @@ static bool is_ours(int fd)
 
 static int sys_close(int fd)
 {
-	return (int)syscall(SYS_close, fd); /* not the program's close: it is hooked */
+	return (int)kvs_syscall(SYS_close, fd); /* not the program's close: it is hooked */
 }
 
 /* ------------------------------------------------------------------ locked files */
@@ -202,12 +203,12 @@ static bool program_holds(uint64_t dev, uint64_t ino)
 {
 	char buf[4096];
 	bool held = false;
-	int dir = open("/proc/self/fd", O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+	int dir = kvs_sys_open("/proc/self/fd", O_RDONLY | O_DIRECTORY | O_CLOEXEC);
 
 	if (dir < 0)
 		return true;
 	for (;;) {
-		long n = syscall(SYS_getdents64, dir, buf, sizeof(buf));
+		long n = kvs_syscall(SYS_getdents64, dir, buf, sizeof(buf));
 
 		if (n < 0)
 			held = true;
@@ -391,7 +392,7 @@ int kvs_anchor_get(int fd, const struct kvs_fdinfo *fi)
 	r = get_slot(t, fd, fi); /* another thread may have installed one meanwhile */
 	if (r != -ENOENT)
 		goto out_unlock;
-	d = fcntl(fd, F_DUPFD_CLOEXEC, 0);
+	d = kvs_sys_fcntl(fd, F_DUPFD_CLOEXEC, 0);
 	if (d < 0 || d >= FD_SLOTS) {
 		r = d < 0 ? -errno : -EMFILE;
 		if (d >= 0)
@@ -448,7 +449,7 @@ void kvs_anchor_atfork_child(void)
 
 			if (!(bits & 1) || !t)
 				continue;
-			int fl = (int)syscall(SYS_fcntl, fd, F_GETFD);
+			int fl = (int)kvs_syscall(SYS_fcntl, fd, F_GETFD);
 			if (fl >= 0 && (fl & FD_CLOEXEC) && fstat(fd, &st) == 0 &&
 			    (uint64_t)st.st_dev == t->made[fd].dev &&
 			    (uint64_t)st.st_ino == t->made[fd].ino)

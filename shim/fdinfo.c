@@ -49,6 +49,7 @@
 #include "config.h"
 #include "fdinfo.h"
 #include "log.h"
+#include "raw.h"
 
 #define FD_SLOTS  65536
 #define MAX_ROOTS 16
@@ -172,7 +173,7 @@ static struct entry *table_get(bool create)
 
 	if (t || !create)
 		return t;
-	t = mmap(NULL, FD_SLOTS * sizeof(*t), PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS,
+	t = kvs_sys_mmap(NULL, FD_SLOTS * sizeof(*t), PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS,
 		 -1, 0);
 	if (t == MAP_FAILED)
 		return NULL;
@@ -419,7 +420,7 @@ static int describe(int fd, struct kvs_fdinfo *out, bool known_only)
 			entry_write(e, seq0, NULL, CLS_NOT_KV);
 		return known_only ? -ENOENT : 0;
 	}
-	fl = fcntl(fd, F_GETFL);
+	fl = kvs_sys_fcntl(fd, F_GETFL);
 	if (fl < 0)
 		return -errno;
 	bool have = cls == CLS_KV && entry_read(e, &v) &&

@@ -28,6 +28,7 @@
 
 #include "config.h"
 #include "log.h"
+#include "raw.h"
 
 static _Atomic unsigned printed;
 static _Atomic int max_level = KVS_LOG_WARN;
@@ -51,7 +52,7 @@ void kvs_log_set_file(const char *path)
 	if (!len)
 		return;
 	/* A relative name is taken from the working directory now, not at each message. */
-	if (path[0] != '/' && syscall(SYS_getcwd, log_path, sizeof(log_path)) > 0) {
+	if (path[0] != '/' && kvs_syscall(SYS_getcwd, log_path, sizeof(log_path)) > 0) {
 		n = strlen(log_path);
 		if (n + 1 < sizeof(log_path) && log_path[n - 1] != '/')
 			log_path[n++] = '/';
@@ -145,16 +146,16 @@ static void emit(const char *line, size_t n)
 	int e = log_path_bad, m;
 
 	if (!log_path[0]) {
-		syscall(SYS_write, 2, line, n);
+		kvs_syscall(SYS_write, 2, line, n);
 		return;
 	}
 	if (!e) {
 		/* libc's syscall() (ours passes openat through): -1 and errno on failure. */
-		fd = syscall(SYS_openat, AT_FDCWD, log_path,
+		fd = kvs_syscall(SYS_openat, AT_FDCWD, log_path,
 			     O_WRONLY | O_APPEND | O_CREAT | O_CLOEXEC, 0600);
 		if (fd >= 0) {
-			syscall(SYS_write, (int)fd, line, n);
-			syscall(SYS_close, (int)fd); /* pairs with the openat above */
+			kvs_syscall(SYS_write, (int)fd, line, n);
+			kvs_syscall(SYS_close, (int)fd); /* pairs with the openat above */
 			return;
 		}
 		e = errno;
@@ -166,9 +167,9 @@ static void emit(const char *line, size_t n)
 			      kvs_log_error_text(e));
 		if (m > (int)sizeof(buf) - 1)
 			m = (int)sizeof(buf) - 1;
-		syscall(SYS_write, 2, buf, (size_t)m);
+		kvs_syscall(SYS_write, 2, buf, (size_t)m);
 	}
-	syscall(SYS_write, 2, line, n);
+	kvs_syscall(SYS_write, 2, line, n);
 }
 
 /* Format and write one line at level; the caller has applied the filter. */

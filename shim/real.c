@@ -19,6 +19,7 @@
 #include <unistd.h>
 
 #include "dlsym.h"
+#include "raw.h"
 #include "real.h"
 
 #define LO(off) ((unsigned long)(off))
@@ -26,23 +27,23 @@
 
 static ssize_t sys_read(int fd, void *b, size_t n)
 {
-	return syscall(SYS_read, fd, b, n);
+	return kvs_syscall(SYS_read, fd, b, n);
 }
 static ssize_t sys_pread(int fd, void *b, size_t n, off_t o)
 {
-	return syscall(SYS_pread64, fd, b, n, o);
+	return kvs_syscall(SYS_pread64, fd, b, n, o);
 }
 static ssize_t sys_readv(int fd, const struct iovec *v, int c)
 {
-	return syscall(SYS_readv, fd, v, c);
+	return kvs_syscall(SYS_readv, fd, v, c);
 }
 static ssize_t sys_preadv(int fd, const struct iovec *v, int c, off_t o)
 {
-	return syscall(SYS_preadv, fd, v, c, LO(o), HI(o));
+	return kvs_syscall(SYS_preadv, fd, v, c, LO(o), HI(o));
 }
 static ssize_t sys_preadv2(int fd, const struct iovec *v, int c, off_t o, int f)
 {
-	return syscall(SYS_preadv2, fd, v, c, LO(o), HI(o), f);
+	return kvs_syscall(SYS_preadv2, fd, v, c, LO(o), HI(o), f);
 }
 static ssize_t sys_read_chk(int fd, void *b, size_t n, size_t len)
 {
@@ -54,33 +55,33 @@ static ssize_t sys_pread_chk(int fd, void *b, size_t n, off_t o, size_t len)
 }
 static ssize_t sys_write(int fd, const void *b, size_t n)
 {
-	return syscall(SYS_write, fd, b, n);
+	return kvs_syscall(SYS_write, fd, b, n);
 }
 static ssize_t sys_pwrite(int fd, const void *b, size_t n, off_t o)
 {
-	return syscall(SYS_pwrite64, fd, b, n, o);
+	return kvs_syscall(SYS_pwrite64, fd, b, n, o);
 }
 static ssize_t sys_writev(int fd, const struct iovec *v, int c)
 {
-	return syscall(SYS_writev, fd, v, c);
+	return kvs_syscall(SYS_writev, fd, v, c);
 }
 static ssize_t sys_pwritev(int fd, const struct iovec *v, int c, off_t o)
 {
-	return syscall(SYS_pwritev, fd, v, c, LO(o), HI(o));
+	return kvs_syscall(SYS_pwritev, fd, v, c, LO(o), HI(o));
 }
 static ssize_t sys_pwritev2(int fd, const struct iovec *v, int c, off_t o, int f)
 {
-	return syscall(SYS_pwritev2, fd, v, c, LO(o), HI(o), f);
+	return kvs_syscall(SYS_pwritev2, fd, v, c, LO(o), HI(o), f);
 }
 
 static void *sys_mmap(void *a, size_t n, int prot, int flags, int fd, off_t o)
 {
-	return (void *)syscall(SYS_mmap, a, n, prot, flags, fd, o);
+	return (void *)kvs_syscall(SYS_mmap, a, n, prot, flags, fd, o);
 }
 
 static int sys_close(int fd)
 {
-	return (int)syscall(SYS_close, fd);
+	return (int)kvs_syscall(SYS_close, fd);
 }
 static int sys_fcntl(int fd, int cmd, ...)
 {
@@ -89,7 +90,7 @@ static int sys_fcntl(int fd, int cmd, ...)
 	va_start(ap, cmd);
 	void *arg = va_arg(ap, void *); /* glibc's own fcntl reads every argument so */
 	va_end(ap);
-	return (int)syscall(SYS_fcntl, fd, cmd, arg);
+	return (int)kvs_syscall(SYS_fcntl, fd, cmd, arg);
 }
 /* lockf has no system call: F_TEST/F_TLOCK/F_LOCK/F_ULOCK are fcntl record locks of
  * [position, position + len), as glibc builds them. */
@@ -100,7 +101,7 @@ static int sys_lockf(int fd, int cmd, off_t len)
 	switch (cmd) {
 	case F_TEST:
 		fl.l_type = F_RDLCK;
-		if (syscall(SYS_fcntl, fd, F_GETLK, &fl) < 0)
+		if (kvs_syscall(SYS_fcntl, fd, F_GETLK, &fl) < 0)
 			return -1;
 		if (fl.l_type == F_UNLCK || fl.l_pid == getpid())
 			return 0;
@@ -108,13 +109,13 @@ static int sys_lockf(int fd, int cmd, off_t len)
 		return -1;
 	case F_ULOCK:
 		fl.l_type = F_UNLCK;
-		return (int)syscall(SYS_fcntl, fd, F_SETLK, &fl);
+		return (int)kvs_syscall(SYS_fcntl, fd, F_SETLK, &fl);
 	case F_TLOCK:
 		fl.l_type = F_WRLCK;
-		return (int)syscall(SYS_fcntl, fd, F_SETLK, &fl);
+		return (int)kvs_syscall(SYS_fcntl, fd, F_SETLK, &fl);
 	case F_LOCK:
 		fl.l_type = F_WRLCK;
-		return (int)syscall(SYS_fcntl, fd, F_SETLKW, &fl);
+		return (int)kvs_syscall(SYS_fcntl, fd, F_SETLKW, &fl);
 	default:
 		errno = EINVAL;
 		return -1;
@@ -122,19 +123,19 @@ static int sys_lockf(int fd, int cmd, off_t len)
 }
 static int sys_fsync(int fd)
 {
-	return (int)syscall(SYS_fsync, fd);
+	return (int)kvs_syscall(SYS_fsync, fd);
 }
 static int sys_fdatasync(int fd)
 {
-	return (int)syscall(SYS_fdatasync, fd);
+	return (int)kvs_syscall(SYS_fdatasync, fd);
 }
 static int sys_ftruncate(int fd, off_t len)
 {
-	return (int)syscall(SYS_ftruncate, fd, len);
+	return (int)kvs_syscall(SYS_ftruncate, fd, len);
 }
 static int sys_renameat2(int od, const char *o, int nd, const char *n, unsigned int flags)
 {
-	return (int)syscall(SYS_renameat2, od, o, nd, n, flags);
+	return (int)kvs_syscall(SYS_renameat2, od, o, nd, n, flags);
 }
 static int sys_renameat(int od, const char *o, int nd, const char *n)
 {
@@ -147,7 +148,7 @@ static int sys_rename(const char *o, const char *n)
 
 static int sys_utimensat(int dirfd, const char *path, const struct timespec *ts, int flags)
 {
-	return (int)syscall(SYS_utimensat, dirfd, path, ts, flags);
+	return (int)kvs_syscall(SYS_utimensat, dirfd, path, ts, flags);
 }
 static int sys_futimens(int fd, const struct timespec *ts)
 {
@@ -198,18 +199,18 @@ static int sys_utime(const char *path, const struct utimbuf *b)
 }
 static int sys_dup3(int o, int n, int flags)
 {
-	return (int)syscall(SYS_dup3, o, n, flags);
+	return (int)kvs_syscall(SYS_dup3, o, n, flags);
 }
 static int sys_dup2(int o, int n)
 {
 	if (o == n) /* dup3 refuses it; dup2 answers n when it is open */
-		return (int)syscall(SYS_fcntl, o, F_GETFD) < 0 ? -1 : n;
+		return (int)kvs_syscall(SYS_fcntl, o, F_GETFD) < 0 ? -1 : n;
 	return sys_dup3(o, n, 0);
 }
 static int sys_close_range(unsigned int lo, unsigned int hi, int flags)
 {
 #ifdef SYS_close_range
-	return (int)syscall(SYS_close_range, lo, hi, flags);
+	return (int)kvs_syscall(SYS_close_range, lo, hi, flags);
 #else
 	(void)lo;
 	(void)hi;
@@ -226,7 +227,7 @@ static int sys_openat(int dirfd, const char *path, int flags, ...)
 	va_start(ap, flags);
 	mode_t mode = (flags & (O_CREAT | O_TMPFILE)) ? (mode_t)va_arg(ap, unsigned int) : 0;
 	va_end(ap);
-	return (int)syscall(SYS_openat, dirfd, path, flags, mode);
+	return (int)kvs_syscall(SYS_openat, dirfd, path, flags, mode);
 }
 static int sys_open(const char *path, int flags, ...)
 {
@@ -251,25 +252,25 @@ static int sys_openat_2(int dirfd, const char *path, int flags)
 }
 static int sys_fallocate(int fd, int mode, off_t off, off_t len)
 {
-	return (int)syscall(SYS_fallocate, fd, mode, off, len);
+	return (int)kvs_syscall(SYS_fallocate, fd, mode, off, len);
 }
 static ssize_t sys_copy_file_range(int in, off64_t *ioff, int out, off64_t *ooff, size_t n,
 				   unsigned int flags)
 {
-	return syscall(SYS_copy_file_range, in, ioff, out, ooff, n, flags);
+	return kvs_syscall(SYS_copy_file_range, in, ioff, out, ooff, n, flags);
 }
 static ssize_t sys_sendfile(int out, int in, off_t *off, size_t n)
 {
-	return syscall(SYS_sendfile, out, in, off, n);
+	return kvs_syscall(SYS_sendfile, out, in, off, n);
 }
 static ssize_t sys_splice(int in, off64_t *ioff, int out, off64_t *ooff, size_t n,
 			  unsigned int flags)
 {
-	return syscall(SYS_splice, in, ioff, out, ooff, n, flags);
+	return kvs_syscall(SYS_splice, in, ioff, out, ooff, n, flags);
 }
 static int sys_truncate(const char *path, off_t len)
 {
-	return (int)syscall(SYS_truncate, path, len);
+	return (int)kvs_syscall(SYS_truncate, path, len);
 }
 
 /* glibc exports fread, fwrite and fclose under these names too; the fallbacks while RTLD_NEXT

@@ -13,10 +13,14 @@
  *                         written under attach_mu by the first cacheable read (attach) and by
  *                         the fork child handler (single-threaded then); read by hooks after
  *                         an acquire load of attached, which the attacher sets last (release).
- *   guard                 per thread: nonzero while the shim's own code runs, so any libc call
- *                         it makes that is itself hooked goes straight to the real function
- *                         (a signal handler that interrupts a served read and reads again is
- *                         one of them: it gets the real call, never a lock we hold).
+ *   guard                 per thread: nonzero while the shim's own code runs, so a hook
+ *                         entered meanwhile goes straight to the real function: a signal
+ *                         handler that interrupts a served read and reads again (it gets the
+ *                         real call, never a lock we hold), or a library the shim calls into
+ *                         (libcufile, the CUDA driver) calling a hooked name.  The shim's own
+ *                         code does not enter its hooks: its internals and the libraries under
+ *                         it make their system calls through base/raw.h
+ *                         (scripts/check_layers.sh keeps it so).
  *   pos_mu[]              serialise read/readv at the file position per file, as the kernel
  *                         does per open file description (we cannot tell descriptions apart,
  *                         so two descriptions of one file also wait for each other).
@@ -57,6 +61,7 @@
 #include "loader.h"
 #include "log.h"
 #include "observe.h"
+#include "raw.h"
 #include "real.h"
 #include "shim.h"
 #include "sys.h"
@@ -220,7 +225,7 @@ static bool page_readable(uintptr_t p)
 {
 	struct timespec zero = {0, 0};
 
-	return syscall(SYS_futex, (uint32_t *)p, FUTEX_WAIT | FUTEX_PRIVATE_FLAG, 0, &zero, NULL,
+	return kvs_syscall(SYS_futex, (uint32_t *)p, FUTEX_WAIT | FUTEX_PRIVATE_FLAG, 0, &zero, NULL,
 		       0) == 0 ||
 	       errno != EFAULT;
 }
@@ -236,7 +241,7 @@ bool kvs_shim_copy_in(void *dst, const void *src, size_t n)
 	if (n == 0)
 		return true;
 	if (!atomic_load_explicit(&vm_readv_denied, memory_order_relaxed)) {
-		ssize_t got = syscall(SYS_process_vm_readv, getpid(), &l, 1, &r, 1, 0);
+		ssize_t got = kvs_syscall(SYS_process_vm_readv, getpid(), &l, 1, &r, 1, 0);
 
 		ok = got == (ssize_t)n;
 		if (ok || got >= 0 || errno == EFAULT)
@@ -480,7 +485,7 @@ void kvs_shim_mapped(int fd, int prot, int flags)
 	int saved = errno;
 	guard++;
 	/* PROT_WRITE, or a descriptor that lets mprotect add it later. */
-	int fl = (prot & PROT_WRITE) ? O_RDWR : fcntl(fd, F_GETFL);
+	int fl = (prot & PROT_WRITE) ? O_RDWR : kvs_sys_fcntl(fd, F_GETFL);
 	if (fl >= 0 && (fl & O_ACCMODE) == O_RDWR && kvs_fdinfo_get(fd, &fi) == 0 && fi.kv)
 		kvs_wthru_mapped(fi.dev, fi.ino);
 	guard--;
@@ -529,7 +534,7 @@ static bool direct_ok(const struct kvs_fdinfo *fi, const struct iovec *iov, int 
  * answering EFAULT otherwise; the value is unchanged even if another thread writes it. */
 static bool page_writable(uintptr_t p)
 {
-	return syscall(SYS_futex, (uint32_t *)p, FUTEX_WAKE_OP | FUTEX_PRIVATE_FLAG, 0, NULL,
+	return kvs_syscall(SYS_futex, (uint32_t *)p, FUTEX_WAKE_OP | FUTEX_PRIVATE_FLAG, 0, NULL,
 		       (uint32_t *)p, FUTEX_OP(FUTEX_OP_ADD, 0, FUTEX_OP_CMP_EQ, 0)) >= 0;
 }
 
@@ -1596,7 +1601,7 @@ struct wt_file *kvs_shim_fclosing(int fd, int64_t pos, int *dupfd)
 	guard++;
 	f = kvs_wthru_closing(cache, fd, pos);
 	if (f)
-		*dupfd = (int)syscall(SYS_fcntl, fd, F_DUPFD_CLOEXEC, 0);
+		*dupfd = (int)kvs_syscall(SYS_fcntl, fd, F_DUPFD_CLOEXEC, 0);
 	guard--;
 	errno = saved;
 	return f;

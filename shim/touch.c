@@ -35,6 +35,7 @@
 #include <unistd.h>
 
 #include "fdinfo.h"
+#include "raw.h"
 #include "real.h"
 #include "shim.h"
 #include "sys.h"
@@ -46,7 +47,7 @@ static bool peek(void *dst, const void *src, size_t n)
 {
 	struct iovec l = {dst, n}, r = {(void *)src, n};
 
-	return syscall(SYS_process_vm_readv, getpid(), &l, 1, &r, 1, 0) == (ssize_t)n;
+	return kvs_syscall(SYS_process_vm_readv, getpid(), &l, 1, &r, 1, 0) == (ssize_t)n;
 }
 
 bool kvs_touch_before(struct kvs_touch *t, const struct kvs_touch_target *tg)
@@ -68,7 +69,7 @@ bool kvs_touch_before(struct kvs_touch *t, const struct kvs_touch_target *tg)
 	t->fd = tg->dirfd;
 	if (!tg->on_fd) {
 		/* openat reads the path through the kernel: a bad pointer is its EFAULT. */
-		t->fd = openat(tg->dirfd, tg->path,
+		t->fd = kvs_sys_openat(tg->dirfd, tg->path,
 			       O_PATH | O_CLOEXEC | (tg->nofollow ? O_NOFOLLOW : 0));
 		if (t->fd < 0)
 			goto out;

@@ -30,6 +30,7 @@
 #include "cache.h"
 #include "config.h"
 #include "log.h"
+#include "raw.h"
 #include "real.h"
 #include "wonce.h"
 
@@ -157,7 +158,7 @@ bool kvs_wonce_opening(struct kvs_wonce_open *o, struct kvs_cache *(*region)(voi
 		return false; /* cannot write it */
 	if ((flags & (O_CREAT | O_EXCL)) == (O_CREAT | O_EXCL))
 		return false; /* a new file, or the open fails */
-	int fd = openat(dirfd, path, O_PATH | O_CLOEXEC | (flags & O_NOFOLLOW));
+	int fd = kvs_sys_openat(dirfd, path, O_PATH | O_CLOEXEC | (flags & O_NOFOLLOW));
 	if (fd < 0)
 		return false; /* no such file yet (a create), or the kernel's error to give */
 	int r = kvs_fdinfo_get(fd, &fi);
@@ -212,7 +213,7 @@ static bool has_data(int fd, uint64_t off, uint64_t len)
 	int saved = errno;
 
 	snprintf(link, sizeof(link), "/proc/self/fd/%d", fd);
-	int d = open(link, O_RDONLY | O_CLOEXEC);
+	int d = kvs_sys_open(link, O_RDONLY | O_CLOEXEC);
 	if (d < 0) {
 		errno = saved;
 		return true;

@@ -66,6 +66,7 @@
 #include "atomics.h"
 #include "config.h"
 #include "copy.h"
+#include "raw.h"
 #include "sys.h"
 #include "wthru.h"
 
@@ -191,7 +192,7 @@ static bool pools_locked(void)
 		return !pools_failed;
 	size_t fl = KVS_WT_FILES * sizeof(struct wt_file);
 	size_t cl = KVS_WT_CHUNKS * sizeof(struct wt_chunk);
-	char *p = mmap(NULL, fl + cl, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+	char *p = kvs_sys_mmap(NULL, fl + cl, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
 
 	if (p == MAP_FAILED) {
 		pools_failed = true;
@@ -409,7 +410,7 @@ static bool safe_copy(void *dst, const void *src, size_t n)
 	struct iovec l = {dst, n}, r = {(void *)src, n};
 
 	if (!atomic_load_explicit(&pvr_off, memory_order_relaxed)) {
-		ssize_t got = syscall(SYS_process_vm_readv, getpid(), &l, 1, &r, 1, 0);
+		ssize_t got = kvs_syscall(SYS_process_vm_readv, getpid(), &l, 1, &r, 1, 0);
 
 		if (got == (ssize_t)n)
 			return true;
@@ -568,12 +569,12 @@ static int maps_has(uint64_t dev, uint64_t ino)
 {
 	char buf[4096];
 	size_t have = 0;
-	int fd = open("/proc/self/maps", O_RDONLY | O_CLOEXEC), found = 0;
+	int fd = kvs_sys_open("/proc/self/maps", O_RDONLY | O_CLOEXEC), found = 0;
 
 	if (fd < 0)
 		return -1;
 	for (;;) {
-		ssize_t n = read(fd, buf + have, sizeof(buf) - have);
+		ssize_t n = kvs_sys_read(fd, buf + have, sizeof(buf) - have);
 
 		if (n <= 0) {
 			found = n < 0 ? -1 : found;
@@ -614,7 +615,7 @@ static int maps_has(uint64_t dev, uint64_t ino)
 		if (have == sizeof(buf))
 			have = 0;
 	}
-	close(fd);
+	kvs_sys_close(fd);
 	return found;
 }
 
@@ -1197,7 +1198,7 @@ void kvs_wthru_stream_closed(struct kvs_cache *c, struct wt_file *f, int dupfd, 
 
 	if (!f) {
 		if (dupfd >= 0)
-			syscall(SYS_close, dupfd); /* ours: the program's is closed already */
+			kvs_syscall(SYS_close, dupfd); /* ours: the program's is closed already */
 		return;
 	}
 	bool mapped = mapped_now(f->dev, f->ino);
@@ -1216,7 +1217,7 @@ void kvs_wthru_stream_closed(struct kvs_cache *c, struct wt_file *f, int dupfd, 
 	free_file_locked(c, f);
 	pthread_mutex_unlock(&wt_mu);
 	if (dupfd >= 0)
-		syscall(SYS_close, dupfd); /* ours: the program's is closed already */
+		kvs_syscall(SYS_close, dupfd); /* ours: the program's is closed already */
 }
 
 void kvs_wthru_synced(struct kvs_cache *c, int fd)
