@@ -1,0 +1,46 @@
+#!/usr/bin/env bash
+# The libraries under the shim never call up into it: no object of base/, config/, cache/,
+# loader/ or gpu/, nor of the shim's internals (every shim/ file but the hooks: hooks_*.c,
+# cufile*.c, dlsym*), names a function that shim/exports.map exports (close, fcntl, mmap,
+# read, syscall, ...).  Inside libkvshim.so such a call binds to the shim's own hook; they make
+# their system calls through base/raw.h instead.  Run by scripts/test.sh after the build.
+#   check_layers.sh BUILD_DIR
+set -euo pipefail
+root=$(cd "$(dirname "$0")/.." && pwd)
+build=${1:?usage: check_layers.sh BUILD_DIR}
+
+# The names of the map's global section.
+exports=$(sed -n '/global:/,/local:/p' "$root/shim/exports.map" | grep -v 'global:\|local:' |
+	tr ';' '\n' | tr -d ' \t' | grep -v '^$' | sort -u)
+# Allowed, each with its reason:
+#   gpu.c dlsym: the default resolver of a program without the shim (tools, tests); the shim
+#                passes its real dlsym in kvs_gpu_params, so this one is never called there.
+allowed="gpu.c.o dlsym"
+
+bad=0
+for lib in base/libkvs_base.a config/libkvs_config.a cache/libkvs_cache.a \
+	loader/libkvs_loader.a gpu/libkvs_gpu.a; do
+	[ -f "$build/$lib" ] || { echo "check_layers: $build/$lib is missing" >&2; exit 2; }
+	while read -r obj name; do
+		[ -n "$name" ] || continue
+		grep -qxF "$name" <<<"$exports" || continue
+		grep -qxF "$obj $name" <<<"$allowed" && continue
+		echo "check_layers: ${lib%%/*}/$obj calls $name, which the shim exports (use base/raw.h)"
+		bad=1
+	done < <(nm -u -A "$build/$lib" 2>/dev/null | awk '{ split($1, p, ":"); sub(/@.*/, "", $NF); print p[2], $NF }')
+done
+# The shim's internals, object by object.
+internals=0
+for o in "$build"/shim/CMakeFiles/kvshim.dir/*.o; do
+	f=$(basename "$o")
+	case $f in hooks_*| cufile* | dlsym*) continue ;; esac
+	internals=$((internals + 1))
+	for name in $(nm -u "$o" | awk '{ sub(/@.*/, "", $NF); print $NF }'); do
+		grep -qxF "$name" <<<"$exports" || continue
+		echo "check_layers: shim/$f calls $name, which the shim exports (use base/raw.h)"
+		bad=1
+	done
+done
+[ $internals -gt 0 ] || { echo "check_layers: no object of the shim's internals in $build" >&2; exit 2; }
+[ $bad = 0 ] && echo "check_layers: no library under the shim calls a name it exports"
+exit $bad
