@@ -1,7 +1,7 @@
 /*
  * params: what the cache needs to know to open or build a region, and nothing else.  cache/
  * takes these instead of the whole configuration, so that it depends on no other module;
- * config/cache_params.h fills them from a struct kvs_config.
+ * cache/cache_params.h fills them from a struct kvs_config.
  */
 #ifndef KVS_CACHE_PARAMS_H
 #define KVS_CACHE_PARAMS_H

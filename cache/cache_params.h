@@ -1,9 +1,10 @@
 /*
- * cache_params: the cache's parameters (cache/params.h) taken from a configuration.  The one
- * place where the configuration meets cache/; used by the shim, the tools and the tests.
+ * cache_params: the cache's parameters (params.h) taken from a configuration.  The one
+ * place a whole configuration becomes the cache's parameters; used by the shim, the tools and the
+ * tests.  In cache/, not config/: the configuration knows nothing of the cache.
  */
-#ifndef KVS_CONFIG_CACHE_PARAMS_H
-#define KVS_CONFIG_CACHE_PARAMS_H
+#ifndef KVS_CACHE_CACHE_PARAMS_H
+#define KVS_CACHE_CACHE_PARAMS_H
 
 #include <errno.h>
 #include <stdio.h>
