@@ -10,7 +10,7 @@
 #
 #   FILE        sources to mutate, relative to the repository root (default: the cache
 #               protocol and the shim's fd classification: cache/slot.c cache/evict.c
-#               cache/wait.c cache/proc.c shim/fdinfo.c; cache/loader.c, shim/shim.c,
+#               cache/wait.c cache/proc.c shim/fdinfo.c; cache/loader.c, shim/serve.c,
 #               config/config.c and any other source when named)
 #   --max N     test at most N mutants per file, drawn at random (default: all of them)
 #   --seed S    seed of that draw (default 1): the same seed draws the same mutants

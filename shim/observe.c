@@ -7,7 +7,7 @@
  *                  at the first map), read-only afterwards.
  *   root_entry[]   the tally entry of each of files.roots in the region mapped now: written by
  *                  kvs_observe_mapped under attach_mu before the region is published to the
- *                  hooks (the mapped word's release store in shim.c), read by hooks after its
+ *                  hooks (the mapped word's release store in attach.c), read by hooks after its
  *                  acquire load.  A fork child maps again and writes them again.
  * The region's side (pins, tallies) is cache/'s protocol: region.c and tally.c.
  *

@@ -7,7 +7,7 @@
  * identity the rename gives the file (rename moves ctime): the tmp + rename of vLLM's tiering
  * fs, UCM and LMCache.  The protocol, and what is kept, is the essay at the top of wthru.c.
  *
- * Every function here is called by shim.c with its recursion guard held, never fails the
+ * Every function here is called by writes.c with the shim's guard held, never fails the
  * caller's call, and leaves errno as it found it.  c is the region (mapped by the caller).
  */
 #ifndef KVS_SHIM_WTHRU_H
@@ -37,7 +37,7 @@ struct kvs_wthru_op {
 	bool deferred;	/* seen complete only later (aio): copied at submission */
 	bool late_copy; /* copied after the real call, of what it wrote (no safe copy here) */
 	bool trusted;	/* the bytes to copy were just read by the kernel: a plain copy */
-	bool tok_only;	/* not staged: only the write sequence moves (shim.c) */
+	bool tok_only;	/* not staged: only the write sequence moves (writes.c) */
 	bool whole;  /* lands where nothing says (O_APPEND and an offset): the file keeps nothing */
 	bool change; /* no bytes copied (kvs_wthru_change): its range keeps nothing */
 	bool stream; /* an fwrite at the stream's position off (KVS_WT_STREAM) */

@@ -1,0 +1,44 @@
+/*
+ * attach: the process's shim state, for the shim's own files (attach.c owns it; see the
+ * essay there for who writes what).
+ *
+ *   kvs_shim_cfg, kvs_shim_min_read  written once by init, read-only afterwards (read them only
+ *                                    after kvs_shim_wants or kvs_shim_enter said the shim is
+ *                                    on: that acquire pairs with init's release);
+ *   kvs_shim_cache, kvs_shim_loader  the region and the loader: valid after kvs_shim_attach()
+ *                                    returned true (kvs_shim_cache alone after
+ *                                    kvs_shim_region or kvs_shim_is_mapped said so);
+ *   kvs_shim_guard                   per thread: nonzero while the shim's own code runs.
+ *
+ * None of it is for the hooks (shim.h is their contract).
+ */
+#ifndef KVS_SHIM_ATTACH_H
+#define KVS_SHIM_ATTACH_H
+
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "cache.h"
+#include "config.h"
+#include "loader.h"
+
+/* Linux's MAX_RW_COUNT: INT_MAX rounded down to a page; the most one read or write moves. */
+#define KVS_MAX_RW_COUNT 0x7ffff000ull
+
+extern struct kvs_config kvs_shim_cfg;
+extern uint64_t kvs_shim_min_read;
+extern struct kvs_cache *kvs_shim_cache;
+extern struct kvs_loader *kvs_shim_loader;
+extern __thread int kvs_shim_guard __attribute__((tls_model("initial-exec")));
+
+/* Map the region and start the loader, once; a failure is final for this process.  True when
+ * both are there.  Caller holds the guard. */
+bool kvs_shim_attach(void);
+
+/* Has this process mapped the region (without mapping it)?  Then kvs_shim_cache is valid. */
+bool kvs_shim_is_mapped(void);
+
+/* Is the shim on (the configuration loaded first if need be)?  Not from the shim's own code. */
+bool kvs_shim_on(void);
+
+#endif
