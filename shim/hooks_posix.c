@@ -24,7 +24,7 @@
 #include "anchor.h"
 #include "fdinfo.h"
 #include "wonce.h"
-#include "hooks_aio.h"
+#include "hooks_posix_aio.h"
 #include "hooks_uring.h"
 #include "real.h"
 #include "shim.h"

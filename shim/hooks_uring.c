@@ -13,7 +13,8 @@
  *     bundled liburing or Debian's.  The real function is the caller's liburing (the library
  *     its own lookup scope finds: a plugin's private liburing too), never the shim's own copy,
  *     which is renamed (CMakeLists.txt).
- *   - libc's syscall() (hooks_kaio.c calls kvs_uring_syscall): io_uring_setup gives the ring's
+ *   - libc's syscall() (hooks_syscall.c calls kvs_uring_setup_done,
+ *     kvs_uring_enter and kvs_uring_register): io_uring_setup gives the ring's
  *     offsets, the mmap hook gives where its SQ ring and SQE array are mapped, and
  *     io_uring_enter(fd, to_submit) names the entries [*khead, *khead + to_submit) (fio's own
  *     io_uring code).
@@ -504,7 +505,7 @@ static struct io_uring_sqe *sqe_at(const struct view *v, unsigned i)
 
 /* A change of a KV file through the ring (a write, a fallocate, a splice into it): it is
  * followed as a change the kernel has been handed already (kvs_shim_change_now): its shards are
- * dropped from the cache before the kernel has it (as kernel AIO writes are, hooks_kaio.c), so
+ * dropped from the cache before the kernel has it (as kernel AIO writes are, hooks_libaio.c), so
  * no later read is served the old bytes, and no staged copy of the file, this process's or
  * another's, keeps them.  Its completion is not looked for: a publication of the file before
  * it lands keeps none of its range. */

@@ -1,5 +1,5 @@
 /*
- * hooks_aio: glibc's POSIX asynchronous I/O, served by the cache (design.md §4, issue 8).
+ * hooks_posix_aio: glibc's POSIX asynchronous I/O, served by the cache (design.md §4, issue 8).
  *
  * DESIGN.  aio_read (and each LIO_READ entry of lio_listio) that the cache can serve starts in
  * the loader (kvs_shim_read_start) and completes on its completion thread; every other request
@@ -56,7 +56,7 @@
 #include "deadline.h"
 #include "dlsym.h"
 #include "elfsym.h"
-#include "hooks_aio.h"
+#include "hooks_posix_aio.h"
 #include "real.h"
 #include "shim.h"
 

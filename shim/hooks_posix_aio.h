@@ -1,9 +1,9 @@
 /*
- * hooks_aio: glibc's POSIX aio, served by the cache (the hooks are exported names; see
- * hooks_aio.c).  What other hooks need of it:
+ * hooks_posix_aio: glibc's POSIX aio, served by the cache (the hooks are exported names; see
+ * hooks_posix_aio.c).  What other hooks need of it:
  */
-#ifndef KVS_SHIM_HOOKS_AIO_H
-#define KVS_SHIM_HOOKS_AIO_H
+#ifndef KVS_SHIM_HOOKS_POSIX_AIO_H
+#define KVS_SHIM_HOOKS_POSIX_AIO_H
 
 /* The program is about to close fd: its aio writes noted for write-through and never seen
  * over (the program did not ask aio_error or aio_return) keep nothing, so that the close

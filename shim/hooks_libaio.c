@@ -1,9 +1,10 @@
 /*
- * hooks_kaio: kernel AIO served by the cache (design.md §4, "Asynchronous reads").
+ * hooks_libaio: kernel AIO served by the cache (design.md §4, "Asynchronous reads").
  *
  * Two doors lead to the same code: libc's syscall() for the io_* numbers (UCM's AIO engine
- * calls it directly) and libaio's io_submit, io_getevents, io_pgetevents, io_cancel and
- * io_destroy (NIXL's POSIX plugin, fio's libaio engine).  Internally every function returns
+ * calls it directly; hooks_syscall.c sends them to kvs_libaio_syscall) and libaio's io_submit,
+ * io_getevents, io_pgetevents, io_cancel and io_destroy (NIXL's POSIX plugin, fio's libaio
+ * engine).  Internally every function returns
  * -errno, as libaio does; syscall() turns that into -1 and errno.  The kernel part of a call
  * goes to libaio's real function when the caller came through libaio and it can be found,
  * else to the raw system call (which is all libaio does).
@@ -54,6 +55,7 @@
 #include "deadline.h"
 #include "dlsym.h"
 #include "fdinfo.h"
+#include "hooks_libaio.h"
 #include "hooks_uring.h"
 #include "raw.h"
 #include "shim.h"
@@ -832,7 +834,6 @@ static long do_destroy(enum via v, aio_context_t ctx)
 
 /* ------------------------------------------------------------------ the exported names */
 
-long syscall(long number, ...);
 int io_submit(void *ctx, long nr, struct iocb **ios);
 int io_getevents(void *ctx, long min_nr, long nr, struct io_event *events,
 		 struct timespec *timeout);
@@ -841,148 +842,38 @@ int io_pgetevents(void *ctx, long min_nr, long nr, struct io_event *events,
 int io_cancel(void *ctx, struct iocb *iocb, struct io_event *evt);
 int io_destroy(void *ctx);
 
-static long raw_args(long n, const long *a)
+bool kvs_libaio_syscall(long number, const long *a, long *r)
 {
-	return kvs_raw6(n, a[0], a[1], a[2], a[3], a[4], a[5]);
-}
-
-/* A change of a file made through libc's syscall() (a write, a truncation, a copy into it):
- * followed as the shim's hooks follow one (kvs_shim_change_before), over the whole file (the
- * arguments are the kernel's to check): the file keeps nothing of write-through meanwhile,
- * and its shards are dropped.  The kernel's answer, -errno on failure. */
-static long changing(long number, const long *a)
-{
-	struct kvs_shim_change ch;
-	int fd = (number == SYS_copy_file_range || number == SYS_splice) ? (int)a[2] : (int)a[0];
-	bool on = kvs_shim_change_before(&ch, fd, KVS_WT_ANYWHERE, NULL, UINT64_MAX, true);
-	long r = kvs_raw6(number, a[0], a[1], a[2], a[3], a[4], a[5]);
-
-	if (on) {
-		int saved = errno;
-
-		kvs_shim_change_after(&ch, r < 0 ? -1 : r);
-		errno = saved;
+	if (in_libaio) { /* libaio's own system call, inside one of ours: the kernel's */
+		*r = kvs_raw6(number, a[0], a[1], a[2], a[3], a[4], a[5]);
+		return true;
 	}
-	return r;
-}
-
-/* libc's syscall(): the io_* numbers that touch served entries come here, and the numbers
- * that change a file's bytes are followed (changing); every other number goes to the kernel
- * as glibc's would (-1 and errno for -4095..-1). */
-KVS_EXPORT long syscall(long number, ...)
-{
-	long a[6], r;
-	va_list ap;
-
-	va_start(ap, number);
-	for (int i = 0; i < 6; i++)
-		a[i] = va_arg(ap, long);
-	va_end(ap);
-	switch (in_libaio ? -1 : number) {
+	switch (number) {
 	case SYS_io_submit:
-		r = do_submit(VIA_SYSCALL, (aio_context_t)a[0], a[1], (struct iocb **)a[2]);
-		break;
+		*r = do_submit(VIA_SYSCALL, (aio_context_t)a[0], a[1], (struct iocb **)a[2]);
+		return true;
 	case SYS_io_getevents:
-		r = do_getevents(VIA_SYSCALL, (aio_context_t)a[0], a[1], a[2],
-				 (struct io_event *)a[3], (struct timespec *)a[4], NULL);
-		break;
+		*r = do_getevents(VIA_SYSCALL, (aio_context_t)a[0], a[1], a[2],
+				  (struct io_event *)a[3], (struct timespec *)a[4], NULL);
+		return true;
 #ifdef SYS_io_pgetevents
 	case SYS_io_pgetevents:
 		/* A NULL sigset pointer is plain io_getevents to the kernel. */
-		r = do_getevents(VIA_SYSCALL, (aio_context_t)a[0], a[1], a[2],
-				 (struct io_event *)a[3], (struct timespec *)a[4],
-				 a[5] ? (const void *)a[5] : NULL);
-		break;
+		*r = do_getevents(VIA_SYSCALL, (aio_context_t)a[0], a[1], a[2],
+				  (struct io_event *)a[3], (struct timespec *)a[4],
+				  a[5] ? (const void *)a[5] : NULL);
+		return true;
 #endif
 	case SYS_io_cancel:
-		r = do_cancel(VIA_SYSCALL, (aio_context_t)a[0], (struct iocb *)a[1],
-			      (struct io_event *)a[2]);
-		break;
+		*r = do_cancel(VIA_SYSCALL, (aio_context_t)a[0], (struct iocb *)a[1],
+			       (struct io_event *)a[2]);
+		return true;
 	case SYS_io_destroy:
-		r = do_destroy(VIA_SYSCALL, (aio_context_t)a[0]);
-		break;
-#ifdef SYS_io_uring_register
-	/* io_uring through libc's syscall() (fio's own ring code): hooks_uring.c learns the
-	 * ring's layout and files, and serves the entries an enter is about to submit. */
-	case SYS_io_uring_setup:
-		r = kvs_raw6(number, a[0], a[1], a[2], a[3], a[4], a[5]);
-		if (r >= 0) {
-			int saved = errno;
-			kvs_uring_setup_done((int)r, (const void *)a[1]);
-			errno = saved;
-		}
-		break;
-	case SYS_io_uring_enter: {
-		int saved = errno;
-		kvs_uring_enter((int)a[0], (unsigned)a[1], (unsigned)a[3]);
-		errno = saved;
-		r = kvs_raw6(number, a[0], a[1], a[2], a[3], a[4], a[5]);
-		break;
-	}
-	case SYS_io_uring_register:
-		r = kvs_raw6(number, a[0], a[1], a[2], a[3], a[4], a[5]);
-		{
-			int saved = errno;
-			kvs_uring_register((int)a[0], (unsigned)a[1], (const void *)a[2],
-					   (unsigned)a[3], r);
-			errno = saved;
-		}
-		break;
-#endif
-#ifdef SYS_utime
-	case SYS_utime:
-#endif
-#ifdef SYS_utimes
-	case SYS_utimes:
-#endif
-#ifdef SYS_futimesat
-	case SYS_futimesat:
-#endif
-	case SYS_utimensat:
-		r = kvs_time_syscall(number, a, raw_args); /* touch.h: keeps the cached shards */
-		break;
-	/* A number closed or replaced: what fdinfo knew of it goes, before and after (fdinfo.h). */
-	case SYS_close:
-		kvs_shim_fd_gone((int)a[0]);
-		r = raw_args(number, a);
-		kvs_shim_fd_gone((int)a[0]);
-		break;
-#ifdef SYS_dup2
-	case SYS_dup2:
-#endif
-	case SYS_dup3:
-		kvs_shim_fd_gone((int)a[1]);
-		r = raw_args(number, a);
-		kvs_shim_fd_gone((int)a[1]);
-		break;
-#ifdef SYS_close_range
-	case SYS_close_range:
-		kvs_shim_fds_gone((unsigned int)a[0], (unsigned int)a[1]);
-		r = raw_args(number, a);
-		kvs_shim_fds_gone((unsigned int)a[0], (unsigned int)a[1]);
-		break;
-#endif
-	case SYS_write:
-	case SYS_pwrite64:
-	case SYS_writev:
-	case SYS_pwritev:
-	case SYS_pwritev2:
-	case SYS_fallocate:
-	case SYS_ftruncate:
-	case SYS_copy_file_range:
-	case SYS_sendfile:
-	case SYS_splice:
-		r = changing(number, a);
-		break;
+		*r = do_destroy(VIA_SYSCALL, (aio_context_t)a[0]);
+		return true;
 	default:
-		r = raw_args(number, a);
-		break;
+		return false;
 	}
-	if (r < 0 && r > -4096) {
-		errno = (int)-r;
-		return -1;
-	}
-	return r;
 }
 
 /* libaio's calls answer -errno and leave errno alone. */

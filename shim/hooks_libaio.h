@@ -1,0 +1,16 @@
+/*
+ * hooks_libaio: kernel AIO served by the cache (hooks_libaio.c).  What the syscall() door
+ * (hooks_syscall.c) needs of it.
+ */
+#ifndef KVS_SHIM_HOOKS_LIBAIO_H
+#define KVS_SHIM_HOOKS_LIBAIO_H
+
+#include <stdbool.h>
+
+/* libc's syscall() with one of the io_* numbers (a[0..5] its arguments): served entries are
+ * submitted, reaped, cancelled and destroyed as through libaio's names.  True, with the
+ * kernel's answer in *r (-errno on failure), when number was one of them, or when libaio
+ * itself is calling (then the raw system call); false for any other number. */
+bool kvs_libaio_syscall(long number, const long *a, long *r);
+
+#endif

@@ -1,0 +1,148 @@
+/*
+ * hooks_syscall: libc's syscall(), the door through which programs make system calls by
+ * number (UCM's AIO engine, fio's own io_uring code, a daemon's close loop).  Each number the
+ * shim has a hook for by name is sent where that hook's work is done, so that a call by
+ * number is served, followed or forgotten exactly as the named call would be; every other
+ * number goes to the kernel.  The shim's own code never comes through here: it makes its
+ * system calls with base/raw.h.
+ */
+#include <errno.h>
+#include <stdarg.h>
+#include <stdbool.h>
+#include <stdint.h>
+#include <sys/syscall.h>
+
+#include "hooks_libaio.h"
+#include "hooks_uring.h"
+#include "raw.h"
+#include "shim.h"
+#include "touch.h"
+#include "wthru.h"
+
+long syscall(long number, ...);
+
+static long raw_args(long n, const long *a)
+{
+	return kvs_raw6(n, a[0], a[1], a[2], a[3], a[4], a[5]);
+}
+
+/* A change of a file made through libc's syscall() (a write, a truncation, a copy into it):
+ * followed as the shim's hooks follow one (kvs_shim_change_before), over the whole file (the
+ * arguments are the kernel's to check): the file keeps nothing of write-through meanwhile,
+ * and its shards are dropped.  The kernel's answer, -errno on failure. */
+static long changing(long number, const long *a)
+{
+	struct kvs_shim_change ch;
+	int fd = (number == SYS_copy_file_range || number == SYS_splice) ? (int)a[2] : (int)a[0];
+	bool on = kvs_shim_change_before(&ch, fd, KVS_WT_ANYWHERE, NULL, UINT64_MAX, true);
+	long r = kvs_raw6(number, a[0], a[1], a[2], a[3], a[4], a[5]);
+
+	if (on) {
+		int saved = errno;
+
+		kvs_shim_change_after(&ch, r < 0 ? -1 : r);
+		errno = saved;
+	}
+	return r;
+}
+
+/* libc's syscall(): the io_* numbers that touch served entries go to hooks_libaio.c, the
+ * io_uring numbers to hooks_uring.c, the timestamp numbers to touch.c, a closed or replaced
+ * number to fdinfo.c, and the numbers that change a file's bytes are followed (changing);
+ * every other number goes to the kernel as glibc's would (-1 and errno for -4095..-1). */
+KVS_EXPORT long syscall(long number, ...)
+{
+	long a[6], r;
+	va_list ap;
+
+	va_start(ap, number);
+	for (int i = 0; i < 6; i++)
+		a[i] = va_arg(ap, long);
+	va_end(ap);
+	if (kvs_libaio_syscall(number, a, &r)) /* the io_* numbers, and libaio's own calls */
+		goto out;
+	switch (number) {
+#ifdef SYS_io_uring_register
+	/* io_uring through libc's syscall() (fio's own ring code): hooks_uring.c learns the
+	 * ring's layout and files, and serves the entries an enter is about to submit. */
+	case SYS_io_uring_setup:
+		r = kvs_raw6(number, a[0], a[1], a[2], a[3], a[4], a[5]);
+		if (r >= 0) {
+			int saved = errno;
+			kvs_uring_setup_done((int)r, (const void *)a[1]);
+			errno = saved;
+		}
+		break;
+	case SYS_io_uring_enter: {
+		int saved = errno;
+		kvs_uring_enter((int)a[0], (unsigned)a[1], (unsigned)a[3]);
+		errno = saved;
+		r = kvs_raw6(number, a[0], a[1], a[2], a[3], a[4], a[5]);
+		break;
+	}
+	case SYS_io_uring_register:
+		r = kvs_raw6(number, a[0], a[1], a[2], a[3], a[4], a[5]);
+		{
+			int saved = errno;
+			kvs_uring_register((int)a[0], (unsigned)a[1], (const void *)a[2],
+					   (unsigned)a[3], r);
+			errno = saved;
+		}
+		break;
+#endif
+#ifdef SYS_utime
+	case SYS_utime:
+#endif
+#ifdef SYS_utimes
+	case SYS_utimes:
+#endif
+#ifdef SYS_futimesat
+	case SYS_futimesat:
+#endif
+	case SYS_utimensat:
+		r = kvs_time_syscall(number, a, raw_args); /* touch.h: keeps the cached shards */
+		break;
+	/* A number closed or replaced: what fdinfo knew of it goes, before and after (fdinfo.h). */
+	case SYS_close:
+		kvs_shim_fd_gone((int)a[0]);
+		r = raw_args(number, a);
+		kvs_shim_fd_gone((int)a[0]);
+		break;
+#ifdef SYS_dup2
+	case SYS_dup2:
+#endif
+	case SYS_dup3:
+		kvs_shim_fd_gone((int)a[1]);
+		r = raw_args(number, a);
+		kvs_shim_fd_gone((int)a[1]);
+		break;
+#ifdef SYS_close_range
+	case SYS_close_range:
+		kvs_shim_fds_gone((unsigned int)a[0], (unsigned int)a[1]);
+		r = raw_args(number, a);
+		kvs_shim_fds_gone((unsigned int)a[0], (unsigned int)a[1]);
+		break;
+#endif
+	case SYS_write:
+	case SYS_pwrite64:
+	case SYS_writev:
+	case SYS_pwritev:
+	case SYS_pwritev2:
+	case SYS_fallocate:
+	case SYS_ftruncate:
+	case SYS_copy_file_range:
+	case SYS_sendfile:
+	case SYS_splice:
+		r = changing(number, a);
+		break;
+	default:
+		r = raw_args(number, a);
+		break;
+	}
+out:
+	if (r < 0 && r > -4096) {
+		errno = (int)-r;
+		return -1;
+	}
+	return r;
+}
