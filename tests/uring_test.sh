@@ -84,6 +84,9 @@ for f, path in enumerate(sys.argv[1:]):
 print(n, nbytes)
 EOF2
 )
+# The files were written a moment ago: a load within files.settle (2 s here) of their change
+# is kept only that long, and a loaded machine can spread the two rounds wider than that.
+sleep 2.5
 reset_region
 for round in cold warm; do
 	b0=$(totals backend_bytes) a0=$(totals atime_updates) k0=$(io_read_bytes)
@@ -167,9 +170,9 @@ if [ -n "$slowfs" ] && [ -x "$slowfs" ] && [ -e /dev/fuse ] &&
 	holder=$!
 	for _ in $(seq 1 100); do grep -q submitting "$work/hold" && break; sleep 0.02; done
 	sleep 0.3
-	pinned=$(region slots_pinned)
-	kill -9 $holder
+	kill -9 $holder # first: looking at the region takes a while on a loaded machine
 	wait $holder 2>/dev/null
+	pinned=$(region slots_pinned) # the dead reader's, until the next attach reaps them
 	# The next process to attach reaps the dead one.
 	LD_PRELOAD=$lib "$reader" hold "$work/mnt/slow" 1 >/dev/null 2>&1
 	left=$(region slots_pinned)
