@@ -85,4 +85,20 @@ void kvs_close_if_ours(int fd, uint64_t dev, uint64_t ino);
  * if th is NULL.  Returns 0 or -errno. */
 int kvs_thread_start(pthread_t *th, void *(*fn)(void *), void *arg, size_t stack);
 
+/* A 64-bit mix of a file's (st_dev, st_ino) (murmur3's finaliser): the one hash of a file's
+ * identity for every table keyed by it (the region's write sequences, the anchors' locked files,
+ * atime's recent notes).  The region's tables depend on its value: changing it needs a new layout
+ * version. */
+static inline uint64_t kvs_hash_file(uint64_t dev, uint64_t ino)
+{
+	uint64_t x = dev * 0x9e3779b97f4a7c15ULL ^ ino;
+
+	x ^= x >> 33;
+	x *= 0xff51afd7ed558ccdULL;
+	x ^= x >> 33;
+	x *= 0xc4ceb9fe1a85ec53ULL;
+	x ^= x >> 33;
+	return x;
+}
+
 #endif

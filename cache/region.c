@@ -400,7 +400,8 @@ err_close:
 	return r;
 }
 
-static uint64_t now_ns(void)
+/* The wall clock in nanoseconds: when a region was created, as `stat` shows it. */
+static uint64_t wall_ns(void)
 {
 	struct timespec ts;
 
@@ -477,7 +478,7 @@ static int build(struct kvs_cache *c, const struct dims *d, const struct kvs_cac
 	h->page_size = d->page;
 	h->numa = c->numa;
 	h->pack_frame = KVS_NIL;
-	h->created_ns = now_ns();
+	h->created_ns = wall_ns();
 	/* NUL-padded: the file is zero from ftruncate; a longer version is cut to the field. */
 	size_t vlen = strlen(KVS_VERSION);
 	memcpy(h->built_by, KVS_VERSION, vlen < sizeof(h->built_by) ? vlen : sizeof(h->built_by));

@@ -85,18 +85,6 @@ static uint64_t w_make(uint32_t key, uint32_t own, uint32_t fly, uint32_t gen)
 	       (uint64_t)fly << W_FLY_SHIFT | (gen & W_GEN_MASK);
 }
 
-static uint64_t file_hash(uint64_t dev, uint64_t ino)
-{
-	uint64_t x = dev * 0x9e3779b97f4a7c15ULL ^ ino;
-
-	x ^= x >> 33;
-	x *= 0xff51afd7ed558ccdULL;
-	x ^= x >> 33;
-	x *= 0xc4ceb9fe1a85ec53ULL;
-	x ^= x >> 33;
-	return x;
-}
-
 /* A begin that cannot take the entry (another file's writes in flight on it, or 255 of this
  * file's) still moves its gen, once, so that no mark taken before it (kvs_cache_write_mark)
  * and no writer's last end reads the entry as quiet: the file's write is unseen otherwise. */
@@ -109,7 +97,7 @@ static void moved_anyway(_Atomic uint64_t *e, uint64_t w)
 
 void kvs_cache_write_begin(struct kvs_cache *c, uint64_t dev, uint64_t ino, struct kvs_wtok *t)
 {
-	uint64_t h = file_hash(dev, ino);
+	uint64_t h = kvs_hash_file(dev, ino);
 
 	*t = (struct kvs_wtok){.entry = (uint32_t)(h & (c->nseen - 1)),
 			       .key = (uint32_t)(h >> W_KEY_SHIFT) | 1u,
@@ -199,7 +187,7 @@ bool kvs_cache_write_last(struct kvs_cache *c, const struct kvs_wtok *t)
  * alarm, never a write missed). */
 bool kvs_cache_write_mark(struct kvs_cache *c, uint64_t dev, uint64_t ino, uint64_t *mark)
 {
-	uint64_t h = file_hash(dev, ino);
+	uint64_t h = kvs_hash_file(dev, ino);
 
 	if (!c->nseen)
 		return false;
@@ -214,7 +202,7 @@ bool kvs_cache_write_mark(struct kvs_cache *c, uint64_t dev, uint64_t ino, uint6
 
 bool kvs_cache_write_quiet(struct kvs_cache *c, uint64_t dev, uint64_t ino, uint64_t mark)
 {
-	uint64_t h = file_hash(dev, ino);
+	uint64_t h = kvs_hash_file(dev, ino);
 
 	if (!c->nseen)
 		return false;

@@ -63,6 +63,7 @@
 #include "anchor.h"
 #include "cache.h"
 #include "raw.h"
+#include "sys.h"
 
 #define FD_SLOTS     65536
 #define MAX_PARKED   64
@@ -116,7 +117,8 @@ static struct tables *tables_get(bool create)
 
 	if (t || !create)
 		return t;
-	t = kvs_sys_mmap(NULL, sizeof(*t), PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+	t = kvs_sys_mmap(NULL, sizeof(*t), PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1,
+			 0);
 	if (t == MAP_FAILED)
 		return NULL;
 	struct tables *expect = NULL;
@@ -142,22 +144,7 @@ static bool is_ours(int fd)
 	return fd >= 0 && fd < FD_SLOTS && (atomic_load(&ours[fd / 64]) >> (fd % 64)) & 1;
 }
 
-static int sys_close(int fd)
-{
-	return (int)kvs_syscall(SYS_close, fd); /* not the program's close: it is hooked */
-}
-
 /* ------------------------------------------------------------------ locked files */
-
-static uint64_t file_hash(uint64_t dev, uint64_t ino)
-{
-	uint64_t x = dev * 0x9e3779b97f4a7c15ULL ^ ino;
-
-	x ^= x >> 31;
-	x *= 0xbf58476d1ce4e5b9ULL;
-	x ^= x >> 29;
-	return x | 1; /* 0 is an empty entry */
-}
 
 void kvs_anchor_note_lock(int fd)
 {
@@ -167,7 +154,7 @@ void kvs_anchor_note_lock(int fd)
 	errno = saved; /* the program's lock call sets errno, not this look */
 	if (r != 0 || !S_ISREG(st.st_mode))
 		return;
-	uint64_t h = file_hash((uint64_t)st.st_dev, (uint64_t)st.st_ino);
+	uint64_t h = kvs_hash_file((uint64_t)st.st_dev, (uint64_t)st.st_ino) | 1; /* 0: empty */
 	for (uint32_t i = 0; i < LOCKED_SLOTS; i++) {
 		uint64_t e = atomic_load(&locked[(h + i) % LOCKED_SLOTS]), zero = 0;
 
@@ -186,7 +173,7 @@ static bool locked_maybe(uint64_t dev, uint64_t ino)
 {
 	if (atomic_load(&locked_full))
 		return true;
-	uint64_t h = file_hash(dev, ino);
+	uint64_t h = kvs_hash_file(dev, ino) | 1; /* 0: empty */
 	for (uint32_t i = 0; i < LOCKED_SLOTS; i++) {
 		uint64_t e = atomic_load(&locked[(h + i) % LOCKED_SLOTS]);
 
@@ -236,7 +223,7 @@ static bool program_holds(uint64_t dev, uint64_t ino)
 		if (held)
 			break;
 	}
-	sys_close(dir);
+	kvs_sys_close(dir);
 	return held;
 }
 
@@ -250,7 +237,7 @@ static void finish(struct tables *t, int a, uint32_t w)
 	if (w & GONE)
 		return; /* the program's number now */
 	mark_ours(a, false);
-	sys_close(a);
+	kvs_sys_close(a);
 }
 
 /* Retire anchor a (out of every slot) with flags (RETIRING, and GONE): closed now if no read
@@ -396,12 +383,12 @@ int kvs_anchor_get(int fd, const struct kvs_fdinfo *fi)
 	if (d < 0 || d >= FD_SLOTS) {
 		r = d < 0 ? -errno : -EMFILE;
 		if (d >= 0)
-			sys_close(d); /* beyond our tables: never an anchor */
+			kvs_sys_close(d); /* beyond our tables: never an anchor */
 		goto out_unlock;
 	}
 	if (fstat(d, &st) < 0) {
 		r = -errno;
-		sys_close(d); /* a descriptor of nothing we can name: no lock to keep */
+		kvs_sys_close(d); /* a descriptor of nothing we can name: no lock to keep */
 		goto out_unlock;
 	}
 	t->made[d] = (struct made){(uint64_t)st.st_dev, (uint64_t)st.st_ino};
@@ -445,15 +432,9 @@ void kvs_anchor_atfork_child(void)
 
 		for (int b = 0; bits; b++, bits >>= 1) {
 			int fd = w * 64 + b;
-			struct stat st;
 
-			if (!(bits & 1) || !t)
-				continue;
-			int fl = (int)kvs_syscall(SYS_fcntl, fd, F_GETFD);
-			if (fl >= 0 && (fl & FD_CLOEXEC) && fstat(fd, &st) == 0 &&
-			    (uint64_t)st.st_dev == t->made[fd].dev &&
-			    (uint64_t)st.st_ino == t->made[fd].ino)
-				sys_close(fd);
+			if ((bits & 1) && t)
+				kvs_close_if_ours(fd, t->made[fd].dev, t->made[fd].ino);
 		}
 	}
 	/* Forget the slots and counts (written only where set: the child's pages stay shared). */

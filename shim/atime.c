@@ -60,13 +60,6 @@ static _Atomic uint32_t wake;
 static _Atomic int started; /* 0 no thread, 1 starting or running, 2 failed */
 static pthread_t worker;
 
-static uint64_t file_tag(uint64_t dev, uint64_t ino)
-{
-	uint64_t x = (dev * 0x9e3779b97f4a7c15ULL) ^ (ino * 0xc2b2ae3d27d4eb4fULL);
-
-	return (x ^ (x >> 29)) | 1;
-}
-
 static uint64_t now_s(void)
 {
 	struct timespec ts;
@@ -78,8 +71,8 @@ static uint64_t now_s(void)
 /* Was the file noted within window seconds (racily: see DESIGN)? */
 static bool noted_within(uint64_t dev, uint64_t ino, uint32_t window)
 {
-	uint64_t tag = file_tag(dev, ino) >> 32, t = now_s() & 0xffffffffu;
-	uint64_t w = atomic_load_explicit(&recent[file_tag(dev, ino) % KVS_ATIME_RECENT],
+	uint64_t tag = kvs_hash_file(dev, ino) >> 32, t = now_s() & 0xffffffffu;
+	uint64_t w = atomic_load_explicit(&recent[kvs_hash_file(dev, ino) % KVS_ATIME_RECENT],
 					  memory_order_relaxed);
 
 	return (w >> 32) == tag && ((t - w) & 0xffffffffu) < window;
@@ -88,9 +81,9 @@ static bool noted_within(uint64_t dev, uint64_t ino, uint32_t window)
 /* The file's read is queued: note when. */
 static void note_now(uint64_t dev, uint64_t ino)
 {
-	uint64_t tag = file_tag(dev, ino) >> 32, t = now_s() & 0xffffffffu;
+	uint64_t tag = kvs_hash_file(dev, ino) >> 32, t = now_s() & 0xffffffffu;
 
-	atomic_store_explicit(&recent[file_tag(dev, ino) % KVS_ATIME_RECENT], tag << 32 | t,
+	atomic_store_explicit(&recent[kvs_hash_file(dev, ino) % KVS_ATIME_RECENT], tag << 32 | t,
 			      memory_order_relaxed);
 }
 

@@ -15,6 +15,7 @@
 #ifndef KVS_SHIM_ATTACH_H
 #define KVS_SHIM_ATTACH_H
 
+#include <errno.h>
 #include <stdbool.h>
 #include <stdint.h>
 
@@ -30,6 +31,23 @@ extern uint64_t kvs_shim_min_read;
 extern struct kvs_cache *kvs_shim_cache;
 extern struct kvs_loader *kvs_shim_loader;
 extern __thread int kvs_shim_guard __attribute__((tls_model("initial-exec")));
+
+/* Into the shim's own code on this thread: errno saved (returned), the guard raised;
+ * kvs_shim_out(saved) lowers it and gives errno back.  Every internal entry point that
+ * leaves errno as the program's brackets its work with the two. */
+static inline int kvs_shim_in(void)
+{
+	int saved = errno;
+
+	kvs_shim_guard++;
+	return saved;
+}
+
+static inline void kvs_shim_out(int saved_errno)
+{
+	kvs_shim_guard--;
+	errno = saved_errno;
+}
 
 /* Map the region and start the loader, once; a failure is final for this process.  True when
  * both are there.  Caller holds the guard. */

@@ -348,7 +348,7 @@ KVS_EXPORT kvs_cufile_error_t cuFileBatchIOGetStatus(kvs_cufile_batch_handle_t b
 					want = pending;
 				ts = timeout;
 				if (timeout) {
-					uint64_t t = kvs_now_ns(),
+					uint64_t t = kvs_mono_ns(),
 						 l = deadline > t ? deadline - t : 0;
 
 					left = (struct timespec){(time_t)(l / 1000000000ull),
@@ -371,7 +371,7 @@ KVS_EXPORT kvs_cufile_error_t cuFileBatchIOGetStatus(kvs_cufile_batch_handle_t b
 		}
 		if (got >= min_nr || got >= max || (!b->running && !b->real_pending))
 			break;
-		uint64_t t = kvs_now_ns();
+		uint64_t t = kvs_mono_ns();
 		if (t >= deadline)
 			break;
 		/* Sleep until a served entry completes; poll the real batch every millisecond. */

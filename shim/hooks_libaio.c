@@ -746,7 +746,7 @@ static long do_getevents(enum via v, aio_context_t ctx, long min_nr, long nr, st
 		}
 		if (got >= min_nr || got >= nr)
 			return got;
-		uint64_t t = kvs_now_ns();
+		uint64_t t = kvs_mono_ns();
 		if (t >= deadline)
 			return got;
 		uint64_t left = deadline - t;

@@ -833,7 +833,7 @@ static int do_suspend(int v, const struct aiocb *const list[], int nent,
 				left = *timeout; /* glibc's answer to it, whatever that is */
 				tp = &left;
 			} else if (timeout) {
-				uint64_t t = kvs_now_ns();
+				uint64_t t = kvs_mono_ns();
 				left = kvs_ns_ts(deadline > t ? deadline - t : 0);
 				tp = &left;
 			}
@@ -842,7 +842,7 @@ static int do_suspend(int v, const struct aiocb *const list[], int nent,
 			err = errno;
 			break;
 		}
-		uint64_t t = kvs_now_ns();
+		uint64_t t = kvs_mono_ns();
 		if (t >= deadline) {
 			unlock_mu();
 			break;
@@ -861,7 +861,7 @@ static int do_suspend(int v, const struct aiocb *const list[], int nent,
 		pthread_cond_timedwait(&cond, &mu, &abs);
 		unlock_mu(); /* a served completion is seen at the top */
 		if (nreal) {
-			t = kvs_now_ns();
+			t = kvs_mono_ns();
 			struct timespec slice =
 			    kvs_ns_ts(deadline - t < SLICE_NS ? deadline - t : SLICE_NS);
 			if (t < deadline && real_suspend(v, rest, nreal, &slice) == 0) {

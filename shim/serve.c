@@ -289,8 +289,7 @@ out:
 	if (pos_lock)
 		pthread_mutex_unlock(pos_lock);
 	pthread_setcancelstate(cancel_state, NULL);
-	kvs_shim_guard--;
-	errno = saved;
+	kvs_shim_out(saved);
 	return ret;
 }
 
@@ -311,8 +310,7 @@ ssize_t kvs_shim_readv(int fd, const struct iovec *iov, int iovcnt, off_t off, b
 		v = kvs_shim_iov_read(iov, iovcnt, local, &len);
 	else if (r == 0 && (fi.dev || fi.ino)) /* a pipe or a socket (neither) needs no word */
 		kvs_unserved_pass(fd, &fi, KVS_WHY_NOT_KV, 0);
-	kvs_shim_guard--;
-	errno = saved;
+	kvs_shim_out(saved);
 	if (!v)
 		return -1;
 	if (!kvs_shim_wants(len)) {

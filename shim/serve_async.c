@@ -104,8 +104,7 @@ ssize_t kvs_shim_read_to(int fd, uint64_t ptr, size_t size, off_t off)
 	}
 out:
 	pthread_setcancelstate(cancel_state, NULL);
-	kvs_shim_guard--;
-	errno = saved;
+	kvs_shim_out(saved);
 	return ret;
 }
 
@@ -171,8 +170,7 @@ int kvs_shim_read_to_start(struct kvs_shim_async *a, int fd, uint64_t ptr, size_
 	if (kvs_serve_cufile_prepare(a, fd, ptr, size, off) == 0)
 		ret = start_async(a);
 	pthread_setcancelstate(cancel_state, NULL);
-	kvs_shim_guard--;
-	errno = saved;
+	kvs_shim_out(saved);
 	return ret;
 }
 
@@ -192,8 +190,7 @@ void kvs_shim_observe_to(int fd, uint64_t ptr, size_t size, off_t off)
 	(void)kvs_serve_cufile_prepare(&a, fd, ptr, size,
 				       off); /* observes, then passes it through (-1) */
 	pthread_setcancelstate(cancel_state, NULL);
-	kvs_shim_guard--;
-	errno = saved;
+	kvs_shim_out(saved);
 }
 
 int kvs_shim_read_start(struct kvs_shim_async *a, int fd, const struct iovec *iov, int iovcnt,
@@ -239,7 +236,6 @@ int kvs_shim_read_start(struct kvs_shim_async *a, int fd, const struct iovec *io
 	ret = start_async(a);
 out:
 	pthread_setcancelstate(cancel_state, NULL);
-	kvs_shim_guard--;
-	errno = saved;
+	kvs_shim_out(saved);
 	return ret;
 }

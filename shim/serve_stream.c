@@ -213,12 +213,10 @@ void kvs_shim_note_stream(int fd, uint64_t off, uint64_t len)
 
 	if (fd < 0 || !kvs_shim_wants(SIZE_MAX))
 		return;
-	int saved = errno;
-	kvs_shim_guard++;
+	int saved = kvs_shim_in();
 	if (kvs_fdinfo_get(fd, &fi) == 0 && fi.kv)
 		stream_unserved(&fi, off, len);
-	kvs_shim_guard--;
-	errno = saved;
+	kvs_shim_out(saved);
 }
 
 int kvs_shim_read_to_stream(int fd, uint64_t ptr, size_t size, off_t off, ssize_t *bytes_read,

@@ -59,8 +59,7 @@ void kvs_shim_note_small(int fd, size_t len)
 		if (kvs_log_wants(KVS_LOG_DEBUG) && kvs_fdinfo_known(fd, &fi) == 0)
 			kvs_unserved_pass(fd, &fi, KVS_WHY_SMALL, 0);
 	}
-	kvs_shim_guard--;
-	errno = saved;
+	kvs_shim_out(saved);
 }
 
 /* fd, if it is a KV file, read (or mapped) for len bytes at off and passed through for a reason
@@ -72,14 +71,12 @@ static void note_kv_unserved(int fd, enum kvs_counter_id id, enum kvs_cause caus
 
 	if (fd < 0 || !kvs_shim_wants(SIZE_MAX))
 		return;
-	int saved = errno;
-	kvs_shim_guard++;
+	int saved = kvs_shim_in();
 	if (kvs_fdinfo_get(fd, &fi) == 0 && fi.kv) {
 		kvs_unserved(id, cause, what, &fi, off, len);
 		kvs_unserved_pass(fd, &fi, why, 0);
 	}
-	kvs_shim_guard--;
-	errno = saved;
+	kvs_shim_out(saved);
 }
 
 void kvs_shim_note_mmap(int fd, uint64_t len)
@@ -96,14 +93,12 @@ void kvs_shim_mapped(int fd, int prot, int flags)
 	if (kvs_shim_guard || fd < 0 || !(flags & MAP_SHARED) || (flags & MAP_ANONYMOUS) ||
 	    !kvs_wthru_on())
 		return;
-	int saved = errno;
-	kvs_shim_guard++;
+	int saved = kvs_shim_in();
 	/* PROT_WRITE, or a descriptor that lets mprotect add it later. */
 	int fl = (prot & PROT_WRITE) ? O_RDWR : kvs_sys_fcntl(fd, F_GETFL);
 	if (fl >= 0 && (fl & O_ACCMODE) == O_RDWR && kvs_fdinfo_get(fd, &fi) == 0 && fi.kv)
 		kvs_wthru_mapped(fi.dev, fi.ino);
-	kvs_shim_guard--;
-	errno = saved;
+	kvs_shim_out(saved);
 }
 
 void kvs_shim_note_stdio(int fd, uint64_t len)
@@ -121,12 +116,10 @@ void kvs_shim_note_uring_unserved(int fd, uint64_t off, uint64_t len)
 
 	if (!kvs_shim_wants(SIZE_MAX))
 		return;
-	int saved = errno;
-	kvs_shim_guard++;
+	int saved = kvs_shim_in();
 	fi.kv = false;
 	if (fd < 0 || (kvs_fdinfo_get(fd, &fi) == 0 && fi.kv))
 		kvs_observe_unserved(kvs_shim_region(true), fi.kv ? &fi : NULL,
 				     KVS_CTR_unserved_io_uring, off, len);
-	kvs_shim_guard--;
-	errno = saved;
+	kvs_shim_out(saved);
 }

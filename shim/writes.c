@@ -61,12 +61,10 @@ const struct iovec *kvs_shim_write_iov(int fd, const struct iovec *iov, int iovc
 
 	if (kvs_shim_guard || !kvs_shim_on() || (!kvs_wthru_on() && !kvs_shim_is_mapped()))
 		return NULL;
-	int saved = errno;
-	kvs_shim_guard++;
+	int saved = kvs_shim_in();
 	if (kvs_fdinfo_get(fd, &fi) == 0 && fi.kv)
 		v = kvs_shim_iov_read(iov, iovcnt, local, len);
-	kvs_shim_guard--;
-	errno = saved;
+	kvs_shim_out(saved);
 	return v;
 }
 
@@ -108,8 +106,7 @@ bool kvs_shim_write_before(struct kvs_wthru_op *op, int fd, const struct iovec *
 	/* The kernel moves at most MAX_RW_COUNT bytes in one call, whatever was asked. */
 	if (len > KVS_MAX_RW_COUNT)
 		len = KVS_MAX_RW_COUNT;
-	int saved = errno;
-	kvs_shim_guard++;
+	int saved = kvs_shim_in();
 	int got = write_look(fd, &fi);
 	if (got == 0 && fi.kv && inside_cufile_write(&fi, off, iov ? len : 0))
 		got = -EALREADY; /* libcufile moving the shim's own cuFileWrite: staged already */
@@ -119,22 +116,19 @@ bool kvs_shim_write_before(struct kvs_wthru_op *op, int fd, const struct iovec *
 				     stream ? KVS_WT_STREAM : 0, NULL, NULL);
 	if (c && !r)
 		r = follow_change(c, op, fd, &fi, off < 0 ? KVS_WT_AT_POS : off, len, true);
-	kvs_shim_guard--;
-	errno = saved;
+	kvs_shim_out(saved);
 	return r;
 }
 
 void kvs_shim_write_after(struct kvs_wthru_op *op, int fd, ssize_t ret)
 {
-	int saved = errno;
+	int saved = kvs_shim_in();
 
-	kvs_shim_guard++;
 	if (op->tok_only)
 		kvs_cache_write_end(kvs_shim_cache, &op->tok); /* the region is mapped */
 	else
 		kvs_wthru_after(kvs_shim_cache, op, fd, ret); /* staged: the region is mapped */
-	kvs_shim_guard--;
-	errno = saved;
+	kvs_shim_out(saved);
 }
 
 bool kvs_shim_write_submitted(struct kvs_shim_wpend *p, int fd, const struct iovec *iov, int iovcnt,
@@ -150,8 +144,7 @@ bool kvs_shim_write_submitted(struct kvs_shim_wpend *p, int fd, const struct iov
 	p->fd = fd;
 	if (kvs_shim_guard || !kvs_shim_on() || off > (uint64_t)INT64_MAX)
 		return false;
-	int saved = errno;
-	kvs_shim_guard++;
+	int saved = kvs_shim_in();
 	const struct iovec *v = kvs_shim_iov_read(iov, iovcnt, local, &len);
 	if (len > KVS_MAX_RW_COUNT)
 		len = KVS_MAX_RW_COUNT;
@@ -164,8 +157,7 @@ bool kvs_shim_write_submitted(struct kvs_shim_wpend *p, int fd, const struct iov
 		r = kvs_wthru_before(c, &p->op, fd, &fi, v, iovcnt, len, (int64_t)off,
 				     KVS_WT_DEFERRED, NULL, NULL) ||
 		    follow_change(c, &p->op, fd, &fi, (int64_t)off, len, true);
-	kvs_shim_guard--;
-	errno = saved;
+	kvs_shim_out(saved);
 	return r;
 }
 
@@ -183,8 +175,7 @@ bool kvs_shim_change_before(struct kvs_shim_change *ch, int fd, int64_t off, con
 	ch->op.tok_only = false;
 	if (kvs_shim_guard || len == 0 || !kvs_shim_on())
 		return false;
-	int saved = errno;
-	kvs_shim_guard++;
+	int saved = kvs_shim_in();
 	struct kvs_cache *c =
 	    kvs_fdinfo_get(fd, &ch->fi) || !ch->fi.kv ? NULL : write_region(&ch->fi);
 	/* The program's offset, read as the kernel reads it: one it refuses changes nothing. */
@@ -213,8 +204,7 @@ bool kvs_shim_change_before(struct kvs_shim_change *ch, int fd, int64_t off, con
 		kvs_cache_invalidate(c, &ch->fi.block, ch->first, ch->last);
 		ch->on = follow_change(c, &ch->op, fd, &ch->fi, off, len, named);
 	}
-	kvs_shim_guard--;
-	errno = saved;
+	kvs_shim_out(saved);
 	return ch->on;
 }
 
@@ -229,8 +219,7 @@ void kvs_shim_change_after(struct kvs_shim_change *ch, ssize_t ret)
 	kvs_shim_guard++;
 	if (kvs_fdinfo_get(ch->fd, &fi) == 0 && fi.kv)
 		kvs_cache_invalidate(kvs_shim_cache, &fi.block, ch->first, ch->last);
-	kvs_shim_guard--;
-	errno = saved;
+	kvs_shim_out(saved);
 }
 
 void kvs_shim_change_now(int fd, int64_t off, uint64_t len)
@@ -256,8 +245,7 @@ bool kvs_shim_cufile_write_before(struct kvs_shim_cfwrite *w, int fd, uint64_t p
 	if (kvs_shim_guard || off < 0 || size == 0 || size > KVS_MAX_RW_COUNT || ptr + size < ptr ||
 	    !kvs_shim_on() || !kvs_wthru_on())
 		return false;
-	int saved = errno;
-	kvs_shim_guard++;
+	int saved = kvs_shim_in();
 	struct kvs_cache *c = kvs_fdinfo_get(fd, &fi) == 0 && fi.kv ? kvs_shim_region(true) : NULL;
 	if (c && kvs_device_target(&kvs_shim_cfg, ptr, size, &w->tg) == 0) {
 		w->iov = (struct iovec){(void *)(uintptr_t)ptr, size};
@@ -268,8 +256,7 @@ bool kvs_shim_cufile_write_before(struct kvs_shim_cfwrite *w, int fd, uint64_t p
 	if (r) /* the real call's own writes of these bytes are this one's (inside_cufile_write) */
 		cf_outer.dev = fi.dev, cf_outer.ino = fi.ino, cf_outer.off = (uint64_t)off,
 		cf_outer.len = size, cf_outer.on = true;
-	kvs_shim_guard--;
-	errno = saved;
+	kvs_shim_out(saved);
 	return r;
 }
 
@@ -285,11 +272,9 @@ struct wt_file *kvs_shim_closing(int fd)
 
 	if (kvs_shim_guard || !kvs_wthru_busy() || !kvs_shim_is_mapped())
 		return NULL;
-	int saved = errno;
-	kvs_shim_guard++;
+	int saved = kvs_shim_in();
 	f = kvs_wthru_closing(kvs_shim_cache, fd, KVS_WT_CLOSE);
-	kvs_shim_guard--;
-	errno = saved;
+	kvs_shim_out(saved);
 	return f;
 }
 
@@ -300,34 +285,28 @@ struct wt_file *kvs_shim_fclosing(int fd, int64_t pos, int *dupfd)
 	*dupfd = -1;
 	if (fd < 0 || kvs_shim_guard || !kvs_wthru_busy() || !kvs_shim_is_mapped())
 		return NULL;
-	int saved = errno;
-	kvs_shim_guard++;
+	int saved = kvs_shim_in();
 	f = kvs_wthru_closing(kvs_shim_cache, fd, pos);
 	if (f)
 		*dupfd = (int)kvs_syscall(SYS_fcntl, fd, F_DUPFD_CLOEXEC, 0);
-	kvs_shim_guard--;
-	errno = saved;
+	kvs_shim_out(saved);
 	return f;
 }
 
 void kvs_shim_fclosed(struct wt_file *f, int dupfd, int ret)
 {
-	int saved = errno;
+	int saved = kvs_shim_in();
 
-	kvs_shim_guard++;
 	kvs_wthru_stream_closed(kvs_shim_cache, f, dupfd, ret);
-	kvs_shim_guard--;
-	errno = saved;
+	kvs_shim_out(saved);
 }
 
 void kvs_shim_closed(struct wt_file *f, int ret)
 {
-	int saved = errno;
+	int saved = kvs_shim_in();
 
-	kvs_shim_guard++;
 	kvs_wthru_closed(kvs_shim_cache, f, ret);
-	kvs_shim_guard--;
-	errno = saved;
+	kvs_shim_out(saved);
 }
 
 struct wt_file *kvs_shim_truncating(int fd, struct kvs_wtok *tok)
@@ -336,44 +315,36 @@ struct wt_file *kvs_shim_truncating(int fd, struct kvs_wtok *tok)
 
 	if (kvs_shim_guard || !kvs_wthru_busy() || !kvs_shim_is_mapped())
 		return NULL;
-	int saved = errno;
-	kvs_shim_guard++;
+	int saved = kvs_shim_in();
 	f = kvs_wthru_truncating(kvs_shim_cache, fd, tok);
-	kvs_shim_guard--;
-	errno = saved;
+	kvs_shim_out(saved);
 	return f;
 }
 
 void kvs_shim_truncated(struct wt_file *f, int fd, struct kvs_wtok *tok, int ret)
 {
-	int saved = errno;
+	int saved = kvs_shim_in();
 
-	kvs_shim_guard++;
 	kvs_wthru_truncated(kvs_shim_cache, f, fd, tok, ret);
-	kvs_shim_guard--;
-	errno = saved;
+	kvs_shim_out(saved);
 }
 
 void kvs_shim_synced(int fd)
 {
 	if (kvs_shim_guard || !kvs_wthru_busy() || !kvs_shim_is_mapped())
 		return;
-	int saved = errno;
-	kvs_shim_guard++;
+	int saved = kvs_shim_in();
 	kvs_wthru_synced(kvs_shim_cache, fd);
-	kvs_shim_guard--;
-	errno = saved;
+	kvs_shim_out(saved);
 }
 
 void kvs_shim_renamed(int dirfd, const char *path)
 {
 	if (kvs_shim_guard || !kvs_shim_is_mapped() || !kvs_wthru_on())
 		return;
-	int saved = errno;
-	kvs_shim_guard++;
+	int saved = kvs_shim_in();
 	kvs_wthru_renamed(kvs_shim_cache, dirfd, path);
-	kvs_shim_guard--;
-	errno = saved;
+	kvs_shim_out(saved);
 }
 
 /* The region, mapped (created if need be) on first use: what an open on a write-once root
@@ -388,22 +359,18 @@ bool kvs_shim_opening(struct kvs_wonce_open *o, int dirfd, const char *path, int
 	o->on = false;
 	if (kvs_shim_guard || !kvs_fdinfo_any_write_once() || !kvs_shim_on())
 		return false;
-	int saved = errno;
-	kvs_shim_guard++;
+	int saved = kvs_shim_in();
 	bool on = kvs_wonce_opening(o, region_created, dirfd, path, flags);
-	kvs_shim_guard--;
-	errno = saved;
+	kvs_shim_out(saved);
 	return on;
 }
 
 void kvs_shim_opened(const struct kvs_wonce_open *o, int fd)
 {
-	int saved = errno;
+	int saved = kvs_shim_in();
 
-	kvs_shim_guard++;
 	kvs_wonce_opened(o, fd);
-	kvs_shim_guard--;
-	errno = saved;
+	kvs_shim_out(saved);
 }
 
 bool kvs_shim_is_kv(int fd)
@@ -412,11 +379,9 @@ bool kvs_shim_is_kv(int fd)
 
 	if (kvs_shim_guard || fd < 0 || !kvs_shim_on())
 		return false;
-	int saved = errno;
-	kvs_shim_guard++;
+	int saved = kvs_shim_in();
 	bool kv = kvs_fdinfo_get(fd, &fi) == 0 && fi.kv;
-	kvs_shim_guard--;
-	errno = saved;
+	kvs_shim_out(saved);
 	return kv;
 }
 
@@ -464,6 +429,5 @@ void kvs_shim_invalidate(int fd, off_t off, size_t len, bool use_pos, off_t pos_
 		kvs_cache_invalidate(c, &fi.block, (uint64_t)off / S,
 				     ((uint64_t)off + len - 1) / S);
 out:
-	kvs_shim_guard--;
-	errno = saved;
+	kvs_shim_out(saved);
 }

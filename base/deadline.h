@@ -5,21 +5,15 @@
  * timeout too long to add to now (tv_sec up to LONG_MAX) means "wait", as it does to the
  * kernel, glibc and libcufile, never a deadline that wrapped into the past.
  */
-#ifndef KVS_SHIM_DEADLINE_H
-#define KVS_SHIM_DEADLINE_H
+#ifndef KVS_BASE_DEADLINE_H
+#define KVS_BASE_DEADLINE_H
 
 #include <stdint.h>
 #include <time.h>
 
+#include "sys.h" /* kvs_mono_ns */
+
 #define KVS_FOREVER UINT64_MAX
-
-static inline uint64_t kvs_now_ns(void)
-{
-	struct timespec ts;
-
-	clock_gettime(CLOCK_MONOTONIC, &ts);
-	return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
-}
 
 /* The moment a wait of *ts from now ends (KVS_FOREVER for NULL, or one past the clock's
  * range).  ts must be valid: tv_sec >= 0, 0 <= tv_nsec < 1e9 (the caller refuses others as
@@ -30,7 +24,7 @@ static inline uint64_t kvs_deadline_ns(const struct timespec *ts)
 
 	if (!ts)
 		return KVS_FOREVER;
-	now = kvs_now_ns();
+	now = kvs_mono_ns();
 	sec = (uint64_t)ts->tv_sec;
 	if (sec > (KVS_FOREVER - now) / 1000000000ull)
 		return KVS_FOREVER;
