@@ -4,12 +4,12 @@
  * destination.  It sits on top of cache/ and knows nothing of CUDA or of the hooks: a
  * destination is a pair of functions the caller supplies.
  *
- * Threads (design.md §2): the thread that asks does the work.  kvs_loader_read pins, submits
- * its owned storage reads, waits and copies on the calling thread; storage reads complete on
- * the backend's threads, which publish READY or FAILED.  kvs_loader_start is the asynchronous
- * form: the caller pins and submits, a completion thread waits, copies and calls back.  A
- * prefetch thread preallocates or reads ahead the shard after recent reads.  Idle threads
- * sleep.
+ * Threads (docs/design.md, "Threads"): the thread that asks does the work.  kvs_loader_read
+ * pins, submits its owned storage reads, waits and copies on the calling thread; storage reads
+ * complete on the backend's threads, which publish READY or FAILED.  kvs_loader_start is the
+ * asynchronous form: the caller pins and submits, a completion thread waits, copies and calls
+ * back.  A prefetch thread preallocates or reads ahead the shard after recent reads.  Idle
+ * threads sleep.
  */
 #ifndef KVS_LOADER_H
 #define KVS_LOADER_H

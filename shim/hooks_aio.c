@@ -1,5 +1,6 @@
 /*
- * hooks_aio: glibc's POSIX asynchronous I/O, served by the cache (design.md §4, issue 8).
+ * hooks_aio: glibc's POSIX asynchronous I/O, served by the cache (issue 8; docs/design.md,
+ * "POSIX aio (`hooks_aio.c`)").
  *
  * DESIGN.  aio_read (and each LIO_READ entry of lio_listio) that the cache can serve starts in
  * the loader (kvs_shim_read_start) and completes on its completion thread; every other request

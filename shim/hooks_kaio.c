@@ -1,5 +1,5 @@
 /*
- * hooks_kaio: kernel AIO served by the cache (design.md §4, "Asynchronous reads").
+ * hooks_kaio: kernel AIO served by the cache (docs/design.md, "Kernel AIO (`hooks_kaio.c`)").
  *
  * Two doors lead to the same code: libc's syscall() for the io_* numbers (UCM's AIO engine
  * calls it directly) and libaio's io_submit, io_getevents, io_pgetevents, io_cancel and
