@@ -1,5 +1,5 @@
 /*
- * cache: the node-wide shared KV cache (design.md §5).
+ * cache: the node-wide shared KV cache (docs/design.md, "The shared region").
  *
  * One POSIX shared-memory region per node and name holds fixed-size slots, each caching one
  * (block, shard) of a KV file.  Every process that maps the region may pin a key: the first pin

@@ -3,7 +3,7 @@
  *
  * Every process on the node hashes the same identity of the same file to the same id, and a
  * file whose bytes may have changed gets a new id, so stale shards are never found.  Two
- * schemes (design.md, "Keys"):
+ * schemes (docs/design.md, "Keys"):
  *
  *   by change (the default): st_dev, st_ino, st_size, st_mtim, st_ctim.  Any write moves
  *   mtime or ctime, so it moves the id; so does a touch, chmod or rename, which change no

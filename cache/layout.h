@@ -230,7 +230,7 @@ _Static_assert(offsetof(struct kvs_hdr, totals) == 384, "totals on line 6");
 _Static_assert(offsetof(struct kvs_hdr, refused_attaches) == 896, "history on line 14");
 _Static_assert(offsetof(struct kvs_hdr, built_by) == 904, "built_by after refused_attaches");
 _Static_assert(offsetof(struct kvs_hdr, off_seen) == 936, "off_seen after built_by");
-_Static_assert(offsetof(struct kvs_hdr, off_wseq) == 952, "off_wseq last");
+_Static_assert(offsetof(struct kvs_hdr, off_wseq) == 952, "off_wseq last on line 14");
 _Static_assert(offsetof(struct kvs_hdr, pack_lock) == 960, "pack_lock on line 15");
 _Static_assert(offsetof(struct kvs_hdr, off_frames) == 1024, "frames' offset on line 16");
 _Static_assert(offsetof(struct kvs_hdr, page_kind) == 1036, "page kind on line 16");

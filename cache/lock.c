@@ -32,13 +32,13 @@
  * stuck stripe costs every later read nothing but its storage read.  Callers treat -EUCLEAN as
  * "read storage yourself".
  *
- * Holders in other PID namespaces.  Pods that share /dev/shm have PID namespaces of their
- * own (Kubernetes' default), and the TID in glibc's word is a number in the holder's
- * namespace: kill() from another one asks about some other thread, or none.  So each lock has
- * a holder word beside it (stripe.holder, hdr.proc_holder) that names the thread inside by
- * the region's names: (process-table slot + 1) << 16 | a per-thread number of that process
- * (never 0).  The locker writes it right after it has the mutex and clears it right before
- * it unlocks, relaxed (a peek, like the TID's: only its value over whole slices matters).  A
+ * Holders in other PID namespaces.  Pods that share /dev/shm have PID namespaces of their own
+ * (Kubernetes' default), and the TID in glibc's word is a number in the holder's namespace:
+ * kill() from another one asks about some other thread, or none.  So each lock has a holder
+ * word beside it (stripe.holder, hdr.proc_holder, hdr.pack_holder) that names the thread inside
+ * by the region's names: (process-table slot + 1) << 16 | a per-thread number of that process
+ * (never 0).  The locker writes it right after it has the mutex and clears it right before it
+ * unlocks, relaxed (a peek, like the TID's: only its value over whole slices matters).  A
  * waiter that finds the lock word steady for two slices asks the holder word first:
  *   - it names another process's slot: the holder is gone if that slot's liveness lock (an
  *     OFD lock on the region file, proc.c) is free; the kernel's file locks answer alike in

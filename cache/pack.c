@@ -10,10 +10,11 @@
  * held for a few stores and never with a stripe.  While a frame is open, every slot record of
  * it not yet cut is CLAIMED by KVS_PACK_OWNER, a claimer that is no process: the sweep passes
  * over a frame with a claimed slot (evict.c), so the open frame is never evicted, and no
- * reclaim frees those records.  Cutting a slot: under the lock, store its at and room, then
- * CAS its state from CLAIMED-by-pack to CLAIMED-by-us, then advance next and fill.  From then
- * on the slot is an ordinary claim of ours, hashed by the caller as any allocation
- * (lookup_or_insert in slot.c, or a stage).
+ * reclaim frees those records.  Cutting a slot: under the lock, CAS its state from
+ * CLAIMED-by-pack to CLAIMED-by-us, then store its at and room (nobody reads them before the
+ * caller's insert hashes the slot), then advance next and fill.  From then on the slot is an
+ * ordinary claim of ours, hashed by the caller as any allocation (lookup_or_insert in slot.c,
+ * or a stage).
  *
  * When the open frame has no record or no pages left for a request, the allocator takes a new
  * frame from the sweep (kvs_evict_frame, every slot CLAIMED by it; without the lock, since the

@@ -1,7 +1,9 @@
 /*
  * params: what the cache needs to know to open or build a region, and nothing else.  cache/
- * takes these instead of the whole configuration, so that it depends on no other module;
- * cache/cache_params.h fills them from a struct kvs_config.
+ * takes these instead of the whole configuration (cache/cache_params.h fills them from a
+ * struct kvs_config), so that of config/ it needs only the enums of config.h (eviction, wait
+ * mode, populate, huge pages, NUMA, on-mismatch) and kvs_config_numa_word, the name of a
+ * placement; cache/CMakeLists.txt links kvs_config for them.
  */
 #ifndef KVS_CACHE_PARAMS_H
 #define KVS_CACHE_PARAMS_H

@@ -11,10 +11,12 @@
  * Loading writes into the caller's struct as it goes and, on the first error, overwrites it
  * with the defaults and shim_enable = false: the caller never sees a half-applied file.
  *
- * The file is read with open()/read() rather than stdio because, inside the LD_PRELOAD shim,
- * fopen()/fread() are interposed; the bytes reach inih through a reader callback, which hands
- * it one line per call so that the reader's count is the line number of the key being handled
- * (the installed ini.h declares handlers without a line number).
+ * The file is read with base/raw.h's kvs_sys_open, kvs_sys_read and kvs_sys_close, not with
+ * stdio nor libc's open/read/close: inside the LD_PRELOAD shim all of those names (fopen, fread,
+ * open, read, close) are the shim's own hooks (scripts/check_layers.sh keeps config/ off
+ * them).  The bytes reach inih through a reader callback, which hands it one line per call so
+ * that the reader's count is the line number of the key being handled (the installed ini.h
+ * declares handlers without a line number).
  *
  * Concurrency: no mutable state outside the caller's struct and the stack, except inih's own
  * knobs.  Debian's libinih turns inih's compile-time options into global variables; they are

@@ -4,12 +4,12 @@
  * destination.  It sits on top of cache/ and knows nothing of CUDA or of the hooks: a
  * destination is a pair of functions the caller supplies.
  *
- * Threads (design.md §2): the thread that asks does the work.  kvs_loader_read pins, submits
- * its owned storage reads, waits and copies on the calling thread; storage reads complete on
- * the backend's threads, which publish READY or FAILED.  kvs_loader_start is the asynchronous
- * form: the caller pins and submits, a completion thread waits, copies and calls back.  A
- * prefetch thread preallocates or reads ahead the shard after recent reads.  Idle threads
- * sleep.
+ * Threads (docs/design.md, "Threads"): the thread that asks does the work.  kvs_loader_read
+ * pins, submits its owned storage reads, waits and copies on the calling thread; storage reads
+ * complete on the backend's threads, which publish READY or FAILED.  kvs_loader_start is the
+ * asynchronous form: the caller pins and submits, a completion thread waits, copies and calls
+ * back.  A prefetch thread preallocates or reads ahead the shard after recent reads.  Idle
+ * threads sleep.
  */
 #ifndef KVS_LOADER_H
 #define KVS_LOADER_H
@@ -146,9 +146,12 @@ int kvs_loader_start(struct kvs_loader *ld, struct kvs_task *t, const struct kvs
 /*
  * For a caller that copies from the slots itself, in an order of its own (cuFileReadAsync: the
  * copies go on the program's stream).  kvs_loader_pin pins the shards of rd, which must span at
- * most KVS_TASK_OPS, and starts the storage reads this process owns; -ENOSPC (nothing held)
- * when one cannot be pinned, -E2BIG for a longer read.  kvs_loader_op gives op i's bytes: src
- * in the region (valid until kvs_loader_unpin), pos in the request, len.  kvs_loader_settle
+ * most KVS_TASK_OPS, and starts the storage reads this process owns.  Nothing is held after
+ * an error: -E2BIG for a longer read, -EINVAL when rd asks for nothing (no bytes, or at or past
+ * the end of the file), -EOVERFLOW for a length past INT64_MAX / 2, and when a shard cannot be
+ * pinned, the pin's error (-ENOSPC, -ENOBUFS, -EUCLEAN: kvs_cache_pin_load) or -ENOSPC.
+ * kvs_loader_op gives op i's bytes: src in the region (valid until kvs_loader_unpin), pos in
+ * the request, len.  kvs_loader_settle
  * waits until every op is READY, reading from storage into the slot a shard whose load failed
  * (the pin keeps the slot ours); it may block for as long as storage takes and calls no
  * malloc; returns 0 or -errno (the slots' bytes are then not the file's).  kvs_loader_unpin

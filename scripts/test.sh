@@ -10,6 +10,9 @@ root=$(cd "$(dirname "$0")/.." && pwd)
 build=${1:-$root/build-test}
 
 bash "$root/scripts/deps.sh"
+# The docs name what is there (needs no build): every reference to a design.md section in the
+# code names a heading that exists, and the module table names every file of the product.
+bash "$root/scripts/check_refs.sh"
 
 # Regions that test processes left in /dev/shm when a case failed or was killed (named
 # <suite>.<pid>.<time>.<n>): remove those whose process is gone.

@@ -1,8 +1,9 @@
 /*
- * cufile: the interposed cuFile calls (design.md §4, cuFile).  The hooks are exported under
- * libcufile's own names, for programs that link it (NEEDED), and answered by the shim's dlsym
- * for programs that dlopen it (kvs_cufile_dlsym).  Reads the cache can serve are served;
- * everything else, and every failure inside the shim, goes to the real libcufile.
+ * cufile: the interposed cuFile calls (docs/design.md, "The GPU path: cuFile, dlsym and device
+ * copies").  The hooks are exported under libcufile's own names, for programs that link it
+ * (NEEDED), and answered by the shim's dlsym for programs that dlopen it (kvs_cufile_dlsym).
+ * Reads the cache can serve are served; everything else, and every failure inside the shim,
+ * goes to the real libcufile.
  */
 #ifndef KVS_SHIM_CUFILE_H
 #define KVS_SHIM_CUFILE_H

@@ -1,5 +1,5 @@
 /*
- * cufile_batch: cuFile's batch calls over a mixed batch (design.md §4, cuFile).
+ * cufile_batch: cuFile's batch calls over a mixed batch (docs/design.md, "Batches").
  *
  * DESIGN.  The caller's batch handle is the real library's; the shim keeps, per handle, a
  * struct batch with one entry per slot of the batch (cuFileBatchIOSetUp's nr).  Submit splits

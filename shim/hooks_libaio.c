@@ -1,5 +1,5 @@
 /*
- * hooks_libaio: kernel AIO served by the cache (design.md §4, "Asynchronous reads").
+ * hooks_libaio: kernel AIO served by the cache (docs/design.md, "Kernel AIO (`hooks_libaio.c`)").
  *
  * Two doors lead to the same code: libc's syscall() for the io_* numbers (UCM's AIO engine
  * calls it directly; hooks_syscall.c sends them to kvs_libaio_syscall) and libaio's io_submit,
@@ -7,7 +7,11 @@
  * engine).  Internally every function returns
  * -errno, as libaio does; syscall() turns that into -1 and errno.  The kernel part of a call
  * goes to libaio's real function when the caller came through libaio and it can be found,
- * else to the raw system call (which is all libaio does).
+ * else to the raw system call (which is all libaio does).  libc's syscall() is the shim's for
+ * every number (its hook, at the end of this file): the io_uring numbers go on to
+ * hooks_uring.c, the timestamp numbers to touch.h, the numbers that change a file's bytes are
+ * followed as a change (changing), a descriptor closed or replaced is told to fdinfo, and every
+ * other number goes straight to the kernel (kvs_raw6, base/raw.h).
  *
  * DESIGN.  Per io context (aio_context_t) the shim keeps a struct kctx, made at the first
  * io_submit on it.  io_submit walks the iocbs in order: a read the cache takes

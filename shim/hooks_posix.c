@@ -1,5 +1,6 @@
 /*
- * hooks_posix: the interposed POSIX read and write family (design.md §4).
+ * hooks_posix: the interposed POSIX read and write family (docs/design.md, "One read, step by
+ * step" and "Write-through: what a writer saves is kept").
  *
  * Each read hook asks kvs_shim_wants() (one branch once initialised) and, for a candidate,
  * kvs_shim_read(); anything it declines goes to the real function, which then sets errno and

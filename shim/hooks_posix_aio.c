@@ -1,18 +1,19 @@
 /*
- * hooks_posix_aio: glibc's POSIX asynchronous I/O, served by the cache (design.md §4, issue 8).
+ * hooks_posix_aio: glibc's POSIX asynchronous I/O, served by the cache (issue 8; docs/design.md,
+ * "POSIX aio (`hooks_posix_aio.c`)").
  *
  * DESIGN.  aio_read (and each LIO_READ entry of lio_listio) that the cache can serve starts in
  * the loader (kvs_shim_read_start) and completes on its completion thread; every other request
  * goes to glibc's own aio and stays glibc's (a write to a KV file is first invalidated and
- * noted for write-through, below: "Writes").  The shim keeps a table of the served
- * requests *in flight* only, keyed by the caller's aiocb.  At completion it writes the result
- * into the aiocb's own __return_value and __error_code, exactly the two fields glibc's
- * completion writes and glibc's aio_error and aio_return read, then removes the request from
- * the table.  From then on the aiocb is indistinguishable from one glibc completed: aio_error,
- * aio_return, aio_suspend and aio_cancel on it go to glibc and answer right (0 at once,
- * AIO_ALLDONE), and nothing is left behind for a caller that never calls aio_return.  The
- * table so answers one question, "is this aiocb a served read still running?", and the hooks
- * ask it only while any served read is running (inflight, read without the lock).
+ * noted for write-through, below: "Writes", in a table of its own, wtable).  The shim keeps a
+ * table of the served requests *in flight* only, keyed by the caller's aiocb.  At completion it
+ * writes the result into the aiocb's own __return_value and __error_code, exactly the two
+ * fields glibc's completion writes and glibc's aio_error and aio_return read, then removes the
+ * request from the table.  From then on the aiocb is indistinguishable from one glibc
+ * completed: aio_error, aio_return, aio_suspend and aio_cancel on it go to glibc and answer
+ * right (0 at once, AIO_ALLDONE), and nothing is left behind for a caller that never calls
+ * aio_return.  The table so answers one question, "is this aiocb a served read still running?",
+ * and the hooks ask it only while any served read is running (inflight, read without the lock).
  *
  * A served read whose load fails is read with the real pread on the completion thread, so it
  * completes as it would have.  Notification (the aiocb's sigevent, copied at submission, and
@@ -26,15 +27,16 @@
  * and the real part as one (glibc tells us with a SIGEV_THREAD of ours when its part is done).
  * LIO_WAIT waits for the real part in the real call, then for the served entries on cond.
  *
- * Locks: mu guards the table, every group's fields and inflight's writes; cond is broadcast
- * on every served completion (aio_suspend and LIO_WAIT wait on it).  mu is never held across
- * a call into glibc's aio, the loader or a notification.  inflight is read without mu by the
- * hooks' fast path: a served request is in the table (inflight > 0, store under mu) before
- * aio_read returns, so a caller that asks about its own aiocb after submitting sees it.  mu is
- * taken only with the shim's guard held (lock_mu), by every thread, and aio_error, aio_return,
- * aio_suspend and close (async-signal-safe) do nothing but the real call inside the shim, so
- * a signal handler never waits for mu held by the thread it interrupted; they allocate
- * nothing (the write notes' pool, aio_suspend's list on the stack or mapped).
+ * Locks: mu guards both tables (and the write notes' pool), every group's fields and inflight's
+ * writes; cond is broadcast on every served completion (aio_suspend and LIO_WAIT wait on it).
+ * mu is never held across a call into glibc's aio, the loader or a notification.  inflight is
+ * read without mu by the hooks' fast path: a served request is in the table (inflight > 0,
+ * store under mu) before aio_read returns, so a caller that asks about its own aiocb after
+ * submitting sees it.  mu is taken only with the shim's guard held (lock_mu), by every thread,
+ * and aio_error, aio_return, aio_suspend and close (async-signal-safe) do nothing but the real
+ * call inside the shim, so a signal handler never waits for mu held by the thread it
+ * interrupted; they allocate nothing (the write notes' pool, aio_suspend's list on the stack or
+ * mapped).
  */
 #include <aio.h>
 #include <dlfcn.h>

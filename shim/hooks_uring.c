@@ -13,9 +13,9 @@
  *     bundled liburing or Debian's.  The real function is the caller's liburing (the library
  *     its own lookup scope finds: a plugin's private liburing too), never the shim's own copy,
  *     which is renamed (CMakeLists.txt).
- *   - libc's syscall() (hooks_syscall.c calls kvs_uring_setup_done,
- *     kvs_uring_enter and kvs_uring_register): io_uring_setup gives the ring's
- *     offsets, the mmap hook gives where its SQ ring and SQE array are mapped, and
+ *   - libc's syscall() (hooks_syscall.c calls kvs_uring_setup_done, kvs_uring_enter and
+ *     kvs_uring_register): io_uring_setup gives the ring's offsets, the mmap hook gives where
+ *     its SQ ring and SQE array are mapped (kvs_uring_mapped), and
  *     io_uring_enter(fd, to_submit) names the entries [*khead, *khead + to_submit) (fio's own
  *     io_uring code).
  * A ring mapped through mmap() whose setup the shim did not see is said once at info: its
@@ -45,8 +45,9 @@
  * counted in unserved_io_uring too, without a line of its own (declined).
  *
  * Threads.  tables_mu guards the ring and file tables; it is never held across a read or a
- * call into liburing or the kernel.  A submission's reads complete on the loader's completion
- * thread, which signals the batch's condition variable.
+ * call into liburing, and across one kind of system call only: files_set fstats each file it
+ * records (its identity), under the lock.  A submission's reads complete on the loader's
+ * completion thread, which signals the batch's condition variable.
  */
 #include <dlfcn.h>
 #include <errno.h>
@@ -293,7 +294,8 @@ static void files_unknown(int ring_fd)
 /* ------------------------------------------------------------------ the kernel's NOP */
 
 /* Does this kernel complete IORING_OP_NOP with IORING_NOP_INJECT_RESULT's result?  Asked once
- * of a ring of the shim's own, with raw system calls. */
+ * of a ring of the shim's own, through libc's syscall() and mmap(): they come back to the
+ * shim's hooks, which ignore this thread's ring calls while probing is raised. */
 static bool probe_inject(void)
 {
 	struct io_uring_params p;

@@ -1,14 +1,17 @@
 /*
- * shim: the interposer's state and its one decision, "serve this read from the cache or make
- * the real call".  The hooks (hooks_posix.c) are thin wrappers over kvs_shim_read (and
- * kvs_shim_readv), kvs_shim_write_before and kvs_shim_write_after, and the change, close and
- * rename calls below.
+ * shim: what the hooks call.  The hooks (hooks_*.c, cufile*.c) are thin wrappers over this
+ * contract: the read decision, "serve this read from the cache or make the real call"
+ * (kvs_shim_read and kvs_shim_readv in serve.c; the asynchronous and cuFile forms in
+ * serve_async.c and serve_stream.c), the notes of what is passed through (unserved.c), and
+ * the write side: writes, changes, closes and renames (writes.c).
  *
  * Life of a process: nothing happens at load time.  The first hooked call loads the
- * configuration (pthread_once); the first cacheable read maps the region, attaches and starts
- * the loader.  After fork the child forgets the parent's mapping and threads and starts over
- * lazily.  A per-thread guard makes every libc call the shim itself makes go straight to the
- * real function.
+ * configuration (attach.c: one thread initialises, the others make the real call meanwhile);
+ * the first cacheable read maps the region, attaches and starts the loader.  After fork the
+ * child forgets the parent's mapping and threads and starts over lazily.  The shim's own code
+ * calls no name it exports (base/raw.h; scripts/check_layers.sh).  A per-thread guard, raised
+ * while it runs, sends a hook entered on the same thread meanwhile (a signal handler, or
+ * libcufile or the CUDA driver calling a hooked name) straight to the real function.
  */
 #ifndef KVS_SHIM_H
 #define KVS_SHIM_H
@@ -36,7 +39,7 @@
  * a signal handler is served.  The attach itself maps the region, allocates the loader and
  * starts its threads (malloc, pthread_create): not async-signal-safe.  A process whose first
  * cacheable read comes from a signal handler that interrupted malloc or pthread_create on the
- * same thread can deadlock there (design.md, Limitations).
+ * same thread can deadlock there (docs/design.md, "Known limitations").
  */
 ssize_t kvs_shim_read(int fd, const struct iovec *iov, int iovcnt, off_t off, bool use_pos);
 
@@ -271,7 +274,8 @@ struct kvs_cache *kvs_shim_region(bool create);
  * such a hook may take beyond it is taken only between kvs_shim_hold and kvs_shim_drop, by
  * every thread: so a hook that is not inside never waits for a lock its own thread holds, and
  * none of them allocates or frees memory.  What is not async-signal-safe is said where it is
- * (the first attach and the first write-through of a process: design.md, Limitations).
+ * (the first attach and the first write-through of a process: docs/design.md, "Known
+ * limitations").
  */
 bool kvs_shim_inside(void);
 void kvs_shim_hold(void);

@@ -192,7 +192,8 @@ static bool pools_locked(void)
 		return !pools_failed;
 	size_t fl = KVS_WT_FILES * sizeof(struct wt_file);
 	size_t cl = KVS_WT_CHUNKS * sizeof(struct wt_chunk);
-	char *p = kvs_sys_mmap(NULL, fl + cl, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+	char *p =
+	    kvs_sys_mmap(NULL, fl + cl, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
 
 	if (p == MAP_FAILED) {
 		pools_failed = true;
@@ -421,7 +422,7 @@ static bool safe_copy(void *dst, const void *src, size_t n)
 	return false;
 }
 
-/* Copy the op's bytes [from, to) of the request into their staged slots. */
+/* Copy the op's bytes [0, to) of the request into their staged slots. */
 static void copy_op(struct kvs_cache *c, struct kvs_wthru_op *op, uint64_t to)
 {
 	if (op->src_copy) {

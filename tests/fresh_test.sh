@@ -95,8 +95,8 @@ backend=$(totals backend_bytes)
 asked=$(echo "$out" | sed -n 's/.* \([0-9]*\) bytes asked.*/\1/p')
 kernel=$(storage_of "$out")
 # The 12 KiB headers are shorter than files.min_read: read by the kernel, and counted but for
-# each rank's first (read before the rank has mapped the region: design.md, the small-read
-# rule).
+# each rank's first (read before the rank has mapped the region: the small-read rule of
+# docs/design.md, "What the shim does not serve, and how it says so").
 small=$(($(totals unserved_small) - small0))
 if [ $st -ne 0 ] || [ -z "$asked" ]; then
 	fail "unaligned reads of a fresh store: $(head -c 300 "$work/err")"

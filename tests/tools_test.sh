@@ -7,8 +7,8 @@
 # made by tests/mkregion.c, with KVSHIM_CONFIG= (no file) and every other KVSHIM_* variable
 # cleared, and checks: usage and exit statuses; `config` lists every key of config/keys.def and
 # `--explain` names the sources (default, env, file); a bad value exits 1 with one stderr line;
-# `stat` on an absent region; `stat --json` is one valid object with every key of design.md §7
-# and totals carried over from exited processes; `stat --prom` is well-formed exposition text;
+# `stat` on an absent region; `stat --json` is one valid object with every key of
+# docs/design.md, "Counters" and totals carried over from exited processes; `stat --prom` is well-formed exposition text;
 # `stat --watch` repeats and ends with status 0 on SIGINT; the text form has the headline
 # (served, from storage, sharing factor) and human units, and with --watch timestamps and
 # rates; `exporter` on port 0 serves GET /metrics of several regions (one absent) to a real

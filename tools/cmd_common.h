@@ -1,5 +1,6 @@
 /*
- * The kvshim command's subcommands (design.md §7) and the helpers they share.
+ * The kvshim command's subcommands (docs/operations.md, "The `kvshim` command") and the
+ * helpers they share.
  *
  * Each cmd_<name>() is the main() of one subcommand: argv[0] is the subcommand's name, the
  * options follow, and the return value is the process exit status (0 success, 1 failure,

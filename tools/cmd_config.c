@@ -1,5 +1,5 @@
 /*
- * kvshim config [--explain | --sample]: print the effective configuration (design.md §6), one
+ * kvshim config [--explain | --sample]: print the effective configuration (docs/config.md), one
  * "section.key = value" line per key; --explain adds each key's default, where its value came
  * from (default, file PATH:LINE, env VAR) and its help text.  --sample prints a commented INI
  * file with every key and its default instead (the installed share/kvshim/kvshim.ini); it

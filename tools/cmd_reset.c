@@ -1,5 +1,6 @@
 /*
- * kvshim reset [--force]: remove the region the configuration names (design.md §5).
+ * kvshim reset [--force]: remove the region the configuration names (docs/design.md, "Where
+ * and how it is published").
  *
  * Processes attached to it hold a liveness lock on its file; reset refuses while any does,
  * unless --force.  Forced or not, unlinking leaves existing mappings intact: processes still

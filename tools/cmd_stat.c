@@ -1,5 +1,5 @@
 /*
- * kvshim stat [--json | --prom] [--watch SEC]: the region's figures (design.md §7).
+ * kvshim stat [--json | --prom] [--watch SEC]: the region's figures (docs/design.md, "Counters").
  *
  * Each snapshot maps the region named by the configuration as a watcher (snapshot.c:
  * KVS_OPEN_WATCH, the control plane only, no process-table slot, no liveness lock), reads the

@@ -1,5 +1,5 @@
 /*
- * kvshim: the operator's command (design.md §7).
+ * kvshim: the operator's command (docs/operations.md, "The `kvshim` command").
  *
  *   kvshim check [--config FILE]                  check the configuration and the node
  *   kvshim run [--config FILE] [--strict] -- CMD [ARGS...]   run CMD with the shim preloaded
