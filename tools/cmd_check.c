@@ -48,6 +48,7 @@
 #include "cmd_common.h"
 #include "cache_params.h"
 #include "config.h"
+#include "hints.h"
 
 static const char usage[] =
     "usage: kvshim check [--config FILE]\n"

@@ -12,6 +12,7 @@
 
 #include "cmd_common.h"
 #include "config.h"
+#include "print.h"
 
 static const char usage[] =
     "usage: kvshim config [--explain | --sample]\n"

@@ -35,6 +35,7 @@
 #include "cache_params.h"
 #include "config.h"
 #include "snapshot.h"
+#include "value.h"
 
 enum format { FMT_TEXT, FMT_JSON, FMT_PROM };
 
