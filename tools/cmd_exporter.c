@@ -39,7 +39,8 @@ struct exporter {
 	struct kvs_config *cfg; /* the configuration; cache_name is set for each region read */
 	char **names;		/* --region names, or NULL: every region of this user */
 	int nnames;
-	char *last_errs; /* the regions' errors last reported, so each is printed once */
+	char *last_errs;	 /* the regions' errors last reported, so each is printed once */
+	const char *listen_spec; /* --listen */
 };
 
 /* Print the one line that says where fd listens: "listening on http://ADDR:PORT/metrics". */
@@ -195,6 +196,27 @@ static int add_name(struct exporter *ex, const char *name)
 	return 0;
 }
 
+/* --listen ADDR:PORT, --region NAME (repeatable). */
+static int on_opt(void *arg, int opt, const char *optarg)
+{
+	struct exporter *ex = arg;
+
+	if (opt == 'l') {
+		ex->listen_spec = optarg;
+		return 0;
+	}
+	if (!tool_region_name_ok(optarg)) {
+		tool_err("exporter: --region %s: not a region name (allowed: A-Z a-z 0-9 . _ -)",
+			 optarg);
+		return KVS_EXIT_USAGE;
+	}
+	if (add_name(ex, optarg)) {
+		tool_err("out of memory");
+		return KVS_EXIT_FAIL;
+	}
+	return 0;
+}
+
 int cmd_exporter(int argc, char **argv)
 {
 	static const struct option opts[] = {
@@ -203,45 +225,20 @@ int cmd_exporter(int argc, char **argv)
 	    {"help", no_argument, NULL, 'h'},
 	    {NULL, 0, NULL, 0},
 	};
-	char msg[KVS_CONFIG_MSG_MAX];
 	struct exporter ex = {0};
-	const char *listen_spec = NULL;
-	int opt, lfd = -1, status = KVS_EXIT_USAGE;
+	const struct tool_cmdline cl = {.cmd = "exporter",
+					.usage = usage,
+					.optstring = "+:l:r:h",
+					.opts = opts,
+					.on_opt = on_opt,
+					.arg = &ex};
+	char msg[KVS_CONFIG_MSG_MAX];
+	int lfd = -1, status = tool_parse_cmdline(&cl, argc, argv);
 
-	opterr = 0;
-	while ((opt = getopt_long(argc, argv, "+:l:r:h", opts, NULL)) != -1) {
-		switch (opt) {
-		case 'l':
-			listen_spec = optarg;
-			break;
-		case 'r':
-			if (!tool_region_name_ok(optarg)) {
-				tool_err("exporter: --region %s: not a region name (allowed: "
-					 "A-Z a-z 0-9 . _ -)",
-					 optarg);
-				goto out;
-			}
-			if (add_name(&ex, optarg)) {
-				tool_err("out of memory");
-				status = KVS_EXIT_FAIL;
-				goto out;
-			}
-			break;
-		case 'h':
-			fputs(usage, stdout);
-			status = KVS_EXIT_OK;
-			goto out;
-		default:
-			status = tool_bad_option("exporter", opt, argv, usage);
-			goto out;
-		}
-	}
-	if (optind < argc) {
-		tool_err("exporter: unexpected argument %s", argv[optind]);
-		fputs(usage, stderr);
+	if (status != TOOL_GO_ON)
 		goto out;
-	}
-	if (!listen_spec) {
+	status = KVS_EXIT_USAGE;
+	if (!ex.listen_spec) {
 		tool_err("exporter: --listen ADDR:PORT is required");
 		fputs(usage, stderr);
 		goto out;
@@ -249,7 +246,7 @@ int cmd_exporter(int argc, char **argv)
 	status = KVS_EXIT_FAIL;
 	if (tool_load_config(&ex.cfg))
 		goto out;
-	lfd = tool_http_listen(listen_spec, msg, sizeof(msg));
+	lfd = tool_http_listen(ex.listen_spec, msg, sizeof(msg));
 	if (lfd < 0) {
 		tool_err("exporter: %s", msg);
 		goto out;
