@@ -154,6 +154,7 @@
 #include "internal.h"
 #include "raw.h"
 #include "sys.h"
+#include "value.h"
 
 /* capacity = auto refuses a region of fewer slots than this. */
 #define KVS_AUTO_MIN_SLOTS 8u

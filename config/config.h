@@ -7,7 +7,12 @@
  * input the result is the defaults with shim_enable = false, and one line of diagnostic.
  *
  * This module never prints, never exits and calls no hooked function on a path that could
- * recurse into the shim without the caller's guard (it reads the file with open/read).
+ * recurse into the shim without the caller's guard (it reads the file through base/raw.h).
+ *
+ * The rest of config/, one header per concern: value.h (values as text: the size and boolean
+ * parsers, the words of the enums), and for the tools only, in the kvs_config_tools library that
+ * libkvshim.so does not link, print.h (the listing, --explain, the sample file) and hints.h
+ * (known names, near misses, suggested fixes).  keytab.h is config/'s private key table.
  */
 #ifndef KVS_CONFIG_H
 #define KVS_CONFIG_H
@@ -15,7 +20,6 @@
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
-#include <stdio.h>
 
 #define KVS_CONFIG_STR_MAX  4096
 #define KVS_CONFIG_LINE_MAX 4096 /* longer INI lines are refused */
@@ -102,49 +106,5 @@ void kvs_config_defaults(struct kvs_config *cfg);
  */
 int kvs_config_load(struct kvs_config *cfg, const char *path, char *const *envp, char *msg,
 		    size_t msglen);
-
-/* Print "section.key = value" for every key, one per line; with explain, add the default,
- * the source ("default", "file PATH:LINE", "env VAR") and the help text. Returns 0 or -errno. */
-int kvs_config_print(const struct kvs_config *cfg, FILE *out, bool explain);
-
-/* Parse helpers shared with the tools: return 0 or -EINVAL. */
-int kvs_parse_size(const char *s, uint64_t *out);
-int kvs_parse_bool(const char *s, bool *out);
-
-/*
- * Names, for `kvshim check` and the launcher.
- *
- * kvs_config_env_known: whether the environment variable name (len bytes, no '=') is one that
- * kvshim reads: a KVSHIM_<SECTION>_<KEY> of keys.def, KVSHIM_CONFIG, KVSHIM_ENABLE,
- * KVSHIM_LIBRARY, or the tests' KVSHIM_TEST_*.
- *
- * kvs_config_near: the known name nearest to name, a misspelt one, into out (outlen bytes).
- * An environment name ("KVSHIM_FILE_ROOTS", any case) is answered with an environment name
- * ("KVSHIM_FILES_ROOTS"); a dotted one ("file.roots", or a key in the wrong section such as
- * "files.shard_size") with section.key ("cache.shard_size").  A name that ends in a known key
- * after its separator counts as near, whatever its section.  Returns the distance (0 means
- * the name is known exactly, ASCII case aside), or -ENOENT when nothing is near enough.
- *
- * kvs_config_env_suspect: whether the variable name (len bytes) looks meant for kvshim but
- * is not known: it starts with KVSHIM (any case) or is near a known name.
- *
- * kvs_config_hint: a suggested fix for msg, an error of kvs_config_load, into hint: for an
- * unknown key or section the nearest known name ("did you mean cache.shard_size?", "put it
- * under [cache]"), else a pointer to `kvshim config --explain`.  Never fails.
- */
-bool kvs_config_env_known(const char *name, size_t len);
-int kvs_config_near(const char *name, char *out, size_t outlen);
-bool kvs_config_env_suspect(const char *name, size_t len);
-void kvs_config_hint(const char *msg, char *hint, size_t len);
-
-/* Print a sample INI file: every key of keys.def under its section, commented out with its
- * default and help text, so that uncommenting a line sets that key.  Returns 0 or -EIO. */
-int kvs_config_sample(FILE *out);
-
-/* The cache.populate word of mode (enum kvs_populate); "lazy" for a value it does not know. */
-const char *kvs_config_populate_word(uint32_t mode);
-
-/* The cache.numa word of a policy (enum kvs_numa); "off" for a value it does not know. */
-const char *kvs_config_numa_word(uint32_t numa);
 
 #endif

@@ -3,7 +3,8 @@
 # loader/ or gpu/, nor of the shim's internals (every shim/ file but the hooks: hooks_*.c,
 # cufile*.c, dlsym*), names a function that shim/exports.map exports (close, fcntl, mmap,
 # read, syscall, ...).  Inside libkvshim.so such a call binds to the shim's own hook; they make
-# their system calls through base/raw.h instead.  Run by scripts/test.sh after the build.
+# their system calls through base/raw.h instead.  Nor does the shim carry the tools' half of
+# config/ (kvs_config_tools).  Run by scripts/test.sh after the build.
 #   check_layers.sh BUILD_DIR
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
@@ -42,5 +43,18 @@ for o in "$build"/shim/CMakeFiles/kvshim.dir/*.o; do
 	done
 done
 [ $internals -gt 0 ] || { echo "check_layers: no object of the shim's internals in $build" >&2; exit 2; }
-[ $bad = 0 ] && echo "check_layers: no library under the shim calls a name it exports"
+# The tools' half of config/ (printing, --explain, the sample file, name hints) stays out of
+# the shim: no function that config/libkvs_config_tools.a defines is in libkvshim.so.
+tools_lib=$build/config/libkvs_config_tools.a
+shim_so=$build/shim/libkvshim.so
+for f in "$tools_lib" "$shim_so"; do
+	[ -f "$f" ] || { echo "check_layers: $f is missing" >&2; exit 2; }
+done
+tool_names=$(nm -g --defined-only "$tools_lib" | awk 'NF == 3 && $2 == "T" { print $3 }' | sort -u)
+[ -n "$tool_names" ] || { echo "check_layers: no function in $tools_lib" >&2; exit 2; }
+for name in $(nm "$shim_so" | awk 'NF == 3 { print $3 }' | sort -u | comm -12 - <(echo "$tool_names")); do
+	echo "check_layers: libkvshim.so holds $name, tool-only code (config/kvs_config_tools)"
+	bad=1
+done
+[ $bad = 0 ] && echo "check_layers: no library under the shim calls a name it exports; no tool-only code in it"
 exit $bad

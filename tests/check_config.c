@@ -14,6 +14,8 @@
 #endif
 
 #include "config.h"
+#include "print.h"
+#include "value.h"
 
 #include <check.h>
 #include <errno.h>

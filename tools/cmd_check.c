@@ -48,6 +48,7 @@
 #include "cmd_common.h"
 #include "cache_params.h"
 #include "config.h"
+#include "hints.h"
 
 static const char usage[] =
     "usage: kvshim check [--config FILE]\n"
@@ -742,28 +743,13 @@ int cmd_check(int argc, char **argv)
 	    {"help", no_argument, NULL, 'h'},
 	    {NULL, 0, NULL, 0},
 	};
+	const struct tool_cmdline cl = {
+	    .cmd = "check", .usage = usage, .optstring = "+:c:h", .opts = opts, .use_config = true};
 	bool config_ok;
-	int opt, n;
+	int n = tool_parse_cmdline(&cl, argc, argv);
 
-	opterr = 0;
-	while ((opt = getopt_long(argc, argv, "+:c:h", opts, NULL)) != -1) {
-		switch (opt) {
-		case 'c':
-			if (tool_use_config(optarg))
-				return KVS_EXIT_FAIL;
-			break;
-		case 'h':
-			fputs(usage, stdout);
-			return KVS_EXIT_OK;
-		default:
-			return tool_bad_option("check", opt, argv, usage);
-		}
-	}
-	if (optind < argc) {
-		tool_err("check: unexpected argument %s", argv[optind]);
-		fputs(usage, stderr);
-		return KVS_EXIT_USAGE;
-	}
+	if (n != TOOL_GO_ON)
+		return n;
 	n = tool_check(false, true, &config_ok);
 	if (n)
 		printf("%d problem%s found\n", n, n == 1 ? "" : "s");

@@ -10,13 +10,17 @@
 #ifndef KVS_TOOLS_CMD_COMMON_H
 #define KVS_TOOLS_CMD_COMMON_H
 
+#include <limits.h>
 #include <signal.h>
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 #include <stdio.h>
 
-struct kvs_config;
+#include "config.h" /* KVS_CONFIG_STR_MAX */
+#include "params.h" /* struct kvs_cache_params */
+
+struct option;
 
 #define KVS_EXIT_OK    0
 #define KVS_EXIT_FAIL  1
@@ -51,17 +55,47 @@ const char *tool_human_bytes(uint64_t v, char *buf, size_t len);
 /* Print "kvshim: " and the formatted message and a newline on stderr. */
 void tool_err(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 
-/* Report a getopt_long failure of subcommand cmd (the option at argv[optind - 1]), then
- * print usage on stderr; returns KVS_EXIT_USAGE. */
-int tool_bad_option(const char *cmd, int opt, char **argv, const char *usage);
+/*
+ * A subcommand's command line, for tool_parse_cmdline (cmdline.c).  optstring and opts are
+ * getopt_long's (optstring starts with "+:": stop at the first operand, report a missing
+ * argument as ':').  -h/--help prints usage on stdout and ends with KVS_EXIT_OK; with
+ * use_config, -c/--config FILE names the configuration file (KVSHIM_CONFIG) for
+ * tool_load_config.  Every other option goes to on_opt(arg, opt, optarg), which returns 0 to
+ * go on or an exit status to end with (having said why).  need: NULL when the subcommand takes
+ * no operand ("CMD: unexpected argument X"), else what to say when none is given ("no file
+ * named").  Each usage error prints "kvshim: CMD: ..." and then usage on stderr.
+ */
+struct tool_cmdline {
+	const char *cmd;
+	const char *usage;
+	const char *optstring;
+	const struct option *opts;
+	bool use_config;
+	int (*on_opt)(void *arg, int opt, const char *optarg);
+	void *arg;
+	const char *need;
+};
+
+/* tool_parse_cmdline's answer when the subcommand goes on, its operands at argv[optind]. */
+#define TOOL_GO_ON (-1)
+
+/* Parse argv as cl says; TOOL_GO_ON, or the exit status to return now (0 after --help). */
+int tool_parse_cmdline(const struct tool_cmdline *cl, int argc, char **argv);
 
 /* Load the effective configuration (KVSHIM_CONFIG, /etc/kvshim/kvshim.ini, KVSHIM_* variables)
  * into a new heap object; on failure print the reason and return -EINVAL or -ENOMEM. */
 int tool_load_config(struct kvs_config **out);
 
-/* --config FILE of a subcommand: make FILE the configuration that tool_load_config reads
- * (KVSHIM_CONFIG); 0, or -errno after saying why. */
-int tool_use_config(const char *file);
+/* The region of a configuration's shim.mode (cache.name, or the observe mode's region of keys):
+ * its parameters, the name they may point to, its path. */
+struct tool_region {
+	struct kvs_cache_params params;
+	char name[KVS_CONFIG_STR_MAX + 16];
+	char path[PATH_MAX];
+};
+
+/* Fill region from cfg; 0, or -ENAMETOOLONG after saying "the region path is too long". */
+int tool_region_of(const struct kvs_config *cfg, struct tool_region *region);
 
 /* Set to 1 by SIGINT or SIGTERM once tool_catch_stop has run (stop.c). */
 extern volatile sig_atomic_t tool_stop;

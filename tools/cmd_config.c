@@ -12,12 +12,29 @@
 
 #include "cmd_common.h"
 #include "config.h"
+#include "print.h"
 
 static const char usage[] =
     "usage: kvshim config [--explain | --sample]\n"
     "  -e, --explain  also print each key's default, the source of its value and its meaning\n"
     "  -s, --sample   print a sample kvshim.ini: every key, commented out, with its default\n"
     "  -h, --help     print this help\n";
+
+struct config_opts {
+	bool explain, sample;
+};
+
+/* --explain, --sample. */
+static int on_opt(void *arg, int opt, const char *optarg)
+{
+	struct config_opts *o = arg;
+
+	if (opt == 'e')
+		o->explain = true;
+	else
+		o->sample = true;
+	return 0;
+}
 
 int cmd_config(int argc, char **argv)
 {
@@ -27,37 +44,25 @@ int cmd_config(int argc, char **argv)
 	    {"help", no_argument, NULL, 'h'},
 	    {NULL, 0, NULL, 0},
 	};
+	struct config_opts o = {0};
+	const struct tool_cmdline cl = {.cmd = "config",
+					.usage = usage,
+					.optstring = "+:esh",
+					.opts = opts,
+					.on_opt = on_opt,
+					.arg = &o};
 	struct kvs_config *cfg;
-	bool explain = false, sample = false;
-	int opt, status = KVS_EXIT_OK;
+	int status = tool_parse_cmdline(&cl, argc, argv);
 
-	opterr = 0;
-	while ((opt = getopt_long(argc, argv, "+:esh", opts, NULL)) != -1) {
-		switch (opt) {
-		case 'e':
-			explain = true;
-			break;
-		case 's':
-			sample = true;
-			break;
-		case 'h':
-			fputs(usage, stdout);
-			return KVS_EXIT_OK;
-		default:
-			return tool_bad_option("config", opt, argv, usage);
-		}
-	}
-	if (optind < argc) {
-		tool_err("config: unexpected argument %s", argv[optind]);
-		fputs(usage, stderr);
-		return KVS_EXIT_USAGE;
-	}
-	if (sample && explain) {
+	if (status != TOOL_GO_ON)
+		return status;
+	status = KVS_EXIT_OK;
+	if (o.sample && o.explain) {
 		tool_err("config: --explain and --sample exclude each other");
 		fputs(usage, stderr);
 		return KVS_EXIT_USAGE;
 	}
-	if (sample) {
+	if (o.sample) {
 		if (kvs_config_sample(stdout)) {
 			tool_err("config: cannot write the sample");
 			return KVS_EXIT_FAIL;
@@ -66,7 +71,7 @@ int cmd_config(int argc, char **argv)
 	}
 	if (tool_load_config(&cfg))
 		return KVS_EXIT_FAIL;
-	if (kvs_config_print(cfg, stdout, explain)) {
+	if (kvs_config_print(cfg, stdout, o.explain)) {
 		tool_err("config: cannot write the listing");
 		status = KVS_EXIT_FAIL;
 	}

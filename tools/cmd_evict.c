@@ -61,38 +61,29 @@ int cmd_evict(int argc, char **argv)
 	    {"help", no_argument, NULL, 'h'},
 	    {NULL, 0, NULL, 0},
 	};
-	char msg[KVS_CONFIG_MSG_MAX], path[PATH_MAX], name[KVS_CONFIG_STR_MAX + 16];
-	struct kvs_cache_params params;
-	int opt, r, status = KVS_EXIT_OK;
+	const struct tool_cmdline cl = {.cmd = "evict",
+					.usage = usage,
+					.optstring = "+:h",
+					.opts = opts,
+					.need = "no file named"};
+	char msg[KVS_CONFIG_MSG_MAX];
+	struct tool_region region;
+	int r, status = tool_parse_cmdline(&cl, argc, argv);
 	struct kvs_cache *c = NULL;
 	struct kvs_config *cfg;
 
-	opterr = 0;
-	while ((opt = getopt_long(argc, argv, "+:h", opts, NULL)) != -1) {
-		switch (opt) {
-		case 'h':
-			fputs(usage, stdout);
-			return KVS_EXIT_OK;
-		default:
-			return tool_bad_option("evict", opt, argv, usage);
-		}
-	}
-	if (optind >= argc) {
-		tool_err("evict: no file named");
-		fputs(usage, stderr);
-		return KVS_EXIT_USAGE;
-	}
+	if (status != TOOL_GO_ON)
+		return status;
+	status = KVS_EXIT_OK;
 	if (tool_load_config(&cfg))
 		return KVS_EXIT_FAIL;
-	if (kvs_cache_params_mode(cfg, &params, name, sizeof(name)) ||
-	    kvs_cache_path(&params, path, sizeof(path))) {
-		tool_err("the region path is too long");
+	if (tool_region_of(cfg, &region)) {
 		status = KVS_EXIT_FAIL;
 		goto out;
 	}
-	r = kvs_cache_open(&params, 0, &c, msg, sizeof(msg));
+	r = kvs_cache_open(&region.params, 0, &c, msg, sizeof(msg));
 	if (r == -ENOENT) {
-		tool_err("no region at %s; nothing is cached", path);
+		tool_err("no region at %s; nothing is cached", region.path);
 		c = NULL;
 	} else if (r) {
 		tool_err("%s", *msg ? msg : strerror(-r));

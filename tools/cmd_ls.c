@@ -173,6 +173,21 @@ static int list(const char *dir, const char *prefix, uint32_t mode, bool json)
 	return status;
 }
 
+struct ls_opts {
+	bool all, json;
+};
+
+static int on_opt(void *arg, int opt, const char *optarg)
+{
+	struct ls_opts *o = arg;
+
+	if (opt == 'a')
+		o->all = true;
+	else
+		o->json = true;
+	return 0;
+}
+
 int cmd_ls(int argc, char **argv)
 {
 	static const struct option opts[] = {
@@ -181,33 +196,20 @@ int cmd_ls(int argc, char **argv)
 	    {"help", no_argument, NULL, 'h'},
 	    {NULL, 0, NULL, 0},
 	};
-	bool all = false, json = false;
+	struct ls_opts o = {0};
+	const struct tool_cmdline cl = {.cmd = "ls",
+					.usage = usage,
+					.optstring = "+:ajh",
+					.opts = opts,
+					.on_opt = on_opt,
+					.arg = &o};
 	struct kvs_config *cfg;
 	char prefix[64], dir[KVS_CACHE_DIR_MAX + 1];
 	uint32_t mode;
-	int opt;
+	int r = tool_parse_cmdline(&cl, argc, argv);
 
-	opterr = 0;
-	while ((opt = getopt_long(argc, argv, "+:ajh", opts, NULL)) != -1) {
-		switch (opt) {
-		case 'a':
-			all = true;
-			break;
-		case 'j':
-			json = true;
-			break;
-		case 'h':
-			fputs(usage, stdout);
-			return KVS_EXIT_OK;
-		default:
-			return tool_bad_option("ls", opt, argv, usage);
-		}
-	}
-	if (optind < argc) {
-		tool_err("ls: unexpected argument %s", argv[optind]);
-		fputs(usage, stderr);
-		return KVS_EXIT_USAGE;
-	}
+	if (r != TOOL_GO_ON)
+		return r;
 	/* cache.mode decides what is trusted, as for an attacher of this configuration. */
 	if (tool_load_config(&cfg))
 		return KVS_EXIT_FAIL;
@@ -216,9 +218,9 @@ int cmd_ls(int argc, char **argv)
 	for (size_t n = strlen(dir); n > 1 && dir[n - 1] == '/'; n--)
 		dir[n - 1] = '\0';
 	free(cfg);
-	if (all || geteuid() == 0)
+	if (o.all || geteuid() == 0)
 		snprintf(prefix, sizeof(prefix), "kvshim.");
 	else
 		snprintf(prefix, sizeof(prefix), "kvshim.%u.", (unsigned)geteuid());
-	return list(dir, prefix, mode, json);
+	return list(dir, prefix, mode, o.json);
 }

@@ -38,6 +38,21 @@ static const char usage[] =
     "Creates the region if needed and allocates and clears the memory of all its slots now,\n"
     "so that the first loads do not pay for it.  Stops at cache.shm_headroom.\n";
 
+/* --threads N (--config is tool_parse_cmdline's). */
+static int on_opt(void *arg, int opt, const char *optarg)
+{
+	unsigned *threads = arg;
+	char *end;
+
+	*threads = (unsigned)strtoul(optarg, &end, 10);
+	if (*end || !*optarg || *threads < 1 || *threads > KVS_PREPARE_THREADS_MAX) {
+		tool_err("prepare: --threads takes 1 to %d, not %s", KVS_PREPARE_THREADS_MAX,
+			 optarg);
+		return KVS_EXIT_USAGE;
+	}
+	return 0;
+}
+
 int cmd_prepare(int argc, char **argv)
 {
 	static const struct option opts[] = {
@@ -46,54 +61,35 @@ int cmd_prepare(int argc, char **argv)
 	    {"help", no_argument, NULL, 'h'},
 	    {NULL, 0, NULL, 0},
 	};
-	char msg[KVS_CONFIG_MSG_MAX], path[PATH_MAX], human[32], name[KVS_CONFIG_STR_MAX + 16];
-	struct kvs_cache_params params;
+	unsigned threads = 0;
+	const struct tool_cmdline cl = {.cmd = "prepare",
+					.usage = usage,
+					.optstring = "+:c:t:h",
+					.opts = opts,
+					.use_config = true,
+					.on_opt = on_opt,
+					.arg = &threads};
+	char msg[KVS_CONFIG_MSG_MAX], human[32];
+	struct tool_region region;
+	struct kvs_cache_params *params = &region.params;
+	const char *path = region.path;
 	struct kvs_region_info info;
 	struct kvs_counters totals;
 	struct kvs_cache *c = NULL;
 	struct kvs_config *cfg;
-	int opt, r, status = KVS_EXIT_FAIL;
-	unsigned threads = 0;
+	int r, status = tool_parse_cmdline(&cl, argc, argv);
 	uint32_t done;
 	uint64_t t0;
-	char *end;
 
-	opterr = 0;
-	while ((opt = getopt_long(argc, argv, "+:c:t:h", opts, NULL)) != -1) {
-		switch (opt) {
-		case 'c':
-			if (tool_use_config(optarg))
-				return KVS_EXIT_FAIL;
-			break;
-		case 't':
-			threads = (unsigned)strtoul(optarg, &end, 10);
-			if (*end || !*optarg || threads < 1 || threads > KVS_PREPARE_THREADS_MAX) {
-				tool_err("prepare: --threads takes 1 to %d, not %s",
-					 KVS_PREPARE_THREADS_MAX, optarg);
-				return KVS_EXIT_USAGE;
-			}
-			break;
-		case 'h':
-			fputs(usage, stdout);
-			return KVS_EXIT_OK;
-		default:
-			return tool_bad_option("prepare", opt, argv, usage);
-		}
-	}
-	if (optind < argc) {
-		tool_err("prepare: unexpected argument %s", argv[optind]);
-		fputs(usage, stderr);
-		return KVS_EXIT_USAGE;
-	}
+	if (status != TOOL_GO_ON)
+		return status;
+	status = KVS_EXIT_FAIL;
 	if (tool_load_config(&cfg))
 		return KVS_EXIT_FAIL;
-	if (kvs_cache_params_mode(cfg, &params, name, sizeof(name)) ||
-	    kvs_cache_path(&params, path, sizeof(path))) {
-		tool_err("the region path is too long");
+	if (tool_region_of(cfg, &region))
 		goto out;
-	}
-	params.populate = KVS_POPULATE_LAZY; /* the walk is ours, in the foreground */
-	r = kvs_cache_open(&params, KVS_OPEN_CREATE, &c, msg, sizeof(msg));
+	params->populate = KVS_POPULATE_LAZY; /* the walk is ours, in the foreground */
+	r = kvs_cache_open(params, KVS_OPEN_CREATE, &c, msg, sizeof(msg));
 	if (r) {
 		tool_err("%s", *msg ? msg : strerror(-r));
 		c = NULL;
@@ -102,7 +98,7 @@ int cmd_prepare(int argc, char **argv)
 	if (*msg)
 		tool_err("%s",
 			 msg); /* a region of other dimensions was replaced, as an engine would */
-	if (params.keys_only) {
+	if (params->keys_only) {
 		printf("%s: a region of keys only (shim.mode = observe): no memory to prepare\n",
 		       path);
 		status = KVS_EXIT_OK;

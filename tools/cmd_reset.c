@@ -151,6 +151,13 @@ static int reset(const char *path, uint32_t mode, bool force)
 	return KVS_EXIT_OK;
 }
 
+/* --force, the only option but --help. */
+static int on_opt(void *arg, int opt, const char *optarg)
+{
+	*(bool *)arg = true;
+	return 0;
+}
+
 int cmd_reset(int argc, char **argv)
 {
 	static const struct option opts[] = {
@@ -158,54 +165,36 @@ int cmd_reset(int argc, char **argv)
 	    {"help", no_argument, NULL, 'h'},
 	    {NULL, 0, NULL, 0},
 	};
-	char path[PATH_MAX], other[PATH_MAX], name[KVS_CONFIG_STR_MAX + 16];
-	struct kvs_cache_params params;
-	struct kvs_config *cfg;
 	bool force = false;
+	const struct tool_cmdline cl = {.cmd = "reset",
+					.usage = usage,
+					.optstring = "+:fh",
+					.opts = opts,
+					.on_opt = on_opt,
+					.arg = &force};
+	struct tool_region mine, other;
+	struct kvs_config *cfg;
 	uint32_t mode;
-	int opt, r;
+	int r = tool_parse_cmdline(&cl, argc, argv);
 
-	opterr = 0;
-	while ((opt = getopt_long(argc, argv, "+:fh", opts, NULL)) != -1) {
-		switch (opt) {
-		case 'f':
-			force = true;
-			break;
-		case 'h':
-			fputs(usage, stdout);
-			return KVS_EXIT_OK;
-		default:
-			return tool_bad_option("reset", opt, argv, usage);
-		}
-	}
-	if (optind < argc) {
-		tool_err("reset: unexpected argument %s", argv[optind]);
-		fputs(usage, stderr);
-		return KVS_EXIT_USAGE;
-	}
+	if (r != TOOL_GO_ON)
+		return r;
 	if (tool_load_config(&cfg))
 		return KVS_EXIT_FAIL;
 	/* The region of shim.mode, then the other mode's if there is one: a node switched from
 	 * observe to serve (or back) is reset whole. */
-	int mine = cfg->shim_mode;
-	r = kvs_cache_params_mode(cfg, &params, name, sizeof(name));
+	r = tool_region_of(cfg, &mine);
+	cfg->shim_mode = cfg->shim_mode == KVS_MODE_OBSERVE ? KVS_MODE_SERVE : KVS_MODE_OBSERVE;
 	if (!r)
-		r = kvs_cache_path(&params, path, sizeof(path));
-	cfg->shim_mode = mine == KVS_MODE_OBSERVE ? KVS_MODE_SERVE : KVS_MODE_OBSERVE;
-	if (!r)
-		r = kvs_cache_params_mode(cfg, &params, name, sizeof(name));
-	if (!r)
-		r = kvs_cache_path(&params, other, sizeof(other));
+		r = tool_region_of(cfg, &other);
 	mode = (uint32_t)cfg->cache_mode;
 	free(cfg);
-	if (r) {
-		tool_err("the region path is too long");
+	if (r)
 		return KVS_EXIT_FAIL;
-	}
-	int status = reset(path, mode, force);
+	int status = reset(mine.path, mode, force);
 	struct stat st;
-	if (lstat(other, &st) == 0) {
-		int st2 = reset(other, mode, force);
+	if (lstat(other.path, &st) == 0) {
+		int st2 = reset(other.path, mode, force);
 
 		status = status ? status : st2;
 	}

@@ -126,6 +126,23 @@ static int prepend_preload(const char *lib)
 	return r;
 }
 
+struct run_opts {
+	const char *config;
+	bool strict;
+};
+
+/* --config FILE, --strict. */
+static int on_opt(void *arg, int opt, const char *optarg)
+{
+	struct run_opts *o = arg;
+
+	if (opt == 'c')
+		o->config = optarg;
+	else
+		o->strict = true;
+	return 0;
+}
+
 int cmd_run(int argc, char **argv)
 {
 	static const struct option opts[] = {
@@ -134,33 +151,25 @@ int cmd_run(int argc, char **argv)
 	    {"help", no_argument, NULL, 'h'},
 	    {NULL, 0, NULL, 0},
 	};
+	struct run_opts o = {0};
+	/* "+": stop at the first non-option, so that CMD's own options are left to CMD.  --config
+	 * is run's own: the file is checked and made absolute before the engine gets it. */
+	const struct tool_cmdline cl = {.cmd = "run",
+					.usage = usage,
+					.optstring = "+:c:sh",
+					.opts = opts,
+					.on_opt = on_opt,
+					.arg = &o,
+					.need = "no command given"};
 	char lib[PATH_MAX], conf[PATH_MAX], why[KVS_CONFIG_MSG_MAX];
-	bool strict = false, config_ok = true;
-	const char *config = NULL;
-	int opt, r, problems;
+	const char *config;
+	bool strict, config_ok = true;
+	int r = tool_parse_cmdline(&cl, argc, argv), problems;
 
-	opterr = 0;
-	/* "+": stop at the first non-option, so that CMD's own options are left to CMD. */
-	while ((opt = getopt_long(argc, argv, "+:c:sh", opts, NULL)) != -1) {
-		switch (opt) {
-		case 'c':
-			config = optarg;
-			break;
-		case 's':
-			strict = true;
-			break;
-		case 'h':
-			fputs(usage, stdout);
-			return KVS_EXIT_OK;
-		default:
-			return tool_bad_option("run", opt, argv, usage);
-		}
-	}
-	if (optind >= argc) {
-		tool_err("run: no command given");
-		fputs(usage, stderr);
-		return KVS_EXIT_USAGE;
-	}
+	if (r != TOOL_GO_ON)
+		return r;
+	config = o.config;
+	strict = o.strict;
 	if (config) {
 		r = usable(config, conf);
 		if (r) {

@@ -35,6 +35,7 @@
 #include "cache_params.h"
 #include "config.h"
 #include "snapshot.h"
+#include "value.h"
 
 enum format { FMT_TEXT, FMT_JSON, FMT_PROM };
 
@@ -607,6 +608,34 @@ static int watch(const struct kvs_config *cfg, const char *path, enum format fmt
 	return KVS_EXIT_OK;
 }
 
+struct stat_opts {
+	enum format fmt;
+	bool watching;
+	struct timespec period;
+};
+
+/* --json, --prom, --watch SEC. */
+static int on_opt(void *arg, int opt, const char *optarg)
+{
+	struct stat_opts *o = arg;
+
+	if (opt == 'w') {
+		if (parse_seconds(optarg, &o->period)) {
+			tool_err("stat: --watch %s: expected a positive number of seconds", optarg);
+			return KVS_EXIT_USAGE;
+		}
+		o->watching = true;
+		return 0;
+	}
+	if (o->fmt != FMT_TEXT && o->fmt != (opt == 'j' ? FMT_JSON : FMT_PROM)) {
+		tool_err("stat: --json and --prom exclude each other");
+		fputs(usage, stderr);
+		return KVS_EXIT_USAGE;
+	}
+	o->fmt = opt == 'j' ? FMT_JSON : FMT_PROM;
+	return 0;
+}
+
 int cmd_stat(int argc, char **argv)
 {
 	static const struct option opts[] = {
@@ -616,61 +645,32 @@ int cmd_stat(int argc, char **argv)
 	    {"help", no_argument, NULL, 'h'},
 	    {NULL, 0, NULL, 0},
 	};
-	char path[PATH_MAX], name[KVS_CONFIG_STR_MAX + 16];
-	struct kvs_cache_params params;
-	struct timespec period = {0};
-	enum format fmt = FMT_TEXT;
+	struct stat_opts o = {.fmt = FMT_TEXT};
+	const struct tool_cmdline cl = {.cmd = "stat",
+					.usage = usage,
+					.optstring = "+:jpw:h",
+					.opts = opts,
+					.on_opt = on_opt,
+					.arg = &o};
+	struct tool_region region;
 	struct kvs_config *cfg;
-	bool watching = false;
-	int opt, r, status;
+	int r, status = tool_parse_cmdline(&cl, argc, argv);
 
-	opterr = 0;
-	while ((opt = getopt_long(argc, argv, "+:jpw:h", opts, NULL)) != -1) {
-		switch (opt) {
-		case 'j':
-		case 'p':
-			if (fmt != FMT_TEXT && fmt != (opt == 'j' ? FMT_JSON : FMT_PROM)) {
-				tool_err("stat: --json and --prom exclude each other");
-				fputs(usage, stderr);
-				return KVS_EXIT_USAGE;
-			}
-			fmt = opt == 'j' ? FMT_JSON : FMT_PROM;
-			break;
-		case 'w':
-			if (parse_seconds(optarg, &period)) {
-				tool_err("stat: --watch %s: expected a positive number of seconds",
-					 optarg);
-				return KVS_EXIT_USAGE;
-			}
-			watching = true;
-			break;
-		case 'h':
-			fputs(usage, stdout);
-			return KVS_EXIT_OK;
-		default:
-			return tool_bad_option("stat", opt, argv, usage);
-		}
-	}
-	if (optind < argc) {
-		tool_err("stat: unexpected argument %s", argv[optind]);
-		fputs(usage, stderr);
-		return KVS_EXIT_USAGE;
-	}
+	if (status != TOOL_GO_ON)
+		return status;
 	if (tool_load_config(&cfg))
 		return KVS_EXIT_FAIL;
-	if (kvs_cache_params_mode(cfg, &params, name, sizeof(name)) ||
-	    kvs_cache_path(&params, path, sizeof(path))) {
-		tool_err("the region path is too long");
+	if (tool_region_of(cfg, &region)) {
 		status = KVS_EXIT_FAIL;
 		goto out;
 	}
-	if (watching) {
-		status = watch(cfg, path, fmt, &period);
+	if (o.watching) {
+		status = watch(cfg, region.path, o.fmt, &o.period);
 		goto out;
 	}
-	r = snap(cfg, fmt, NULL);
+	r = snap(cfg, o.fmt, NULL);
 	if (r == -ENOENT)
-		tool_err("no region at %s", path);
+		tool_err("no region at %s", region.path);
 	status = r ? KVS_EXIT_FAIL : KVS_EXIT_OK;
 out:
 	free(cfg);

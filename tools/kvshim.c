@@ -10,19 +10,17 @@
  *   kvshim evict PATH...                          drop the cached shards of files
  *   kvshim exporter --listen ADDR:PORT [--region NAME]...   serve /metrics to Prometheus
  *
- * This file picks the subcommand and holds the helpers the subcommands share; each subcommand
- * lives in its own cmd_<name>.c and parses its own options with getopt_long.
+ * This file picks the subcommand and holds the helpers the subcommands share for output; each
+ * subcommand lives in its own cmd_<name>.c and parses its own options with tool_parse_cmdline
+ * (cmdline.c, which also loads the configuration and names the region).
  */
 #include <errno.h>
 #include <inttypes.h>
-#include <getopt.h>
 #include <stdarg.h>
 #include <stdio.h>
-#include <stdlib.h>
 #include <string.h>
 
 #include "cmd_common.h"
-#include "config.h"
 
 const char *tool_human_bytes(uint64_t v, char *buf, size_t len)
 {
@@ -88,53 +86,6 @@ void tool_err(const char *fmt, ...)
 	vfprintf(stderr, fmt, ap);
 	va_end(ap);
 	fputc('\n', stderr);
-}
-
-int tool_bad_option(const char *cmd, int opt, char **argv, const char *cmd_usage)
-{
-	const char *arg = optind > 0 ? argv[optind - 1] : "?";
-
-	if (opt == ':')
-		tool_err("%s: option %s needs an argument", cmd, arg);
-	else if (optopt && strncmp(arg, "--", 2))
-		tool_err("%s: unknown option -%c", cmd, optopt);
-	else
-		tool_err("%s: unknown option %s", cmd, arg);
-	fputs(cmd_usage, stderr);
-	return KVS_EXIT_USAGE;
-}
-
-int tool_use_config(const char *file)
-{
-	int err;
-
-	if (setenv("KVSHIM_CONFIG", file, 1) == 0)
-		return 0;
-	err = errno;
-	tool_err("cannot set KVSHIM_CONFIG: %s", strerror(err));
-	return -err;
-}
-
-int tool_load_config(struct kvs_config **out)
-{
-	char msg[KVS_CONFIG_MSG_MAX];
-	struct kvs_config *cfg;
-	int r;
-
-	/* About 100 KiB of string fields: too big for the stack. */
-	cfg = calloc(1, sizeof(*cfg));
-	if (!cfg) {
-		tool_err("out of memory");
-		return -ENOMEM;
-	}
-	r = kvs_config_load(cfg, NULL, NULL, msg, sizeof(msg));
-	if (r) {
-		tool_err("%s", msg);
-		free(cfg);
-		return r;
-	}
-	*out = cfg;
-	return 0;
 }
 
 /* Flush stdout and turn a write error (a full disk, a closed pipe) into a failure status. */

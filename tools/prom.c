@@ -14,6 +14,7 @@
 #include <string.h>
 
 #include "snapshot.h"
+#include "value.h"
 
 /* One region gauge: kvshim_region_<name>, its help, and its value for one region. */
 struct gauge {
