@@ -24,7 +24,10 @@
  * sleep instead, until a wait works again.
  */
 #include <errno.h>
-#include "kvs_uring_names.h" /* before liburing.h: see CMakeLists.txt */
+/* before liburing.h: see CMakeLists.txt.  The shim's own copy of liburing is renamed kvs_*;
+ * the names the shim also exports (io_uring_submit, io_uring_queue_exit) are called by their
+ * kvs_ names here, so that no reader takes them for the shim's hooks. */
+#include "kvs_uring_names.h"
 #include <liburing.h>
 #include <pthread.h>
 #include <stdbool.h>
@@ -212,7 +215,7 @@ int kvs_backend_create(int mode, unsigned depth, struct kvs_backend **out)
 			if (r == 0)
 				goto out;
 			/* Could not start the reaper: nothing is in flight, so just leave. */
-			io_uring_queue_exit(&be->ring);
+			kvs_io_uring_queue_exit(&be->ring);
 			be->uring = false;
 		}
 		if (mode == KVS_IO_URING)
@@ -266,7 +269,7 @@ void kvs_backend_submit(struct kvs_backend *be, struct kvs_bio *bio)
 			if (kvs_backend_test_fail_submits)
 				kvs_backend_test_fail_submits--; /* as if io_uring_enter failed */
 			else
-				io_uring_submit(&be->ring);
+				kvs_io_uring_submit(&be->ring);
 			/* Ours is the newest SQE: consumed iff none is left. */
 			if (io_uring_sq_ready(&be->ring) == 0) {
 				pthread_mutex_unlock(&be->mu);
@@ -307,7 +310,7 @@ static bool send_stop(struct kvs_backend *be)
 				queued = true;
 			}
 		}
-		io_uring_submit(&be->ring);
+		kvs_io_uring_submit(&be->ring);
 		if (queued && io_uring_sq_ready(&be->ring) == 0)
 			return true;
 		usleep(1000);
@@ -334,7 +337,7 @@ void kvs_backend_destroy(struct kvs_backend *be)
 	for (unsigned i = 0; i < be->nthreads; i++)
 		pthread_join(be->threads[i], NULL);
 	if (be->uring)
-		io_uring_queue_exit(&be->ring);
+		kvs_io_uring_queue_exit(&be->ring);
 	pthread_cond_destroy(&be->work);
 	pthread_cond_destroy(&be->room);
 	pthread_mutex_destroy(&be->mu);
@@ -349,7 +352,7 @@ const char *kvs_backend_name(const struct kvs_backend *be)
 void kvs_backend_forget(struct kvs_backend *be)
 {
 	if (be && be->uring) {
-		io_uring_queue_exit(&be->ring);
+		kvs_io_uring_queue_exit(&be->ring);
 		be->uring = false;
 	}
 }

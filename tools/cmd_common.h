@@ -45,8 +45,12 @@ int cmd_prepare(int argc, char **argv);
  */
 int tool_check(bool quiet, bool check_library, bool *config_ok);
 
-/* Find libkvshim.so as `kvshim run` does ($KVSHIM_LIBRARY; beside this program; ../lib;
- * ../shim) and canonicalise it into lib (PATH_MAX); 0, or -errno with one line in why. */
+/* The shim's file name, as installed and as built. */
+#define SHIM_NAME "libkvshim.so"
+
+/* Find libkvshim.so ($KVSHIM_LIBRARY; beside this program; ../lib; ../shim), for `kvshim run`
+ * and `kvshim check`, and canonicalise it into lib (PATH_MAX); 0, or -errno with one line in
+ * why (library.c). */
 int tool_find_library(char *lib, char *why, size_t whylen);
 
 /* Format v bytes as a short human figure ("1.5 GiB", "512 B") into buf; returns buf. */

@@ -25,7 +25,6 @@
 #include "cmd_common.h"
 #include "config.h"
 
-#define SHIM_NAME "libkvshim.so"
 
 static const char usage[] =
     "usage: kvshim run [--config FILE] [--strict] -- CMD [ARGS...]\n"
@@ -37,54 +36,6 @@ static const char usage[] =
     "configuration does not load, so that no process repeats its error).\n"
     "The shim library is $KVSHIM_LIBRARY, else " SHIM_NAME " in this program's folder,\n"
     "in ../lib or in ../shim relative to it.\n";
-
-/* Canonicalise a readable regular file's path into out (PATH_MAX); 0 or -errno. */
-static int usable(const char *path, char *out)
-{
-	if (!realpath(path, out))
-		return -errno;
-	if (access(out, R_OK) < 0)
-		return -errno;
-	return 0;
-}
-
-int tool_find_library(char *lib, char *why, size_t whylen)
-{
-	static const char *const rel[] = {"", "/../lib", "/../shim"};
-	const char *env = getenv("KVSHIM_LIBRARY");
-	char self[PATH_MAX], cand[PATH_MAX + 32];
-	ssize_t n;
-	char *slash;
-	int r;
-
-	if (env && *env) {
-		r = usable(env, lib);
-		if (r)
-			snprintf(why, whylen, "KVSHIM_LIBRARY=%s: %s", env, strerror(-r));
-		return r;
-	}
-	n = readlink("/proc/self/exe", self, sizeof(self) - 1);
-	if (n < 0) {
-		r = -errno;
-		snprintf(why, whylen,
-			 "cannot find " SHIM_NAME " (/proc/self/exe: %s); set KVSHIM_LIBRARY",
-			 strerror(-r));
-		return r;
-	}
-	self[n] = '\0';
-	slash = strrchr(self, '/');
-	if (slash)
-		*slash = '\0';
-	for (size_t i = 0; i < sizeof(rel) / sizeof(rel[0]); i++) {
-		snprintf(cand, sizeof(cand), "%s%s/" SHIM_NAME, self, rel[i]);
-		if (usable(cand, lib) == 0)
-			return 0;
-	}
-	snprintf(why, whylen,
-		 "cannot find " SHIM_NAME " in %s, %s/../lib or %s/../shim; set KVSHIM_LIBRARY",
-		 self, self, self);
-	return -ENOENT;
-}
 
 /* Set LD_PRELOAD to lib followed by the entries already there other than lib; 0 or -errno. */
 static int prepend_preload(const char *lib)
