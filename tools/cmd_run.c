@@ -25,7 +25,6 @@
 #include "cmd_common.h"
 #include "config.h"
 
-
 static const char usage[] =
     "usage: kvshim run [--config FILE] [--strict] -- CMD [ARGS...]\n"
     "  -c, --config FILE  use the INI file FILE (sets KVSHIM_CONFIG)\n"
