@@ -53,6 +53,9 @@ int tool_check(bool quiet, bool check_library, bool *config_ok);
  * why (library.c). */
 int tool_find_library(char *lib, char *why, size_t whylen);
 
+/* Canonicalise a readable file's path into out (PATH_MAX); 0 or -errno (library.c). */
+int tool_usable_file(const char *path, char *out);
+
 /* Format v bytes as a short human figure ("1.5 GiB", "512 B") into buf; returns buf. */
 const char *tool_human_bytes(uint64_t v, char *buf, size_t len);
 

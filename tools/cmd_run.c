@@ -121,7 +121,7 @@ int cmd_run(int argc, char **argv)
 	config = o.config;
 	strict = o.strict;
 	if (config) {
-		r = usable(config, conf);
+		r = tool_usable_file(config, conf);
 		if (r) {
 			tool_err("%s: %s", config, strerror(-r));
 			return KVS_EXIT_FAIL;

@@ -11,8 +11,7 @@
 
 #include "cmd_common.h"
 
-/* Canonicalise a readable regular file's path into out (PATH_MAX); 0 or -errno. */
-static int usable(const char *path, char *out)
+int tool_usable_file(const char *path, char *out)
 {
 	if (!realpath(path, out))
 		return -errno;
@@ -31,7 +30,7 @@ int tool_find_library(char *lib, char *why, size_t whylen)
 	int r;
 
 	if (env && *env) {
-		r = usable(env, lib);
+		r = tool_usable_file(env, lib);
 		if (r)
 			snprintf(why, whylen, "KVSHIM_LIBRARY=%s: %s", env, strerror(-r));
 		return r;
@@ -50,7 +49,7 @@ int tool_find_library(char *lib, char *why, size_t whylen)
 		*slash = '\0';
 	for (size_t i = 0; i < sizeof(rel) / sizeof(rel[0]); i++) {
 		snprintf(cand, sizeof(cand), "%s%s/" SHIM_NAME, self, rel[i]);
-		if (usable(cand, lib) == 0)
+		if (tool_usable_file(cand, lib) == 0)
 			return 0;
 	}
 	snprintf(why, whylen,
