@@ -220,7 +220,7 @@ static inline bool kvs_pages_by_fault(const struct kvs_cache *c)
 	return c->page_kind == KVS_PAGE_ADVISE || c->page_kind == KVS_PAGE_HUGETLBFS;
 }
 
-/* region.c, tests only: behave as a file system without O_TMPFILE (publish under a random
+/* shmfile.c, tests only: behave as a file system without O_TMPFILE (publish under a random
  * name instead). */
 extern bool kvs_region_test_no_tmpfile;
 /* region.c, tests only: a creator sleeps this long (ms) before it publishes what it built. */

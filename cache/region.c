@@ -1,5 +1,6 @@
 /*
- * region: creating, attaching and describing the node-wide shared region.
+ * region: creating and attaching the node-wide shared region (its dimensions are geometry.c's,
+ * its file shmfile.c's, what it says of itself stat.c's).
  *
  * DESIGN: the shared-memory protocol (this essay covers all of cache/)
  *
@@ -143,263 +144,19 @@
 #include <string.h>
 #include <sys/file.h>
 #include <sys/mman.h>
-#include <sys/random.h>
 #include <sys/stat.h>
-#include <sys/statvfs.h>
-#include <sys/syscall.h>
 #include <time.h>
 #include <unistd.h>
 
 #include "config.h"
+#include "geometry.h"
 #include "internal.h"
 #include "raw.h"
+#include "shmfile.h"
 #include "sys.h"
 #include "value.h"
 
-/* capacity = auto refuses a region of fewer slots than this. */
-#define KVS_AUTO_MIN_SLOTS 8u
-
-bool kvs_region_test_no_tmpfile;
 unsigned kvs_region_test_publish_ms;
-
-struct dims {
-	uint64_t shard_size, capacity, total, page; /* page: off_data and total are multiples */
-	uint32_t nframes, nreserved, nbuckets, nstripes, nprocs, nseen;
-	uint32_t per_frame, nslots; /* slot records: per_frame for each frame */
-	bool keys_only;		    /* no data: off_data == total */
-	uint64_t off_procs, off_tally, off_stripes, off_buckets, off_slots, off_frames, off_access,
-	    off_seen;
-	uint64_t off_wseq, off_data;
-};
-
-static uint64_t align_up(uint64_t v, uint64_t a)
-{
-	return (v + a - 1) / a * a;
-}
-
-static uint32_t pow2_at_least(uint64_t v)
-{
-	uint32_t p = 1;
-
-	while (p < v && p < (1u << 30))
-		p <<= 1;
-	return p;
-}
-
-/* Slot records per frame: one for each 64 KiB of it (files.min_read's default: so a packed
- * slot costs the cache at most that, or its pages rounded up), a power of two, at least 1, at
- * most KVS_MAX_PER_FRAME.  Each costs 128 bytes of metadata and 36 of bucket and seen
- * entries: 0.26% of the data. */
-static uint32_t per_frame_for(uint64_t shard_size)
-{
-	uint64_t want = shard_size / (16 * KVS_PAGE);
-	uint32_t k = 1;
-
-	while ((uint64_t)k * 2 <= want && k * 2 <= KVS_MAX_PER_FRAME)
-		k *= 2;
-	return k;
-}
-
-/* A page size of a header: 0 (a region built before it was recorded) is 4 KiB; anything but a
- * power of two from 4 KiB to 1 GiB is refused (0). */
-static uint64_t page_of(uint64_t page_size)
-{
-	if (!page_size)
-		return KVS_PAGE;
-	return page_size >= KVS_PAGE && page_size <= (1ull << 30) && !(page_size & (page_size - 1))
-		   ? page_size
-		   : 0;
-}
-
-/* Derive every offset from the four dimensions that define a region (frames: hdr.nslots) and
- * the size of its pages (pages.c): the data starts on a page, and the file is whole pages.  A
- * region of keys only ends where the data would start. */
-static int dims_from(struct dims *d, uint64_t shard_size, uint64_t nframes, uint64_t nreserved,
-		     uint64_t nprocs, uint64_t page, bool keys_only)
-{
-	memset(d, 0, sizeof(*d));
-	if (shard_size == 0 || shard_size % KVS_PAGE || shard_size > UINT32_MAX || !page_of(page))
-		return -EINVAL;
-	d->page = page_of(page);
-	d->per_frame = per_frame_for(shard_size);
-	if (nframes == 0 || nframes * d->per_frame >= (1u << 30) || nreserved >= nframes)
-		return -EINVAL;
-	if (nprocs == 0 || nprocs > 4096)
-		return -EINVAL;
-	d->shard_size = shard_size;
-	d->nframes = (uint32_t)nframes;
-	d->nslots = (uint32_t)nframes * d->per_frame;
-	d->capacity = nframes * shard_size;
-	d->nreserved = (uint32_t)nreserved;
-	d->nbuckets = pow2_at_least(d->nslots);
-	d->nstripes = d->nbuckets < KVS_MAX_STRIPES ? d->nbuckets : KVS_MAX_STRIPES;
-	d->nprocs = (uint32_t)nprocs;
-	d->keys_only = keys_only;
-
-	uint64_t off = align_up(sizeof(struct kvs_hdr), KVS_CACHELINE);
-	d->off_procs = off;
-	off = align_up(off + (uint64_t)d->nprocs * sizeof(struct kvs_proc), KVS_CACHELINE);
-	d->off_tally = off;
-	off += (uint64_t)(KVS_TALLY_PODS + KVS_TALLY_ROOTS) * sizeof(struct kvs_tally);
-	d->off_stripes = off;
-	off += (uint64_t)d->nstripes * sizeof(struct kvs_stripe);
-	d->off_buckets = off;
-	off = align_up(off + (uint64_t)d->nbuckets * 4, KVS_CACHELINE);
-	d->off_slots = off;
-	off += (uint64_t)d->nslots * sizeof(struct kvs_slot);
-	d->off_frames = off;
-	off = align_up(off + (uint64_t)d->nframes * 4, KVS_CACHELINE);
-	d->off_access = off;
-	off = align_up(off + d->nframes, KVS_CACHELINE);
-	d->off_seen = off;
-	d->nseen = d->nbuckets < 64 ? 64 : d->nbuckets; /* a power of two, >= KVS_SEEN_WAYS */
-	off += (uint64_t)d->nseen * sizeof(struct kvs_seen);
-	d->off_wseq = off;
-	off = align_up(off + (uint64_t)d->nseen * 8, d->page);
-	d->off_data = off;
-	d->total = keys_only ? off : align_up(off + d->capacity, d->page);
-	return 0;
-}
-
-/* The region of n slots, on pages of page bytes, that the configuration asks for. */
-static int dims_for(const struct kvs_cache_params *cfg, uint64_t n, uint64_t page, struct dims *d)
-{
-	uint64_t reserved = n * cfg->reserved / 100;
-
-	if (n && reserved >= n)
-		reserved = n - 1;
-	return dims_from(d, cfg->shard_size, n, reserved, cfg->max_processes, page, cfg->keys_only);
-}
-
-/* The region the configuration asks for on pages of page bytes; with capacity = auto, one of
- * the smallest size that auto accepts (the real size is set by fit() or read from the
- * region). */
-static int dims_of(const struct kvs_cache_params *cfg, uint64_t page, struct dims *d)
-{
-	uint64_t shard = cfg->shard_size;
-
-	if (!cfg->capacity)
-		return dims_for(cfg, KVS_AUTO_MIN_SLOTS, page, d);
-	return dims_for(cfg, shard ? cfg->capacity / shard : 0, page, d);
-}
-
-/* The header of the region file fd, if it has this magic: 0, else -EPROTO. */
-static int read_header(int fd, struct kvs_hdr *h)
-{
-	/* A raw system call: inside the shim, pread is our own hook. */
-	if (kvs_syscall(SYS_pread64, fd, h, sizeof(*h), 0) != (long)sizeof(*h) ||
-	    h->magic != KVS_MAGIC)
-		return -EPROTO;
-	return 0;
-}
-
-/* The region a file's header describes (a watcher takes the region as it is). */
-static int dims_of_file(int fd, struct dims *d)
-{
-	struct kvs_hdr h;
-
-	if (read_header(fd, &h))
-		return -EPROTO;
-	return dims_from(d, h.shard_size, h.nslots, h.nreserved, h.nprocs, h.page_size,
-			 h.keys_only != 0)
-		   ? -EPROTO
-		   : 0;
-}
-
-int kvs_cache_path(const struct kvs_cache_params *cfg, char *buf, size_t len)
-{
-	const char *dir = cfg->dir && *cfg->dir ? cfg->dir : "/dev/shm";
-	size_t dlen = strlen(dir);
-
-	while (dlen > 1 && dir[dlen - 1] == '/')
-		dlen--; /* "/dev/shm/" names the directory "/dev/shm" */
-	/* The effective uid: the one that owns what this process creates, and that trust is
-	 * checked against. */
-	int n = snprintf(buf, len, "%.*s/kvshim.%u.%s", (int)dlen, dlen == 1 ? "" : dir,
-			 (unsigned)geteuid(), cfg->name);
-
-	return n < 0 || (size_t)n >= len ? -ENAMETOOLONG : 0;
-}
-
-static const char *kind_of(mode_t m)
-{
-	switch (m & S_IFMT) {
-	case S_IFREG:
-		return "a regular file";
-	case S_IFDIR:
-		return "a directory";
-	case S_IFIFO:
-		return "a FIFO";
-	case S_IFCHR:
-		return "a character device";
-	case S_IFBLK:
-		return "a block device";
-	case S_IFSOCK:
-		return "a socket";
-	case S_IFLNK:
-		return "a symbolic link";
-	default:
-		return "of an unknown type";
-	}
-}
-
-bool kvs_cache_distrust(const struct stat *st, uint32_t mode, char *why, size_t len)
-{
-	uid_t me = geteuid();
-
-	if (!S_ISREG(st->st_mode))
-		snprintf(why, len, "is %s, not a regular file", kind_of(st->st_mode));
-	else if (st->st_uid != me)
-		snprintf(why, len, "owned by uid %u, not %u", (unsigned)st->st_uid, (unsigned)me);
-	else if (st->st_nlink != 1)
-		snprintf(why, len, "has %lu links", (unsigned long)st->st_nlink);
-	else if ((st->st_mode & 07777) & ~(mode_t)mode)
-		snprintf(why, len, "mode %04o is wider than cache.mode %04o",
-			 (unsigned)(st->st_mode & 07777), (unsigned)mode);
-	else
-		return false;
-	return true;
-}
-
-int kvs_cache_open_file(const char *path, int oflags, uint32_t mode, char *msg, size_t msglen)
-{
-	char why[96];
-	struct stat st;
-	int fd, r;
-
-	/* O_NONBLOCK: a FIFO or a device at the path must not block the open. */
-	fd = kvs_sys_open(path, oflags | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC);
-	if (fd < 0) {
-		r = -errno;
-		if (r == -ELOOP) {
-			snprintf(msg, msglen, "refusing %s: is a symbolic link", path);
-			return -EPERM;
-		}
-		if (r != -ENOENT)
-			snprintf(msg, msglen, "cannot open %s: %s", path, strerror(-r));
-		return r;
-	}
-	if (fstat(fd, &st) < 0) {
-		r = -errno;
-		snprintf(msg, msglen, "cannot stat %s: %s", path, strerror(-r));
-		goto err_close;
-	}
-	if (kvs_cache_distrust(&st, mode, why, sizeof(why))) {
-		snprintf(msg, msglen, "refusing %s: %s (`kvshim reset` removes it)", path, why);
-		r = -EPERM;
-		goto err_close;
-	}
-	/* A regular file: blocking mode is irrelevant to it, but leave nothing unusual set. */
-	if (kvs_sys_fcntl(fd, F_SETFL, kvs_sys_fcntl(fd, F_GETFL) & ~O_NONBLOCK) < 0) {
-		r = -errno;
-		goto err_close;
-	}
-	return fd;
-
-err_close:
-	kvs_sys_close(fd);
-	return r;
-}
 
 /* The wall clock in nanoseconds: when a region was created, as `stat` shows it. */
 static uint64_t wall_ns(void)
@@ -505,244 +262,10 @@ static int build(struct kvs_cache *c, const struct dims *d, const struct kvs_cac
 	if (d->keys_only)
 		store_relaxed(&h->populated, d->nframes);
 	kvs_tally_build(c);
-	/* Pairs with the acquire load of magic in check(): readers of a published region see
-	 * every field above. */
+	/* Pairs with the acquire load of magic in kvs_region_check (geometry.c): readers of a
+	 * published region see every field above. */
 	atomic_thread_fence(memory_order_release);
 	h->magic = KVS_MAGIC;
-	return 0;
-}
-
-#define MISMATCH(field, have, want)                                                                \
-	do {                                                                                       \
-		if ((uint64_t)(have) != (uint64_t)(want)) {                                        \
-			snprintf(msg, msglen,                                                      \
-				 "region %s has %s %" PRIu64 ", the configuration wants %" PRIu64  \
-				 " (run `kvshim reset` to rebuild it)",                            \
-				 c->path, field, (uint64_t)(have), (uint64_t)(want));              \
-			return -EPROTO;                                                            \
-		}                                                                                  \
-	} while (0)
-
-/* Refuse a region whose identity or dimensions differ from d. */
-static int check(struct kvs_cache *c, const struct dims *d, size_t file_size, char *msg,
-		 size_t msglen)
-{
-	/* One policy per region: processes evicting differently would defeat each other.  A
-	 * watcher evicts nothing and takes the region's. */
-	int eviction = c->watch ? -1 : c->eviction;
-
-	const struct kvs_hdr *h = c->hdr;
-
-	if (file_size < sizeof(*h)) {
-		snprintf(msg, msglen, "region %s is truncated (%zu bytes)", c->path, file_size);
-		return -EPROTO;
-	}
-	MISMATCH("magic", h->magic, KVS_MAGIC);
-	atomic_thread_fence(memory_order_acquire); /* pairs with the fence in build() */
-	MISMATCH("layout version", h->version, KVS_LAYOUT_VERSION);
-	MISMATCH("header size", h->hdr_bytes, sizeof(*h));
-	MISMATCH("keys only (1: a region of shim.mode = observe)", h->keys_only, d->keys_only);
-	/* The dimensions an operator sets come first, so the message names the key that differs. */
-	MISMATCH("shard_size", h->shard_size, d->shard_size);
-	MISMATCH("capacity", h->capacity, d->capacity);
-	MISMATCH("max_processes", h->nprocs, d->nprocs);
-	MISMATCH("reserved slots", h->nreserved, d->nreserved);
-	if (eviction >= 0)
-		MISMATCH("eviction (0 clock, 1 fifo)", h->eviction, eviction);
-	MISMATCH("slots", h->nslots, d->nframes);
-	MISMATCH("slots per frame", h->per_frame, d->per_frame);
-	MISMATCH("page size", page_of(h->page_size), d->page);
-	if (h->page_kind > KVS_PAGE_HUGETLBFS)
-		MISMATCH("page kind", h->page_kind, KVS_PAGE_BASE);
-	MISMATCH("buckets", h->nbuckets, d->nbuckets);
-	MISMATCH("stripes", h->nstripes, d->nstripes);
-	MISMATCH("total_bytes", h->total_bytes, d->total);
-	MISMATCH("file size", file_size, d->total);
-	MISMATCH("pins per process", h->npins, KVS_PINS_PER_PROC);
-	MISMATCH("off_procs", h->off_procs, d->off_procs);
-	MISMATCH("off_tally", h->off_tally, d->off_tally);
-	MISMATCH("off_stripes", h->off_stripes, d->off_stripes);
-	MISMATCH("off_buckets", h->off_buckets, d->off_buckets);
-	MISMATCH("off_slots", h->off_slots, d->off_slots);
-	MISMATCH("off_frames", h->off_frames, d->off_frames);
-	MISMATCH("off_access", h->off_access, d->off_access);
-	MISMATCH("off_seen", h->off_seen, d->off_seen);
-	MISMATCH("seen entries", h->nseen, d->nseen);
-	MISMATCH("off_wseq", h->off_wseq, d->off_wseq);
-	MISMATCH("off_data", h->off_data, d->off_data);
-	return 0;
-}
-
-/* Format v bytes as a short figure ("1.5 GiB") into buf. */
-static const char *human(uint64_t v, char *buf, size_t len)
-{
-	static const char *const unit[] = {"B", "KiB", "MiB", "GiB", "TiB"};
-	double x = (double)v;
-	int u = 0;
-
-	while (x >= 1024.0 && u < 4) {
-		x /= 1024.0;
-		u++;
-	}
-	snprintf(buf, len, u ? "%.1f %s" : "%.0f %s", x, unit[u]);
-	return buf;
-}
-
-/* Where the room of mem is, for a message: "/dev/shm has 1.5 GiB free", "the pool of 2 MiB
- * huge pages has 0 B free (neither used nor reserved)". */
-static const char *room_text(const struct kvs_memory *mem, const char *dir, uint64_t free_b,
-			     char *buf, size_t len)
-{
-	char a[32], b[32];
-
-	if (mem->hugetlbfs && mem->mount_limited)
-		snprintf(buf, len, "the hugetlbfs %s has %s free within its size=", dir,
-			 human(free_b, b, sizeof(b)));
-	else if (mem->hugetlbfs)
-		snprintf(buf, len,
-			 "the pool of %s huge pages has %s free (neither used nor reserved)",
-			 human(mem->page_size, a, sizeof(a)), human(free_b, b, sizeof(b)));
-	else
-		snprintf(buf, len, "%s has %s free", dir, human(free_b, b, sizeof(b)));
-	return buf;
-}
-
-/* The fix for want more bytes than mem has room for, for a message. */
-static const char *room_fix(const struct kvs_memory *mem, const char *dir, uint64_t want, char *buf,
-			    size_t len)
-{
-	uint64_t short_by = want > mem->free_bytes ? want - mem->free_bytes : 1;
-
-	if (mem->hugetlbfs && mem->mount_limited)
-		snprintf(buf, len, "a larger size= for the hugetlbfs mount %s", dir);
-	else if (mem->hugetlbfs)
-		snprintf(buf, len, "reserve more huge pages (`sysctl -w vm.nr_hugepages=%llu`)",
-			 (unsigned long long)(mem->pool_pages +
-					      (short_by + mem->page_size - 1) / mem->page_size));
-	else if (!strcmp(dir, "/dev/shm"))
-		snprintf(buf, len, "a larger /dev/shm (docker --shm-size)");
-	else
-		snprintf(buf, len, "a larger %s", dir);
-	return buf;
-}
-
-/*
- * Check that a region of d's size fits in the free space that mem (the file system of dir)
- * has, less cache.shm_headroom, or (cache.capacity = auto) set d to the most slots that fit on
- * pages of d->page.  reclaim: bytes that the build frees (the region it replaces), counted as
- * free.  Returns 0, or -ENOSPC with one line in msg.
- */
-static int fit(const struct kvs_memory *mem, const char *dir, struct dims *d,
-	       const struct kvs_cache_params *cfg, uint64_t reclaim, const char *path, char *msg,
-	       size_t msglen)
-{
-	uint64_t shard = cfg->shard_size, free_b, room, n, page = d->page;
-	char a[32], h[32], where[160], fix[96];
-
-	free_b = mem->free_bytes + reclaim;
-	room = free_b > cfg->shm_headroom ? free_b - cfg->shm_headroom : 0;
-	room_text(mem, dir, free_b, where, sizeof(where));
-	human(cfg->shm_headroom, h, sizeof(h));
-	if (cfg->capacity) {
-		if (d->total <= room)
-			return 0;
-		snprintf(msg, msglen,
-			 "cannot build %s: %s: cache.capacity %s needs %s, %s and "
-			 "cache.shm_headroom keeps %s; set a smaller cache.capacity, "
-			 "cache.capacity = auto, or %s",
-			 path, strerror(ENOSPC), human(d->capacity, a, sizeof(a)),
-			 human(d->total, (char[32]){0}, 32), where, h,
-			 room_fix(mem, dir, d->total + cfg->shm_headroom, fix, sizeof(fix)));
-		return -ENOSPC;
-	}
-	/* The control plane grows with the slots: step down until the whole region fits. */
-	n = room / shard;
-	if (n >= (1u << 30))
-		n = (1u << 30) - 1;
-	while (n >= KVS_AUTO_MIN_SLOTS) {
-		if (dims_for(cfg, n, page, d) == 0 && d->total <= room)
-			return 0;
-		uint64_t over = d->total > room ? (d->total - room + shard - 1) / shard : 1;
-		n = n > over ? n - over : 0;
-	}
-	dims_for(cfg, KVS_AUTO_MIN_SLOTS, page, d);
-	snprintf(msg, msglen,
-		 "cannot build %s: %s: cache.capacity = auto, but %s and "
-		 "cache.shm_headroom keeps %s, not room for %u slots of %s; free some, lower "
-		 "cache.shm_headroom, or %s",
-		 path, strerror(ENOSPC), where, h, KVS_AUTO_MIN_SLOTS, human(shard, a, sizeof(a)),
-		 room_fix(mem, dir, d->total + cfg->shm_headroom, fix, sizeof(fix)));
-	return -ENOSPC;
-}
-
-/* Create an unnamed file in dirfd's directory, or where the file system cannot, a file with
- * an unguessable name (written to name); -errno on failure. */
-static int open_unnamed(int dirfd, const char *path, char *name, size_t namelen)
-{
-	unsigned char rnd[16];
-	int fd, n;
-
-	name[0] = '\0';
-	if (!kvs_region_test_no_tmpfile) {
-		fd = kvs_sys_openat(dirfd, ".", O_TMPFILE | O_RDWR | O_CLOEXEC, 0600);
-		if (fd >= 0 || (errno != EOPNOTSUPP && errno != EISDIR && errno != EINVAL))
-			return fd >= 0 ? fd : -errno;
-	}
-	if (getrandom(rnd, sizeof(rnd), 0) != (ssize_t)sizeof(rnd))
-		return -EAGAIN;
-	n = snprintf(name, namelen, "%s.build.%d.", path, (int)getpid());
-	for (size_t i = 0; i < sizeof(rnd) && n > 0 && (size_t)n + 2 < namelen; i++)
-		n += snprintf(name + n, namelen - (size_t)n, "%02x", rnd[i]);
-	fd = kvs_sys_open(name, O_RDWR | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0600);
-	if (fd < 0) {
-		fd = -errno;
-		name[0] = '\0';
-	}
-	return fd;
-}
-
-/* Give the built file fd (named name, or unnamed if name is "") the region's path, replacing
- * what is there only if replace (cache.on_mismatch = rebuild; the caller checked what it
- * replaces).  0, -EEXIST when another creator won, or -errno. */
-static int publish(int fd, const char *name, const char *path, bool replace)
-{
-	char self[32], tmp[300];
-	unsigned char rnd[8];
-	int n;
-
-	if (replace) {
-		if (*name) /* a named build: rename it over the region */
-			return kvs_sys_rename(name, path) ? -errno : 0;
-		/* Unnamed: a name of its own first, which rename then moves over the region. */
-		if (getrandom(rnd, sizeof(rnd), 0) != (ssize_t)sizeof(rnd))
-			return -EAGAIN;
-		n = snprintf(tmp, sizeof(tmp), "%s.build.%d.", path, (int)getpid());
-		for (size_t i = 0; i < sizeof(rnd) && n > 0 && (size_t)n + 2 < sizeof(tmp); i++)
-			n += snprintf(tmp + n, sizeof(tmp) - (size_t)n, "%02x", rnd[i]);
-		snprintf(self, sizeof(self), "/proc/self/fd/%d", fd);
-		if (linkat(AT_FDCWD, self, AT_FDCWD, tmp, AT_SYMLINK_FOLLOW) < 0)
-			return -errno;
-		if (kvs_sys_rename(tmp, path) < 0) {
-			int r = -errno;
-
-			unlink(tmp);
-			return r;
-		}
-		return 0;
-	}
-	if (!*name) {
-		snprintf(self, sizeof(self), "/proc/self/fd/%d", fd);
-		return linkat(AT_FDCWD, self, AT_FDCWD, path, AT_SYMLINK_FOLLOW) ? -errno : 0;
-	}
-	if (kvs_sys_renameat2(AT_FDCWD, name, AT_FDCWD, path, RENAME_NOREPLACE) == 0)
-		return 0;
-	if (errno != EINVAL && errno != ENOSYS)
-		return -errno;
-	/* No RENAME_NOREPLACE either: link, then unlink (two links meanwhile: an attacher in
-	 * that window refuses it and reads storage once). */
-	if (link(name, path) < 0)
-		return -errno;
-	unlink(name);
 	return 0;
 }
 
@@ -826,7 +349,7 @@ static bool lock_creators(int dirfd)
 	return true;
 }
 
-/* Build the region (sized by fit(), which may change d) and publish it; with replace, over
+/* Build the region (sized by kvs_region_fit, which may change d) and publish it; with replace, over
  * the region there, whose reclaim bytes it frees.  Returns the descriptor of the published
  * region, -EEXIST when another process published first, or -errno. */
 static int create(struct kvs_cache *c, struct dims *d, const struct kvs_cache_params *cfg,
@@ -865,15 +388,15 @@ static int create(struct kvs_cache *c, struct dims *d, const struct kvs_cache_pa
 		goto out_dir;
 	}
 	/* The geometry follows the pages this file system gives. */
-	r = dims_of(cfg, mem.page_size, d); /* with capacity = auto, fit() sizes it */
+	r = kvs_dims_of(cfg, mem.page_size, d); /* with capacity = auto, fit() sizes it */
 	if (r) {
 		snprintf(msg, msglen, "the cache dimensions are out of range");
 		goto out_dir;
 	}
-	r = fit(&mem, dir, d, cfg, reclaim, c->path, msg, msglen);
+	r = kvs_region_fit(&mem, dir, d, cfg, reclaim, c->path, msg, msglen);
 	if (r)
 		goto out_dir;
-	fd = open_unnamed(dirfd, c->path, name, sizeof(name));
+	fd = kvs_shm_open_unnamed(dirfd, c->path, name, sizeof(name));
 	if (fd < 0) {
 		r = fd;
 		snprintf(msg, msglen, "cannot create a region in %s: %s", dir, strerror(-r));
@@ -913,7 +436,7 @@ static int create(struct kvs_cache *c, struct dims *d, const struct kvs_cache_pa
 	}
 	if (kvs_region_test_publish_ms) /* a creator slow to publish what it reserved */
 		nap_ms((long)kvs_region_test_publish_ms);
-	r = publish(fd, name, c->path, replace);
+	r = kvs_shm_publish(fd, name, c->path, replace);
 	if (r) {
 		if (r != -EEXIST)
 			snprintf(msg, msglen, "cannot publish %s: %s", c->path, strerror(-r));
@@ -956,11 +479,11 @@ static int attach(struct kvs_cache *c, struct dims *d, const struct kvs_cache_pa
 		r = -errno;
 		goto err_close;
 	}
-	if (c->watch && dims_of_file(c->fd, &mine) == 0)
+	if (c->watch && kvs_dims_of_file(c->fd, &mine) == 0)
 		*d = mine; /* a watcher reads the region as it was built */
-	else if (read_header(c->fd, &built) == 0 &&
-		 (autosize ? dims_for(cfg, built.nslots, built.page_size, &mine)
-			   : dims_of(cfg, built.page_size, &mine)) == 0)
+	else if (kvs_region_read_header(c->fd, &built) == 0 &&
+		 (autosize ? kvs_dims_for(cfg, built.nslots, built.page_size, &mine)
+			   : kvs_dims_of(cfg, built.page_size, &mine)) == 0)
 		/* Its pages are those its creator's file system gave (pages.c); with capacity =
 		 * auto, free space has changed since it was built: take its slot count too. */
 		*d = mine;
@@ -973,7 +496,7 @@ static int attach(struct kvs_cache *c, struct dims *d, const struct kvs_cache_pa
 					       c->fd, 0);
 			if (h != MAP_FAILED) {
 				c->hdr = h;
-				r = check(c, d, (size_t)st.st_size, msg, msglen);
+				r = kvs_region_check(c, d, (size_t)st.st_size, msg, msglen);
 				munmap(h, sizeof(struct kvs_hdr));
 				c->hdr = NULL;
 				if (r)
@@ -995,7 +518,7 @@ static int attach(struct kvs_cache *c, struct dims *d, const struct kvs_cache_pa
 	}
 	c->map_len = len;
 	bind(c, d);
-	r = check(c, d, (size_t)st.st_size, msg, msglen);
+	r = kvs_region_check(c, d, (size_t)st.st_size, msg, msglen);
 	if (r)
 		goto err_unmap;
 	c->eviction = (int)c->hdr->eviction;
@@ -1119,7 +642,7 @@ int kvs_cache_open(const struct kvs_cache_params *cfg, int flags, struct kvs_cac
 	}
 	kvs_node_clock_init(); /* the shared times are the initial time namespace's */
 	msg[0] = '\0';
-	r = dims_of(cfg, KVS_PAGE, &d); /* the pages: those of a region there, or of create() */
+	r = kvs_dims_of(cfg, KVS_PAGE, &d); /* the pages: those of a region there, or of create() */
 	if (r) {
 		snprintf(msg, msglen, "the cache dimensions are out of range");
 		return r;
@@ -1246,165 +769,4 @@ void kvs_cache_forget(struct kvs_cache *c)
 	kvs_close_if_ours(c->fd, c->fd_dev, c->fd_ino);
 	/* The reclaim mutex may have been held by a thread that does not exist in the child:
 	 * do not touch it; the handle's memory is abandoned with it. */
-}
-
-int kvs_cache_fits(const struct kvs_cache_params *cfg, char *msg, size_t msglen)
-{
-	char path[sizeof(((struct kvs_cache *)0)->path)], dir[sizeof(path)];
-	struct kvs_memory mem;
-	const char *slash;
-	struct dims d;
-	int dirfd, r;
-
-	msg[0] = '\0';
-	r = kvs_cache_path(cfg, path, sizeof(path));
-	if (r)
-		return r;
-	slash = strrchr(path, '/');
-	snprintf(dir, sizeof(dir), "%.*s", slash != path ? (int)(slash - path) : 1,
-		 slash != path ? path : "/");
-	dirfd = kvs_sys_open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-	if (dirfd < 0) {
-		r = -errno;
-		snprintf(msg, msglen, "cannot open %s (cache.dir): %s", dir, strerror(-r));
-		return r;
-	}
-	r = kvs_memory_probe(dirfd, cfg->huge_pages, &mem);
-	if (r) {
-		snprintf(msg, msglen, "cannot tell what memory %s (cache.dir) gives: %s", dir,
-			 strerror(-r));
-		goto out;
-	}
-	if (dims_of(cfg, mem.page_size, &d)) {
-		snprintf(msg, msglen, "the cache dimensions are out of range");
-		r = -EINVAL;
-		goto out;
-	}
-	r = fit(&mem, dir, &d, cfg, 0, path, msg, msglen); /* the rule create() applies */
-out:
-	kvs_sys_close(dirfd);
-	return r;
-}
-
-int kvs_cache_check_config(struct kvs_cache *c, const struct kvs_cache_params *cfg, char *msg,
-			   size_t msglen)
-{
-	int eviction = c->eviction;
-	bool watch = c->watch;
-	struct stat st;
-	struct dims d;
-	int r;
-
-	msg[0] = '\0';
-	/* As attach() does: capacity = auto takes the region's own slot count. */
-	r = cfg->capacity ? dims_of(cfg, c->page_size, &d)
-			  : dims_for(cfg, c->hdr->nslots, c->page_size, &d);
-	if (r) {
-		snprintf(msg, msglen, "the cache dimensions are out of range");
-		return -EINVAL;
-	}
-	if (fstat(c->fd, &st) < 0)
-		return -errno;
-	/* check() as an attacher of this configuration would run it. */
-	c->watch = false;
-	c->eviction = cfg->eviction;
-	r = check(c, &d, (size_t)st.st_size, msg, msglen);
-	c->watch = watch;
-	c->eviction = eviction;
-	return r;
-}
-
-uint64_t kvs_cache_shard_size(const struct kvs_cache *c)
-{
-	return c->shard_size;
-}
-
-uint64_t kvs_cache_page_size(const struct kvs_cache *c)
-{
-	return c->page_size;
-}
-
-uint32_t kvs_cache_slots(const struct kvs_cache *c)
-{
-	return c->nframes;
-}
-
-int kvs_cache_self(const struct kvs_cache *c)
-{
-	return c->self;
-}
-
-int kvs_cache_stat(struct kvs_cache *c, struct kvs_region_info *info, struct kvs_counters *totals,
-		   struct kvs_proc_info *procs, int nprocs)
-{
-	int n = 0;
-	bool locked;
-
-	memset(info, 0, sizeof(*info));
-	memset(totals, 0, sizeof(*totals));
-	info->capacity_bytes = c->hdr->capacity;
-	info->shard_size = c->shard_size;
-	info->total_bytes = c->hdr->total_bytes;
-	info->slots = c->nframes;
-	info->reserved_slots = c->nframes - c->nmain;
-	info->max_processes = c->nprocs;
-	/* Pairs with the walker's release store: the reason is stored before the errno. */
-	info->populate_err = load_acquire(&c->hdr->populate_err);
-	info->populate_reason =
-	    kvs_populate_reason(load_relaxed(&c->hdr->populate_why), info->populate_err);
-	info->populate_mode = load_relaxed(&c->hdr->populate_mode);
-	if (info->populate_mode > KVS_POPULATE_AHEAD)
-		info->populate_mode = KVS_POPULATE_LAZY;
-	info->refused_attaches = load_relaxed(&c->hdr->refused_attaches);
-	info->created_ns = c->hdr->created_ns;
-	memcpy(info->built_by, c->hdr->built_by, sizeof(c->hdr->built_by));
-	info->page_kind = c->page_kind;
-	info->page_size = c->page_size;
-	info->numa = c->numa;
-	info->keys_only = c->keys_only;
-	info->shm_free_bytes = kvs_memory_free(c->fd, c->page_kind);
-	for (uint32_t i = 0; i < c->nslots; i++) {
-		uint32_t w = load_relaxed(&c->slots[i].state), st = st_of(w);
-
-		if (w == KVS_ST_CLAIMED_BY(KVS_PACK_OWNER))
-			continue; /* room of the open frame (pack.c), not a claim of anyone's */
-
-		info->slots_ready += st == KVS_SLOT_READY;
-		info->slots_loading += st == KVS_SLOT_LOADING;
-		info->slots_failed += st == KVS_SLOT_FAILED;
-		info->slots_claimed += st == KVS_SLOT_CLAIMED;
-		info->slots_pinned += load_relaxed(&c->slots[i].refs) != 0;
-		if (st == KVS_SLOT_READY)
-			info->bytes_ready += load_relaxed(&c->slots[i].length);
-	}
-	for (uint32_t f = 0; f < c->nframes; f++)
-		info->slots_populated += load_relaxed(&c->fpages[f]) == KVS_PAGES_OK;
-	/* A stuck proc_lock must not hang `kvshim stat`: read the table without it, and say so. */
-	locked = kvs_proc_lock(c) == 0;
-	info->procs_unlocked = !locked;
-	for (int k = 0; k < KVS_NCOUNTERS; k++)
-		totals->v[k] = load_relaxed(&c->hdr->totals[k]);
-	for (uint32_t i = 0; i < c->nprocs; i++) {
-		struct kvs_proc *p = proc_at(c, i);
-
-		if (load_relaxed(&p->state) != KVS_PROC_ACTIVE)
-			continue;
-		bool alive = (int)i == c->self || kvs_proc_alive(c, i);
-
-		info->processes_attached += alive;
-		for (int k = 0; k < KVS_NCOUNTERS; k++)
-			totals->v[k] += load_relaxed(&p->ctr[k]);
-		if (procs && n < nprocs) {
-			procs[n].pid = p->pid;
-			procs[n].pidns = p->pidns;
-			procs[n].rank = load_relaxed(&p->rank);
-			procs[n].alive = alive;
-			for (int k = 0; k < KVS_NCOUNTERS; k++)
-				procs[n].ctr.v[k] = load_relaxed(&p->ctr[k]);
-		}
-		n++;
-	}
-	if (locked)
-		kvs_proc_unlock(c);
-	return n;
 }

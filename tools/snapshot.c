@@ -183,7 +183,8 @@ static bool all_of(const char *s, size_t n, const char *set)
 }
 
 /* True when name ends in ".tmp.<pid>.<n>" or ".build.<pid>.<32 hex>": what a creator that
- * died left behind (cache/region.c builds the region there and renames it into place). */
+ * died left behind (cache/region.c builds the region there and cache/shmfile.c renames it into
+ * place). */
 static bool leftover(const char *name)
 {
 	static const char dec[] = "0123456789", hex[] = "0123456789abcdef";
