@@ -285,6 +285,12 @@ int kvs_slot_take_over(struct kvs_cache *c, uint32_t slot, uint32_t owner);
 void kvs_wseq_repair(struct kvs_cache *c, uint32_t p);
 /* slot.c: retry this process's deferred releases (kvs_cache_release could not lock). */
 void kvs_slot_retry_deferred(struct kvs_cache *c);
+/* slot.c: find key in bucket b; caller holds its stripe.  Returns the slot, KVS_NIL, or
+ * -EUCLEAN as a negative int when the chain leaves bounds or loops. */
+int64_t kvs_slot_find_locked(struct kvs_cache *c, uint32_t b, const struct kvs_key *key);
+/* slot.c: take slot i, just unlinked from bucket b, out of use: free it if unpinned, else leave
+ * it an orphan that its last release frees.  Caller holds the stripe. */
+void kvs_slot_drop_unlinked_locked(struct kvs_cache *c, uint32_t i, uint32_t b);
 /* slot.c: unlink slot from its chain; caller holds the stripe. */
 int kvs_slot_unlink_locked(struct kvs_cache *c, uint32_t slot, uint32_t bucket);
 /* slot.c: take hashed slot i of bucket b out of use (unlinked, then freed if unpinned, else an

@@ -1,5 +1,6 @@
 /*
- * slot: pin, release, publish, look up, preallocate and invalidate (protocol: region.c).
+ * slot: pin, release, publish, look up and preallocate (protocol: region.c); invalidation is
+ * invalidate.c's.
  *
  * Deferred releases.  A release must lock the slot's stripe to drop refs and the pin-table
  * entry together.  When that lock is stuck (lock.c gives up with -EUCLEAN) the release is not
@@ -32,9 +33,7 @@
 #define or_relaxed(p, v)  atomic_fetch_or_explicit((p), (v), memory_order_relaxed)
 #define and_relaxed(p, v) atomic_fetch_and_explicit((p), (v), memory_order_relaxed)
 
-/* Find key in bucket b; caller holds its stripe.  Returns the slot, KVS_NIL, or -EUCLEAN as
- * a negative int when the chain leaves bounds or loops. */
-static int64_t find_locked(struct kvs_cache *c, uint32_t b, const struct kvs_key *key)
+int64_t kvs_slot_find_locked(struct kvs_cache *c, uint32_t b, const struct kvs_key *key)
 {
 	uint32_t i = load_relaxed(&c->buckets[b]);
 
@@ -92,7 +91,7 @@ static int drop_locked(struct kvs_cache *c, uint32_t i, uint32_t b);
 /* find_locked, with an expired slot dropped and reported absent (KVS_NIL). */
 int64_t kvs_slot_find_fresh_locked(struct kvs_cache *c, uint32_t b, const struct kvs_key *key)
 {
-	int64_t i = find_locked(c, b, key);
+	int64_t i = kvs_slot_find_locked(c, b, key);
 
 	if (i < 0 || i == KVS_NIL)
 		return i;
@@ -530,9 +529,7 @@ int kvs_cache_lookup(struct kvs_cache *c, const struct kvs_key *key)
 	return r;
 }
 
-/* Take slot i, just unlinked from bucket b, out of use: free it if unpinned, else leave it an
- * orphan that its last release frees.  Caller holds the stripe. */
-static void drop_unlinked_locked(struct kvs_cache *c, uint32_t i, uint32_t b)
+void kvs_slot_drop_unlinked_locked(struct kvs_cache *c, uint32_t i, uint32_t b)
 {
 	struct kvs_slot *s = &c->slots[i];
 
@@ -552,90 +549,8 @@ static int drop_locked(struct kvs_cache *c, uint32_t i, uint32_t b)
 	int r = kvs_slot_unlink_locked(c, i, b);
 
 	if (r == 0)
-		drop_unlinked_locked(c, i, b);
+		kvs_slot_drop_unlinked_locked(c, i, b);
 	return r;
-}
-
-/* Invalidate shard by shard: a short range.  Returns the number removed or -EUCLEAN. */
-static int invalidate_keys(struct kvs_cache *c, const struct kvs_key *block, uint64_t first,
-			   uint64_t last)
-{
-	int removed = 0, err = 0;
-
-	for (uint64_t sh = first;; sh++) {
-		struct kvs_key k = {block->block_lo, block->block_hi, sh};
-		uint32_t b = key_bucket(c, &k), stripe = bucket_stripe(c, b);
-		int64_t i;
-
-		if (kvs_stripe_lock(c, stripe)) {
-			err = -EUCLEAN; /* the others can still go */
-		} else {
-			i = find_locked(c, b, &k);
-			if (i < 0)
-				err = -EUCLEAN;
-			else if (i != KVS_NIL && kvs_slot_unlink_locked(c, (uint32_t)i, b) == 0) {
-				drop_unlinked_locked(c, (uint32_t)i, b);
-				removed++;
-			}
-			kvs_stripe_unlock(c, stripe);
-		}
-		if (sh == last)
-			break;
-	}
-	return err ? err : removed;
-}
-
-/* Invalidate by walking every chain, one stripe at a time: a range longer than the cache has
- * slots.  Returns the number removed or -EUCLEAN. */
-static int invalidate_scan(struct kvs_cache *c, const struct kvs_key *block, uint64_t first,
-			   uint64_t last)
-{
-	int removed = 0, err = 0;
-
-	for (uint32_t stripe = 0; stripe < c->nstripes; stripe++) {
-		if (kvs_stripe_lock(c, stripe)) {
-			err = -EUCLEAN;
-			continue;
-		}
-		for (uint32_t b = stripe; b < c->nbuckets; b += c->nstripes) {
-			_Atomic uint32_t *link = &c->buckets[b];
-
-			for (uint32_t steps = 0;; steps++) {
-				uint32_t i = load_relaxed(link);
-
-				if (i == KVS_NIL)
-					break;
-				if (i >= c->nslots || steps > c->nslots) {
-					err = -EUCLEAN;
-					break;
-				}
-				struct kvs_slot *s = &c->slots[i];
-				if (s->key[0] != block->block_lo || s->key[1] != block->block_hi ||
-				    s->key[2] < first || s->key[2] > last) {
-					link = &s->next;
-					continue;
-				}
-				/* Unlink in place; link then names the next slot. */
-				store_relaxed(link, load_relaxed(&s->next));
-				store_relaxed(&s->next, KVS_NIL);
-				drop_unlinked_locked(c, i, b);
-				removed++;
-			}
-		}
-		kvs_stripe_unlock(c, stripe);
-	}
-	return err ? err : removed;
-}
-
-int kvs_cache_invalidate(struct kvs_cache *c, const struct kvs_key *block, uint64_t first,
-			 uint64_t last)
-{
-	if (last < first)
-		return 0;
-	/* More shards than slots: fewer locks to visit every chain than every shard. */
-	if (last - first >= c->nslots)
-		return invalidate_scan(c, block, first, last);
-	return invalidate_keys(c, block, first, last);
 }
 
 /* Return every pin that dead process p recorded, failing the loads it owned.  Caller holds
