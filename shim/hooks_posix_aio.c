@@ -24,8 +24,10 @@
  * lio_listio: served entries are started first; the others (writes, after invalidating the
  * shards they change; LIO_NOP; reads not served) go to the real lio_listio in one call, in
  * their order.  A group counts what is outstanding: one hold by the caller, each served entry,
- * and the real part as one (glibc tells us with a SIGEV_THREAD of ours when its part is done).
- * LIO_WAIT waits for the real part in the real call, then for the served entries on cond.
+ * and the real part as one (glibc tells us with a SIGEV_THREAD of ours when its part is done;
+ * that function blocks every signal on glibc's notification thread before it may notify, so
+ * the list-wide signal is never delivered to the thread that sends it).  LIO_WAIT waits for the
+ * real part in the real call, then for the served entries on cond.
  *
  * Locks: mu guards both tables (and the write notes' pool), every group's fields and inflight's
  * writes; cond is broadcast on every served completion (aio_suspend and LIO_WAIT wait on it).
@@ -458,11 +460,19 @@ static void group_notify(struct group *g)
 	}
 }
 
-/* glibc's SIGEV_THREAD for the real part of a LIO_NOWAIT list: every real entry is over. */
+/* glibc's SIGEV_THREAD for the real part of a LIO_NOWAIT list: every real entry is over.  It
+ * runs on glibc's notification thread, which glibc starts with no signal blocked (for the
+ * program's own SIGEV_THREAD functions) and ends when this returns.  A list-wide signal sent
+ * from a thread that takes it would be delivered to that thread (the kernel prefers the
+ * sender), whose default action for an RT signal kills the process; glibc sends its own from
+ * its helper thread, where every signal is blocked.  So block them all here, for good. */
 static void real_part_done(union sigval v)
 {
 	struct group *g = v.sival_ptr, *last;
+	sigset_t all;
 
+	sigfillset(&all);
+	pthread_sigmask(SIG_SETMASK, &all, NULL);
 	lock_mu();
 	last = group_put(g);
 	unlock_mu();
