@@ -265,6 +265,14 @@ void kvs_anchor_put(int a)
 		finish(t, a, w); /* the last read of a retired anchor */
 }
 
+void kvs_anchor_hold(int a)
+{
+	struct tables *t = tables_get(false);
+
+	if (a >= 0 && a < FD_SLOTS && t)
+		atomic_fetch_add(&t->refs[a], 1); /* the caller's own reference keeps it open */
+}
+
 static bool take(struct tables *t, int a)
 {
 	uint32_t w = atomic_load(&t->refs[a]);

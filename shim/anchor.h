@@ -46,6 +46,11 @@ int kvs_anchor_get(int fd, const struct kvs_fdinfo *fi);
  * A negative anchor is ignored. */
 void kvs_anchor_put(int anchor);
 
+/* One more reference on anchor, which the caller holds one on already (so it cannot be closed
+ * meanwhile): for work that uses it later, on another thread (atime.c), and ends with
+ * kvs_anchor_put.  Atomics only. */
+void kvs_anchor_hold(int anchor);
+
 /* The program is about to close fd: retire its anchor, if any (closed now, or parked while the
  * program may hold locks on the file, or when the last reference goes), waiting for the mutex
  * as kvs_anchor_get does.  One load when fd has none. */

@@ -2,14 +2,14 @@
  * atime: see atime.h.
  *
  * DESIGN.  A queue of KVS_ATIME_JOBS entries, each a state word: FREE, then FILLING (claimed
- * by CAS by a reader thread, which dups its anchor and fills the entry), READY (release store),
- * TAKEN (CAS by the worker, which takes the descriptor out of the entry), FREE again once the
- * worker has closed it.  The worker is started at the attach (kvs_atime_start), never on the
- * read path, which may run in a signal handler.  The worker
- * sleeps on a futex word every note moves.  No lock anywhere: a note may come from a signal
- * handler that interrupted a served read.  A full queue drops the note (the next hit notes
- * again, a day later at the most).  recent[] remembers, racily, which files were noted in the
- * last day (a tag and a time per entry): a lost or torn entry only lets a file be read twice.
+ * by CAS by a reader thread, which holds its anchor and fills the entry), READY (release store),
+ * TAKEN (CAS by the worker, which takes the anchor out of the entry), FREE again once the
+ * worker has put its reference.  The worker is started at the attach (kvs_atime_start), never on
+ * the read path, which may run in a signal handler.  The worker sleeps on a futex word every note
+ * moves.  No lock anywhere: a note may come from a signal handler that interrupted a served read.
+ * A full queue drops the note (the next hit notes again, a day later at the most).  recent[]
+ * remembers, racily, which files were noted in the last day (a tag and a time per entry): a lost or
+ * torn entry only lets a file be read twice.
  *
  * The worker checks the file again before it reads (statx: still due?), so a file whose atime
  * a storage read moved meanwhile costs no read.  Its read is the first block of the file
@@ -18,10 +18,13 @@
  * we are gets futimens(atime now, mtime as it is) instead: it moves ctime, which is no part of
  * that file's id, and reads nothing from storage.
  *
- * The dup is a number in the program's table.  A program that closes every descriptor with
- * raw calls (a daemon's close loop, close_range) and opens its own may be given that number
- * while the job waits: the worker and a fork child (kvs_atime_atfork_child) act on the
- * number, and close it, only while it is still the file the job noted (kvs_close_if_ours).
+ * A job holds a reference on the reader's anchor (kvs_anchor_hold), not a descriptor of its
+ * own: closing any descriptor of a file drops the process's POSIX record locks on it, and an
+ * anchor is closed only as anchor.h allows (parked while the program may hold locks).  The
+ * worker reads through the anchor, then puts its reference.  A program that closes every
+ * descriptor with raw calls (a daemon's close loop, close_range) may be given the anchor's
+ * number meanwhile: the worker acts on it only while it is still the file the job noted.  A
+ * fork child forgets the queue (its anchors are anchor.c's to close).
  */
 #include <errno.h>
 #include <fcntl.h>
@@ -32,6 +35,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "anchor.h"
 #include "atime.h"
 #include "cache.h"
 #include "real.h"
@@ -50,7 +54,7 @@ struct job {
 	int rule;	 /* the mount's atime rule (fdinfo.h) */
 	bool write_once; /* keyed by birth: ctime is no part of its id */
 	uint32_t len;
-	uint64_t dev, ino; /* the file fd is of, while fd is still ours (kvs_close_if_ours) */
+	uint64_t dev, ino; /* the file the job noted: fd (an anchor) is acted on while it is this */
 	struct kvs_cache *c;
 };
 
@@ -105,7 +109,7 @@ static void run(struct job *j, int fd)
 	    ((j->write_once && kvs_real.futimens(fd, now_omit) == 0) ||
 	     kvs_real.pread(fd, buf, j->len, 0) > 0))
 		kvs_cache_count(j->c, KVS_CTR_atime_updates, 1);
-	kvs_close_if_ours(fd, j->dev, j->ino);
+	kvs_anchor_put(fd);
 }
 
 static void *worker_main(void *arg)
@@ -160,11 +164,8 @@ void kvs_atime_note(struct kvs_cache *c, int anchor, const struct kvs_fdinfo *fi
 
 		if (!atomic_compare_exchange_strong(&j->state, &free_, J_FILLING))
 			continue;
-		j->fd = kvs_real.fcntl(anchor, F_DUPFD_CLOEXEC, 0);
-		if (j->fd < 0) {
-			atomic_store_explicit(&j->state, J_FREE, memory_order_relaxed);
-			break;
-		}
+		kvs_anchor_hold(anchor); /* the worker puts it */
+		j->fd = anchor;
 		uint32_t len = fi->dio_off_align > 4096 ? fi->dio_off_align : 4096;
 		j->len = len < KVS_ATIME_BUF ? len : KVS_ATIME_BUF;
 		j->c = c;
@@ -184,13 +185,9 @@ void kvs_atime_note(struct kvs_cache *c, int anchor, const struct kvs_fdinfo *fi
 
 void kvs_atime_atfork_child(void)
 {
-	for (int i = 0; i < KVS_ATIME_JOBS; i++) {
-		uint32_t st = atomic_load_explicit(&jobs[i].state, memory_order_relaxed);
-
-		if (st == J_READY) /* queued, never taken: ours, if the program left it so */
-			kvs_close_if_ours(jobs[i].fd, jobs[i].dev, jobs[i].ino);
-		/* FILLING: its dup may be made or not (left); TAKEN: the worker's (gone). */
+	/* A queued or taken job holds a reference on an anchor of the parent's tables, which the
+	 * child closes and forgets (kvs_anchor_atfork_child): only the queue is forgotten here. */
+	for (int i = 0; i < KVS_ATIME_JOBS; i++)
 		atomic_store_explicit(&jobs[i].state, J_FREE, memory_order_relaxed);
-	}
 	atomic_store(&started, 0);
 }
