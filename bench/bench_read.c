@@ -112,8 +112,8 @@ static int bench_memcpy(size_t mib)
 #define MADV_POPULATE_WRITE 23
 #endif
 
-/* The shim's buffer check (shim/progmem.c, kvs_progmem_writable): an atomic add of 0 to the first word of
- * the buffer's first and last page (FUTEX_WAKE_OP), msync(MS_ASYNC) over all of it. */
+/* The shim's buffer check (shim/progmem.c, kvs_progmem_writable): an atomic add of 0 to the first
+ * word of the buffer's first and last page (FUTEX_WAKE_OP), msync(MS_ASYNC) over all of it. */
 static int check_like_shim(char *buf, size_t len)
 {
 	for (int k = 0; k < 2; k++) {

@@ -173,8 +173,8 @@ static struct entry *table_get(bool create)
 
 	if (t || !create)
 		return t;
-	t = kvs_sys_mmap(NULL, FD_SLOTS * sizeof(*t), PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS,
-		 -1, 0);
+	t = kvs_sys_mmap(NULL, FD_SLOTS * sizeof(*t), PROT_READ | PROT_WRITE,
+			 MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
 	if (t == MAP_FAILED)
 		return NULL;
 	struct entry *expect = NULL;

@@ -152,7 +152,7 @@ static void emit(const char *line, size_t n)
 	if (!e) {
 		/* libc's syscall() (ours passes openat through): -1 and errno on failure. */
 		fd = kvs_syscall(SYS_openat, AT_FDCWD, log_path,
-			     O_WRONLY | O_APPEND | O_CREAT | O_CLOEXEC, 0600);
+				 O_WRONLY | O_APPEND | O_CREAT | O_CLOEXEC, 0600);
 		if (fd >= 0) {
 			kvs_syscall(SYS_write, (int)fd, line, n);
 			kvs_syscall(SYS_close, (int)fd); /* pairs with the openat above */

@@ -70,7 +70,7 @@ bool kvs_touch_before(struct kvs_touch *t, const struct kvs_touch_target *tg)
 	if (!tg->on_fd) {
 		/* openat reads the path through the kernel: a bad pointer is its EFAULT. */
 		t->fd = kvs_sys_openat(tg->dirfd, tg->path,
-			       O_PATH | O_CLOEXEC | (tg->nofollow ? O_NOFOLLOW : 0));
+				       O_PATH | O_CLOEXEC | (tg->nofollow ? O_NOFOLLOW : 0));
 		if (t->fd < 0)
 			goto out;
 		t->own_fd = true;
