@@ -11,6 +11,7 @@
 #include <sys/syscall.h>
 
 #include "geometry.h"
+#include "shmfile.h"
 #include "internal.h"
 #include "raw.h"
 #include "sys.h"
@@ -319,7 +320,6 @@ int kvs_cache_fits(const struct kvs_cache_params *cfg, char *msg, size_t msglen)
 {
 	char path[sizeof(((struct kvs_cache *)0)->path)], dir[sizeof(path)];
 	struct kvs_memory mem;
-	const char *slash;
 	struct dims d;
 	int dirfd, r;
 
@@ -327,21 +327,9 @@ int kvs_cache_fits(const struct kvs_cache_params *cfg, char *msg, size_t msglen)
 	r = kvs_cache_path(cfg, path, sizeof(path));
 	if (r)
 		return r;
-	slash = strrchr(path, '/');
-	snprintf(dir, sizeof(dir), "%.*s", slash != path ? (int)(slash - path) : 1,
-		 slash != path ? path : "/");
-	dirfd = kvs_sys_open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-	if (dirfd < 0) {
-		r = -errno;
-		snprintf(msg, msglen, "cannot open %s (cache.dir): %s", dir, strerror(-r));
-		return r;
-	}
-	r = kvs_memory_probe(dirfd, cfg->huge_pages, &mem);
-	if (r) {
-		snprintf(msg, msglen, "cannot tell what memory %s (cache.dir) gives: %s", dir,
-			 strerror(-r));
-		goto out;
-	}
+	dirfd = kvs_shm_open_dir(path, cfg, dir, sizeof(dir), &mem, msg, msglen);
+	if (dirfd < 0)
+		return dirfd;
 	if (kvs_dims_of(cfg, mem.page_size, &d)) {
 		snprintf(msg, msglen, "the cache dimensions are out of range");
 		r = -EINVAL;

@@ -356,32 +356,21 @@ static int create(struct kvs_cache *c, struct dims *d, const struct kvs_cache_pa
 		  bool replace, uint64_t reclaim, char *msg, size_t msglen)
 {
 	char dir[sizeof(c->path)], name[sizeof(c->path) + 64];
-	const char *slash = strrchr(c->path, '/');
+	const char *slash = strrchr(c->path, '/'), *base = slash ? slash + 1 : c->path;
 	struct kvs_memory mem;
 	int dirfd, fd, r;
 
 	name[0] = '\0';
-	snprintf(dir, sizeof(dir), "%.*s", slash ? (int)(slash - c->path) : 1,
-		 slash && slash != c->path ? c->path : "/");
-	dirfd = kvs_sys_open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-	if (dirfd < 0) {
-		r = -errno;
-		snprintf(msg, msglen, "cannot open %s (cache.dir): %s", dir, strerror(-r));
-		return r;
-	}
-	r = kvs_memory_probe(dirfd, cfg->huge_pages, &mem);
-	if (r) {
-		snprintf(msg, msglen, "cannot tell what memory %s (cache.dir) gives: %s", dir,
-			 strerror(-r));
-		goto out_dir;
-	}
+	dirfd = kvs_shm_open_dir(c->path, cfg, dir, sizeof(dir), &mem, msg, msglen);
+	if (dirfd < 0)
+		return dirfd;
 	if (mem.hugetlbfs && lock_creators(dirfd) && !replace &&
-	    faccessat(dirfd, slash + 1, F_OK, AT_SYMLINK_NOFOLLOW) == 0) {
+	    faccessat(dirfd, base, F_OK, AT_SYMLINK_NOFOLLOW) == 0) {
 		r = -EEXIST; /* published while this one waited: attach to it */
 		goto out_dir;
 	}
-	if (mem.hugetlbfs) /* what the pool has now, the winner's reservation counted */
-		r = kvs_memory_probe(dirfd, cfg->huge_pages, &mem);
+	/* On a hugetlbfs, what the pool has now, the winner's reservation counted. */
+	r = mem.hugetlbfs ? kvs_memory_probe(dirfd, cfg->huge_pages, &mem) : 0;
 	if (r) {
 		snprintf(msg, msglen, "cannot tell what memory %s (cache.dir) gives: %s", dir,
 			 strerror(-r));

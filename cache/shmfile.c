@@ -181,3 +181,27 @@ int kvs_shm_publish(int fd, const char *name, const char *path, bool replace)
 	unlink(name);
 	return 0;
 }
+
+int kvs_shm_open_dir(const char *path, const struct kvs_cache_params *cfg, char *dir, size_t dirlen,
+		     struct kvs_memory *mem, char *msg, size_t msglen)
+{
+	const char *slash = strrchr(path, '/');
+	int dirfd, r;
+
+	snprintf(dir, dirlen, "%.*s", slash && slash != path ? (int)(slash - path) : 1,
+		 slash && slash != path ? path : "/");
+	dirfd = kvs_sys_open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+	if (dirfd < 0) {
+		r = -errno;
+		snprintf(msg, msglen, "cannot open %s (cache.dir): %s", dir, strerror(-r));
+		return r;
+	}
+	r = kvs_memory_probe(dirfd, cfg->huge_pages, mem);
+	if (r) {
+		snprintf(msg, msglen, "cannot tell what memory %s (cache.dir) gives: %s", dir,
+			 strerror(-r));
+		kvs_sys_close(dirfd);
+		return r;
+	}
+	return dirfd;
+}

@@ -19,4 +19,12 @@ int kvs_shm_open_unnamed(int dirfd, const char *path, char *name, size_t namelen
  * replaces).  0, -EEXIST when another creator won, or -errno. */
 int kvs_shm_publish(int fd, const char *name, const char *path, bool replace);
 
+struct kvs_memory;
+struct kvs_cache_params;
+
+/* Open the directory of the region path (O_DIRECTORY, into dir) and tell what memory its file
+ * system gives (pages.c).  The directory's descriptor, or -errno with one line in msg. */
+int kvs_shm_open_dir(const char *path, const struct kvs_cache_params *cfg, char *dir, size_t dirlen,
+		     struct kvs_memory *mem, char *msg, size_t msglen);
+
 #endif
