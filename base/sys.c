@@ -1,7 +1,9 @@
 /*
  * sys: see sys.h.
  */
+#include <errno.h>
 #include <fcntl.h>
+#include <limits.h>
 #include <signal.h>
 #include <stdbool.h>
 #include <string.h>
@@ -72,15 +74,40 @@ out:
 	atomic_store_explicit(&kvs_node_offset_ns, off, memory_order_relaxed);
 }
 
-void kvs_close_if_ours(int fd, uint64_t dev, uint64_t ino)
+bool kvs_fd_is(int fd, uint64_t dev, uint64_t ino)
 {
 	struct stat st;
-	int fl;
+	int saved = errno;
+	int fl = fd < 0 ? -1 : (int)kvs_syscall(SYS_fcntl, fd, F_GETFD);
+	bool ours = fl >= 0 && (fl & FD_CLOEXEC) && fstat(fd, &st) == 0 &&
+		    (uint64_t)st.st_dev == dev && (uint64_t)st.st_ino == ino;
 
-	if (fd < 0)
-		return;
-	fl = (int)kvs_syscall(SYS_fcntl, fd, F_GETFD);
-	if (fl >= 0 && (fl & FD_CLOEXEC) && fstat(fd, &st) == 0 && (uint64_t)st.st_dev == dev &&
-	    (uint64_t)st.st_ino == ino)
+	errno = saved;
+	return ours;
+}
+
+void kvs_close_if_ours(int fd, uint64_t dev, uint64_t ino)
+{
+	if (kvs_fd_is(fd, dev, ino))
 		kvs_syscall(SYS_close, fd);
+}
+
+bool kvs_fd_move_above(_Atomic int *fd, unsigned int lo, unsigned int hi, uint64_t dev,
+		       uint64_t ino)
+{
+	int old = atomic_load_explicit(fd, memory_order_acquire);
+
+	if (old < 0 || (unsigned int)old < lo || (unsigned int)old > hi)
+		return true; /* not among the numbers closed */
+	if (hi >= INT_MAX || !kvs_fd_is(old, dev, ino))
+		return false;
+	int saved = errno;
+	int nd = (int)kvs_syscall(SYS_fcntl, old, F_DUPFD_CLOEXEC, (int)hi + 1);
+	errno = saved;
+	if (nd < 0)
+		return false; /* no number above hi (RLIMIT_NOFILE): it goes with the close */
+	/* Another closing thread may have moved it first: then this copy is not needed. */
+	if (!atomic_compare_exchange_strong(fd, &old, nd))
+		kvs_syscall(SYS_close, nd);
+	return true;
 }

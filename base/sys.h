@@ -69,10 +69,32 @@ static inline uint64_t kvs_node_ns(void)
 	       (uint64_t)atomic_load_explicit(&kvs_node_offset_ns, memory_order_relaxed);
 }
 
-/* Close fd only if it is still a descriptor of ours: O_CLOEXEC (every descriptor the cache
- * opens has it) and of the file (dev, ino).  A program may have closed our number and reused
- * it; then it is left alone.  A raw close: never the program's hooked one. */
+/*
+ * The shim's own long-held descriptors (the region's, the populate walk's, the anchors) live
+ * among the program's numbers, and a program may close them: a daemon's close loop,
+ * close_range, a dup2 onto a number it thinks free.  Its next open may then get the number.
+ * From then on, using the number would act on the program's file (a fallocate that grows it,
+ * an unlock of its record locks, a close of its pipe), so every use of such a descriptor after
+ * the moment it was made asks first:
+ *
+ * kvs_fd_is: is fd still a descriptor of ours?  Open, O_CLOEXEC (every descriptor the shim
+ * makes has it) and of the file (dev, ino).  A number the program reopened on the same file
+ * with O_CLOEXEC passes: using it is harmless (the shim only reads, allocates and locks what
+ * its own region or anchor would), closing it is not, which is why the close hooks also tell
+ * the owners first (kvs_fd_move_above, anchor.h's kvs_anchor_numbers_closing).
+ *
+ * kvs_close_if_ours: close fd only if kvs_fd_is.  A raw close: never the program's hooked one.
+ *
+ * kvs_fd_move_above: *fd (of dev, ino) is about to be closed by the program, as one of the
+ * numbers lo to hi: move it to a new number above hi (F_DUPFD_CLOEXEC: the same open file
+ * description, so its record locks stay) and publish that in *fd.  False when it could not
+ * move (no number above hi: a close_range to the top); the program's close then takes it, and
+ * kvs_fd_is says so at the next use.  Async-signal-safe, lock-free: close is.
+ */
+bool kvs_fd_is(int fd, uint64_t dev, uint64_t ino);
 void kvs_close_if_ours(int fd, uint64_t dev, uint64_t ino);
+bool kvs_fd_move_above(_Atomic int *fd, unsigned int lo, unsigned int hi, uint64_t dev,
+		       uint64_t ino);
 
 /* Stacks for kvs_thread_start.  KVS_STACK_OWN: a thread that runs only the shim's code and
  * system calls.  KVS_STACK_FOREIGN: one that calls into other libraries (the CUDA driver,

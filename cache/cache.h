@@ -207,6 +207,15 @@ void kvs_cache_close(struct kvs_cache *c);
  * that the child does not keep the parent's liveness lock alive. */
 void kvs_cache_forget(struct kvs_cache *c);
 
+/* The program is about to close descriptor numbers lo to hi (close, close_range, a dup2 or dup3
+ * onto one): the region's own descriptors among them (the handle's, the populate walk's) move
+ * above hi first, keeping their open file descriptions and so the process's liveness lock and
+ * the walk's.  One that cannot move (a close_range to the top) is lost: the cache then makes
+ * no call on that number again (base/sys.h, kvs_fd_is), and this process's liveness rests on
+ * its other descriptors of the region, if any (docs/design.md, "Known limitations").
+ * Async-signal-safe. */
+void kvs_cache_fds_closing(struct kvs_cache *c, unsigned int lo, unsigned int hi);
+
 /* Path of the region object for cfg: "/dev/shm/kvshim.<euid>.<name>". */
 int kvs_cache_path(const struct kvs_cache_params *cfg, char *buf, size_t len);
 

@@ -12,7 +12,10 @@
 #include "layout.h"
 
 struct kvs_cache {
-	int fd;
+	/* The region's descriptor: moved to another number when the program closes this one
+	 * (kvs_cache_fds_closing), so atomic; every use after the open asks kvs_fd_is first
+	 * (region_fd) where acting on the program's file would harm it. */
+	_Atomic int fd;
 	uint64_t fd_dev, fd_ino; /* the region file fd was opened on */
 	int mismatch_fd; /* region.c, inside kvs_cache_open: the last region refused, or -1 */
 	bool watch;
@@ -179,10 +182,14 @@ int kvs_mutex_init_shared(pthread_mutex_t *mu);
  * after claiming FREE slot i, wake an ahead walk that is less than half its window past i;
  * that window, in slots, for a geometry;
  * allocate [off, off + len) of the file, by fallocate or (by_fault) by faults in the mapping
- * base (0 or a positive errno, never SIGBUS);
+ * base (0 or a positive errno, never SIGBUS; fd -1: by faults, or ENOSPC where they cannot);
  * whether the file system of fd has len bytes free above headroom (true if it cannot tell);
  * the word `kvshim stat` prints for why a walk stopped ("" if it did not). */
 int kvs_populate_control(int fd, char *base, uint64_t control_len);
+/* The walk's descriptor, if it is among lo to hi: moved above hi (kvs_cache_fds_closing). */
+void kvs_populate_fds_closing(unsigned int lo, unsigned int hi);
+/* c's descriptor if it is still the region's (kvs_fd_is), else -1 (the program took it). */
+int kvs_region_fd(struct kvs_cache *c);
 bool kvs_populate_may_grow(struct kvs_cache *c);
 int kvs_populate_claimed(struct kvs_cache *c, uint32_t slot);
 void kvs_populate_start(struct kvs_cache *c);

@@ -104,11 +104,20 @@
 /* An ahead walk with nothing to do looks this often whether its region was removed. */
 #define KVS_WALK_IDLE_NS 1000000000ull
 
-/* The walker's descriptor, for the fork child to close: O_CLOEXEC acts only at exec, and a
- * child holding a copy would keep the walker's lock after the walker's process is gone. */
+/* The walker's descriptor: for the fork child to close (O_CLOEXEC acts only at exec, and a
+ * child holding a copy would keep the walker's lock after the walker's process is gone), and
+ * for the close hooks to move when the program closes its number (kvs_populate_fds_closing).
+ * The walker loads it at every use and asks kvs_fd_is first: a number the program closed
+ * (a raw system call, a close_range to the top) and reused is the program's, and the walk
+ * ends without a call on it, not even the unlock or the close. */
 static _Atomic int walker_fd = -1;
 static uint64_t walker_dev, walker_ino; /* its file: written before walker_fd is published */
 static pthread_once_t atfork_once = PTHREAD_ONCE_INIT;
+
+void kvs_populate_fds_closing(unsigned int lo, unsigned int hi)
+{
+	kvs_fd_move_above(&walker_fd, lo, hi, walker_dev, walker_ino);
+}
 
 static void atfork_child(void)
 {
@@ -164,6 +173,8 @@ int kvs_populate_range(int fd, char *base, uint64_t off, uint64_t len, bool by_f
 		if (errno != EINVAL)
 			return errno == EFAULT ? ENOSPC : errno;
 	}
+	if (fd < 0)
+		return ENOSPC; /* no descriptor and no MADV_POPULATE_WRITE: not now */
 	if (kvs_populate_test_no_fallocate)
 		errno = EOPNOTSUPP; /* what a file system without fallocate answers */
 	else
@@ -236,17 +247,19 @@ int kvs_populate_claimed(struct kvs_cache *c, uint32_t i)
 
 	if (load_acquire(s) == KVS_PAGES_OK) /* pairs with populate_slot's CAS */
 		return 0;
+	/* Without the region's descriptor (the program closed it: cache.h), the pages come by
+	 * faults in the mapping, which needs none. */
+	int fd = kvs_region_fd(c);
 	if (c->page_kind != KVS_PAGE_HUGETLBFS &&
 	    !kvs_populate_has_room(
-		c->fd,
-		page_bytes(c->hdr->off_data + i * c->shard_size, c->shard_size, c->page_size),
+		fd, page_bytes(c->hdr->off_data + i * c->shard_size, c->shard_size, c->page_size),
 		c->headroom)) {
 		err = ENOSPC;
 	} else {
 		uint64_t t0 = kvs_mono_ns();
 
-		err = populate_slot(s, c->fd, c->base, c->hdr->off_data + i * c->shard_size,
-				    c->shard_size, kvs_pages_by_fault(c));
+		err = populate_slot(s, fd, c->base, c->hdr->off_data + i * c->shard_size,
+				    c->shard_size, fd < 0 || kvs_pages_by_fault(c));
 		kvs_cache_count(c, KVS_CTR_pages_ns, kvs_mono_ns() - t0);
 	}
 	if (err == ENOSPC)
@@ -386,6 +399,13 @@ static bool idle(struct populator *p, struct kvs_hdr *h, uint32_t wake)
 	return !(fstat(p->fd, &st) == 0 && st.st_nlink == 0);
 }
 
+/* The walker's descriptor now, in p->fd; false when it is no longer ours. */
+static bool walker_own(struct populator *p)
+{
+	p->fd = atomic_load(&walker_fd);
+	return kvs_fd_is(p->fd, walker_dev, walker_ino);
+}
+
 static void *populate_main(void *arg)
 {
 	struct populator *p = arg;
@@ -395,6 +415,13 @@ static void *populate_main(void *arg)
 	    .l_type = F_UNLCK, .l_whence = SEEK_SET, .l_start = KVS_POPULATE_BYTE, .l_len = 1};
 
 	for (;;) {
+		if (!walker_own(p)) {
+			int seen = p->fd;
+
+			if (atomic_compare_exchange_strong(&walker_fd, &seen, -1))
+				goto lost;
+			continue; /* moved meanwhile (kvs_populate_fds_closing): look again */
+		}
 		uint32_t wake = load_acquire(&h->populate_wake); /* pairs with note_claim */
 		uint32_t done = load_relaxed(&h->populated), target = walk_target(p, h);
 		uint32_t why;
@@ -430,10 +457,18 @@ static void *populate_main(void *arg)
 				break;
 		}
 	}
-	kvs_sys_fcntl(p->fd, F_OFD_SETLK, &fl);
+	p->fd = atomic_exchange(&walker_fd, -1);
+	if (kvs_fd_is(p->fd, walker_dev, walker_ino)) {
+		kvs_sys_fcntl(p->fd, F_OFD_SETLK, &fl);
+		kvs_sys_close(p->fd);
+	}
 	munmap(p->base, p->len);
-	atomic_store(&walker_fd, -1);
-	kvs_sys_close(p->fd);
+	free(p);
+	return NULL;
+lost:
+	/* The program closed the walk's number and its lock went with it: the number is not
+	 * ours to unlock or close.  A later attach may start another walk. */
+	munmap(p->base, p->len);
 	free(p);
 	return NULL;
 }

@@ -25,8 +25,11 @@
 static int ofd(struct kvs_cache *c, int cmd, short type, uint32_t byte, short *seen)
 {
 	struct flock fl = {.l_type = type, .l_whence = SEEK_SET, .l_start = byte, .l_len = 1};
+	int fd = kvs_region_fd(c); /* never a lock call on a number the program took (cache.h) */
 
-	if (kvs_sys_fcntl(c->fd, cmd, &fl) < 0)
+	if (fd < 0)
+		return -EBADF;
+	if (kvs_sys_fcntl(fd, cmd, &fl) < 0)
 		return -errno;
 	if (seen)
 		*seen = fl.l_type;

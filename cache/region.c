@@ -747,6 +747,21 @@ void kvs_cache_close(struct kvs_cache *c)
 	free(c);
 }
 
+void kvs_cache_fds_closing(struct kvs_cache *c, unsigned int lo, unsigned int hi)
+{
+	if (!c)
+		return;
+	kvs_fd_move_above(&c->fd, lo, hi, c->fd_dev, c->fd_ino);
+	kvs_populate_fds_closing(lo, hi);
+}
+
+int kvs_region_fd(struct kvs_cache *c)
+{
+	int fd = c->fd;
+
+	return kvs_fd_is(fd, c->fd_dev, c->fd_ino) ? fd : -1;
+}
+
 void kvs_cache_forget(struct kvs_cache *c)
 {
 	if (!c)

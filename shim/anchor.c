@@ -290,12 +290,11 @@ static bool take(struct tables *t, int a)
  * file.  Caller holds anchor_mu. */
 static void retire_locked(struct tables *t, int a)
 {
-	struct stat st;
 	struct made m = t->made[a];
 
 	/* Still ours?  A program that closed our number may have reused it: then it is not ours
 	 * to close, and no read can be using it (its reads check with fstat). */
-	if (fstat(a, &st) < 0 || (uint64_t)st.st_dev != m.dev || (uint64_t)st.st_ino != m.ino) {
+	if (!kvs_fd_is(a, m.dev, m.ino)) {
 		mark_ours(a, false);
 		release(t, a, RETIRING | GONE);
 		return;
@@ -336,6 +335,30 @@ void kvs_anchor_closing(int fd)
 	/* Not taken (a signal handler that interrupted this thread inside this file): the anchor
 	 * stays in its slot and is retired when the number names another file. */
 	errno = saved;
+}
+
+void kvs_anchor_numbers_closing(unsigned int lo, unsigned int hi)
+{
+	struct tables *t = tables_get(false);
+
+	if (!t || lo >= FD_SLOTS || hi < lo)
+		return;
+	if (hi >= FD_SLOTS)
+		hi = FD_SLOTS - 1;
+	for (unsigned int w = lo / 64; w <= hi / 64; w++) {
+		uint64_t mask = ~0ull;
+
+		if (w == lo / 64)
+			mask &= ~0ull << (lo % 64);
+		if (w == hi / 64 && hi % 64 != 63)
+			mask &= (1ull << (hi % 64 + 1)) - 1;
+		if (!(atomic_load_explicit(&ours[w], memory_order_relaxed) & mask))
+			continue;
+		uint64_t bits = atomic_fetch_and(&ours[w], ~mask) & mask;
+		for (int b = 0; bits; b++, bits >>= 1)
+			if (bits & 1) /* GONE: no retirement or last put closes it */
+				atomic_fetch_or(&t->refs[w * 64 + (unsigned int)b], GONE);
+	}
 }
 
 /* ------------------------------------------------------------------ readers */

@@ -56,6 +56,12 @@ void kvs_anchor_hold(int anchor);
  * as kvs_anchor_get does.  One load when fd has none. */
 void kvs_anchor_closing(int fd);
 
+/* The program is about to close the numbers lo to hi itself (a close loop, close_range, a dup2
+ * onto one): the anchors among them are the program's to close from now on.  The shim forgets
+ * them and never closes those numbers (what the program opens there next is its own); a read
+ * that holds one finds the number gone or another file's (its fstat checks).  Atomics only. */
+void kvs_anchor_numbers_closing(unsigned int lo, unsigned int hi);
+
 /* The program takes a POSIX record lock on fd's file (fcntl F_SETLK/F_SETLKW, lockf): from now
  * on its anchors are kept while the program has a descriptor of it. */
 void kvs_anchor_note_lock(int fd);

@@ -254,6 +254,16 @@ struct kvs_cache *kvs_shim_region(bool create)
 	return region_mapped(create);
 }
 
+void kvs_shim_fds_closing(unsigned int lo, unsigned int hi)
+{
+	int saved = errno;
+
+	if (kvs_shim_is_mapped())
+		kvs_cache_fds_closing(kvs_shim_cache, lo, hi);
+	kvs_anchor_numbers_closing(lo, hi);
+	errno = saved;
+}
+
 bool kvs_shim_is_mapped(void)
 {
 	return atomic_load_explicit(&mapped, memory_order_acquire) ==

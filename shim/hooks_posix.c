@@ -31,6 +31,10 @@
 #include "shim.h"
 #include "wthru.h"
 
+#ifndef CLOSE_RANGE_CLOEXEC
+#define CLOSE_RANGE_CLOEXEC (1U << 2) /* linux/close_range.h */
+#endif
+
 /* Serve count bytes into buf at off (or the position); -1 means "make the real call".  These
  * hooks stand for cancellation points: a cancel already pending is acted on here, where the
  * real call would act on it, before the shim takes anything (it then runs with cancellation
@@ -410,6 +414,7 @@ KVS_EXPORT ssize_t pwritev64v2(int fd, const struct iovec *iov, int iovcnt, off6
 KVS_EXPORT int close(int fd)
 {
 	kvs_shim_fd_gone(fd); /* before: a racing look must not keep the old file's class */
+	kvs_shim_fds_closing((unsigned int)fd, (unsigned int)fd);
 	REAL_IF_INSIDE(kvs_real.close(fd));
 	kvs_aio_closing(fd); /* aio writes never asked about: their result unknown, kept nothing */
 	struct wt_file *f = kvs_shim_closing(fd);
@@ -433,6 +438,8 @@ KVS_EXPORT int close(int fd)
 KVS_EXPORT int dup2(int oldfd, int newfd)
 {
 	kvs_shim_fd_gone(newfd);
+	if (oldfd != newfd && newfd >= 0)
+		kvs_shim_fds_closing((unsigned int)newfd, (unsigned int)newfd);
 	kvs_real_init();
 	int r = kvs_real.dup2(oldfd, newfd);
 	kvs_shim_fd_gone(newfd);
@@ -442,6 +449,8 @@ KVS_EXPORT int dup2(int oldfd, int newfd)
 KVS_EXPORT int dup3(int oldfd, int newfd, int flags)
 {
 	kvs_shim_fd_gone(newfd);
+	if (oldfd != newfd && newfd >= 0)
+		kvs_shim_fds_closing((unsigned int)newfd, (unsigned int)newfd);
 	kvs_real_init();
 	int r = kvs_real.dup3(oldfd, newfd, flags);
 	kvs_shim_fd_gone(newfd);
@@ -451,6 +460,8 @@ KVS_EXPORT int dup3(int oldfd, int newfd, int flags)
 KVS_EXPORT int close_range(unsigned int first, unsigned int last, int flags)
 {
 	kvs_shim_fds_gone(first, last);
+	if (!(flags & CLOSE_RANGE_CLOEXEC)) /* that flag closes nothing */
+		kvs_shim_fds_closing(first, last);
 	kvs_real_init();
 	int r = kvs_real.close_range(first, last, flags);
 	kvs_shim_fds_gone(first, last);

@@ -15,6 +15,10 @@
 #include "hooks_libaio.h"
 #include "hooks_uring.h"
 #include "raw.h"
+
+#ifndef CLOSE_RANGE_CLOEXEC
+#define CLOSE_RANGE_CLOEXEC (1U << 2) /* linux/close_range.h */
+#endif
 #include "shim.h"
 #include "touch.h"
 #include "wthru.h"
@@ -105,6 +109,8 @@ KVS_EXPORT long syscall(long number, ...)
 	/* A number closed or replaced: what fdinfo knew of it goes, before and after (fdinfo.h). */
 	case SYS_close:
 		kvs_shim_fd_gone((int)a[0]);
+		if ((int)a[0] >= 0)
+			kvs_shim_fds_closing((unsigned int)a[0], (unsigned int)a[0]);
 		r = raw_args(number, a);
 		kvs_shim_fd_gone((int)a[0]);
 		break;
@@ -113,12 +119,16 @@ KVS_EXPORT long syscall(long number, ...)
 #endif
 	case SYS_dup3:
 		kvs_shim_fd_gone((int)a[1]);
+		if ((int)a[1] >= 0 && a[0] != a[1])
+			kvs_shim_fds_closing((unsigned int)a[1], (unsigned int)a[1]);
 		r = raw_args(number, a);
 		kvs_shim_fd_gone((int)a[1]);
 		break;
 #ifdef SYS_close_range
 	case SYS_close_range:
 		kvs_shim_fds_gone((unsigned int)a[0], (unsigned int)a[1]);
+		if (!(a[2] & CLOSE_RANGE_CLOEXEC))
+			kvs_shim_fds_closing((unsigned int)a[0], (unsigned int)a[1]);
 		r = raw_args(number, a);
 		kvs_shim_fds_gone((unsigned int)a[0], (unsigned int)a[1]);
 		break;

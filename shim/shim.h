@@ -75,6 +75,12 @@ bool kvs_shim_is_kv(int fd);
 void kvs_shim_fd_gone(int fd);
 void kvs_shim_fds_gone(unsigned int lo, unsigned int hi);
 
+/* The program is about to close [lo, hi] (close, close_range, dup2 or dup3 onto newfd), before
+ * the kernel does: the shim's own descriptors among those numbers move away or become the
+ * program's (cache.h, kvs_cache_fds_closing; anchor.h, kvs_anchor_numbers_closing), so that the
+ * shim never acts on what the program opens there next.  Async-signal-safe; errno unchanged. */
+void kvs_shim_fds_closing(unsigned int lo, unsigned int hi);
+
 /* A cuFile read served asynchronously (a batch entry): storage for the whole read, owned by
  * the caller until done() is called. */
 struct kvs_shim_async {

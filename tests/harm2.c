@@ -17,6 +17,13 @@
  *                                   attributes, then a join of an unrelated thread
  *   harm2 forkfds FILE              after reading FILE, close every descriptor from 3 up, open
  *                                   pipes on those numbers, fork: the child finds every pipe
+ *   harm2 ownfds FILE DIR HOW       after a read of FILE (the region's and the walk's
+ *                                   descriptors exist), close every descriptor from 3 up (HOW:
+ *                                   "loop", syscall(SYS_close) up to 1023; "range",
+ *                                   close_range(3, ~0U)), open 64 files of DIR on those numbers,
+ *                                   each with an OFD lock on all of it, then read 3 MiB more
+ *                                   (claims, and the walk moves) and wait 1.5 s: every file is
+ *                                   still open, empty and locked
  *   harm2 initlock LIB FILE         a thread dlopen()s LIB, whose constructor reads FILE while
  *                                   the loader's lock is held; meanwhile the main thread makes
  *                                   the process's first hooked call: neither waits for ever
@@ -37,6 +44,7 @@
 #include <pthread.h>
 #include <signal.h>
 #include <stdatomic.h>
+#include <stdbool.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -368,6 +376,62 @@ static int cmd_forkfds(const char *path)
 	return 0;
 }
 
+static int cmd_ownfds(const char *path, const char *dir, const char *how)
+{
+	enum { NFILES = 64 };
+	char *buf = aligned(MIB), name[4096];
+	int fd = open(path, O_RDONLY | O_DIRECT), files[NFILES], whole = 0;
+
+	if (fd < 0 || pread(fd, buf, MIB, 0) < 0) /* the region, its walk and an anchor exist */
+		die(path);
+	usleep(300000); /* the walk reached its window and waits, holding its descriptor */
+	if (!strcmp(how, "loop")) {
+		for (int i = 3; i < 1024; i++)
+			syscall(SYS_close, i);
+	} else if (syscall(SYS_close_range, 3u, ~0u, 0u) != 0) {
+		die("close_range");
+	}
+	for (int i = 0; i < NFILES; i++) {
+		struct flock fl = {.l_type = F_WRLCK, .l_whence = SEEK_SET};
+
+		snprintf(name, sizeof(name), "%s/own.%d", dir, i);
+		files[i] = open(name, O_RDWR | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
+		if (files[i] < 0 || fcntl(files[i], F_OFD_SETLK, &fl) < 0)
+			die(name);
+	}
+	/* More reads: slots are claimed (their pages made through the region's descriptor), and
+	 * the walk, woken, goes on through its own. */
+	fd = open(path, O_RDONLY | O_DIRECT);
+	for (int i = 1; fd >= 0 && i < 4; i++)
+		if (pread(fd, buf, MIB, (off_t)i * MIB) < 0)
+			die(path);
+	usleep(1500000);
+	for (int i = 0; i < NFILES; i++) {
+		struct stat st;
+		struct flock probe[2] = {
+		    {.l_type = F_WRLCK, .l_whence = SEEK_SET, .l_len = 1},
+		    {.l_type = F_WRLCK, .l_whence = SEEK_SET, .l_start = 8192, .l_len = 1}};
+		bool locked = true;
+
+		snprintf(name, sizeof(name), "%s/own.%d", dir, i);
+		int other = open(name, O_RDONLY | O_CLOEXEC); /* another description asks */
+		for (int k = 0; k < 2 && other >= 0; k++)
+			locked = locked && fcntl(other, F_OFD_GETLK, &probe[k]) == 0 &&
+				 probe[k].l_type != F_UNLCK;
+		if (other >= 0)
+			close(other);
+		if (fstat(files[i], &st) == 0 && st.st_size == 0 && st.st_blocks == 0 && locked)
+			whole++;
+		else
+			printf("ownfds %s: own.%d: %s, %lld bytes, %lld blocks, %s\n", how, i,
+			       fcntl(files[i], F_GETFD) < 0 ? "closed" : "open",
+			       (long long)st.st_size, (long long)st.st_blocks,
+			       locked ? "locked" : "unlocked");
+	}
+	printf("ownfds %s: %d of %d of the program's files untouched\n", how, whole, NFILES);
+	return 0;
+}
+
 static void *opener(void *lib)
 {
 	return dlopen(lib, RTLD_NOW | RTLD_LOCAL);
@@ -407,6 +471,8 @@ int main(int argc, char **argv)
 		return cmd_timeout(argv[2]);
 	if (argc == 4 && !strcmp(argv[1], "sigev"))
 		return cmd_sigev(argv[2], atoi(argv[3]));
+	if (argc == 5 && !strcmp(argv[1], "ownfds"))
+		return cmd_ownfds(argv[2], argv[3], argv[4]);
 	if (argc == 3 && !strcmp(argv[1], "forkfds"))
 		return cmd_forkfds(argv[2]);
 	fprintf(stderr, "usage: see the comment at the top of tests/harm2.c\n");
