@@ -92,22 +92,80 @@ void kvs_close_if_ours(int fd, uint64_t dev, uint64_t ino)
 		kvs_syscall(SYS_close, fd);
 }
 
-bool kvs_fd_move_above(_Atomic int *fd, unsigned int lo, unsigned int hi, uint64_t dev,
-		       uint64_t ino)
-{
-	int old = atomic_load_explicit(fd, memory_order_acquire);
+/* Kvs_ownfd_get calls on this thread not yet put: kvs_ownfd_closing never waits for them. */
+static __thread int ownfd_held __attribute__((tls_model("initial-exec")));
 
-	if (old < 0 || (unsigned int)old < lo || (unsigned int)old > hi)
-		return true; /* not among the numbers closed */
-	if (hi >= INT_MAX || !kvs_fd_is(old, dev, ino))
-		return false;
-	int saved = errno;
-	int nd = (int)kvs_syscall(SYS_fcntl, old, F_DUPFD_CLOEXEC, (int)hi + 1);
+int kvs_ownfd_get(struct kvs_ownfd *o)
+{
+	atomic_fetch_add(&o->users, 1); /* before the load: see kvs_ownfd_closing */
+	int fd = atomic_load(&o->fd);
+
+	if (fd >= 0 && kvs_fd_is(fd, o->dev, o->ino)) {
+		ownfd_held++;
+		return fd;
+	}
+	atomic_fetch_sub(&o->users, 1);
+	return -1;
+}
+
+void kvs_ownfd_put(struct kvs_ownfd *o)
+{
+	ownfd_held--;
+	atomic_fetch_sub(&o->users, 1);
+}
+
+void kvs_ownfd_closing(struct kvs_ownfd *o, unsigned int lo, unsigned int hi)
+{
+	int saved = errno, old = atomic_load(&o->fd);
+
+	for (;;) {
+		if (old < 0 || (unsigned int)old < lo || (unsigned int)old > hi)
+			break; /* not among the numbers closed */
+		unsigned int from = hi < 2 ? 3 : hi + 1;
+		int nd = hi >= INT_MAX || !kvs_fd_is(old, o->dev, o->ino)
+			     ? -1
+			     : (int)kvs_syscall(SYS_fcntl, old, F_DUPFD_CLOEXEC, (int)from);
+		/* -1: no number free above hi, or the number was not ours any more: gone. */
+		if (atomic_compare_exchange_strong(&o->fd, &old, nd))
+			break;
+		if (nd >= 0)
+			kvs_syscall(SYS_close, nd); /* moved or closed meanwhile: look again */
+	}
+	if (old >= 0 && (unsigned int)old >= lo && (unsigned int)old <= hi && !ownfd_held) {
+		/* A user that loaded the old number finishes before the program closes it. */
+		uint64_t until = kvs_mono_ns() + KVS_OWNFD_WAIT_NS;
+		struct timespec pause = {0, 50000};
+
+		while (atomic_load(&o->users) && kvs_mono_ns() < until)
+			kvs_syscall(SYS_nanosleep, &pause, NULL);
+	}
 	errno = saved;
-	if (nd < 0)
-		return false; /* no number above hi (RLIMIT_NOFILE): it goes with the close */
-	/* Another closing thread may have moved it first: then this copy is not needed. */
-	if (!atomic_compare_exchange_strong(fd, &old, nd))
-		kvs_syscall(SYS_close, nd);
-	return true;
+}
+
+void kvs_bitmap_take_range(_Atomic uint64_t *map, unsigned int nbits, unsigned int lo,
+			   unsigned int hi, void (*each)(unsigned int bit, void *arg), void *arg)
+{
+	if (lo >= nbits || hi < lo)
+		return;
+	if (hi >= nbits)
+		hi = nbits - 1;
+	for (unsigned int w = lo / 64; w <= hi / 64; w++) {
+		uint64_t mask = ~0ull;
+
+		if (w == lo / 64)
+			mask &= ~0ull << (lo % 64);
+		if (w == hi / 64 && hi % 64 != 63)
+			mask &= (1ull << (hi % 64 + 1)) - 1;
+		if (!(atomic_load_explicit(&map[w], memory_order_relaxed) & mask))
+			continue;
+		uint64_t bits = atomic_fetch_and(&map[w], ~mask) & mask;
+		for (unsigned int b = 0; bits && each; b++, bits >>= 1)
+			if (bits & 1)
+				each(w * 64 + b, arg);
+	}
+}
+
+void kvs_ownfd_close(struct kvs_ownfd *o)
+{
+	kvs_close_if_ours(atomic_exchange(&o->fd, -1), o->dev, o->ino);
 }

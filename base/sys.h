@@ -70,31 +70,66 @@ static inline uint64_t kvs_node_ns(void)
 }
 
 /*
- * The shim's own long-held descriptors (the region's, the populate walk's, the anchors) live
- * among the program's numbers, and a program may close them: a daemon's close loop,
- * close_range, a dup2 onto a number it thinks free.  Its next open may then get the number.
- * From then on, using the number would act on the program's file (a fallocate that grows it,
- * an unlock of its record locks, a close of its pipe), so every use of such a descriptor after
- * the moment it was made asks first:
+ * The shim's own long-held descriptors (the region's, the populate walk's, the anchors, the
+ * eventfd of a served kernel AIO read) live among the program's numbers, and a program may
+ * close them: a daemon's close loop, close_range, a dup2 onto a number it thinks free.  Its
+ * next open may then get the number.  Using the number from then on would act on the
+ * program's file (a fallocate that grows it, an unlock of its record locks, a close of its
+ * pipe).
  *
- * kvs_fd_is: is fd still a descriptor of ours?  Open, O_CLOEXEC (every descriptor the shim
- * makes has it) and of the file (dev, ino).  A number the program reopened on the same file
- * with O_CLOEXEC passes: using it is harmless (the shim only reads, allocates and locks what
- * its own region or anchor would), closing it is not, which is why the close hooks also tell
- * the owners first (kvs_fd_move_above, anchor.h's kvs_anchor_numbers_closing).
+ * kvs_fd_is: is fd still a descriptor of ours, as far as one can tell?  Open, O_CLOEXEC (every
+ * descriptor the shim makes has it) and of the file (dev, ino).  A number the program reopened
+ * on the same file with O_CLOEXEC passes; the owners are therefore told of the program's
+ * closes by the hooks as well (kvs_ownfd_closing, anchor.h's kvs_anchor_numbers_closing).
  *
  * kvs_close_if_ours: close fd only if kvs_fd_is.  A raw close: never the program's hooked one.
- *
- * kvs_fd_move_above: *fd (of dev, ino) is about to be closed by the program, as one of the
- * numbers lo to hi: move it to a new number above hi (F_DUPFD_CLOEXEC: the same open file
- * description, so its record locks stay) and publish that in *fd.  False when it could not
- * move (no number above hi: a close_range to the top); the program's close then takes it, and
- * kvs_fd_is says so at the next use.  Async-signal-safe, lock-free: close is.
  */
 bool kvs_fd_is(int fd, uint64_t dev, uint64_t ino);
 void kvs_close_if_ours(int fd, uint64_t dev, uint64_t ino);
-bool kvs_fd_move_above(_Atomic int *fd, unsigned int lo, unsigned int hi, uint64_t dev,
-		       uint64_t ino);
+
+/*
+ * kvs_ownfd: one such descriptor that other threads use while the program may close its
+ * number.  Who writes what:
+ *
+ *   fd     the owner publishes it (dev, ino written first); kvs_ownfd_closing moves it by CAS
+ *          (or sets -1); kvs_ownfd_close takes it out by exchange.
+ *   users  kvs_ownfd_get adds one before it loads fd, kvs_ownfd_put takes it off.
+ *
+ * kvs_ownfd_get: the number, held (kvs_ownfd_put it) while the caller makes its calls on it,
+ * or -1 (nothing held) when there is none or it is no longer ours (kvs_fd_is: a close the
+ * hooks did not see).  A call on a held number never lands on the program's file.
+ *
+ * kvs_ownfd_closing: the program is about to close the numbers lo to hi.  If fd is one of
+ * them it moves to a number above hi and at least 3 (F_DUPFD_CLOEXEC: the same open file
+ * description, so its record locks stay), or, with no number free above hi (a close_range to
+ * the top), becomes -1.  Then it waits for the users that may have loaded the old number
+ * (users is raised before fd is loaded, and both are sequentially consistent: a user counted
+ * after the wait began loads the new number), at most KVS_OWNFD_WAIT_NS, and never for
+ * itself (a signal handler that interrupted a user on this thread).  Async-signal-safe, as
+ * close is.
+ *
+ * kvs_ownfd_close: the owner is done with it: taken out, and closed if still ours.
+ */
+/* Clear bits lo to hi (inclusive, clipped to nbits) of the bitmap map, calling each(bit, arg)
+ * for every bit this call cleared (each may be NULL).  Lock-free, async-signal-safe: for the
+ * close hooks' "these numbers are the program's now" (anchor.c, hooks_libaio.c). */
+void kvs_bitmap_take_range(_Atomic uint64_t *map, unsigned int nbits, unsigned int lo,
+			   unsigned int hi, void (*each)(unsigned int bit, void *arg), void *arg);
+
+struct kvs_ownfd {
+	_Atomic int fd;
+	_Atomic uint32_t users;
+	uint64_t dev, ino;
+};
+#define KVS_OWNFD_INIT                                                                             \
+	{                                                                                          \
+		-1, 0, 0, 0                                                                        \
+	}
+#define KVS_OWNFD_WAIT_NS 2000000000ull
+int kvs_ownfd_get(struct kvs_ownfd *o);
+void kvs_ownfd_put(struct kvs_ownfd *o);
+void kvs_ownfd_closing(struct kvs_ownfd *o, unsigned int lo, unsigned int hi);
+void kvs_ownfd_close(struct kvs_ownfd *o);
 
 /* Stacks for kvs_thread_start.  KVS_STACK_OWN: a thread that runs only the shim's code and
  * system calls.  KVS_STACK_FOREIGN: one that calls into other libraries (the CUDA driver,

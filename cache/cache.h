@@ -211,8 +211,10 @@ void kvs_cache_forget(struct kvs_cache *c);
  * onto one): the region's own descriptors among them (the handle's, the populate walk's) move
  * above hi first, keeping their open file descriptions and so the process's liveness lock and
  * the walk's.  One that cannot move (a close_range to the top) is lost: the cache then makes
- * no call on that number again (base/sys.h, kvs_fd_is), and this process's liveness rests on
- * its other descriptors of the region, if any (docs/design.md, "Known limitations").
+ * no call on that number again (base/sys.h, kvs_ownfd_get), and this process's liveness rests on
+ * its other descriptors of the region, if any (docs/design.md, "Known limitations").  c may be
+ * NULL (not mapped yet): the walk's descriptor is the process's, not the handle's.  Waits for
+ * the cache's own calls on the old numbers to end (base/sys.h, kvs_ownfd_closing).
  * Async-signal-safe. */
 void kvs_cache_fds_closing(struct kvs_cache *c, unsigned int lo, unsigned int hi);
 

@@ -10,13 +10,13 @@
 
 #include "atomics.h"
 #include "layout.h"
+#include "sys.h"
 
 struct kvs_cache {
-	/* The region's descriptor: moved to another number when the program closes this one
-	 * (kvs_cache_fds_closing), so atomic; every use after the open asks kvs_fd_is first
-	 * (region_fd) where acting on the program's file would harm it. */
-	_Atomic int fd;
-	uint64_t fd_dev, fd_ino; /* the region file fd was opened on */
+	/* The region's descriptor (own.dev, own.ino: its file, set once it is known).  The program
+	 * may close its number (kvs_cache_fds_closing): after the open, a call on it that would
+	 * act on another file is made only between kvs_ownfd_get and kvs_ownfd_put (base/sys.h). */
+	struct kvs_ownfd own;
 	int mismatch_fd; /* region.c, inside kvs_cache_open: the last region refused, or -1 */
 	bool watch;
 	int wait_mode;	   /* enum kvs_wait_mode */
@@ -188,8 +188,6 @@ int kvs_mutex_init_shared(pthread_mutex_t *mu);
 int kvs_populate_control(int fd, char *base, uint64_t control_len);
 /* The walk's descriptor, if it is among lo to hi: moved above hi (kvs_cache_fds_closing). */
 void kvs_populate_fds_closing(unsigned int lo, unsigned int hi);
-/* c's descriptor if it is still the region's (kvs_fd_is), else -1 (the program took it). */
-int kvs_region_fd(struct kvs_cache *c);
 bool kvs_populate_may_grow(struct kvs_cache *c);
 int kvs_populate_claimed(struct kvs_cache *c, uint32_t slot);
 void kvs_populate_start(struct kvs_cache *c);

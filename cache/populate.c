@@ -58,7 +58,7 @@
  * the next process of a walking mode to attach or reap carries on (an ahead walk that was
  * waiting at the headroom too).  The thread owns a descriptor and a mapping of its
  * own, so it never touches the handle that started it, which may be closed, or forgotten after
- * fork, while it runs.  That descriptor is published in walker_fd before the lock is taken, so a
+ * fork, while it runs.  That descriptor is published in walker before the lock is taken, so a
  * fork at any later point closes the child's copy and no child keeps the lock alive; one walk
  * per process.
  *
@@ -107,25 +107,24 @@
 /* The walker's descriptor: for the fork child to close (O_CLOEXEC acts only at exec, and a
  * child holding a copy would keep the walker's lock after the walker's process is gone), and
  * for the close hooks to move when the program closes its number (kvs_populate_fds_closing).
- * The walker loads it at every use and asks kvs_fd_is first: a number the program closed
- * (a raw system call, a close_range to the top) and reused is the program's, and the walk
- * ends without a call on it, not even the unlock or the close. */
-static _Atomic int walker_fd = -1;
-static uint64_t walker_dev, walker_ino; /* its file: written before walker_fd is published */
+ * The walker makes every call on it between kvs_ownfd_get and kvs_ownfd_put (base/sys.h): a
+ * number the program took (a raw system call, a close_range to the top) ends the walk without
+ * a call on it.  The walk's lock goes with the last descriptor of its open file description:
+ * closed, never unlocked. */
+static struct kvs_ownfd walker = KVS_OWNFD_INIT;
 static pthread_once_t atfork_once = PTHREAD_ONCE_INIT;
 
 void kvs_populate_fds_closing(unsigned int lo, unsigned int hi)
 {
-	kvs_fd_move_above(&walker_fd, lo, hi, walker_dev, walker_ino);
+	kvs_ownfd_closing(&walker, lo, hi);
 }
 
 static void atfork_child(void)
 {
-	int fd = atomic_exchange(&walker_fd, -1);
-
 	/* The child's copy only (the parent's lock stays), and only if the number is still
-	 * ours: the program may have closed and reused it. */
-	kvs_close_if_ours(fd, walker_dev, walker_ino);
+	 * ours: the program may have closed and reused it.  The parent's users are not here. */
+	atomic_store(&walker.users, 0);
+	kvs_ownfd_close(&walker);
 }
 
 static void register_atfork(void)
@@ -247,9 +246,9 @@ int kvs_populate_claimed(struct kvs_cache *c, uint32_t i)
 
 	if (load_acquire(s) == KVS_PAGES_OK) /* pairs with populate_slot's CAS */
 		return 0;
-	/* Without the region's descriptor (the program closed it: cache.h), the pages come by
+	/* Without the region's descriptor (the program took it: cache.h), the pages come by
 	 * faults in the mapping, which needs none. */
-	int fd = kvs_region_fd(c);
+	int fd = kvs_ownfd_get(&c->own);
 	if (c->page_kind != KVS_PAGE_HUGETLBFS &&
 	    !kvs_populate_has_room(
 		fd, page_bytes(c->hdr->off_data + i * c->shard_size, c->shard_size, c->page_size),
@@ -262,6 +261,8 @@ int kvs_populate_claimed(struct kvs_cache *c, uint32_t i)
 				    c->shard_size, fd < 0 || kvs_pages_by_fault(c));
 		kvs_cache_count(c, KVS_CTR_pages_ns, kvs_mono_ns() - t0);
 	}
+	if (fd >= 0)
+		kvs_ownfd_put(&c->own);
 	if (err == ENOSPC)
 		store_relaxed(&c->room_retry_ns, kvs_mono_ns() + KVS_ROOM_RETRY_NS);
 	return err;
@@ -396,14 +397,12 @@ static bool idle(struct populator *p, struct kvs_hdr *h, uint32_t wake)
 	struct stat st;
 
 	kvs_futex_wait(&h->populate_wake, wake, KVS_WALK_IDLE_NS, true);
-	return !(fstat(p->fd, &st) == 0 && st.st_nlink == 0);
-}
-
-/* The walker's descriptor now, in p->fd; false when it is no longer ours. */
-static bool walker_own(struct populator *p)
-{
-	p->fd = atomic_load(&walker_fd);
-	return kvs_fd_is(p->fd, walker_dev, walker_ino);
+	int fd = kvs_ownfd_get(&walker);
+	if (fd < 0)
+		return false; /* the program took the walk's descriptor */
+	bool removed = fstat(fd, &st) == 0 && st.st_nlink == 0;
+	kvs_ownfd_put(&walker);
+	return !removed;
 }
 
 static void *populate_main(void *arg)
@@ -411,17 +410,8 @@ static void *populate_main(void *arg)
 	struct populator *p = arg;
 	struct kvs_hdr *h = (struct kvs_hdr *)p->base;
 	uint32_t end = p->window ? p->nmain : p->nframes;
-	struct flock fl = {
-	    .l_type = F_UNLCK, .l_whence = SEEK_SET, .l_start = KVS_POPULATE_BYTE, .l_len = 1};
 
 	for (;;) {
-		if (!walker_own(p)) {
-			int seen = p->fd;
-
-			if (atomic_compare_exchange_strong(&walker_fd, &seen, -1))
-				goto lost;
-			continue; /* moved meanwhile (kvs_populate_fds_closing): look again */
-		}
 		uint32_t wake = load_acquire(&h->populate_wake); /* pairs with note_claim */
 		uint32_t done = load_relaxed(&h->populated), target = walk_target(p, h);
 		uint32_t why;
@@ -440,7 +430,11 @@ static void *populate_main(void *arg)
 			continue;
 		}
 		uint32_t to = done + KVS_WALK_CHUNK < target ? done + KVS_WALK_CHUNK : target;
+		p->fd = kvs_ownfd_get(&walker);
+		if (p->fd < 0)
+			break; /* the program took the walk's descriptor, and its lock with it */
 		uint32_t got = walk_range(p, done, to, &err, &why);
+		kvs_ownfd_put(&walker);
 		store_relaxed(&h->populated, done + got);
 		if (got && load_relaxed(&h->populate_err)) {
 			/* Room came back: the walk goes on, and stat no longer says it stopped. */
@@ -457,17 +451,7 @@ static void *populate_main(void *arg)
 				break;
 		}
 	}
-	p->fd = atomic_exchange(&walker_fd, -1);
-	if (kvs_fd_is(p->fd, walker_dev, walker_ino)) {
-		kvs_sys_fcntl(p->fd, F_OFD_SETLK, &fl);
-		kvs_sys_close(p->fd);
-	}
-	munmap(p->base, p->len);
-	free(p);
-	return NULL;
-lost:
-	/* The program closed the walk's number and its lock went with it: the number is not
-	 * ours to unlock or close.  A later attach may start another walk. */
+	kvs_ownfd_close(&walker); /* the lock goes with it */
 	munmap(p->base, p->len);
 	free(p);
 	return NULL;
@@ -498,25 +482,36 @@ void kvs_populate_start(struct kvs_cache *c)
 	 * name, which a reset may have given to another region), so the lock is the thread's and
 	 * not shared with the handle's descriptor. */
 	char self[64];
-	snprintf(self, sizeof(self), "/proc/self/fd/%d", c->fd);
+	struct stat st;
+	int rfd = kvs_ownfd_get(&c->own);
+	if (rfd < 0)
+		return; /* the program took the region's descriptor: no walk from this process */
+	snprintf(self, sizeof(self), "/proc/self/fd/%d", rfd);
 	fd = kvs_sys_open(self, O_RDWR | O_CLOEXEC);
+	kvs_ownfd_put(&c->own);
 	if (fd < 0)
 		return;
+	if (fstat(fd, &st) < 0 || (uint64_t)st.st_dev != c->own.dev ||
+	    (uint64_t)st.st_ino != c->own.ino)
+		goto err_close; /* not the region: never lock another file */
 	/* Published before the lock is taken, so that a fork at any point after closes the
 	 * child's copy (atfork_child): a child must never keep the walk's lock alive.  One walk
 	 * per process. */
 	int none = -1;
 	pthread_once(&atfork_once, register_atfork);
-	walker_dev = c->fd_dev;
-	walker_ino = c->fd_ino;
-	if (!atomic_compare_exchange_strong(&walker_fd, &none, fd))
+	walker.dev = c->own.dev;
+	walker.ino = c->own.ino;
+	if (!atomic_compare_exchange_strong(&walker.fd, &none, fd))
 		goto err_close;
+	fd = kvs_ownfd_get(&walker); /* from here on, the number may move */
+	if (fd < 0)
+		return; /* the program took it already, and closes it */
 	if (kvs_sys_fcntl(fd, F_OFD_SETLK, &fl) < 0)
 		goto err_unpublish; /* someone populates already */
 	p = calloc(1, sizeof(*p));
 	if (!p)
 		goto err_unpublish;
-	p->fd = fd;
+	p->fd = -1; /* the walker gets its number at each use */
 	p->headroom = c->headroom;
 	p->len = c->map_len;
 	p->off_data = c->hdr->off_data;
@@ -535,15 +530,21 @@ void kvs_populate_start(struct kvs_cache *c)
 	/* A fork child gets neither the mapping nor (atfork_child) the descriptor. */
 	madvise(p->base, p->len, MADV_DONTFORK);
 	p->fpages = (_Atomic uint32_t *)(p->base + c->hdr->off_frames);
+	kvs_ownfd_put(&walker);
 	if (kvs_thread_start(NULL, populate_main, p, KVS_STACK_OWN) == 0)
 		return;
 	munmap(p->base, p->len);
+	free(p);
+	kvs_ownfd_close(&walker); /* drops the lock with the last reference */
+	return;
 err_free:
 	free(p);
 err_unpublish:
-	atomic_store(&walker_fd, -1);
+	kvs_ownfd_put(&walker);
+	kvs_ownfd_close(&walker);
+	return;
 err_close:
-	kvs_sys_close(fd); /* drops the lock with the last reference */
+	kvs_sys_close(fd);
 }
 
 /*
@@ -677,7 +678,7 @@ int kvs_cache_prepare(struct kvs_cache *c, unsigned threads, uint32_t *slots_don
 	struct prep pr = {
 	    .p =
 		{
-		    .fd = c->fd,
+		    .fd = c->own.fd,
 		    .headroom = c->headroom,
 		    .base = c->base,
 		    .fpages = c->fpages,

@@ -458,19 +458,19 @@ static int attach(struct kvs_cache *c, struct dims *d, const struct kvs_cache_pa
 	size_t len;
 	int r;
 
-	c->fd = kvs_cache_open_file(c->path, O_RDWR, c->mode, msg, msglen);
-	if (c->fd < 0) {
-		r = c->fd;
-		c->fd = -1;
+	c->own.fd = kvs_cache_open_file(c->path, O_RDWR, c->mode, msg, msglen);
+	if (c->own.fd < 0) {
+		r = c->own.fd;
+		c->own.fd = -1;
 		return r;
 	}
-	if (fstat(c->fd, &st) < 0) {
+	if (fstat(c->own.fd, &st) < 0) {
 		r = -errno;
 		goto err_close;
 	}
-	if (c->watch && kvs_dims_of_file(c->fd, &mine) == 0)
+	if (c->watch && kvs_dims_of_file(c->own.fd, &mine) == 0)
 		*d = mine; /* a watcher reads the region as it was built */
-	else if (kvs_region_read_header(c->fd, &built) == 0 &&
+	else if (kvs_region_read_header(c->own.fd, &built) == 0 &&
 		 (autosize ? kvs_dims_for(cfg, built.nslots, built.page_size, &mine)
 			   : kvs_dims_of(cfg, built.page_size, &mine)) == 0)
 		/* Its pages are those its creator's file system gave (pages.c); with capacity =
@@ -482,7 +482,7 @@ static int attach(struct kvs_cache *c, struct dims *d, const struct kvs_cache_pa
 		/* Map the header alone to say what differs. */
 		if ((size_t)st.st_size >= sizeof(struct kvs_hdr)) {
 			void *h = kvs_sys_mmap(NULL, sizeof(struct kvs_hdr), PROT_READ, MAP_SHARED,
-					       c->fd, 0);
+					       c->own.fd, 0);
 			if (h != MAP_FAILED) {
 				c->hdr = h;
 				r = kvs_region_check(c, d, (size_t)st.st_size, msg, msglen);
@@ -498,7 +498,7 @@ static int attach(struct kvs_cache *c, struct dims *d, const struct kvs_cache_pa
 		goto err_close;
 	}
 	len = c->watch ? d->off_data : d->total;
-	c->base = kvs_sys_mmap(NULL, len, PROT_READ | PROT_WRITE, MAP_SHARED, c->fd, 0);
+	c->base = kvs_sys_mmap(NULL, len, PROT_READ | PROT_WRITE, MAP_SHARED, c->own.fd, 0);
 	if (c->base == MAP_FAILED) {
 		r = -errno;
 		c->base = NULL;
@@ -533,11 +533,11 @@ err_close:
 	if (r == -EPROTO && !c->watch) {
 		if (c->mismatch_fd >= 0)
 			kvs_sys_close(c->mismatch_fd);
-		c->mismatch_fd = c->fd;
+		c->mismatch_fd = c->own.fd;
 	} else {
-		kvs_sys_close(c->fd);
+		kvs_sys_close(c->own.fd);
 	}
-	c->fd = -1;
+	c->own.fd = -1;
 	return r;
 }
 
@@ -639,7 +639,7 @@ int kvs_cache_open(const struct kvs_cache_params *cfg, int flags, struct kvs_cac
 	c = calloc(1, sizeof(*c));
 	if (!c)
 		return -ENOMEM;
-	c->fd = -1;
+	c->own.fd = -1;
 	c->mismatch_fd = -1;
 	c->self = -1;
 	c->pod = KVS_NIL;
@@ -663,7 +663,7 @@ int kvs_cache_open(const struct kvs_cache_params *cfg, int flags, struct kvs_cac
 		    cfg->on_mismatch == KVS_MISMATCH_REBUILD) {
 			r = rebuild(c, &d, cfg, c->mismatch_fd, msg, msglen);
 			if (r >= 0) {
-				c->fd = r;
+				c->own.fd = r;
 				r = 0;
 				rebuilt = true;
 				break;
@@ -685,7 +685,7 @@ int kvs_cache_open(const struct kvs_cache_params *cfg, int flags, struct kvs_cac
 			break;
 		r = create(c, &d, cfg, false, 0, msg, msglen);
 		if (r >= 0) {
-			c->fd = r;
+			c->own.fd = r;
 			r = 0;
 			break;
 		}
@@ -700,9 +700,9 @@ int kvs_cache_open(const struct kvs_cache_params *cfg, int flags, struct kvs_cac
 	if (r)
 		goto err_free;
 	struct stat fst;
-	if (fstat(c->fd, &fst) == 0) { /* what a fork child checks before it closes c->fd */
-		c->fd_dev = (uint64_t)fst.st_dev;
-		c->fd_ino = (uint64_t)fst.st_ino;
+	if (fstat(c->own.fd, &fst) == 0) { /* what kvs_ownfd_* check (base/sys.h) */
+		c->own.dev = (uint64_t)fst.st_dev;
+		c->own.ino = (uint64_t)fst.st_ino;
 	}
 	if (!c->watch) {
 		kvs_populate_start(c);
@@ -725,7 +725,7 @@ int kvs_cache_open(const struct kvs_cache_params *cfg, int flags, struct kvs_cac
 
 err_unmap:
 	munmap(c->base, c->map_len);
-	kvs_sys_close(c->fd);
+	kvs_sys_close(c->own.fd);
 err_free:
 	pthread_mutex_destroy(&c->reclaim_mu);
 	free(c);
@@ -741,25 +741,16 @@ void kvs_cache_close(struct kvs_cache *c)
 		kvs_proc_detach(c);
 	if (c->base)
 		munmap(c->base, c->map_len);
-	if (c->fd >= 0)
-		kvs_sys_close(c->fd);
+	kvs_ownfd_close(&c->own);
 	pthread_mutex_destroy(&c->reclaim_mu);
 	free(c);
 }
 
 void kvs_cache_fds_closing(struct kvs_cache *c, unsigned int lo, unsigned int hi)
 {
-	if (!c)
-		return;
-	kvs_fd_move_above(&c->fd, lo, hi, c->fd_dev, c->fd_ino);
+	if (c)
+		kvs_ownfd_closing(&c->own, lo, hi);
 	kvs_populate_fds_closing(lo, hi);
-}
-
-int kvs_region_fd(struct kvs_cache *c)
-{
-	int fd = c->fd;
-
-	return kvs_fd_is(fd, c->fd_dev, c->fd_ino) ? fd : -1;
 }
 
 void kvs_cache_forget(struct kvs_cache *c)
@@ -770,7 +761,7 @@ void kvs_cache_forget(struct kvs_cache *c)
 		munmap(c->base, c->map_len);
 	/* Only if the number is still ours: a program that closed it (closing every descriptor
 	 * from 3 up, as daemons do) may have reused it for its own. */
-	kvs_close_if_ours(c->fd, c->fd_dev, c->fd_ino);
+	kvs_ownfd_close(&c->own);
 	/* The reclaim mutex may have been held by a thread that does not exist in the child:
 	 * do not touch it; the handle's memory is abandoned with it. */
 }

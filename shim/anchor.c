@@ -230,14 +230,19 @@ static bool program_holds(uint64_t dev, uint64_t ino)
 /* ------------------------------------------------------------------ references */
 
 /* Anchor a's count reached zero with RETIRING set (w: its flags): close it, unless GONE.
- * Once per retirement. */
+ * Once per retirement.  Closed only by whoever clears its bit in ours (the program's close
+ * clears it first: kvs_anchor_numbers_closing), and only if it is still a descriptor of its
+ * file (a close the hooks did not see, glibc's closefrom, may have given the number away). */
 static void finish(struct tables *t, int a, uint32_t w)
 {
+	struct made m = t->made[a];
+	uint64_t bit = 1ull << (a % 64);
+
 	atomic_store(&t->refs[a], 0); /* a fresh start if dup hands the number out again */
 	if (w & GONE)
 		return; /* the program's number now */
-	mark_ours(a, false);
-	kvs_sys_close(a);
+	if (atomic_fetch_and(&ours[a / 64], ~bit) & bit)
+		kvs_close_if_ours(a, m.dev, m.ino);
 }
 
 /* Retire anchor a (out of every slot) with flags (RETIRING, and GONE): closed now if no read
@@ -337,28 +342,20 @@ void kvs_anchor_closing(int fd)
 	errno = saved;
 }
 
+/* A number the program closes: GONE, so that no retirement or last put closes it. */
+static void gone(unsigned int a, void *arg)
+{
+	struct tables *t = arg;
+
+	atomic_fetch_or(&t->refs[a], GONE);
+}
+
 void kvs_anchor_numbers_closing(unsigned int lo, unsigned int hi)
 {
 	struct tables *t = tables_get(false);
 
-	if (!t || lo >= FD_SLOTS || hi < lo)
-		return;
-	if (hi >= FD_SLOTS)
-		hi = FD_SLOTS - 1;
-	for (unsigned int w = lo / 64; w <= hi / 64; w++) {
-		uint64_t mask = ~0ull;
-
-		if (w == lo / 64)
-			mask &= ~0ull << (lo % 64);
-		if (w == hi / 64 && hi % 64 != 63)
-			mask &= (1ull << (hi % 64 + 1)) - 1;
-		if (!(atomic_load_explicit(&ours[w], memory_order_relaxed) & mask))
-			continue;
-		uint64_t bits = atomic_fetch_and(&ours[w], ~mask) & mask;
-		for (int b = 0; bits; b++, bits >>= 1)
-			if (bits & 1) /* GONE: no retirement or last put closes it */
-				atomic_fetch_or(&t->refs[w * 64 + (unsigned int)b], GONE);
-	}
+	if (t)
+		kvs_bitmap_take_range(ours, FD_SLOTS, lo, hi, gone, t);
 }
 
 /* ------------------------------------------------------------------ readers */
@@ -422,6 +419,11 @@ int kvs_anchor_get(int fd, const struct kvs_fdinfo *fi)
 		kvs_sys_close(d); /* a descriptor of nothing we can name: no lock to keep */
 		goto out_unlock;
 	}
+	/* d may be a parked anchor's old number, which the program closed and the kernel gave out
+	 * again: it names this new anchor now, not that one. */
+	for (int i = 0; i < nparked; i++)
+		if (parked[i] == d)
+			parked[i--] = parked[--nparked];
 	t->made[d] = (struct made){(uint64_t)st.st_dev, (uint64_t)st.st_ino};
 	atomic_store(&t->refs[d], 0);
 	mark_ours(d, true);

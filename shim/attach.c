@@ -35,6 +35,8 @@
  * anew.
  */
 #include <errno.h>
+#include <fcntl.h>
+#include <linux/close_range.h>
 #include <pthread.h>
 #include <stdatomic.h>
 #include <string.h>
@@ -47,10 +49,12 @@
 #include "config.h"
 #include "device.h"
 #include "fdinfo.h"
+#include "hooks_libaio.h"
 #include "hooks_uring.h"
 #include "loader.h"
 #include "log.h"
 #include "observe.h"
+#include "raw.h"
 #include "real.h"
 #include "serve.h"
 #include "shim.h"
@@ -258,10 +262,32 @@ void kvs_shim_fds_closing(unsigned int lo, unsigned int hi)
 {
 	int saved = errno;
 
-	if (kvs_shim_is_mapped())
-		kvs_cache_fds_closing(kvs_shim_cache, lo, hi);
+	/* The walk's descriptor is moved with or without a mapped handle: a walk starts inside
+	 * kvs_cache_open, before the handle is published. */
+	kvs_cache_fds_closing(kvs_shim_is_mapped() ? kvs_shim_cache : NULL, lo, hi);
 	kvs_anchor_numbers_closing(lo, hi);
+	kvs_libaio_numbers_closing(lo, hi);
 	errno = saved;
+}
+
+void kvs_shim_dup_closing(int oldfd, int newfd, int flags)
+{
+	int saved = errno;
+	/* What the kernel refuses closes nothing: the shim's descriptor would stay where it was. */
+	bool closes = newfd >= 0 && oldfd != newfd && !(flags & ~O_CLOEXEC) &&
+		      kvs_sys_fcntl(oldfd, F_GETFD) >= 0;
+
+	errno = saved;
+	if (closes)
+		kvs_shim_fds_closing((unsigned int)newfd, (unsigned int)newfd);
+}
+
+void kvs_shim_range_closing(unsigned int lo, unsigned int hi, unsigned int flags)
+{
+	/* CLOSE_RANGE_CLOEXEC closes nothing; unknown flags and lo > hi are EINVAL. */
+	if (lo <= hi && !(flags & ~(CLOSE_RANGE_UNSHARE | CLOSE_RANGE_CLOEXEC)) &&
+	    !(flags & CLOSE_RANGE_CLOEXEC))
+		kvs_shim_fds_closing(lo, hi);
 }
 
 bool kvs_shim_is_mapped(void)

@@ -338,6 +338,47 @@ static void live_unlink(struct kctx *c, struct served *s) /* caller holds c->mu 
 	s->prev = s->next = NULL;
 }
 
+/* Our descriptors of the eventfds of served entries (IOCB_FLAG_RESFD), by number: set at the
+ * dup, cleared by whoever closes it (the completion) or gives it up (the program closes the
+ * number: kvs_libaio_numbers_closing).  Only the one that clears the bit writes and closes. */
+#define RESFD_SLOTS 65536
+static _Atomic uint64_t resfd_ours[RESFD_SLOTS / 64];
+
+void kvs_libaio_numbers_closing(unsigned int lo, unsigned int hi)
+{
+	kvs_bitmap_take_range(resfd_ours, RESFD_SLOTS, lo, hi, NULL, NULL);
+}
+
+/* Is resfd still ours to write and close?  Clears its bit. */
+static bool resfd_release(int fd)
+{
+	uint64_t bit = 1ull << (fd % 64);
+
+	return fd >= 0 && fd < RESFD_SLOTS && (atomic_fetch_and(&resfd_ours[fd / 64], ~bit) & bit);
+}
+
+/* Is fd an eventfd?  The kernel refuses an IOCB_FLAG_RESFD that is not (EINVAL). */
+static bool is_eventfd(int fd)
+{
+	char link[64], target[32];
+	long n;
+
+	snprintf(link, sizeof(link), "/proc/self/fd/%d", fd);
+	n = RAW(SYS_readlink, (long)link, (long)target, sizeof(target) - 1, 0, 0, 0);
+	if (n <= 0)
+		return false;
+	target[n] = '\0';
+	return strcmp(target, "anon_inode:[eventfd]") == 0;
+}
+
+/* Is fd still the eventfd we dup'ed (F_DUPFD_CLOEXEC), as far as one can tell? */
+static bool ours_eventfd(int fd)
+{
+	long fl = RAW(SYS_fcntl, fd, F_GETFD, 0, 0, 0, 0);
+
+	return fl >= 0 && (fl & FD_CLOEXEC) && is_eventfd(fd);
+}
+
 /* A served entry is over (the loader's completion thread): a failed load is read here as the
  * kernel would have read it, through the anchor (a dup of the program's descriptor, valid
  * until this returns), so the event carries the kernel's answer either way. */
@@ -369,8 +410,11 @@ static void served_done(struct kvs_shim_async *a, int64_t result)
 	c->dq_tail = s;
 	pthread_cond_broadcast(&c->cond);
 	pthread_mutex_unlock(&c->mu);
-	/* s may be reported and reused from here on: only the copies above are used. */
-	if ((flags & IOCB_FLAG_RESFD) && resfd >= 0) {
+	/* s may be reported and reused from here on: only the copies above are used.  The
+	 * program may have closed our number meanwhile (a close loop) and opened a file there:
+	 * written to and closed only if the close hooks did not give it to the program
+	 * (resfd_release) and it is still an eventfd (a close they did not see). */
+	if ((flags & IOCB_FLAG_RESFD) && resfd_release(resfd) && ours_eventfd(resfd)) {
 		RAW(SYS_write, resfd, &one, sizeof(one), 0, 0, 0);
 		RAW(SYS_close, resfd, 0, 0, 0, 0, 0);
 	}
@@ -378,20 +422,6 @@ static void served_done(struct kvs_shim_async *a, int64_t result)
 	c->running--;
 	pthread_cond_broadcast(&c->cond); /* io_destroy waits for running == 0 */
 	pthread_mutex_unlock(&c->mu);
-}
-
-/* Is fd an eventfd?  The kernel refuses an IOCB_FLAG_RESFD that is not (EINVAL). */
-static bool is_eventfd(int fd)
-{
-	char link[64], target[32];
-	long n;
-
-	snprintf(link, sizeof(link), "/proc/self/fd/%d", fd);
-	n = RAW(SYS_readlink, (long)link, (long)target, sizeof(target) - 1, 0, 0, 0);
-	if (n <= 0)
-		return false;
-	target[n] = '\0';
-	return strcmp(target, "anon_inode:[eventfd]") == 0;
 }
 
 /* Bytes cb reads if the shim could serve it; 0 if it is not a read the shim takes.  One with
@@ -461,6 +491,12 @@ static int start(struct kctx *c, const struct iocb *cb, struct iocb *obj)
 	if ((s->flags & IOCB_FLAG_RESFD) &&
 	    (s->resfd = (int)RAW(SYS_fcntl, cb->aio_resfd, F_DUPFD_CLOEXEC, 0, 0, 0, 0)) < 0)
 		goto refused;
+	if (s->resfd >= RESFD_SLOTS) {
+		RAW(SYS_close, s->resfd, 0, 0, 0, 0, 0); /* beyond the table: the kernel's read */
+		goto refused;
+	}
+	if (s->resfd >= 0)
+		atomic_fetch_or(&resfd_ours[s->resfd / 64], 1ull << (s->resfd % 64));
 	s->off = (off_t)cb->aio_offset;
 	s->iovcnt = n;
 	pthread_mutex_lock(&c->mu);
@@ -477,7 +513,7 @@ static int start(struct kctx *c, const struct iocb *cb, struct iocb *obj)
 		served_done(&s->a, s->a.result); /* a hit, over already: its event now */
 	if (r >= 0)
 		return 0;
-	if (s->resfd >= 0)
+	if (resfd_release(s->resfd))
 		RAW(SYS_close, s->resfd, 0, 0, 0, 0, 0);
 	pthread_mutex_lock(&c->mu);
 	live_unlink(c, s);

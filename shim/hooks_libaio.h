@@ -13,4 +13,9 @@
  * itself is calling (then the raw system call); false for any other number. */
 bool kvs_libaio_syscall(long number, const long *a, long *r);
 
+/* The program is about to close the numbers lo to hi: the shim's own eventfd descriptors among
+ * them (a served read's IOCB_FLAG_RESFD) are the program's now, never written or closed by the
+ * shim.  Atomics only. */
+void kvs_libaio_numbers_closing(unsigned int lo, unsigned int hi);
+
 #endif

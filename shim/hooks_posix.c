@@ -31,10 +31,6 @@
 #include "shim.h"
 #include "wthru.h"
 
-#ifndef CLOSE_RANGE_CLOEXEC
-#define CLOSE_RANGE_CLOEXEC (1U << 2) /* linux/close_range.h */
-#endif
-
 /* Serve count bytes into buf at off (or the position); -1 means "make the real call".  These
  * hooks stand for cancellation points: a cancel already pending is acted on here, where the
  * real call would act on it, before the shim takes anything (it then runs with cancellation
@@ -438,8 +434,7 @@ KVS_EXPORT int close(int fd)
 KVS_EXPORT int dup2(int oldfd, int newfd)
 {
 	kvs_shim_fd_gone(newfd);
-	if (oldfd != newfd && newfd >= 0)
-		kvs_shim_fds_closing((unsigned int)newfd, (unsigned int)newfd);
+	kvs_shim_dup_closing(oldfd, newfd, 0);
 	kvs_real_init();
 	int r = kvs_real.dup2(oldfd, newfd);
 	kvs_shim_fd_gone(newfd);
@@ -449,8 +444,7 @@ KVS_EXPORT int dup2(int oldfd, int newfd)
 KVS_EXPORT int dup3(int oldfd, int newfd, int flags)
 {
 	kvs_shim_fd_gone(newfd);
-	if (oldfd != newfd && newfd >= 0)
-		kvs_shim_fds_closing((unsigned int)newfd, (unsigned int)newfd);
+	kvs_shim_dup_closing(oldfd, newfd, flags);
 	kvs_real_init();
 	int r = kvs_real.dup3(oldfd, newfd, flags);
 	kvs_shim_fd_gone(newfd);
@@ -460,8 +454,7 @@ KVS_EXPORT int dup3(int oldfd, int newfd, int flags)
 KVS_EXPORT int close_range(unsigned int first, unsigned int last, int flags)
 {
 	kvs_shim_fds_gone(first, last);
-	if (!(flags & CLOSE_RANGE_CLOEXEC)) /* that flag closes nothing */
-		kvs_shim_fds_closing(first, last);
+	kvs_shim_range_closing(first, last, (unsigned int)flags);
 	kvs_real_init();
 	int r = kvs_real.close_range(first, last, flags);
 	kvs_shim_fds_gone(first, last);

@@ -15,10 +15,6 @@
 #include "hooks_libaio.h"
 #include "hooks_uring.h"
 #include "raw.h"
-
-#ifndef CLOSE_RANGE_CLOEXEC
-#define CLOSE_RANGE_CLOEXEC (1U << 2) /* linux/close_range.h */
-#endif
 #include "shim.h"
 #include "touch.h"
 #include "wthru.h"
@@ -119,16 +115,14 @@ KVS_EXPORT long syscall(long number, ...)
 #endif
 	case SYS_dup3:
 		kvs_shim_fd_gone((int)a[1]);
-		if ((int)a[1] >= 0 && a[0] != a[1])
-			kvs_shim_fds_closing((unsigned int)a[1], (unsigned int)a[1]);
+		kvs_shim_dup_closing((int)a[0], (int)a[1], number == SYS_dup3 ? (int)a[2] : 0);
 		r = raw_args(number, a);
 		kvs_shim_fd_gone((int)a[1]);
 		break;
 #ifdef SYS_close_range
 	case SYS_close_range:
 		kvs_shim_fds_gone((unsigned int)a[0], (unsigned int)a[1]);
-		if (!(a[2] & CLOSE_RANGE_CLOEXEC))
-			kvs_shim_fds_closing((unsigned int)a[0], (unsigned int)a[1]);
+		kvs_shim_range_closing((unsigned int)a[0], (unsigned int)a[1], (unsigned int)a[2]);
 		r = raw_args(number, a);
 		kvs_shim_fds_gone((unsigned int)a[0], (unsigned int)a[1]);
 		break;

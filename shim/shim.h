@@ -80,6 +80,11 @@ void kvs_shim_fds_gone(unsigned int lo, unsigned int hi);
  * program's (cache.h, kvs_cache_fds_closing; anchor.h, kvs_anchor_numbers_closing), so that the
  * shim never acts on what the program opens there next.  Async-signal-safe; errno unchanged. */
 void kvs_shim_fds_closing(unsigned int lo, unsigned int hi);
+/* The same for dup2 or dup3(oldfd, newfd, flags) (flags 0 for dup2) and close_range(lo, hi,
+ * flags): nothing when the call closes nothing (oldfd == newfd, a bad oldfd or flags,
+ * CLOSE_RANGE_CLOEXEC, lo > hi). */
+void kvs_shim_dup_closing(int oldfd, int newfd, int flags);
+void kvs_shim_range_closing(unsigned int lo, unsigned int hi, unsigned int flags);
 
 /* A cuFile read served asynchronously (a batch entry): storage for the whole read, owned by
  * the caller until done() is called. */

@@ -3501,6 +3501,107 @@ START_TEST(test_tallies)
 }
 END_TEST
 
+/* The close hooks' bitmap: every bit of [lo, hi] taken once, none outside, at word edges. */
+static unsigned taken_bits[256], ntaken;
+static void note_taken(unsigned int bit, void *arg)
+{
+	(void)arg;
+	taken_bits[ntaken++] = bit;
+}
+
+START_TEST(test_bitmap_take_range)
+{
+	static const unsigned int ranges[][2] = {{0, 0},   {63, 63}, {64, 64},	  {60, 70},
+						 {0, 127}, {5, 4},   {130, 1000}, {127, 127}};
+
+	for (size_t r = 0; r < sizeof(ranges) / sizeof(ranges[0]); r++) {
+		_Atomic uint64_t map[3];
+		unsigned int lo = ranges[r][0], hi = ranges[r][1], nbits = 192;
+
+		for (int w = 0; w < 3; w++)
+			atomic_store(&map[w], ~0ull);
+		ntaken = 0;
+		kvs_bitmap_take_range(map, nbits, lo, hi, note_taken, NULL);
+		unsigned int want =
+		    lo > hi || lo >= nbits ? 0 : (hi >= nbits ? nbits - 1 : hi) - lo + 1;
+		ck_assert_uint_eq(ntaken, want);
+		for (unsigned int i = 0; i < ntaken; i++)
+			ck_assert_uint_eq(taken_bits[i], lo + i);
+		for (unsigned int b = 0; b < nbits; b++) {
+			bool set = (atomic_load(&map[b / 64]) >> (b % 64)) & 1;
+			bool in = want && b >= lo && b < lo + want;
+			ck_assert_msg(set == !in, "range %u-%u: bit %u", lo, hi, b);
+		}
+		ntaken = 0; /* taken once: a second call finds nothing */
+		kvs_bitmap_take_range(map, nbits, lo, hi, note_taken, NULL);
+		ck_assert_uint_eq(ntaken, 0);
+	}
+}
+END_TEST
+
+/* A user that holds the old number delays the program's close until it puts it. */
+struct ownfd_user {
+	struct kvs_ownfd *o;
+	int seen;
+	_Atomic int phase;
+};
+
+static void *ownfd_hold(void *arg)
+{
+	struct ownfd_user *u = arg;
+
+	u->seen = kvs_ownfd_get(u->o);
+	atomic_store(&u->phase, 1);
+	usleep(300000);
+	atomic_store(&u->phase, 2);
+	kvs_ownfd_put(u->o);
+	return NULL;
+}
+
+START_TEST(test_ownfd_moves_and_waits)
+{
+	char path[] = "/tmp/kvs-ownfd-XXXXXX";
+	int fd = mkostemp(path, O_CLOEXEC);
+	struct stat st;
+	struct kvs_ownfd o = KVS_OWNFD_INIT;
+	struct ownfd_user u = {.o = &o};
+	pthread_t t;
+
+	ck_assert_int_ge(fd, 0);
+	unlink(path);
+	ck_assert_int_eq(fstat(fd, &st), 0);
+	o.dev = (uint64_t)st.st_dev;
+	o.ino = (uint64_t)st.st_ino;
+	atomic_store(&o.fd, fd);
+	/* A number outside the range stays. */
+	kvs_ownfd_closing(&o, (unsigned)fd + 1, (unsigned)fd + 10);
+	ck_assert_int_eq(atomic_load(&o.fd), fd);
+	/* Inside: moved above hi, the same file; the holder of the old number is waited for. */
+	ck_assert_int_eq(pthread_create(&t, NULL, ownfd_hold, &u), 0);
+	while (!atomic_load(&u.phase))
+		usleep(1000);
+	ck_assert_int_eq(u.seen, fd);
+	kvs_ownfd_closing(&o, (unsigned)fd, (unsigned)fd + 10);
+	ck_assert_int_eq(atomic_load(&u.phase), 2); /* its put came before our return */
+	pthread_join(t, NULL);
+	int moved = atomic_load(&o.fd);
+	ck_assert_int_gt(moved, fd + 10);
+	ck_assert(kvs_fd_is(moved, o.dev, o.ino));
+	close(fd); /* the program's close */
+	ck_assert_int_eq(kvs_ownfd_get(&o), moved);
+	kvs_ownfd_put(&o);
+	/* Reused by a file of the program's: not ours, never handed out, never closed. */
+	int null = open("/dev/null", O_RDONLY | O_CLOEXEC);
+	ck_assert_int_eq(dup2(null, moved), moved);
+	close(null);
+	ck_assert_int_eq(kvs_ownfd_get(&o), -1);
+	kvs_ownfd_close(&o);
+	ck_assert_int_ge(fcntl(moved, F_GETFD), 0);
+	close(moved);
+	ck_assert_uint_eq(atomic_load(&o.users), 0);
+}
+END_TEST
+
 static Suite *cache_suite(void)
 {
 	Suite *s = suite_create("cache");
@@ -3571,6 +3672,8 @@ static Suite *cache_suite(void)
 	tcase_add_test(crash, test_pack_holder_killed);
 	tcase_add_test(core, test_pack_policy);
 	tcase_add_test(crash, test_pack_lock_stuck);
+	tcase_add_test(core, test_bitmap_take_range);
+	tcase_add_test(conc, test_ownfd_moves_and_waits);
 	tcase_add_checked_fixture(core, NULL, teardown);
 	tcase_add_checked_fixture(limits, NULL, teardown);
 	tcase_add_checked_fixture(conc, NULL, teardown);

@@ -19,11 +19,13 @@
  *                                   pipes on those numbers, fork: the child finds every pipe
  *   harm2 ownfds FILE DIR HOW       after a read of FILE (the region's and the walk's
  *                                   descriptors exist), close every descriptor from 3 up (HOW:
- *                                   "loop", syscall(SYS_close) up to 1023; "range",
- *                                   close_range(3, ~0U)), open 64 files of DIR on those numbers,
- *                                   each with an OFD lock on all of it, then read 3 MiB more
- *                                   (claims, and the walk moves) and wait 1.5 s: every file is
- *                                   still open, empty and locked
+ *                                   "loop", syscall(SYS_close) up to 1023; "close", close() up
+ *                                   to 1023; "range", syscall close_range(3, ~0U); "closefrom",
+ *                                   glibc's closefrom(3), whose close the shim does not see),
+ *                                   open 64 files of DIR on those numbers, every other one with
+ *                                   an OFD lock on all of it, then read 3 MiB more (claims, and
+ *                                   the walk moves) and wait 1.5 s: every file is still open,
+ *                                   empty, locked if it was, and no other descriptor names one
  *   harm2 initlock LIB FILE         a thread dlopen()s LIB, whose constructor reads FILE while
  *                                   the loader's lock is held; meanwhile the main thread makes
  *                                   the process's first hooked call: neither waits for ever
@@ -36,6 +38,7 @@
 #define _GNU_SOURCE
 #endif
 #include <aio.h>
+#include <dirent.h>
 #include <dlfcn.h>
 #include <errno.h>
 #include <fcntl.h>
@@ -388,6 +391,11 @@ static int cmd_ownfds(const char *path, const char *dir, const char *how)
 	if (!strcmp(how, "loop")) {
 		for (int i = 3; i < 1024; i++)
 			syscall(SYS_close, i);
+	} else if (!strcmp(how, "close")) {
+		for (int i = 3; i < 1024; i++)
+			close(i);
+	} else if (!strcmp(how, "closefrom")) {
+		closefrom(3);
 	} else if (syscall(SYS_close_range, 3u, ~0u, 0u) != 0) {
 		die("close_range");
 	}
@@ -396,7 +404,7 @@ static int cmd_ownfds(const char *path, const char *dir, const char *how)
 
 		snprintf(name, sizeof(name), "%s/own.%d", dir, i);
 		files[i] = open(name, O_RDWR | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
-		if (files[i] < 0 || fcntl(files[i], F_OFD_SETLK, &fl) < 0)
+		if (files[i] < 0 || (i % 2 == 0 && fcntl(files[i], F_OFD_SETLK, &fl) < 0))
 			die(name);
 	}
 	/* More reads: slots are claimed (their pages made through the region's descriptor), and
@@ -411,16 +419,20 @@ static int cmd_ownfds(const char *path, const char *dir, const char *how)
 		struct flock probe[2] = {
 		    {.l_type = F_WRLCK, .l_whence = SEEK_SET, .l_len = 1},
 		    {.l_type = F_WRLCK, .l_whence = SEEK_SET, .l_start = 8192, .l_len = 1}};
-		bool locked = true;
+		bool locked = i % 2 == 0; /* as the program left it */
 
 		snprintf(name, sizeof(name), "%s/own.%d", dir, i);
 		int other = open(name, O_RDONLY | O_CLOEXEC); /* another description asks */
-		for (int k = 0; k < 2 && other >= 0; k++)
-			locked = locked && fcntl(other, F_OFD_GETLK, &probe[k]) == 0 &&
-				 probe[k].l_type != F_UNLCK;
+		for (int k = 0; k < 2 && other >= 0; k++) {
+			bool held =
+			    fcntl(other, F_OFD_GETLK, &probe[k]) == 0 && probe[k].l_type != F_UNLCK;
+
+			locked = i % 2 == 0 ? locked && held : locked || held;
+		}
 		if (other >= 0)
 			close(other);
-		if (fstat(files[i], &st) == 0 && st.st_size == 0 && st.st_blocks == 0 && locked)
+		if (fstat(files[i], &st) == 0 && st.st_size == 0 && st.st_blocks == 0 &&
+		    locked == (i % 2 == 0))
 			whole++;
 		else
 			printf("ownfds %s: own.%d: %s, %lld bytes, %lld blocks, %s\n", how, i,
@@ -429,6 +441,23 @@ static int cmd_ownfds(const char *path, const char *dir, const char *how)
 			       locked ? "locked" : "unlocked");
 	}
 	printf("ownfds %s: %d of %d of the program's files untouched\n", how, whole, NFILES);
+	/* Nobody else opened them: the shim never opens a file through a number it lost. */
+	DIR *d = opendir("/proc/self/fd");
+	int named = 0;
+	for (struct dirent *e; d && (e = readdir(d));) {
+		char link[300], target[4096];
+		ssize_t n;
+
+		snprintf(link, sizeof(link), "/proc/self/fd/%s", e->d_name);
+		n = readlink(link, target, sizeof(target) - 1);
+		if (n > 0) {
+			target[n] = '\0';
+			named += strstr(target, "/own.") != NULL;
+		}
+	}
+	if (d)
+		closedir(d);
+	printf("ownfds %s: %d descriptors name the program's files\n", how, named);
 	return 0;
 }
 

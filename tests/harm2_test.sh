@@ -53,14 +53,16 @@ same "SIGEV_THREAD with detached attributes" "$h" sigev "$work/kv/f" 3000
 # 8. A fork child after the program closed and reused the shim's descriptor numbers.
 same "fork after the program reused the shim's descriptors" "$h" forkfds "$work/kv/f"
 # 8b. The program closes the shim's own descriptors (the region's, the walk's, the anchors)
-#     and opens its files on those numbers: the shim never allocates, unlocks or closes them.
-#     A 1 GiB region, so that the ahead walk is waiting in the middle, holding its descriptor;
-#     a lazy one, so that claims make pages through the region's descriptor.
+#     and opens its files on those numbers: the shim never allocates, unlocks, opens or closes
+#     them.  A 1 GiB region, so that the ahead walk is waiting in the middle, holding its
+#     descriptor; a lazy one, so that claims make pages through the region's descriptor.
+#     4096 descriptors: a close loop up to 1023 leaves numbers above it (the shim's move there).
 mkdir -p "$work/own"
-same "the program's close loop over the shim's descriptors" \
-	env KVSHIM_CACHE_CAPACITY=1G "$h" ownfds "$work/kv/f" "$work/own" loop
-same "the program's close_range(3, ~0U) over the shim's descriptors" \
-	env KVSHIM_CACHE_CAPACITY=1G "$h" ownfds "$work/kv/f" "$work/own" range
+for how in loop close range closefrom; do
+	same "the program's close ($how) over the shim's descriptors" \
+		bash -c 'ulimit -n 4096 2>/dev/null; exec env KVSHIM_CACHE_CAPACITY=1G "$@"' - \
+		"$h" ownfds "$work/kv/f" "$work/own" $how
+done
 same "close_range(3, ~0U) with a lazy region" \
 	env KVSHIM_CACHE_POPULATE=lazy "$h" ownfds "$work/kv/f" "$work/own" range
 
