@@ -92,54 +92,146 @@ void kvs_close_if_ours(int fd, uint64_t dev, uint64_t ino)
 		kvs_syscall(SYS_close, fd);
 }
 
-/* Kvs_ownfd_get calls on this thread not yet put: kvs_ownfd_closing never waits for them. */
+/* Calls on an ownfd this thread makes now: kvs_ownfd_closing never waits for them. */
 static __thread int ownfd_held __attribute__((tls_model("initial-exec")));
 
-int kvs_ownfd_get(struct kvs_ownfd *o)
-{
-	atomic_fetch_add(&o->users, 1); /* before the load: see kvs_ownfd_closing */
-	int fd = atomic_load(&o->fd);
+#define OWNFD_NONE 0xffffffffu
 
-	if (fd >= 0 && kvs_fd_is(fd, o->dev, o->ino)) {
-		ownfd_held++;
-		return fd;
-	}
-	atomic_fetch_sub(&o->users, 1);
-	return -1;
+static inline int word_fd(uint64_t w)
+{
+	return (int)(uint32_t)w;
 }
 
-void kvs_ownfd_put(struct kvs_ownfd *o)
+static inline uint64_t word_next(uint64_t w, int fd)
+{
+	return ((w >> 32) + 1) << 32 | (uint32_t)fd;
+}
+
+/* Count this thread as a user of the generation now; the word it counted against. */
+static uint64_t hold(struct kvs_ownfd *o)
+{
+	for (;;) {
+		uint64_t w = atomic_load(&o->word);
+		unsigned int g = (unsigned int)(w >> 32) & 1;
+
+		if (word_fd(w) < 0)
+			return w;
+		atomic_fetch_add(&o->users[g], 1);
+		if (atomic_load(&o->word) == w) {
+			ownfd_held++;
+			return w;
+		}
+		atomic_fetch_sub(&o->users[g], 1); /* moved meanwhile: count against the new one */
+	}
+}
+
+static void unhold(struct kvs_ownfd *o, uint64_t w)
 {
 	ownfd_held--;
-	atomic_fetch_sub(&o->users, 1);
+	atomic_fetch_sub(&o->users[(w >> 32) & 1], 1);
+}
+
+int kvs_ownfd_get(struct kvs_ownfd *o, unsigned int *ticket)
+{
+	uint64_t w = hold(o);
+	int fd = word_fd(w);
+
+	if (fd < 0)
+		return -1;
+	if (!kvs_fd_is(fd, o->dev, o->ino)) {
+		unhold(o, w);
+		return -1;
+	}
+	*ticket = (unsigned int)(w >> 32);
+	return fd;
+}
+
+void kvs_ownfd_put(struct kvs_ownfd *o, unsigned int ticket)
+{
+	unhold(o, (uint64_t)ticket << 32);
+}
+
+/* Wait for the users of w's generation (see kvs_ownfd_closing). */
+static void wait_users(struct kvs_ownfd *o, uint64_t w)
+{
+	uint64_t until = kvs_mono_ns() + KVS_OWNFD_WAIT_NS;
+	struct timespec pause = {0, 50000};
+
+	while (!ownfd_held && atomic_load(&o->users[(w >> 32) & 1]) && kvs_mono_ns() < until)
+		kvs_syscall(SYS_nanosleep, &pause, NULL);
+}
+
+/* A new number for fd of ours, outside [lo, hi]: 1024 or more, else above hi; -1 if none. */
+static int move_above(int fd, unsigned int hi)
+{
+	if (hi >= INT_MAX)
+		return -1;
+	int nd = -1;
+	if (hi < 1023)
+		nd = (int)kvs_syscall(SYS_fcntl, fd, F_DUPFD_CLOEXEC, 1024);
+	if (nd < 0)
+		nd = (int)kvs_syscall(SYS_fcntl, fd, F_DUPFD_CLOEXEC, hi < 2 ? 3 : (int)hi + 1);
+	return nd < 0 ? -1 : nd;
 }
 
 void kvs_ownfd_closing(struct kvs_ownfd *o, unsigned int lo, unsigned int hi)
 {
-	int saved = errno, old = atomic_load(&o->fd);
+	int saved = errno;
+	uint64_t w = atomic_load(&o->word);
 
-	for (;;) {
-		if (old < 0 || (unsigned int)old < lo || (unsigned int)old > hi)
+	for (int tries = 0; tries < 64; tries++) {
+		int fd = word_fd(w);
+
+		if (fd < 0 || (unsigned int)fd < lo || (unsigned int)fd > hi)
 			break; /* not among the numbers closed */
-		unsigned int from = hi < 2 ? 3 : hi + 1;
-		int nd = hi >= INT_MAX || !kvs_fd_is(old, o->dev, o->ino)
-			     ? -1
-			     : (int)kvs_syscall(SYS_fcntl, old, F_DUPFD_CLOEXEC, (int)from);
-		/* -1: no number free above hi, or the number was not ours any more: gone. */
-		if (atomic_compare_exchange_strong(&o->fd, &old, nd))
-			break;
-		if (nd >= 0)
-			kvs_syscall(SYS_close, nd); /* moved or closed meanwhile: look again */
-	}
-	if (old >= 0 && (unsigned int)old >= lo && (unsigned int)old <= hi && !ownfd_held) {
-		/* A user that loaded the old number finishes before the program closes it. */
-		uint64_t until = kvs_mono_ns() + KVS_OWNFD_WAIT_NS;
-		struct timespec pause = {0, 50000};
+		uint64_t seen = w;
+		/* Not ours any more (a close the hooks did not see): none, nothing to move. */
+		int nd = kvs_fd_is(fd, o->dev, o->ino) ? move_above(fd, hi) : -1;
+		bool moved = atomic_compare_exchange_strong(&o->word, &w, word_next(seen, nd));
 
-		while (atomic_load(&o->users) && kvs_mono_ns() < until)
-			kvs_syscall(SYS_nanosleep, &pause, NULL);
+		if (!moved && nd >= 0)
+			kvs_syscall(SYS_close, nd); /* another closer or the owner was first */
+		wait_users(o, seen); /* they may be using fd: the program closes it after them */
+		if (moved)
+			break;
 	}
 	errno = saved;
+}
+
+void kvs_ownfd_close(struct kvs_ownfd *o)
+{
+	for (;;) {
+		uint64_t held = hold(o), w = held;
+		int fd = word_fd(held);
+
+		if (fd < 0)
+			return;
+		bool out = atomic_compare_exchange_strong(&o->word, &w, word_next(held, -1));
+		if (out)
+			kvs_close_if_ours(fd, o->dev,
+					  o->ino); /* a closing program waits for this */
+		unhold(o, held);
+		if (out)
+			return;
+	}
+}
+
+void kvs_ownfd_set(struct kvs_ownfd *o, int fd)
+{
+	atomic_store(&o->word, word_next(atomic_load(&o->word), fd));
+}
+
+bool kvs_ownfd_publish(struct kvs_ownfd *o, int fd)
+{
+	uint64_t w = atomic_load(&o->word);
+
+	return word_fd(w) < 0 && atomic_compare_exchange_strong(&o->word, &w, word_next(w, fd));
+}
+
+void kvs_ownfd_atfork_child(struct kvs_ownfd *o)
+{
+	atomic_store(&o->users[0], 0);
+	atomic_store(&o->users[1], 0);
 }
 
 void kvs_bitmap_take_range(_Atomic uint64_t *map, unsigned int nbits, unsigned int lo,
@@ -165,7 +257,29 @@ void kvs_bitmap_take_range(_Atomic uint64_t *map, unsigned int nbits, unsigned i
 	}
 }
 
-void kvs_ownfd_close(struct kvs_ownfd *o)
+void kvs_bitmap_wait_clear(_Atomic uint64_t *map, unsigned int nbits, unsigned int lo,
+			   unsigned int hi, uint64_t max_ns)
 {
-	kvs_close_if_ours(atomic_exchange(&o->fd, -1), o->dev, o->ino);
+	uint64_t until = 0;
+	struct timespec pause = {0, 50000};
+
+	if (lo >= nbits || hi < lo)
+		return;
+	if (hi >= nbits)
+		hi = nbits - 1;
+	for (unsigned int w = lo / 64; w <= hi / 64; w++) {
+		uint64_t mask = ~0ull;
+
+		if (w == lo / 64)
+			mask &= ~0ull << (lo % 64);
+		if (w == hi / 64 && hi % 64 != 63)
+			mask &= (1ull << (hi % 64 + 1)) - 1;
+		while (atomic_load(&map[w]) & mask) {
+			if (!until)
+				until = kvs_mono_ns() + max_ns;
+			if (kvs_mono_ns() >= until)
+				return;
+			kvs_syscall(SYS_nanosleep, &pause, NULL);
+		}
+	}
 }

@@ -87,49 +87,72 @@ static inline uint64_t kvs_node_ns(void)
 bool kvs_fd_is(int fd, uint64_t dev, uint64_t ino);
 void kvs_close_if_ours(int fd, uint64_t dev, uint64_t ino);
 
-/*
- * kvs_ownfd: one such descriptor that other threads use while the program may close its
- * number.  Who writes what:
- *
- *   fd     the owner publishes it (dev, ino written first); kvs_ownfd_closing moves it by CAS
- *          (or sets -1); kvs_ownfd_close takes it out by exchange.
- *   users  kvs_ownfd_get adds one before it loads fd, kvs_ownfd_put takes it off.
- *
- * kvs_ownfd_get: the number, held (kvs_ownfd_put it) while the caller makes its calls on it,
- * or -1 (nothing held) when there is none or it is no longer ours (kvs_fd_is: a close the
- * hooks did not see).  A call on a held number never lands on the program's file.
- *
- * kvs_ownfd_closing: the program is about to close the numbers lo to hi.  If fd is one of
- * them it moves to a number above hi and at least 3 (F_DUPFD_CLOEXEC: the same open file
- * description, so its record locks stay), or, with no number free above hi (a close_range to
- * the top), becomes -1.  Then it waits for the users that may have loaded the old number
- * (users is raised before fd is loaded, and both are sequentially consistent: a user counted
- * after the wait began loads the new number), at most KVS_OWNFD_WAIT_NS, and never for
- * itself (a signal handler that interrupted a user on this thread).  Async-signal-safe, as
- * close is.
- *
- * kvs_ownfd_close: the owner is done with it: taken out, and closed if still ours.
- */
 /* Clear bits lo to hi (inclusive, clipped to nbits) of the bitmap map, calling each(bit, arg)
  * for every bit this call cleared (each may be NULL).  Lock-free, async-signal-safe: for the
  * close hooks' "these numbers are the program's now" (anchor.c, hooks_libaio.c). */
 void kvs_bitmap_take_range(_Atomic uint64_t *map, unsigned int nbits, unsigned int lo,
 			   unsigned int hi, void (*each)(unsigned int bit, void *arg), void *arg);
 
+/*
+ * kvs_ownfd: one such descriptor that other threads use while the program may close its
+ * number.  Who writes what:
+ *
+ *   word      the number (low 32 bits, -1 for none) and a generation (high 32 bits), one
+ *             word so that a move is one CAS: the owner sets it (kvs_ownfd_set, before others
+ *             can see it, or kvs_ownfd_publish, by CAS from none); kvs_ownfd_closing moves it
+ *             (a new number, or none) and kvs_ownfd_close takes it out, each by CAS with the
+ *             next generation.
+ *   users[g]  the calls on a number of a generation of parity g: raised, then the word looked
+ *             at again (sequentially consistent, against the mover's CAS and its look at the
+ *             count: a user counted after the move sees the new word and lets go).
+ *   dev, ino  its file, written before the number is set.
+ *
+ * kvs_ownfd_get: the number, held (kvs_ownfd_put it with the ticket) while the caller makes
+ * its calls on it, or -1 (nothing held) when there is none or it is no longer ours (kvs_fd_is:
+ * a close the hooks did not see).
+ *
+ * kvs_ownfd_closing: the program is about to close the numbers lo to hi.  A number among them
+ * moves to 1024 or above hi (F_DUPFD_CLOEXEC: the same open file description, so its record
+ * locks stay; high, so that a close loop over the low numbers moves it once), or, with no
+ * number free above hi (a close_range to the top), becomes none; then the calls on the old
+ * number's generation are waited for (at most KVS_OWNFD_WAIT_NS; never on a thread that holds
+ * one itself: a signal handler that interrupted it), so the program's close comes after them.
+ * Async-signal-safe, as close is.
+ *
+ * kvs_ownfd_close: the owner is done with it: taken out and closed if still ours, as a user of
+ * its generation, so that a program's close of the number waits for that close.
+ *
+ * kvs_ownfd_peek: the number now, for the owner before it is shared, or for calls that cannot
+ * harm another file (fstat, fstatvfs).
+ */
 struct kvs_ownfd {
-	_Atomic int fd;
-	_Atomic uint32_t users;
+	_Atomic uint64_t word;
+	_Atomic uint32_t users[2];
 	uint64_t dev, ino;
 };
 #define KVS_OWNFD_INIT                                                                             \
 	{                                                                                          \
-		-1, 0, 0, 0                                                                        \
+		0xffffffffull, {0, 0}, 0, 0                                                        \
 	}
 #define KVS_OWNFD_WAIT_NS 2000000000ull
-int kvs_ownfd_get(struct kvs_ownfd *o);
-void kvs_ownfd_put(struct kvs_ownfd *o);
+int kvs_ownfd_get(struct kvs_ownfd *o, unsigned int *ticket);
+void kvs_ownfd_put(struct kvs_ownfd *o, unsigned int ticket);
 void kvs_ownfd_closing(struct kvs_ownfd *o, unsigned int lo, unsigned int hi);
 void kvs_ownfd_close(struct kvs_ownfd *o);
+void kvs_ownfd_set(struct kvs_ownfd *o, int fd);
+bool kvs_ownfd_publish(struct kvs_ownfd *o, int fd);
+/* The parent's users are not the fork child's: forget them. */
+void kvs_ownfd_atfork_child(struct kvs_ownfd *o);
+
+static inline int kvs_ownfd_peek(struct kvs_ownfd *o)
+{
+	return (int)(uint32_t)atomic_load(&o->word);
+}
+
+/* Wait (at most max_ns) until bits lo to hi of map are all clear: a closer that announced a
+ * number there (set its bit) finished.  For the close hooks (anchor.c, hooks_libaio.c). */
+void kvs_bitmap_wait_clear(_Atomic uint64_t *map, unsigned int nbits, unsigned int lo,
+			   unsigned int hi, uint64_t max_ns);
 
 /* Stacks for kvs_thread_start.  KVS_STACK_OWN: a thread that runs only the shim's code and
  * system calls.  KVS_STACK_FOREIGN: one that calls into other libraries (the CUDA driver,

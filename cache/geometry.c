@@ -359,7 +359,7 @@ int kvs_cache_check_config(struct kvs_cache *c, const struct kvs_cache_params *c
 		snprintf(msg, msglen, "the cache dimensions are out of range");
 		return -EINVAL;
 	}
-	if (fstat(c->own.fd, &st) < 0)
+	if (fstat(kvs_ownfd_peek(&c->own), &st) < 0)
 		return -errno;
 	/* kvs_region_check as an attacher of this configuration would run it. */
 	c->watch = false;

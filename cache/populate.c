@@ -123,7 +123,7 @@ static void atfork_child(void)
 {
 	/* The child's copy only (the parent's lock stays), and only if the number is still
 	 * ours: the program may have closed and reused it.  The parent's users are not here. */
-	atomic_store(&walker.users, 0);
+	kvs_ownfd_atfork_child(&walker);
 	kvs_ownfd_close(&walker);
 }
 
@@ -248,7 +248,8 @@ int kvs_populate_claimed(struct kvs_cache *c, uint32_t i)
 		return 0;
 	/* Without the region's descriptor (the program took it: cache.h), the pages come by
 	 * faults in the mapping, which needs none. */
-	int fd = kvs_ownfd_get(&c->own);
+	unsigned int ticket = 0;
+	int fd = kvs_ownfd_get(&c->own, &ticket);
 	if (c->page_kind != KVS_PAGE_HUGETLBFS &&
 	    !kvs_populate_has_room(
 		fd, page_bytes(c->hdr->off_data + i * c->shard_size, c->shard_size, c->page_size),
@@ -262,7 +263,7 @@ int kvs_populate_claimed(struct kvs_cache *c, uint32_t i)
 		kvs_cache_count(c, KVS_CTR_pages_ns, kvs_mono_ns() - t0);
 	}
 	if (fd >= 0)
-		kvs_ownfd_put(&c->own);
+		kvs_ownfd_put(&c->own, ticket);
 	if (err == ENOSPC)
 		store_relaxed(&c->room_retry_ns, kvs_mono_ns() + KVS_ROOM_RETRY_NS);
 	return err;
@@ -397,11 +398,12 @@ static bool idle(struct populator *p, struct kvs_hdr *h, uint32_t wake)
 	struct stat st;
 
 	kvs_futex_wait(&h->populate_wake, wake, KVS_WALK_IDLE_NS, true);
-	int fd = kvs_ownfd_get(&walker);
+	unsigned int ticket;
+	int fd = kvs_ownfd_get(&walker, &ticket);
 	if (fd < 0)
 		return false; /* the program took the walk's descriptor */
 	bool removed = fstat(fd, &st) == 0 && st.st_nlink == 0;
-	kvs_ownfd_put(&walker);
+	kvs_ownfd_put(&walker, ticket);
 	return !removed;
 }
 
@@ -430,11 +432,12 @@ static void *populate_main(void *arg)
 			continue;
 		}
 		uint32_t to = done + KVS_WALK_CHUNK < target ? done + KVS_WALK_CHUNK : target;
-		p->fd = kvs_ownfd_get(&walker);
+		unsigned int ticket;
+		p->fd = kvs_ownfd_get(&walker, &ticket);
 		if (p->fd < 0)
 			break; /* the program took the walk's descriptor, and its lock with it */
 		uint32_t got = walk_range(p, done, to, &err, &why);
-		kvs_ownfd_put(&walker);
+		kvs_ownfd_put(&walker, ticket);
 		store_relaxed(&h->populated, done + got);
 		if (got && load_relaxed(&h->populate_err)) {
 			/* Room came back: the walk goes on, and stat no longer says it stopped. */
@@ -483,12 +486,13 @@ void kvs_populate_start(struct kvs_cache *c)
 	 * not shared with the handle's descriptor. */
 	char self[64];
 	struct stat st;
-	int rfd = kvs_ownfd_get(&c->own);
+	unsigned int ticket;
+	int rfd = kvs_ownfd_get(&c->own, &ticket);
 	if (rfd < 0)
 		return; /* the program took the region's descriptor: no walk from this process */
 	snprintf(self, sizeof(self), "/proc/self/fd/%d", rfd);
 	fd = kvs_sys_open(self, O_RDWR | O_CLOEXEC);
-	kvs_ownfd_put(&c->own);
+	kvs_ownfd_put(&c->own, ticket);
 	if (fd < 0)
 		return;
 	if (fstat(fd, &st) < 0 || (uint64_t)st.st_dev != c->own.dev ||
@@ -497,13 +501,12 @@ void kvs_populate_start(struct kvs_cache *c)
 	/* Published before the lock is taken, so that a fork at any point after closes the
 	 * child's copy (atfork_child): a child must never keep the walk's lock alive.  One walk
 	 * per process. */
-	int none = -1;
 	pthread_once(&atfork_once, register_atfork);
 	walker.dev = c->own.dev;
 	walker.ino = c->own.ino;
-	if (!atomic_compare_exchange_strong(&walker.fd, &none, fd))
+	if (!kvs_ownfd_publish(&walker, fd))
 		goto err_close;
-	fd = kvs_ownfd_get(&walker); /* from here on, the number may move */
+	fd = kvs_ownfd_get(&walker, &ticket); /* from here on, the number may move */
 	if (fd < 0)
 		return; /* the program took it already, and closes it */
 	if (kvs_sys_fcntl(fd, F_OFD_SETLK, &fl) < 0)
@@ -530,7 +533,7 @@ void kvs_populate_start(struct kvs_cache *c)
 	/* A fork child gets neither the mapping nor (atfork_child) the descriptor. */
 	madvise(p->base, p->len, MADV_DONTFORK);
 	p->fpages = (_Atomic uint32_t *)(p->base + c->hdr->off_frames);
-	kvs_ownfd_put(&walker);
+	kvs_ownfd_put(&walker, ticket);
 	if (kvs_thread_start(NULL, populate_main, p, KVS_STACK_OWN) == 0)
 		return;
 	munmap(p->base, p->len);
@@ -540,7 +543,7 @@ void kvs_populate_start(struct kvs_cache *c)
 err_free:
 	free(p);
 err_unpublish:
-	kvs_ownfd_put(&walker);
+	kvs_ownfd_put(&walker, ticket);
 	kvs_ownfd_close(&walker);
 	return;
 err_close:
@@ -678,7 +681,7 @@ int kvs_cache_prepare(struct kvs_cache *c, unsigned threads, uint32_t *slots_don
 	struct prep pr = {
 	    .p =
 		{
-		    .fd = c->own.fd,
+		    .fd = kvs_ownfd_peek(&c->own),
 		    .headroom = c->headroom,
 		    .base = c->base,
 		    .fpages = c->fpages,

@@ -25,13 +25,14 @@
 static int ofd(struct kvs_cache *c, int cmd, short type, uint32_t byte, short *seen)
 {
 	struct flock fl = {.l_type = type, .l_whence = SEEK_SET, .l_start = byte, .l_len = 1};
-	int fd = kvs_ownfd_get(&c->own), r = 0; /* never a lock call on a number the program took */
+	unsigned int ticket;
+	int fd = kvs_ownfd_get(&c->own, &ticket), r = 0; /* never on a number the program took */
 
 	if (fd < 0)
 		return -EBADF;
 	if (kvs_sys_fcntl(fd, cmd, &fl) < 0)
 		r = -errno;
-	kvs_ownfd_put(&c->own);
+	kvs_ownfd_put(&c->own, ticket);
 	if (r)
 		return r;
 	if (seen)

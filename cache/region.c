@@ -458,19 +458,18 @@ static int attach(struct kvs_cache *c, struct dims *d, const struct kvs_cache_pa
 	size_t len;
 	int r;
 
-	c->own.fd = kvs_cache_open_file(c->path, O_RDWR, c->mode, msg, msglen);
-	if (c->own.fd < 0) {
-		r = c->own.fd;
-		c->own.fd = -1;
+	r = kvs_cache_open_file(c->path, O_RDWR, c->mode, msg, msglen);
+	kvs_ownfd_set(&c->own, r < 0 ? -1 : r);
+	if (r < 0) {
 		return r;
 	}
-	if (fstat(c->own.fd, &st) < 0) {
+	if (fstat(kvs_ownfd_peek(&c->own), &st) < 0) {
 		r = -errno;
 		goto err_close;
 	}
-	if (c->watch && kvs_dims_of_file(c->own.fd, &mine) == 0)
+	if (c->watch && kvs_dims_of_file(kvs_ownfd_peek(&c->own), &mine) == 0)
 		*d = mine; /* a watcher reads the region as it was built */
-	else if (kvs_region_read_header(c->own.fd, &built) == 0 &&
+	else if (kvs_region_read_header(kvs_ownfd_peek(&c->own), &built) == 0 &&
 		 (autosize ? kvs_dims_for(cfg, built.nslots, built.page_size, &mine)
 			   : kvs_dims_of(cfg, built.page_size, &mine)) == 0)
 		/* Its pages are those its creator's file system gave (pages.c); with capacity =
@@ -482,7 +481,7 @@ static int attach(struct kvs_cache *c, struct dims *d, const struct kvs_cache_pa
 		/* Map the header alone to say what differs. */
 		if ((size_t)st.st_size >= sizeof(struct kvs_hdr)) {
 			void *h = kvs_sys_mmap(NULL, sizeof(struct kvs_hdr), PROT_READ, MAP_SHARED,
-					       c->own.fd, 0);
+					       kvs_ownfd_peek(&c->own), 0);
 			if (h != MAP_FAILED) {
 				c->hdr = h;
 				r = kvs_region_check(c, d, (size_t)st.st_size, msg, msglen);
@@ -498,7 +497,8 @@ static int attach(struct kvs_cache *c, struct dims *d, const struct kvs_cache_pa
 		goto err_close;
 	}
 	len = c->watch ? d->off_data : d->total;
-	c->base = kvs_sys_mmap(NULL, len, PROT_READ | PROT_WRITE, MAP_SHARED, c->own.fd, 0);
+	c->base =
+	    kvs_sys_mmap(NULL, len, PROT_READ | PROT_WRITE, MAP_SHARED, kvs_ownfd_peek(&c->own), 0);
 	if (c->base == MAP_FAILED) {
 		r = -errno;
 		c->base = NULL;
@@ -533,11 +533,11 @@ err_close:
 	if (r == -EPROTO && !c->watch) {
 		if (c->mismatch_fd >= 0)
 			kvs_sys_close(c->mismatch_fd);
-		c->mismatch_fd = c->own.fd;
+		c->mismatch_fd = kvs_ownfd_peek(&c->own);
 	} else {
-		kvs_sys_close(c->own.fd);
+		kvs_sys_close(kvs_ownfd_peek(&c->own));
 	}
-	c->own.fd = -1;
+	kvs_ownfd_set(&c->own, -1);
 	return r;
 }
 
@@ -639,7 +639,7 @@ int kvs_cache_open(const struct kvs_cache_params *cfg, int flags, struct kvs_cac
 	c = calloc(1, sizeof(*c));
 	if (!c)
 		return -ENOMEM;
-	c->own.fd = -1;
+	kvs_ownfd_set(&c->own, -1);
 	c->mismatch_fd = -1;
 	c->self = -1;
 	c->pod = KVS_NIL;
@@ -663,7 +663,7 @@ int kvs_cache_open(const struct kvs_cache_params *cfg, int flags, struct kvs_cac
 		    cfg->on_mismatch == KVS_MISMATCH_REBUILD) {
 			r = rebuild(c, &d, cfg, c->mismatch_fd, msg, msglen);
 			if (r >= 0) {
-				c->own.fd = r;
+				kvs_ownfd_set(&c->own, r);
 				r = 0;
 				rebuilt = true;
 				break;
@@ -685,7 +685,7 @@ int kvs_cache_open(const struct kvs_cache_params *cfg, int flags, struct kvs_cac
 			break;
 		r = create(c, &d, cfg, false, 0, msg, msglen);
 		if (r >= 0) {
-			c->own.fd = r;
+			kvs_ownfd_set(&c->own, r);
 			r = 0;
 			break;
 		}
@@ -700,7 +700,7 @@ int kvs_cache_open(const struct kvs_cache_params *cfg, int flags, struct kvs_cac
 	if (r)
 		goto err_free;
 	struct stat fst;
-	if (fstat(c->own.fd, &fst) == 0) { /* what kvs_ownfd_* check (base/sys.h) */
+	if (fstat(kvs_ownfd_peek(&c->own), &fst) == 0) { /* what kvs_ownfd_* check (base/sys.h) */
 		c->own.dev = (uint64_t)fst.st_dev;
 		c->own.ino = (uint64_t)fst.st_ino;
 	}
@@ -725,7 +725,7 @@ int kvs_cache_open(const struct kvs_cache_params *cfg, int flags, struct kvs_cac
 
 err_unmap:
 	munmap(c->base, c->map_len);
-	kvs_sys_close(c->own.fd);
+	kvs_ownfd_close(&c->own); /* the walk may have started: the hooks may have moved it */
 err_free:
 	pthread_mutex_destroy(&c->reclaim_mu);
 	free(c);

@@ -56,7 +56,7 @@ int kvs_cache_stat(struct kvs_cache *c, struct kvs_region_info *info, struct kvs
 	info->page_size = c->page_size;
 	info->numa = c->numa;
 	info->keys_only = c->keys_only;
-	info->shm_free_bytes = kvs_memory_free(c->own.fd, c->page_kind);
+	info->shm_free_bytes = kvs_memory_free(kvs_ownfd_peek(&c->own), c->page_kind);
 	for (uint32_t i = 0; i < c->nslots; i++) {
 		uint32_t w = load_relaxed(&c->slots[i].state), st = st_of(w);
 

@@ -84,6 +84,8 @@ struct tables {
 
 static _Atomic(struct tables *) tables;
 static _Atomic uint64_t ours[FD_SLOTS / 64];
+static _Atomic uint64_t closing[FD_SLOTS / 64]; /* finish() is closing this number now */
+static __thread int in_finish __attribute__((tls_model("initial-exec"))); /* in finish() */
 static _Atomic uint64_t locked[LOCKED_SLOTS];
 static _Atomic bool locked_full;
 static pthread_mutex_t anchor_mu = PTHREAD_MUTEX_INITIALIZER;
@@ -241,8 +243,14 @@ static void finish(struct tables *t, int a, uint32_t w)
 	atomic_store(&t->refs[a], 0); /* a fresh start if dup hands the number out again */
 	if (w & GONE)
 		return; /* the program's number now */
+	/* Announced before the bit is taken: a program's close of a that finds the bit gone
+	 * waits for this close (kvs_anchor_numbers_closing), so ours lands first. */
+	in_finish++;
+	atomic_fetch_or(&closing[a / 64], bit);
 	if (atomic_fetch_and(&ours[a / 64], ~bit) & bit)
 		kvs_close_if_ours(a, m.dev, m.ino);
+	atomic_fetch_and(&closing[a / 64], ~bit);
+	in_finish--;
 }
 
 /* Retire anchor a (out of every slot) with flags (RETIRING, and GONE): closed now if no read
@@ -354,8 +362,11 @@ void kvs_anchor_numbers_closing(unsigned int lo, unsigned int hi)
 {
 	struct tables *t = tables_get(false);
 
-	if (t)
-		kvs_bitmap_take_range(ours, FD_SLOTS, lo, hi, gone, t);
+	if (!t)
+		return;
+	kvs_bitmap_take_range(ours, FD_SLOTS, lo, hi, gone, t);
+	if (!in_finish) /* not a handler that interrupted a finish on this thread */
+		kvs_bitmap_wait_clear(closing, FD_SLOTS, lo, hi, KVS_OWNFD_WAIT_NS);
 }
 
 /* ------------------------------------------------------------------ readers */

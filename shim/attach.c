@@ -73,6 +73,12 @@ static pthread_mutex_t attach_mu = PTHREAD_MUTEX_INITIALIZER;
 static _Atomic int attached = AT_NONE; /* the loader */
 static _Atomic int mapped = AT_NONE;   /* the region */
 
+/* The process whose memory this is (init, and the fork child).  A child of vfork, or of
+ * clone(CLONE_VM), runs in its parent's memory with a descriptor table of its own: its closes
+ * (CPython's subprocess: close_range after vfork) must not move or give up its parent's
+ * descriptors. */
+static _Atomic long owner_pid;
+
 /* fork() waits for an attach in progress, so the child never inherits a half-made one (a
  * descriptor it would not know to close would keep the parent's liveness lock alive). */
 static void atfork_prepare(void)
@@ -105,6 +111,7 @@ static void atfork_child(void)
 	kvs_serve_pos_init(); /* a parent's thread may have held a position lock */
 	kvs_shim_cache = NULL;
 	kvs_shim_loader = NULL;
+	atomic_store(&owner_pid, kvs_syscall(SYS_getpid));
 	atomic_store(&attached, AT_NONE);
 	atomic_store(&mapped, AT_NONE);
 	pthread_mutex_unlock(&attach_mu);
@@ -116,6 +123,7 @@ static void init(void)
 	int on = ST_OFF;
 
 	kvs_shim_guard++;
+	atomic_store(&owner_pid, kvs_syscall(SYS_getpid));
 	kvs_real_init();
 	if (kvs_config_load(&kvs_shim_cfg, NULL, NULL, msg, sizeof(msg))) {
 		kvs_log_once(KVS_CAUSE_CONFIG, KVS_LOG_ERROR, "%s; the shim is off", msg);
@@ -258,8 +266,15 @@ struct kvs_cache *kvs_shim_region(bool create)
 	return region_mapped(create);
 }
 
+static bool in_owner(void)
+{
+	return kvs_syscall(SYS_getpid) == atomic_load_explicit(&owner_pid, memory_order_relaxed);
+}
+
 void kvs_shim_fds_closing(unsigned int lo, unsigned int hi)
 {
+	if (!in_owner())
+		return; /* no state of this process yet, or a vfork child's close */
 	int saved = errno;
 
 	/* The walk's descriptor is moved with or without a mapped handle: a walk starts inside

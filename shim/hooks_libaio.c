@@ -338,25 +338,6 @@ static void live_unlink(struct kctx *c, struct served *s) /* caller holds c->mu 
 	s->prev = s->next = NULL;
 }
 
-/* Our descriptors of the eventfds of served entries (IOCB_FLAG_RESFD), by number: set at the
- * dup, cleared by whoever closes it (the completion) or gives it up (the program closes the
- * number: kvs_libaio_numbers_closing).  Only the one that clears the bit writes and closes. */
-#define RESFD_SLOTS 65536
-static _Atomic uint64_t resfd_ours[RESFD_SLOTS / 64];
-
-void kvs_libaio_numbers_closing(unsigned int lo, unsigned int hi)
-{
-	kvs_bitmap_take_range(resfd_ours, RESFD_SLOTS, lo, hi, NULL, NULL);
-}
-
-/* Is resfd still ours to write and close?  Clears its bit. */
-static bool resfd_release(int fd)
-{
-	uint64_t bit = 1ull << (fd % 64);
-
-	return fd >= 0 && fd < RESFD_SLOTS && (atomic_fetch_and(&resfd_ours[fd / 64], ~bit) & bit);
-}
-
 /* Is fd an eventfd?  The kernel refuses an IOCB_FLAG_RESFD that is not (EINVAL). */
 static bool is_eventfd(int fd)
 {
@@ -379,6 +360,43 @@ static bool ours_eventfd(int fd)
 	return fl >= 0 && (fl & FD_CLOEXEC) && is_eventfd(fd);
 }
 
+/* Our descriptors of the eventfds of served entries (IOCB_FLAG_RESFD), by number: set at the
+ * dup, cleared by whoever closes it (the completion) or gives it up (the program closes the
+ * number: kvs_libaio_numbers_closing).  Only the one that clears the bit writes and closes. */
+#define RESFD_SLOTS 65536
+static _Atomic uint64_t resfd_ours[RESFD_SLOTS / 64];
+
+static _Atomic uint64_t resfd_closing[RESFD_SLOTS / 64]; /* being written and closed now */
+static __thread int in_release __attribute__((tls_model("initial-exec")));
+
+void kvs_libaio_numbers_closing(unsigned int lo, unsigned int hi)
+{
+	kvs_bitmap_take_range(resfd_ours, RESFD_SLOTS, lo, hi, NULL, NULL);
+	if (!in_release) /* a completion on this thread that a handler interrupted: not waited */
+		kvs_bitmap_wait_clear(resfd_closing, RESFD_SLOTS, lo, hi, KVS_OWNFD_WAIT_NS);
+}
+
+/* The shim is done with its eventfd descriptor fd: signal it (if signal) and close it, if it
+ * is still ours.  Announced first (resfd_closing), so that a program's close of the number,
+ * finding the bit in resfd_ours gone, waits for this close before it is made. */
+static void resfd_done(int fd, bool signal)
+{
+	static const uint64_t one = 1;
+
+	if (fd < 0 || fd >= RESFD_SLOTS)
+		return; /* none (no IOCB_FLAG_RESFD) */
+	uint64_t bit = 1ull << (fd % 64);
+	in_release++;
+	atomic_fetch_or(&resfd_closing[fd / 64], bit);
+	if ((atomic_fetch_and(&resfd_ours[fd / 64], ~bit) & bit) && ours_eventfd(fd)) {
+		if (signal)
+			RAW(SYS_write, fd, &one, sizeof(one), 0, 0, 0);
+		RAW(SYS_close, fd, 0, 0, 0, 0, 0);
+	}
+	atomic_fetch_and(&resfd_closing[fd / 64], ~bit);
+	in_release--;
+}
+
 /* A served entry is over (the loader's completion thread): a failed load is read here as the
  * kernel would have read it, through the anchor (a dup of the program's descriptor, valid
  * until this returns), so the event carries the kernel's answer either way. */
@@ -388,7 +406,6 @@ static void served_done(struct kvs_shim_async *a, int64_t result)
 	struct kctx *c = s->c;
 	uint32_t flags = s->flags;
 	int resfd = s->resfd;
-	uint64_t one = 1;
 
 	if (result < 0) {
 		int fd = a->rd.fd;
@@ -414,10 +431,8 @@ static void served_done(struct kvs_shim_async *a, int64_t result)
 	 * program may have closed our number meanwhile (a close loop) and opened a file there:
 	 * written to and closed only if the close hooks did not give it to the program
 	 * (resfd_release) and it is still an eventfd (a close they did not see). */
-	if ((flags & IOCB_FLAG_RESFD) && resfd_release(resfd) && ours_eventfd(resfd)) {
-		RAW(SYS_write, resfd, &one, sizeof(one), 0, 0, 0);
-		RAW(SYS_close, resfd, 0, 0, 0, 0, 0);
-	}
+	if (flags & IOCB_FLAG_RESFD)
+		resfd_done(resfd, true);
 	pthread_mutex_lock(&c->mu);
 	c->running--;
 	pthread_cond_broadcast(&c->cond); /* io_destroy waits for running == 0 */
@@ -513,8 +528,7 @@ static int start(struct kctx *c, const struct iocb *cb, struct iocb *obj)
 		served_done(&s->a, s->a.result); /* a hit, over already: its event now */
 	if (r >= 0)
 		return 0;
-	if (resfd_release(s->resfd))
-		RAW(SYS_close, s->resfd, 0, 0, 0, 0, 0);
+	resfd_done(s->resfd, false);
 	pthread_mutex_lock(&c->mu);
 	live_unlink(c, s);
 	c->running--;

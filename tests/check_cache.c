@@ -3539,23 +3539,54 @@ START_TEST(test_bitmap_take_range)
 }
 END_TEST
 
-/* A user that holds the old number delays the program's close until it puts it. */
+/* A user that holds the old number delays the program's close until it puts it; users of the
+ * new number, however many, do not. */
 struct ownfd_user {
 	struct kvs_ownfd *o;
 	int seen;
 	_Atomic int phase;
+	double run_ms;
 };
 
 static void *ownfd_hold(void *arg)
 {
 	struct ownfd_user *u = arg;
+	unsigned int ticket;
 
-	u->seen = kvs_ownfd_get(u->o);
+	u->seen = kvs_ownfd_get(u->o, &ticket);
 	atomic_store(&u->phase, 1);
 	usleep(300000);
 	atomic_store(&u->phase, 2);
-	kvs_ownfd_put(u->o);
+	kvs_ownfd_put(u->o, ticket);
 	return NULL;
+}
+
+/* What the walk does: take it, use it a while, put it, take it again at once. */
+static void *ownfd_busy(void *arg)
+{
+	struct ownfd_user *u = arg;
+	struct timespec t0, t;
+
+	clock_gettime(CLOCK_MONOTONIC, &t0);
+	atomic_store(&u->phase, 1);
+	do {
+		unsigned int ticket;
+
+		if (kvs_ownfd_get(u->o, &ticket) >= 0) {
+			usleep(2000);
+			kvs_ownfd_put(u->o, ticket);
+		}
+		clock_gettime(CLOCK_MONOTONIC, &t);
+	} while ((t.tv_sec - t0.tv_sec) * 1e3 + (t.tv_nsec - t0.tv_nsec) / 1e6 < u->run_ms);
+	return NULL;
+}
+
+static double ms_since(const struct timespec *t0)
+{
+	struct timespec t;
+
+	clock_gettime(CLOCK_MONOTONIC, &t);
+	return (t.tv_sec - t0->tv_sec) * 1e3 + (t.tv_nsec - t0->tv_nsec) / 1e6;
 }
 
 START_TEST(test_ownfd_moves_and_waits)
@@ -3564,7 +3595,9 @@ START_TEST(test_ownfd_moves_and_waits)
 	int fd = mkostemp(path, O_CLOEXEC);
 	struct stat st;
 	struct kvs_ownfd o = KVS_OWNFD_INIT;
-	struct ownfd_user u = {.o = &o};
+	struct ownfd_user u = {.o = &o}, busy = {.o = &o, .run_ms = 1500};
+	struct timespec t0;
+	unsigned int ticket;
 	pthread_t t;
 
 	ck_assert_int_ge(fd, 0);
@@ -3572,11 +3605,12 @@ START_TEST(test_ownfd_moves_and_waits)
 	ck_assert_int_eq(fstat(fd, &st), 0);
 	o.dev = (uint64_t)st.st_dev;
 	o.ino = (uint64_t)st.st_ino;
-	atomic_store(&o.fd, fd);
+	kvs_ownfd_set(&o, fd);
 	/* A number outside the range stays. */
 	kvs_ownfd_closing(&o, (unsigned)fd + 1, (unsigned)fd + 10);
-	ck_assert_int_eq(atomic_load(&o.fd), fd);
-	/* Inside: moved above hi, the same file; the holder of the old number is waited for. */
+	ck_assert_int_eq(kvs_ownfd_peek(&o), fd);
+	/* Inside: moved to 1024 or above, the same file; the holder of the old number is waited
+	 * for. */
 	ck_assert_int_eq(pthread_create(&t, NULL, ownfd_hold, &u), 0);
 	while (!atomic_load(&u.phase))
 		usleep(1000);
@@ -3584,21 +3618,44 @@ START_TEST(test_ownfd_moves_and_waits)
 	kvs_ownfd_closing(&o, (unsigned)fd, (unsigned)fd + 10);
 	ck_assert_int_eq(atomic_load(&u.phase), 2); /* its put came before our return */
 	pthread_join(t, NULL);
-	int moved = atomic_load(&o.fd);
-	ck_assert_int_gt(moved, fd + 10);
+	int moved = kvs_ownfd_peek(&o);
+	ck_assert_int_ge(moved, 1024);
 	ck_assert(kvs_fd_is(moved, o.dev, o.ino));
 	close(fd); /* the program's close */
-	ck_assert_int_eq(kvs_ownfd_get(&o), moved);
-	kvs_ownfd_put(&o);
+	ck_assert_int_eq(kvs_ownfd_get(&o, &ticket), moved);
+	kvs_ownfd_put(&o, ticket);
+	/* A busy user (the walk) does not hold a close of its number for long: the close waits
+	 * for the call on the old number only, not for the calls that follow on the new one. */
+	ck_assert_int_eq(pthread_create(&t, NULL, ownfd_busy, &busy), 0);
+	while (!atomic_load(&busy.phase))
+		usleep(1000);
+	usleep(100000);
+	clock_gettime(CLOCK_MONOTONIC, &t0);
+	kvs_ownfd_closing(&o, (unsigned)moved, (unsigned)moved);
+	ck_assert_msg(ms_since(&t0) < 1000, "a close waited %.0f ms for a busy user",
+		      ms_since(&t0));
+	pthread_join(t, NULL);
+	int again = kvs_ownfd_peek(&o);
+	ck_assert_int_gt(again, moved);
+	close(moved);
 	/* Reused by a file of the program's: not ours, never handed out, never closed. */
 	int null = open("/dev/null", O_RDONLY | O_CLOEXEC);
-	ck_assert_int_eq(dup2(null, moved), moved);
+	ck_assert_int_eq(dup2(null, again), again);
 	close(null);
-	ck_assert_int_eq(kvs_ownfd_get(&o), -1);
+	ck_assert_int_eq(kvs_ownfd_get(&o, &ticket), -1);
 	kvs_ownfd_close(&o);
-	ck_assert_int_ge(fcntl(moved, F_GETFD), 0);
-	close(moved);
-	ck_assert_uint_eq(atomic_load(&o.users), 0);
+	ck_assert_int_ge(fcntl(again, F_GETFD), 0);
+	close(again);
+	ck_assert_uint_eq(atomic_load(&o.users[0]) + atomic_load(&o.users[1]), 0);
+	/* A close_range to the top: nowhere to go; the number is the program's from then on. */
+	fd = open("/dev/null", O_RDONLY | O_CLOEXEC);
+	ck_assert_int_eq(fstat(fd, &st), 0);
+	o.dev = (uint64_t)st.st_dev;
+	o.ino = (uint64_t)st.st_ino;
+	kvs_ownfd_set(&o, fd);
+	kvs_ownfd_closing(&o, 3, ~0u);
+	ck_assert_int_eq(kvs_ownfd_peek(&o), -1);
+	close(fd);
 }
 END_TEST
 

@@ -25,7 +25,12 @@
  *                                   open 64 files of DIR on those numbers, every other one with
  *                                   an OFD lock on all of it, then read 3 MiB more (claims, and
  *                                   the walk moves) and wait 1.5 s: every file is still open,
- *                                   empty, locked if it was, and no other descriptor names one
+ *                                   empty, locked if it was, and no other descriptor names one;
+ *                                   "busy": the close() loop at once, while an eager walk runs,
+ *                                   timed (a close must not wait for the walk's next chunks)
+ *   harm2 vforkclose FILE           after a read of FILE, 8 vfork children each call
+ *                                   close_range(3, ~0U) (CPython's subprocess), then FILE is
+ *                                   closed: no descriptor of FILE is left in the parent
  *   harm2 initlock LIB FILE         a thread dlopen()s LIB, whose constructor reads FILE while
  *                                   the loader's lock is held; meanwhile the main thread makes
  *                                   the process's first hooked call: neither waits for ever
@@ -387,11 +392,13 @@ static int cmd_ownfds(const char *path, const char *dir, const char *how)
 
 	if (fd < 0 || pread(fd, buf, MIB, 0) < 0) /* the region, its walk and an anchor exist */
 		die(path);
-	usleep(300000); /* the walk reached its window and waits, holding its descriptor */
+	if (strcmp(how, "busy"))
+		usleep(300000); /* the walk reached its window and waits, holding its descriptor */
+	double t0 = now_ms();
 	if (!strcmp(how, "loop")) {
 		for (int i = 3; i < 1024; i++)
 			syscall(SYS_close, i);
-	} else if (!strcmp(how, "close")) {
+	} else if (!strcmp(how, "close") || !strcmp(how, "busy")) {
 		for (int i = 3; i < 1024; i++)
 			close(i);
 	} else if (!strcmp(how, "closefrom")) {
@@ -399,6 +406,8 @@ static int cmd_ownfds(const char *path, const char *dir, const char *how)
 	} else if (syscall(SYS_close_range, 3u, ~0u, 0u) != 0) {
 		die("close_range");
 	}
+	if (now_ms() - t0 > 1000)
+		printf("ownfds %s: closing took %.0f ms\n", how, now_ms() - t0);
 	for (int i = 0; i < NFILES; i++) {
 		struct flock fl = {.l_type = F_WRLCK, .l_whence = SEEK_SET};
 
@@ -461,6 +470,42 @@ static int cmd_ownfds(const char *path, const char *dir, const char *how)
 	return 0;
 }
 
+static int cmd_vforkclose(const char *path)
+{
+	char *buf = aligned(MIB), want[4096];
+	int fd = open(path, O_RDONLY | O_DIRECT), left = 0;
+
+	if (fd < 0 || pread(fd, buf, MIB, 0) < 0 || !realpath(path, want))
+		die(path);
+	for (int i = 0; i < 8; i++) {
+		pid_t kid = vfork();
+
+		if (kid == 0) {
+			close_range(3, ~0u, 0); /* the child's table; the parent's memory */
+			_exit(0);
+		}
+		if (kid < 0 || waitpid(kid, NULL, 0) != kid)
+			die("vfork");
+	}
+	close(fd);
+	DIR *d = opendir("/proc/self/fd");
+	for (struct dirent *e; d && (e = readdir(d));) {
+		char link[300], target[4096];
+		ssize_t n;
+
+		snprintf(link, sizeof(link), "/proc/self/fd/%s", e->d_name);
+		n = readlink(link, target, sizeof(target) - 1);
+		if (n > 0) {
+			target[n] = '\0';
+			left += !strcmp(target, want);
+		}
+	}
+	if (d)
+		closedir(d);
+	printf("vforkclose: %d descriptors of the file left after 8 spawns\n", left);
+	return 0;
+}
+
 static void *opener(void *lib)
 {
 	return dlopen(lib, RTLD_NOW | RTLD_LOCAL);
@@ -500,6 +545,8 @@ int main(int argc, char **argv)
 		return cmd_timeout(argv[2]);
 	if (argc == 4 && !strcmp(argv[1], "sigev"))
 		return cmd_sigev(argv[2], atoi(argv[3]));
+	if (argc == 3 && !strcmp(argv[1], "vforkclose"))
+		return cmd_vforkclose(argv[2]);
 	if (argc == 5 && !strcmp(argv[1], "ownfds"))
 		return cmd_ownfds(argv[2], argv[3], argv[4]);
 	if (argc == 3 && !strcmp(argv[1], "forkfds"))

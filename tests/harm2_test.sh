@@ -65,6 +65,12 @@ for how in loop close range closefrom; do
 done
 same "close_range(3, ~0U) with a lazy region" \
 	env KVSHIM_CACHE_POPULATE=lazy "$h" ownfds "$work/kv/f" "$work/own" range
+same "a close loop while an eager walk runs" \
+	bash -c 'ulimit -n 4096 2>/dev/null; exec env KVSHIM_CACHE_CAPACITY=512M "$@"' - \
+	env KVSHIM_CACHE_POPULATE=eager "$h" ownfds "$work/kv/f" "$work/own" busy
+# 8c. vfork children (CPython's subprocess) close everything in their own descriptor table but
+#     run in the parent's memory: the parent's anchors and region stay its own.
+same "close_range in vfork children" "$h" vforkclose "$work/kv/f"
 
 # 13. The first hooked call initialises the shim while another thread, inside a dlopen (the
 #     loader's lock held), reads from a constructor: neither waits for the other.
