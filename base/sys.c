@@ -234,6 +234,18 @@ void kvs_ownfd_atfork_child(struct kvs_ownfd *o)
 	atomic_store(&o->users[1], 0);
 }
 
+/* The bits of word w of a bitmap that lie in [lo, hi] (lo <= hi). */
+static uint64_t word_mask(unsigned int w, unsigned int lo, unsigned int hi)
+{
+	uint64_t mask = ~0ull;
+
+	if (w == lo / 64)
+		mask &= ~0ull << (lo % 64);
+	if (w == hi / 64 && hi % 64 != 63)
+		mask &= (1ull << (hi % 64 + 1)) - 1;
+	return mask;
+}
+
 void kvs_bitmap_take_range(_Atomic uint64_t *map, unsigned int nbits, unsigned int lo,
 			   unsigned int hi, void (*each)(unsigned int bit, void *arg), void *arg)
 {
@@ -242,12 +254,8 @@ void kvs_bitmap_take_range(_Atomic uint64_t *map, unsigned int nbits, unsigned i
 	if (hi >= nbits)
 		hi = nbits - 1;
 	for (unsigned int w = lo / 64; w <= hi / 64; w++) {
-		uint64_t mask = ~0ull;
+		uint64_t mask = word_mask(w, lo, hi);
 
-		if (w == lo / 64)
-			mask &= ~0ull << (lo % 64);
-		if (w == hi / 64 && hi % 64 != 63)
-			mask &= (1ull << (hi % 64 + 1)) - 1;
 		if (!(atomic_load_explicit(&map[w], memory_order_relaxed) & mask))
 			continue;
 		uint64_t bits = atomic_fetch_and(&map[w], ~mask) & mask;
@@ -268,12 +276,8 @@ void kvs_bitmap_wait_clear(_Atomic uint64_t *map, unsigned int nbits, unsigned i
 	if (hi >= nbits)
 		hi = nbits - 1;
 	for (unsigned int w = lo / 64; w <= hi / 64; w++) {
-		uint64_t mask = ~0ull;
+		uint64_t mask = word_mask(w, lo, hi);
 
-		if (w == lo / 64)
-			mask &= ~0ull << (lo % 64);
-		if (w == hi / 64 && hi % 64 != 63)
-			mask &= (1ull << (hi % 64 + 1)) - 1;
 		while (atomic_load(&map[w]) & mask) {
 			if (!until)
 				until = kvs_mono_ns() + max_ns;
