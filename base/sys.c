@@ -206,13 +206,14 @@ void kvs_ownfd_close(struct kvs_ownfd *o)
 
 		if (fd < 0)
 			return;
+		/* Closed while the word still names it and this thread counts as its user: a
+		 * program's close of the number finds it there and waits for this one. */
+		kvs_close_if_ours(fd, o->dev, o->ino);
 		bool out = atomic_compare_exchange_strong(&o->word, &w, word_next(held, -1));
-		if (out)
-			kvs_close_if_ours(fd, o->dev,
-					  o->ino); /* a closing program waits for this */
 		unhold(o, held);
 		if (out)
 			return;
+		/* A hook moved it meanwhile: the new number is a copy of ours, closed next. */
 	}
 }
 
@@ -263,6 +264,25 @@ void kvs_bitmap_take_range(_Atomic uint64_t *map, unsigned int nbits, unsigned i
 			if (bits & 1)
 				each(w * 64 + b, arg);
 	}
+}
+
+bool kvs_bitmap_any(_Atomic uint64_t *map, unsigned int nbits, unsigned int lo, unsigned int hi)
+{
+	if (lo >= nbits || hi < lo)
+		return false;
+	if (hi >= nbits)
+		hi = nbits - 1;
+	for (unsigned int w = lo / 64; w <= hi / 64; w++)
+		if (atomic_load(&map[w]) & word_mask(w, lo, hi))
+			return true;
+	return false;
+}
+
+bool kvs_ownfd_in(struct kvs_ownfd *o, unsigned int lo, unsigned int hi)
+{
+	int fd = kvs_ownfd_peek(o);
+
+	return fd >= 0 && (unsigned int)fd >= lo && (unsigned int)fd <= hi;
 }
 
 void kvs_bitmap_wait_clear(_Atomic uint64_t *map, unsigned int nbits, unsigned int lo,

@@ -119,8 +119,9 @@ void kvs_bitmap_take_range(_Atomic uint64_t *map, unsigned int nbits, unsigned i
  * one itself: a signal handler that interrupted it), so the program's close comes after them.
  * Async-signal-safe, as close is.
  *
- * kvs_ownfd_close: the owner is done with it: taken out and closed if still ours, as a user of
- * its generation, so that a program's close of the number waits for that close.
+ * kvs_ownfd_close: the owner is done with it: closed if still ours while the word still names
+ * it and the closer counts as its user, so that a program's close of the number waits for
+ * that close; then taken out.
  *
  * kvs_ownfd_peek: the number now, for the owner before it is shared, or for calls that cannot
  * harm another file (fstat, fstatvfs).
@@ -148,6 +149,11 @@ static inline int kvs_ownfd_peek(struct kvs_ownfd *o)
 {
 	return (int)(uint32_t)atomic_load(&o->word);
 }
+
+/* Is any bit lo to hi of map set (loads only)?  Is o's number among lo to hi now?  For the
+ * close hooks' first look, which costs no system call. */
+bool kvs_bitmap_any(_Atomic uint64_t *map, unsigned int nbits, unsigned int lo, unsigned int hi);
+bool kvs_ownfd_in(struct kvs_ownfd *o, unsigned int lo, unsigned int hi);
 
 /* Wait (at most max_ns) until bits lo to hi of map are all clear: a closer that announced a
  * number there (set its bit) finished.  For the close hooks (anchor.c, hooks_libaio.c). */

@@ -217,6 +217,8 @@ void kvs_cache_forget(struct kvs_cache *c);
  * the cache's own calls on the old numbers to end (base/sys.h, kvs_ownfd_closing).
  * Async-signal-safe. */
 void kvs_cache_fds_closing(struct kvs_cache *c, unsigned int lo, unsigned int hi);
+/* Is any of those descriptors among lo to hi now?  Loads only (no system call). */
+bool kvs_cache_fds_in(struct kvs_cache *c, unsigned int lo, unsigned int hi);
 
 /* Path of the region object for cfg: "/dev/shm/kvshim.<euid>.<name>". */
 int kvs_cache_path(const struct kvs_cache_params *cfg, char *buf, size_t len);

@@ -188,6 +188,7 @@ int kvs_mutex_init_shared(pthread_mutex_t *mu);
 int kvs_populate_control(int fd, char *base, uint64_t control_len);
 /* The walk's descriptor, if it is among lo to hi: moved above hi (kvs_cache_fds_closing). */
 void kvs_populate_fds_closing(unsigned int lo, unsigned int hi);
+bool kvs_populate_fds_in(unsigned int lo, unsigned int hi);
 bool kvs_populate_may_grow(struct kvs_cache *c);
 int kvs_populate_claimed(struct kvs_cache *c, uint32_t slot);
 void kvs_populate_start(struct kvs_cache *c);

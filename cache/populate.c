@@ -119,6 +119,11 @@ void kvs_populate_fds_closing(unsigned int lo, unsigned int hi)
 	kvs_ownfd_closing(&walker, lo, hi);
 }
 
+bool kvs_populate_fds_in(unsigned int lo, unsigned int hi)
+{
+	return kvs_ownfd_in(&walker, lo, hi);
+}
+
 static void atfork_child(void)
 {
 	/* The child's copy only (the parent's lock stays), and only if the number is still

@@ -753,6 +753,11 @@ void kvs_cache_fds_closing(struct kvs_cache *c, unsigned int lo, unsigned int hi
 	kvs_populate_fds_closing(lo, hi);
 }
 
+bool kvs_cache_fds_in(struct kvs_cache *c, unsigned int lo, unsigned int hi)
+{
+	return (c && kvs_ownfd_in(&c->own, lo, hi)) || kvs_populate_fds_in(lo, hi);
+}
+
 void kvs_cache_forget(struct kvs_cache *c)
 {
 	if (!c)

@@ -369,6 +369,11 @@ void kvs_anchor_numbers_closing(unsigned int lo, unsigned int hi)
 		kvs_bitmap_wait_clear(closing, FD_SLOTS, lo, hi, KVS_OWNFD_WAIT_NS);
 }
 
+bool kvs_anchor_numbers_in(unsigned int lo, unsigned int hi)
+{
+	return kvs_bitmap_any(ours, FD_SLOTS, lo, hi) || kvs_bitmap_any(closing, FD_SLOTS, lo, hi);
+}
+
 /* ------------------------------------------------------------------ readers */
 
 /* Does anchor a serve fi?  a itself when it names fi's file with fi's identity; -ESTALE when

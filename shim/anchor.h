@@ -61,6 +61,8 @@ void kvs_anchor_closing(int fd);
  * them and never closes those numbers (what the program opens there next is its own); a read
  * that holds one finds the number gone or another file's (its fstat checks).  Atomics only. */
 void kvs_anchor_numbers_closing(unsigned int lo, unsigned int hi);
+/* Is any anchor, or a close of one in progress, among lo to hi?  Loads only. */
+bool kvs_anchor_numbers_in(unsigned int lo, unsigned int hi);
 
 /* The program takes a POSIX record lock on fd's file (fcntl F_SETLK/F_SETLKW, lockf): from now
  * on its anchors are kept while the program has a descriptor of it. */

@@ -273,13 +273,19 @@ static bool in_owner(void)
 
 void kvs_shim_fds_closing(unsigned int lo, unsigned int hi)
 {
+	/* The walk's descriptor counts with or without a mapped handle: a walk starts inside
+	 * kvs_cache_open, before the handle is published. */
+	struct kvs_cache *c = kvs_shim_is_mapped() ? kvs_shim_cache : NULL;
+
+	/* Most closes are of the program's own numbers: looked at with loads, no system call. */
+	if (!kvs_cache_fds_in(c, lo, hi) && !kvs_anchor_numbers_in(lo, hi) &&
+	    !kvs_libaio_numbers_in(lo, hi))
+		return;
 	if (!in_owner())
 		return; /* no state of this process yet, or a vfork child's close */
 	int saved = errno;
 
-	/* The walk's descriptor is moved with or without a mapped handle: a walk starts inside
-	 * kvs_cache_open, before the handle is published. */
-	kvs_cache_fds_closing(kvs_shim_is_mapped() ? kvs_shim_cache : NULL, lo, hi);
+	kvs_cache_fds_closing(c, lo, hi);
 	kvs_anchor_numbers_closing(lo, hi);
 	kvs_libaio_numbers_closing(lo, hi);
 	errno = saved;

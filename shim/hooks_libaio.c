@@ -376,6 +376,12 @@ void kvs_libaio_numbers_closing(unsigned int lo, unsigned int hi)
 		kvs_bitmap_wait_clear(resfd_closing, RESFD_SLOTS, lo, hi, KVS_OWNFD_WAIT_NS);
 }
 
+bool kvs_libaio_numbers_in(unsigned int lo, unsigned int hi)
+{
+	return kvs_bitmap_any(resfd_ours, RESFD_SLOTS, lo, hi) ||
+	       kvs_bitmap_any(resfd_closing, RESFD_SLOTS, lo, hi);
+}
+
 /* The shim is done with its eventfd descriptor fd: signal it (if signal) and close it, if it
  * is still ours.  Announced first (resfd_closing), so that a program's close of the number,
  * finding the bit in resfd_ours gone, waits for this close before it is made. */

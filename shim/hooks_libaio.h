@@ -17,5 +17,7 @@ bool kvs_libaio_syscall(long number, const long *a, long *r);
  * them (a served read's IOCB_FLAG_RESFD) are the program's now, never written or closed by the
  * shim.  Atomics only. */
 void kvs_libaio_numbers_closing(unsigned int lo, unsigned int hi);
+/* Is any of them, or a close of one in progress, among lo to hi?  Loads only. */
+bool kvs_libaio_numbers_in(unsigned int lo, unsigned int hi);
 
 #endif
