@@ -247,13 +247,21 @@ static uint64_t word_mask(unsigned int w, unsigned int lo, unsigned int hi)
 	return mask;
 }
 
+/* [lo, *hi] within a bitmap of nbits: false when empty, else *hi cut to the last bit. */
+static bool clip(unsigned int nbits, unsigned int lo, unsigned int *hi)
+{
+	if (lo >= nbits || *hi < lo)
+		return false;
+	if (*hi >= nbits)
+		*hi = nbits - 1;
+	return true;
+}
+
 void kvs_bitmap_take_range(_Atomic uint64_t *map, unsigned int nbits, unsigned int lo,
 			   unsigned int hi, void (*each)(unsigned int bit, void *arg), void *arg)
 {
-	if (lo >= nbits || hi < lo)
+	if (!clip(nbits, lo, &hi))
 		return;
-	if (hi >= nbits)
-		hi = nbits - 1;
 	for (unsigned int w = lo / 64; w <= hi / 64; w++) {
 		uint64_t mask = word_mask(w, lo, hi);
 
@@ -268,10 +276,8 @@ void kvs_bitmap_take_range(_Atomic uint64_t *map, unsigned int nbits, unsigned i
 
 bool kvs_bitmap_any(_Atomic uint64_t *map, unsigned int nbits, unsigned int lo, unsigned int hi)
 {
-	if (lo >= nbits || hi < lo)
+	if (!clip(nbits, lo, &hi))
 		return false;
-	if (hi >= nbits)
-		hi = nbits - 1;
 	for (unsigned int w = lo / 64; w <= hi / 64; w++)
 		if (atomic_load(&map[w]) & word_mask(w, lo, hi))
 			return true;
@@ -291,10 +297,8 @@ void kvs_bitmap_wait_clear(_Atomic uint64_t *map, unsigned int nbits, unsigned i
 	uint64_t until = 0;
 	struct timespec pause = {0, 50000};
 
-	if (lo >= nbits || hi < lo)
+	if (!clip(nbits, lo, &hi))
 		return;
-	if (hi >= nbits)
-		hi = nbits - 1;
 	for (unsigned int w = lo / 64; w <= hi / 64; w++) {
 		uint64_t mask = word_mask(w, lo, hi);
 

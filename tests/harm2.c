@@ -384,6 +384,28 @@ static int cmd_forkfds(const char *path)
 	return 0;
 }
 
+/* Descriptors of this process whose link contains name (whole: is name). */
+static int fds_naming(const char *name, bool whole)
+{
+	DIR *d = opendir("/proc/self/fd");
+	int n = 0;
+
+	for (struct dirent *e; d && (e = readdir(d));) {
+		char link[300], target[4096];
+		ssize_t len;
+
+		snprintf(link, sizeof(link), "/proc/self/fd/%s", e->d_name);
+		len = readlink(link, target, sizeof(target) - 1);
+		if (len > 0) {
+			target[len] = '\0';
+			n += whole ? !strcmp(target, name) : strstr(target, name) != NULL;
+		}
+	}
+	if (d)
+		closedir(d);
+	return n;
+}
+
 static int cmd_ownfds(const char *path, const char *dir, const char *how)
 {
 	enum { NFILES = 64 };
@@ -451,21 +473,7 @@ static int cmd_ownfds(const char *path, const char *dir, const char *how)
 	}
 	printf("ownfds %s: %d of %d of the program's files untouched\n", how, whole, NFILES);
 	/* Nobody else opened them: the shim never opens a file through a number it lost. */
-	DIR *d = opendir("/proc/self/fd");
-	int named = 0;
-	for (struct dirent *e; d && (e = readdir(d));) {
-		char link[300], target[4096];
-		ssize_t n;
-
-		snprintf(link, sizeof(link), "/proc/self/fd/%s", e->d_name);
-		n = readlink(link, target, sizeof(target) - 1);
-		if (n > 0) {
-			target[n] = '\0';
-			named += strstr(target, "/own.") != NULL;
-		}
-	}
-	if (d)
-		closedir(d);
+	int named = fds_naming("/own.", false);
 	printf("ownfds %s: %d descriptors name the program's files\n", how, named);
 	return 0;
 }
@@ -488,20 +496,7 @@ static int cmd_vforkclose(const char *path)
 			die("vfork");
 	}
 	close(fd);
-	DIR *d = opendir("/proc/self/fd");
-	for (struct dirent *e; d && (e = readdir(d));) {
-		char link[300], target[4096];
-		ssize_t n;
-
-		snprintf(link, sizeof(link), "/proc/self/fd/%s", e->d_name);
-		n = readlink(link, target, sizeof(target) - 1);
-		if (n > 0) {
-			target[n] = '\0';
-			left += !strcmp(target, want);
-		}
-	}
-	if (d)
-		closedir(d);
+	left = fds_naming(want, true);
 	printf("vforkclose: %d descriptors of the file left after 8 spawns\n", left);
 	return 0;
 }
