@@ -48,14 +48,17 @@ io_read_bytes() { awk '/^read_bytes:/ { print $2 }' "/proc/$$/io"; }
 # $storage_why.  The kernel may count more by the shim's atime reads (ATIME, the run's
 # atime_updates: one block each, atime.c), by the last block of each of NFILES files (O_DIRECT
 # reads whole blocks; backend_bytes counts the bytes a read returned), by at most PASSED bytes
-# the test knows were passed through (reads the shim counts in unserved_*) and 256 KiB of
-# metadata and program pages (the interpreters and libraries the run starts fault in pages that
-# other tests' I/O pushed out of the page cache: 110 KiB seen under CI's two tests at a time);
-# never less.  256 KiB is a quarter of the tests' 1 MiB shards: one shard read past the cache
-# still fails.
+# the test knows were passed through (reads the shim counts in unserved_*) and $program_pages
+# of metadata and program pages; never less.
+#
+# program_pages: what the kernel may read for a run besides its data: the interpreters and
+# libraries the run starts fault in pages that other tests' I/O pushed out of the page cache
+# (110 KiB seen under CI's two tests at a time, 92 KiB for one Python process).  256 KiB is a
+# quarter of the tests' 1 MiB shards: one shard read past the cache still fails.
+program_pages=262144
 storage_agrees() {
 	local kernel=$1 backend=$2 atime=$3 nfiles=$4
-	local slack=$((atime * 4096 + nfiles * 4096 + ${5:-0} + 262144))
+	local slack=$((atime * 4096 + nfiles * 4096 + ${5:-0} + program_pages))
 	storage_why=""
 	if [ "$kernel" -lt "$backend" ]; then
 		storage_why="the kernel read $kernel bytes, less than the shim's backend_bytes $backend"
