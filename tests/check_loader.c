@@ -628,6 +628,7 @@ START_TEST(test_ranks_read_storage_once)
 		make_file(n, size, path[f], sizeof(path[f]));
 	}
 	_Atomic int *bd = shared_anon(4096);
+	pid_t parent = getpid();
 	for (int n = 0; n < NPROC; n++) {
 		pids[n] = fork(); /* before env_open: see the top of this file */
 		if (pids[n])
@@ -635,7 +636,8 @@ START_TEST(test_ranks_read_storage_once)
 		struct env me = {.cfg = e.cfg};
 		env_open(&me); /* the ranks and the parent race to make the region */
 		while (!bd[0])
-			;
+			if (getppid() != parent) /* the parent failed before the start */
+				_exit(3);
 		for (int f = 0; f < 4; f++) {
 			int fd = open(path[(f + n) % 4], O_RDONLY | O_DIRECT);
 			void *a, *b;
@@ -747,14 +749,16 @@ static void owner_then(enum owner_fate fate)
 	int fd = open(path, O_RDONLY);
 	ck_assert_int_eq(fstat(fd, &st), 0);
 	_Atomic int *bd = shared_anon(4096);
+	pid_t parent = getpid();
 	pid_t owner = fork(); /* before env_open: see the top of this file */
 	if (owner == 0) {
 		struct kvs_cache *c;
 		struct kvs_pin p;
 		struct kvs_key k;
 
-		while (!bd[2]) /* the parent has made the region */
-			usleep(1000);
+		for (; !bd[2]; usleep(1000)) /* the parent has made the region */
+			if (getppid() != parent)
+				_exit(4); /* it failed first */
 		if (kvs_cache_open(KVS_CACHE_PARAMS(&e.cfg), 0, &c, NULL, 0))
 			_exit(2);
 		kvs_block_id(&st, &k);
