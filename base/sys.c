@@ -95,8 +95,6 @@ void kvs_close_if_ours(int fd, uint64_t dev, uint64_t ino)
 /* Calls on an ownfd this thread makes now: kvs_ownfd_closing never waits for them. */
 static __thread int ownfd_held __attribute__((tls_model("initial-exec")));
 
-#define OWNFD_NONE 0xffffffffu
-
 static inline int word_fd(uint64_t w)
 {
 	return (int)(uint32_t)w;
