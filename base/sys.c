@@ -7,6 +7,7 @@
 #include <signal.h>
 #include <stdbool.h>
 #include <string.h>
+#include <sys/resource.h>
 #include <sys/stat.h>
 
 #include "raw.h"
@@ -90,6 +91,41 @@ void kvs_close_if_ours(int fd, uint64_t dev, uint64_t ino)
 {
 	if (kvs_fd_is(fd, dev, ino))
 		kvs_syscall(SYS_close, fd);
+}
+
+/* The lowest number the shim's long-held descriptors take (kvs_fd_dup_high). */
+static long high_floor(void)
+{
+	struct rlimit rl;
+
+	if (kvs_syscall(SYS_prlimit64, 0, RLIMIT_NOFILE, NULL, &rl) == 0 && rl.rlim_cur / 2 < 1024)
+		return (long)(rl.rlim_cur / 2);
+	return 1024;
+}
+
+int kvs_fd_dup_high(int fd)
+{
+	int saved = errno;
+	long floor = high_floor();
+	int nd = floor > 2 ? (int)kvs_syscall(SYS_fcntl, fd, F_DUPFD_CLOEXEC, floor) : -1;
+
+	if (nd < 0)
+		nd = (int)kvs_syscall(SYS_fcntl, fd, F_DUPFD_CLOEXEC, 0);
+	errno = saved;
+	return nd;
+}
+
+int kvs_fd_move_high(int fd)
+{
+	int saved = errno, nd;
+
+	if (fd < 0 || fd >= high_floor())
+		return fd;
+	nd = (int)kvs_syscall(SYS_fcntl, fd, F_DUPFD_CLOEXEC, high_floor());
+	if (nd >= 0)
+		kvs_syscall(SYS_close, fd);
+	errno = saved;
+	return nd >= 0 ? nd : fd;
 }
 
 /* Calls on an ownfd this thread makes now: kvs_ownfd_closing never waits for them. */

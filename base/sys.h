@@ -70,8 +70,8 @@ static inline uint64_t kvs_node_ns(void)
 }
 
 /*
- * The shim's own long-held descriptors (the region's, the populate walk's, the anchors, the
- * eventfd of a served kernel AIO read) live among the program's numbers, and a program may
+ * The shim's own long-held descriptors (the region's, the populate walk's, the anchors, kernel
+ * AIO's /dev/null) live among the program's numbers, and a program may
  * close them: a daemon's close loop, close_range, a dup2 onto a number it thinks free.  Its
  * next open may then get the number.  Using the number from then on would act on the
  * program's file (a fallocate that grows it, an unlock of its record locks, a close of its
@@ -86,6 +86,15 @@ static inline uint64_t kvs_node_ns(void)
  */
 bool kvs_fd_is(int fd, uint64_t dev, uint64_t ino);
 void kvs_close_if_ours(int fd, uint64_t dev, uint64_t ino);
+
+/* kvs_fd_move_high: a descriptor the shim just opened, moved above the numbers programs use
+ * (1024, or half the soft RLIMIT_NOFILE where that is lower; F_DUPFD_CLOEXEC, the old number
+ * closed), so that a program's dup2 onto a small number never lands on it (and never drops
+ * the program's record locks with it).  Returns the new number, or fd itself where nothing is
+ * free up there.  kvs_fd_dup_high: a new descriptor of fd's file (F_DUPFD_CLOEXEC) up there,
+ * else at the lowest free number; -1 and errno untouched on failure. */
+int kvs_fd_move_high(int fd);
+int kvs_fd_dup_high(int fd);
 
 /* Clear bits lo to hi (inclusive, clipped to nbits) of the bitmap map, calling each(bit, arg)
  * for every bit this call cleared (each may be NULL).  Lock-free, async-signal-safe: for the

@@ -496,7 +496,7 @@ void kvs_populate_start(struct kvs_cache *c)
 	if (rfd < 0)
 		return; /* the program took the region's descriptor: no walk from this process */
 	snprintf(self, sizeof(self), "/proc/self/fd/%d", rfd);
-	fd = kvs_sys_open(self, O_RDWR | O_CLOEXEC);
+	fd = kvs_fd_move_high(kvs_sys_open(self, O_RDWR | O_CLOEXEC));
 	kvs_ownfd_put(&c->own, ticket);
 	if (fd < 0)
 		return;

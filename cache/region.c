@@ -458,7 +458,7 @@ static int attach(struct kvs_cache *c, struct dims *d, const struct kvs_cache_pa
 	size_t len;
 	int r;
 
-	r = kvs_cache_open_file(c->path, O_RDWR, c->mode, msg, msglen);
+	r = kvs_fd_move_high(kvs_cache_open_file(c->path, O_RDWR, c->mode, msg, msglen));
 	kvs_ownfd_set(&c->own, r < 0 ? -1 : r);
 	if (r < 0) {
 		return r;
@@ -663,7 +663,7 @@ int kvs_cache_open(const struct kvs_cache_params *cfg, int flags, struct kvs_cac
 		    cfg->on_mismatch == KVS_MISMATCH_REBUILD) {
 			r = rebuild(c, &d, cfg, c->mismatch_fd, msg, msglen);
 			if (r >= 0) {
-				kvs_ownfd_set(&c->own, r);
+				kvs_ownfd_set(&c->own, kvs_fd_move_high(r));
 				r = 0;
 				rebuilt = true;
 				break;
@@ -685,7 +685,7 @@ int kvs_cache_open(const struct kvs_cache_params *cfg, int flags, struct kvs_cac
 			break;
 		r = create(c, &d, cfg, false, 0, msg, msglen);
 		if (r >= 0) {
-			kvs_ownfd_set(&c->own, r);
+			kvs_ownfd_set(&c->own, kvs_fd_move_high(r));
 			r = 0;
 			break;
 		}

@@ -423,9 +423,9 @@ int kvs_anchor_get(int fd, const struct kvs_fdinfo *fi)
 	r = get_slot(t, fd, fi); /* another thread may have installed one meanwhile */
 	if (r != -ENOENT)
 		goto out_unlock;
-	d = kvs_sys_fcntl(fd, F_DUPFD_CLOEXEC, 0);
+	d = kvs_fd_dup_high(fd); /* a dup2 onto a small number never closes it */
 	if (d < 0 || d >= FD_SLOTS) {
-		r = d < 0 ? -errno : -EMFILE;
+		r = -EMFILE;
 		if (d >= 0)
 			kvs_sys_close(d); /* beyond our tables: never an anchor */
 		goto out_unlock;
