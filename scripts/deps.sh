@@ -4,7 +4,7 @@
 set -euo pipefail
 
 pkgs=(build-essential cmake pkg-config libinih-dev check libsubunit-dev libxxhash-dev
-      liburing-dev libfuse3-dev fuse3 fio python3 coreutils curl)
+      liburing-dev libaio-dev libfuse3-dev fuse3 fio python3 coreutils curl)
 missing=()
 for p in "${pkgs[@]}"; do
 	dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

@@ -13,30 +13,37 @@
  * followed as a change (changing), a descriptor closed or replaced is told to fdinfo, and every
  * other number goes straight to the kernel (kvs_raw6, base/raw.h).
  *
- * DESIGN.  Per io context (aio_context_t) the shim keeps a struct kctx, made at the first
- * io_submit on it.  io_submit walks the iocbs in order: a read the cache takes
- * (kvs_shim_read_start) becomes a served entry; every run of others goes to the kernel in one
- * call, before any served entry after it is started, so that a run the kernel accepts only in
- * part ends the submit with nothing of ours started past that point (the kernel's rule for
- * partial submission).  A served entry completes on the loader's completion thread: a failed
- * load is read again with a raw pread/preadv of the same range, the event goes on the
- * context's done queue, and then, for IOCB_FLAG_RESFD, 1 is written to the eventfd.
- * io_getevents reports queued served events first, then polls the kernel (without waiting),
- * and if still short of min_nr waits: on the condition variable while served entries are in
- * flight (in 1 ms slices when kernel entries may be outstanding, so their completions are
- * seen), else in the kernel (in 10 ms slices, so a served entry another thread submits
- * meanwhile is seen).  A context that never had a served entry is passed straight through.
- * io_cancel of a served entry answers -EAGAIN (it will complete); io_destroy waits for served
- * entries in flight, drops their events and destroys the kernel's context.
+ * DESIGN.  Every event comes from the kernel, so every reaper finds it where the kernel puts
+ * it: libaio's io_getevents (which peeks at the completion ring, a static libaio's too, and
+ * makes no system call when it is empty), SYS_io_getevents, io_pgetevents, a program that
+ * reads the ring itself, and the eventfd of IOCB_FLAG_RESFD.  io_submit looks at the iocbs a
+ * chunk at a time (KVS_SUBMIT_CHUNK).  The reads the cache takes (kvs_shim_read_start) are all
+ * started, then waited for: the loader runs them together, owners reading storage while the
+ * others wait on the state words.  Each read the cache served is then handed to the kernel as
+ * its carrier: the program's iocb, rewritten in place for the length of the call, writes its
+ * result's worth of bytes to /dev/null (a shim descriptor, kvs_ownfd), which the kernel
+ * completes at once with that count, through the program's context, aio_data, eventfd and iocb
+ * address, as it would have completed the read.  The whole chunk, carriers and the program's
+ * other entries in their order, goes to the kernel in one call.  A read the cache did not serve
+ * (a failed load too) goes to the kernel as it is.  io_getevents, io_pgetevents, io_cancel and io_destroy are the kernel's; the shim only
+ * looks at their events for the writes it noted for write-through.
+ *
+ * The price: an io_submit with served reads returns once their bytes are in the buffers (a
+ * buffered read's io_submit does the same in the kernel), and a served iocb reads as its
+ * carrier from then on.  The shim never writes an iocb once it is in the kernel: the kernel
+ * names an event by the address it read the iocb from and posts it during the call, and from
+ * then on the program may free or reuse that memory (another thread may reap the event before
+ * io_submit returns).  A carrier submitted again as it is gets its read back (carrier_undo).
+ * Why not complete later, from the loader: for the same reason, the shim cannot write an iocb
+ * after io_submit returns.
  *
  * Locks: ctx_mu guards the list of contexts (held briefly, never across a call); each
- * context's mu guards its counters, queues and entries; cond signals a served completion.
- * Lock order: ctx_mu before a context's mu (only in find/create).  No lock is held across a
- * system call, a call into libaio or into the loader.  kpending (kernel entries submitted and
- * not reaped) is a hint: it decides how often a wait looks at the kernel, never correctness.
+ * context's mu guards its noted writes.  Lock order: ctx_mu before a context's mu (only in
+ * find/create).  No lock is held across a system call, a call into libaio or into the loader.
  *
  * Fork: the child has none of the parent's contexts (the kernel does not copy them) and none
- * of its loader threads; the child handler forgets the list (its memory is abandoned).
+ * of its loader threads; the child handler forgets the list (its memory is abandoned) and
+ * keeps the inherited /dev/null descriptor.
  */
 #include <dlfcn.h>
 #include <errno.h>
@@ -52,6 +59,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <sys/syscall.h>
 #include <time.h>
 #include <unistd.h>
@@ -61,8 +69,10 @@
 #include "fdinfo.h"
 #include "hooks_libaio.h"
 #include "hooks_uring.h"
+#include "progmem.h"
 #include "raw.h"
 #include "shim.h"
+#include "sys.h"
 #include "touch.h"
 
 #ifndef IOCB_FLAG_IOPRIO
@@ -193,40 +203,10 @@ static long k_destroy(enum via v, aio_context_t ctx)
 	return RAW(SYS_io_destroy, ctx, 0, 0, 0, 0, 0);
 }
 
-/* The kernel's completion ring, mapped at the context's address: libaio peeks at it to skip
- * a system call that cannot return anything.  Only done for a context the kernel accepted. */
-struct aio_ring_head {
-	unsigned id, nr, head, tail, magic, compat_features, incompat_features, header_length;
-};
-#define AIO_RING_MAGIC 0xa10a10a1u
-
-static bool ring_empty(aio_context_t ctx)
-{
-	const volatile struct aio_ring_head *r = (const volatile struct aio_ring_head *)ctx;
-
-	return r->magic == AIO_RING_MAGIC && r->head == r->tail;
-}
-
-/* ------------------------------------------------------------------ contexts and entries */
+/* ------------------------------------------------------------------ contexts */
 
 #define INLINE_IOV	 4
-#define KVS_SUBMIT_CHUNK 32 /* iocbs of one io_submit read onto the stack at a time */
-
-struct kctx;
-
-/* A served iocb, from io_submit until io_getevents reports it (or io_destroy drops it). */
-struct served {
-	struct kvs_shim_async a; /* a.arg: this entry */
-	struct kctx *c;
-	struct io_event ev; /* data and obj at submit, res at completion */
-	uint32_t flags;
-	int resfd; /* our descriptor of the eventfd (IOCB_FLAG_RESFD), or -1 */
-	off_t off;
-	int iovcnt;
-	struct iovec *iov; /* inl, or malloc'd for a long PREADV */
-	struct iovec inl[INLINE_IOV];
-	struct served *prev, *next; /* live list, done queue or free list */
-};
+#define KVS_SUBMIT_CHUNK 64 /* iocbs of one io_submit looked at, and served, together */
 
 /* A kernel write (PWRITE, PWRITEV) of a KV file, noted for write-through (wthru.h) until its
  * event is seen; under its context's mu. */
@@ -236,16 +216,10 @@ struct kwrite {
 	struct kwrite *next;
 };
 
+/* What the shim keeps of an io context: its kernel writes in flight, nothing else. */
 struct kctx {
 	aio_context_t id;
 	pthread_mutex_t mu;
-	pthread_cond_t cond;
-	unsigned running;		  /* served entries whose callback has not finished */
-	long kpending;			  /* kernel entries submitted and not reaped (a hint) */
-	bool ever_served;		  /* false: every call passes straight through */
-	struct served *live;		  /* in flight (doubly linked) */
-	struct served *dq_head, *dq_tail; /* completed, not reported yet */
-	struct served *free;
 	struct kwrite *writes; /* kernel writes noted for write-through, until their event */
 	unsigned nwrites;
 	struct kctx *next;
@@ -255,10 +229,14 @@ static pthread_mutex_t ctx_mu = PTHREAD_MUTEX_INITIALIZER;
 static struct kctx *ctxs;
 static pthread_once_t atfork_once = PTHREAD_ONCE_INIT;
 
+/* The carriers' descriptor: /dev/null, opened for writing at the first served entry. */
+static struct kvs_ownfd devnull = KVS_OWNFD_INIT;
+
 static void atfork_child(void)
 {
 	pthread_mutex_init(&ctx_mu, NULL); /* a parent's thread may have held it */
 	ctxs = NULL;			   /* the kernel gave the child none of them */
+	kvs_ownfd_atfork_child(&devnull);  /* the descriptor is inherited, its users are not */
 }
 
 static void atfork_register(void)
@@ -300,7 +278,6 @@ static struct kctx *find_or_make(aio_context_t ctx)
 	pthread_once(&atfork_once, atfork_register);
 	c->id = ctx;
 	pthread_mutex_init(&c->mu, NULL);
-	pthread_cond_init(&c->cond, NULL);
 	pthread_mutex_lock(&ctx_mu);
 	for (other = ctxs; other && other->id != ctx; other = other->next)
 		;
@@ -310,7 +287,6 @@ static struct kctx *find_or_make(aio_context_t ctx)
 	}
 	pthread_mutex_unlock(&ctx_mu);
 	if (other) { /* another thread made it meanwhile */
-		pthread_cond_destroy(&c->cond);
 		pthread_mutex_destroy(&c->mu);
 		free(c);
 		c = other;
@@ -318,143 +294,152 @@ static struct kctx *find_or_make(aio_context_t ctx)
 	return c;
 }
 
-static void entry_release(struct kctx *c, struct served *s) /* caller holds c->mu */
-{
-	if (s->iov != s->inl)
-		free(s->iov);
-	s->iov = s->inl;
-	s->next = c->free;
-	c->free = s;
-}
-
-static void live_unlink(struct kctx *c, struct served *s) /* caller holds c->mu */
-{
-	if (s->prev)
-		s->prev->next = s->next;
-	else
-		c->live = s->next;
-	if (s->next)
-		s->next->prev = s->prev;
-	s->prev = s->next = NULL;
-}
-
-/* Is fd an eventfd?  The kernel refuses an IOCB_FLAG_RESFD that is not (EINVAL). */
-static bool is_eventfd(int fd)
-{
-	char link[64], target[32];
-	long n;
-
-	snprintf(link, sizeof(link), "/proc/self/fd/%d", fd);
-	n = RAW(SYS_readlink, (long)link, (long)target, sizeof(target) - 1, 0, 0, 0);
-	if (n <= 0)
-		return false;
-	target[n] = '\0';
-	return strcmp(target, "anon_inode:[eventfd]") == 0;
-}
-
-/* Is fd still the eventfd we dup'ed (F_DUPFD_CLOEXEC), as far as one can tell? */
-static bool ours_eventfd(int fd)
-{
-	long fl = RAW(SYS_fcntl, fd, F_GETFD, 0, 0, 0, 0);
-
-	return fl >= 0 && (fl & FD_CLOEXEC) && is_eventfd(fd);
-}
-
-/* Our descriptors of the eventfds of served entries (IOCB_FLAG_RESFD), by number: set at the
- * dup, cleared by whoever closes it (the completion) or gives it up (the program closes the
- * number: kvs_libaio_numbers_closing).  Only the one that clears the bit writes and closes. */
-#define RESFD_SLOTS 65536
-static _Atomic uint64_t resfd_ours[RESFD_SLOTS / 64];
-
-static _Atomic uint64_t resfd_closing[RESFD_SLOTS / 64]; /* being written and closed now */
-static __thread int in_release __attribute__((tls_model("initial-exec")));
+/* ------------------------------------------------------------------ carriers */
 
 void kvs_libaio_numbers_closing(unsigned int lo, unsigned int hi)
 {
-	kvs_bitmap_take_range(resfd_ours, RESFD_SLOTS, lo, hi, NULL, NULL);
-	if (!in_release) /* a completion on this thread that a handler interrupted: not waited */
-		kvs_bitmap_wait_clear(resfd_closing, RESFD_SLOTS, lo, hi, KVS_OWNFD_WAIT_NS);
+	kvs_ownfd_closing(&devnull, lo, hi);
 }
 
 bool kvs_libaio_numbers_in(unsigned int lo, unsigned int hi)
 {
-	return kvs_bitmap_any(resfd_ours, RESFD_SLOTS, lo, hi) ||
-	       kvs_bitmap_any(resfd_closing, RESFD_SLOTS, lo, hi);
+	return kvs_ownfd_in(&devnull, lo, hi);
 }
 
-/* The shim is done with its eventfd descriptor fd: signal it (if signal) and close it, if it
- * is still ours.  Announced first (resfd_closing), so that a program's close of the number,
- * finding the bit in resfd_ours gone, waits for this close before it is made. */
-static void resfd_done(int fd, bool signal)
+/* The carriers' descriptor, held (kvs_ownfd_put with *ticket), or -1: serve nothing. */
+static int devnull_get(unsigned int *ticket)
 {
-	static const uint64_t one = 1;
+	int fd = kvs_ownfd_get(&devnull, ticket);
+	struct stat st;
 
-	if (fd < 0 || fd >= RESFD_SLOTS)
-		return; /* none (no IOCB_FLAG_RESFD) */
-	uint64_t bit = 1ull << (fd % 64);
-	in_release++;
-	atomic_fetch_or(&resfd_closing[fd / 64], bit);
-	if ((atomic_fetch_and(&resfd_ours[fd / 64], ~bit) & bit) && ours_eventfd(fd)) {
-		if (signal)
-			RAW(SYS_write, fd, &one, sizeof(one), 0, 0, 0);
-		RAW(SYS_close, fd, 0, 0, 0, 0, 0);
+	if (fd >= 0)
+		return fd;
+	if (kvs_ownfd_peek(&devnull) >= 0)
+		return -1; /* there, but not ours any more (a close the hooks did not see) */
+	fd = kvs_sys_openat(AT_FDCWD, "/dev/null", O_WRONLY | O_CLOEXEC, 0);
+	if (fd < 0)
+		return -1;
+	fd = kvs_fd_move_high(fd);
+	if (RAW(SYS_fstat, fd, &st, 0, 0, 0, 0) != 0 || !S_ISCHR(st.st_mode)) {
+		kvs_sys_close(fd);
+		return -1;
 	}
-	atomic_fetch_and(&resfd_closing[fd / 64], ~bit);
-	in_release--;
+	devnull.dev = (uint64_t)st.st_dev;
+	devnull.ino = (uint64_t)st.st_ino;
+	if (!kvs_ownfd_publish(&devnull, fd))
+		kvs_sys_close(fd); /* another thread was first: use its */
+	return kvs_ownfd_get(&devnull, ticket);
 }
 
-/* A served entry is over (the loader's completion thread): a failed load is read here as the
- * kernel would have read it, through the anchor (a dup of the program's descriptor, valid
- * until this returns), so the event carries the kernel's answer either way. */
+/* Carriers the program may submit again as they are (an iocb prepared once and submitted
+ * again without io_prep_*), by the iocb's address: what it was and what it is now.  Under
+ * carriers_mu; a slot is overwritten by the next carrier that hashes there. */
+#define CARRIERS 1024
+static struct carried {
+	uintptr_t obj;
+	struct iocb was, as;
+} carriers[CARRIERS];
+static pthread_mutex_t carriers_mu = PTHREAD_MUTEX_INITIALIZER;
+
+static struct carried *carried_slot(uintptr_t obj)
+{
+	return &carriers[(obj >> 6) * 0x9E3779B97F4A7C15ull >> 54];
+}
+
+/* Rewrite the program's iocb at obj (cb: our copy of it) into the carrier of a served read
+ * that gave result bytes: a write of result bytes to /dev/null, which the kernel completes at
+ * once with result, through the program's context, its aio_data, its eventfd and its iocb's
+ * address.  Only the opcode and the descriptor change for a whole read (the byte count too for
+ * a short one).  The iocb stays so once submitted: the kernel posts the event during the
+ * io_submit, and the program may then free its memory.  False, with the iocb untouched: the
+ * entry goes to the kernel as it is. */
+static bool carrier_set(struct iocb *obj, const struct iocb *cb, size_t len, int64_t result,
+			int nullfd)
+{
+	struct iocb k = *cb;
+
+	k.aio_fildes = (uint32_t)nullfd;
+	if (cb->aio_lio_opcode == IOCB_CMD_PREADV && (uint64_t)result == len) {
+		k.aio_lio_opcode = IOCB_CMD_PWRITEV; /* the same array, the same count */
+	} else {
+		k.aio_lio_opcode = IOCB_CMD_PWRITE;
+		k.aio_nbytes = (uint64_t)result; /* the buffer is never read: /dev/null */
+	}
+	if (!kvs_progmem_store(obj, &k, sizeof(k)))
+		return false;
+	struct carried *e = carried_slot((uintptr_t)obj);
+	pthread_mutex_lock(&carriers_mu);
+	*e = (struct carried){(uintptr_t)obj, *cb, k};
+	pthread_mutex_unlock(&carriers_mu);
+	return true;
+}
+
+/* The program submits the iocb at obj (cb: our copy) again: if it is still a carrier of ours,
+ * unchanged, it is put back as it was, in the program's memory and in cb, before the kernel
+ * reads it (the program owns it again: it is submitting it). */
+static void carrier_undo(struct iocb *obj, struct iocb *cb)
+{
+	int nullfd = kvs_ownfd_peek(&devnull);
+
+	if (nullfd < 0 || cb->aio_fildes != (uint32_t)nullfd)
+		return;
+	struct carried *e = carried_slot((uintptr_t)obj), c;
+	pthread_mutex_lock(&carriers_mu);
+	c = *e;
+	pthread_mutex_unlock(&carriers_mu);
+	if (c.obj == (uintptr_t)obj && !memcmp(&c.as, cb, sizeof(*cb)) &&
+	    kvs_progmem_store(obj, &c.was, sizeof(c.was)))
+		*cb = c.was;
+}
+
+/* ------------------------------------------------------------------ served entries */
+
+/* A served iocb of one io_submit, from its start until its result is known. */
+struct served {
+	struct kvs_shim_async a; /* a.arg: the batch */
+	int64_t result;		 /* bytes, or -errno: the kernel reads it */
+	size_t len;		 /* bytes asked for */
+	int iovcnt;
+	struct iovec *iov; /* inl, or malloc'd for a long PREADV */
+	struct iovec inl[INLINE_IOV];
+};
+
+/* The served entries of one chunk of an io_submit; on the submitting thread's heap. */
+struct batch {
+	_Atomic uint32_t running; /* started entries whose result is not in yet: a futex word */
+	bool started[KVS_SUBMIT_CHUNK];
+	struct served e[KVS_SUBMIT_CHUNK];
+};
+
+/* A served entry is over (the loader's completion thread).  The result is stored before the
+ * count drops (release: pairs with the acquire in batch_wait); the last one wakes the
+ * submitter, which may free the batch as soon as it sees 0: the wake is the last touch. */
 static void served_done(struct kvs_shim_async *a, int64_t result)
 {
-	struct served *s = a->arg;
-	struct kctx *c = s->c;
-	uint32_t flags = s->flags;
-	int resfd = s->resfd;
+	struct served *s = (struct served *)a;
+	struct batch *b = a->arg;
 
-	if (result < 0) {
-		int fd = a->rd.fd;
-
-		if (s->iovcnt == 1)
-			result = RAW(SYS_pread64, fd, s->iov[0].iov_base, s->iov[0].iov_len, s->off,
-				     0, 0);
-		else
-			result = RAW(SYS_preadv, fd, s->iov, s->iovcnt, (unsigned long)s->off,
-				     (unsigned long)((uint64_t)s->off >> 32), 0);
-	}
-	pthread_mutex_lock(&c->mu);
-	s->ev.res = result;
-	live_unlink(c, s);
-	if (c->dq_tail)
-		c->dq_tail->next = s;
-	else
-		c->dq_head = s;
-	c->dq_tail = s;
-	pthread_cond_broadcast(&c->cond);
-	pthread_mutex_unlock(&c->mu);
-	/* s may be reported and reused from here on: only the copies above are used.  The
-	 * program may have closed our number meanwhile (a close loop) and opened a file there:
-	 * written to and closed only if the close hooks did not give it to the program
-	 * (resfd_release) and it is still an eventfd (a close they did not see). */
-	if (flags & IOCB_FLAG_RESFD)
-		resfd_done(resfd, true);
-	pthread_mutex_lock(&c->mu);
-	c->running--;
-	pthread_cond_broadcast(&c->cond); /* io_destroy waits for running == 0 */
-	pthread_mutex_unlock(&c->mu);
+	s->result = result;
+	if (atomic_fetch_sub_explicit(&b->running, 1, memory_order_release) == 1)
+		kvs_futex_wake(&b->running, 1, false); /* on freed memory at worst: harmless */
 }
 
-/* Bytes cb reads if the shim could serve it; 0 if it is not a read the shim takes.  One with
- * a RESFD that is not an eventfd is the kernel's to refuse. */
+/* Wait until every started entry of b has its result. */
+static void batch_wait(struct batch *b)
+{
+	uint32_t n;
+
+	while ((n = atomic_load_explicit(&b->running, memory_order_acquire)) != 0) /* pairs above */
+		kvs_futex_wait(&b->running, n, 0, false);
+}
+
+/* Bytes cb reads if the shim could serve it; 0 if it is not a read the shim takes. */
 static size_t candidate(const struct iocb *cb)
 {
 	size_t len = 0;
 
 	if (!cb || cb->aio_rw_flags || cb->aio_reserved2 || (int64_t)cb->aio_offset < 0 ||
 	    (cb->aio_flags & ~(uint32_t)(IOCB_FLAG_RESFD | IOCB_FLAG_IOPRIO)))
-		return 0;
-	if ((cb->aio_flags & IOCB_FLAG_RESFD) && !is_eventfd((int)cb->aio_resfd))
 		return 0;
 	if (cb->aio_lio_opcode == IOCB_CMD_PREAD) {
 		len = (size_t)cb->aio_nbytes;
@@ -474,81 +459,55 @@ static size_t candidate(const struct iocb *cb)
 	return len && kvs_shim_wants(len) ? len : 0;
 }
 
-/* Start cb (a copy of the program's iocb at obj) as a served entry of c; 0, or -1 when the
- * cache does not take it. */
-static int start(struct kctx *c, const struct iocb *cb, struct iocb *obj)
+/* Start cb (our copy of a program's iocb) as entry s of batch b: true when the cache took it
+ * (its result is then in s->result once b's count says so). */
+static bool start(struct batch *b, struct served *s, const struct iocb *cb, size_t len)
 {
-	struct served *s;
 	int n = cb->aio_lio_opcode == IOCB_CMD_PREADV ? (int)cb->aio_nbytes : 1;
 
-	pthread_mutex_lock(&c->mu);
-	s = c->free;
-	if (s)
-		c->free = s->next;
-	pthread_mutex_unlock(&c->mu);
-	if (!s) {
-		s = calloc(1, sizeof(*s));
-		if (!s)
-			return -1;
-		s->iov = s->inl;
-	}
+	s->iov = s->inl;
 	if (n > INLINE_IOV && !(s->iov = malloc((size_t)n * sizeof(*s->iov)))) {
 		s->iov = s->inl;
-		goto refused;
+		return false;
 	}
 	if (cb->aio_lio_opcode == IOCB_CMD_PREADV) {
 		if (!kvs_shim_copy_in(s->iov, (const void *)(uintptr_t)cb->aio_buf,
 				      (size_t)n * sizeof(*s->iov)))
 			goto refused; /* changed under us since candidate() read it: the kernel's */
-	} else
+	} else {
 		s->iov[0] = (struct iovec){(void *)(uintptr_t)cb->aio_buf, (size_t)cb->aio_nbytes};
-	s->c = c;
-	s->a.arg = s;
-	s->ev = (struct io_event){.data = cb->aio_data, .obj = (uint64_t)(uintptr_t)obj};
-	s->flags = cb->aio_flags;
-	/* The kernel holds the eventfd from submission: so do we, by a descriptor of our own
-	 * (the program may close or reuse its number before the completion). */
-	s->resfd = -1;
-	if ((s->flags & IOCB_FLAG_RESFD) &&
-	    (s->resfd = (int)RAW(SYS_fcntl, cb->aio_resfd, F_DUPFD_CLOEXEC, 0, 0, 0, 0)) < 0)
-		goto refused;
-	if (s->resfd >= RESFD_SLOTS) {
-		RAW(SYS_close, s->resfd, 0, 0, 0, 0, 0); /* beyond the table: the kernel's read */
-		goto refused;
 	}
-	if (s->resfd >= 0)
-		atomic_fetch_or(&resfd_ours[s->resfd / 64], 1ull << (s->resfd % 64));
-	s->off = (off_t)cb->aio_offset;
 	s->iovcnt = n;
-	pthread_mutex_lock(&c->mu);
-	s->prev = NULL;
-	s->next = c->live;
-	if (c->live)
-		c->live->prev = s;
-	c->live = s;
-	c->running++;
-	c->ever_served = true;
-	pthread_mutex_unlock(&c->mu);
-	int r = kvs_shim_read_start(&s->a, (int)cb->aio_fildes, s->iov, n, s->off, served_done);
-	if (r == 1)
-		served_done(&s->a, s->a.result); /* a hit, over already: its event now */
-	if (r >= 0)
-		return 0;
-	resfd_done(s->resfd, false);
-	pthread_mutex_lock(&c->mu);
-	live_unlink(c, s);
-	c->running--;
-	entry_release(c, s);
-	pthread_mutex_unlock(&c->mu);
-	return -1;
+	s->len = len;
+	s->a.arg = b;
+	atomic_fetch_add_explicit(&b->running, 1, memory_order_relaxed);
+	int r = kvs_shim_read_start(&s->a, (int)cb->aio_fildes, s->iov, n,
+				    (off_t)cb->aio_offset, served_done);
+	if (r == 0)
+		return true; /* served_done will count it */
+	atomic_fetch_sub_explicit(&b->running, 1, memory_order_relaxed);
+	if (r == 1) {
+		s->result = s->a.result; /* a hit, over already */
+		return true;
+	}
 refused:
-	pthread_mutex_lock(&c->mu);
-	entry_release(c, s);
-	pthread_mutex_unlock(&c->mu);
-	return -1;
+	if (s->iov != s->inl)
+		free(s->iov);
+	s->iov = s->inl;
+	return false;
 }
 
-/* ------------------------------------------------------------------ the calls */
+static void batch_free(struct batch *b)
+{
+	if (!b)
+		return;
+	for (int i = 0; i < KVS_SUBMIT_CHUNK; i++)
+		if (b->started[i] && b->e[i].iov != b->e[i].inl)
+			free(b->e[i].iov);
+	free(b);
+}
+
+/* ------------------------------------------------------------------ writes */
 
 /* A write to a KV file changes what the cache holds: drop the shards it covers before the
  * kernel has it (the file's new times then keep the rest from being served stale). */
@@ -686,6 +645,54 @@ static long read_iocbs(struct iocb **p, long k, struct iocb **ptr, struct iocb *
 	return k;
 }
 
+/* Submit good (>= 1) readable entries of the program's array p (ptr: its pointers; cbs: our
+ * copies of the iocbs) as the kernel would: the reads the cache takes are served first, all of
+ * them started before any is waited for, and each then handed to the kernel as its carrier
+ * (carrier_set) in its place among the others, in one system call.  Returns the kernel's
+ * answer for the call. */
+static long submit_chunk(enum via v, struct kctx *c, aio_context_t ctx, long good, struct iocb **p,
+			 struct iocb **ptr, struct iocb *cbs)
+{
+	struct batch *b = NULL;
+	bool carried[KVS_SUBMIT_CHUNK] = {false};
+	unsigned int ticket = 0;
+	int nullfd = -1;
+	long n;
+
+	for (long i = 0; i < good; i++)
+		carrier_undo(ptr[i], &cbs[i]);
+	for (long i = 0; i < good; i++) {
+		size_t len = candidate(&cbs[i]);
+
+		if (!len)
+			continue;
+		if (nullfd < 0 && (nullfd = devnull_get(&ticket)) < 0)
+			break; /* no carrier: the kernel reads them all */
+		if (!b) {
+			if (!(b = malloc(sizeof(*b))))
+				break;
+			atomic_init(&b->running, 0);
+			memset(b->started, 0, sizeof(b->started));
+		}
+		b->started[i] = start(b, &b->e[i], &cbs[i], len);
+	}
+	if (b)
+		batch_wait(b);
+	for (long i = 0; b && nullfd >= 0 && i < good; i++)
+		if (b->started[i] && b->e[i].result >= 0)
+			carried[i] = carrier_set(ptr[i], &cbs[i], b->e[i].len, b->e[i].result, nullfd);
+	for (long i = 0; i < good; i++)
+		if (!carried[i])
+			invalidate_write(&cbs[i]);
+	/* Not a touch of the program's iocbs after this: the kernel posts a carrier's event during
+	 * the call, and another thread may reap it and free the iocb before the call returns. */
+	n = submit_run(v, c, ctx, good, p, cbs);
+	if (nullfd >= 0)
+		kvs_ownfd_put(&devnull, ticket);
+	batch_free(b);
+	return n;
+}
+
 static long do_submit(enum via v, aio_context_t ctx, long nr, struct iocb **p)
 {
 	struct iocb *ptr[KVS_SUBMIT_CHUNK], cbs[KVS_SUBMIT_CHUNK];
@@ -697,168 +704,45 @@ static long do_submit(enum via v, aio_context_t ctx, long nr, struct iocb **p)
 	 * then looked at through the copies (the kernel reads the program's again). */
 	for (long base = 0; base < nr;) {
 		long k = nr - base < KVS_SUBMIT_CHUNK ? nr - base : KVS_SUBMIT_CHUNK;
-		long good = read_iocbs(p + base, k, ptr, cbs), i = 0;
+		long good = read_iocbs(p + base, k, ptr, cbs), n;
 
 		if (good == 0) {
 			/* The kernel's answer for an entry it cannot read: nothing past it. */
-			long n = k_submit(v, ctx, 1, p + base);
-
+			n = k_submit(v, ctx, 1, p + base);
 			if (n > 0) /* it could read it after all (the program remapped it) */
 				n = base + n;
 			return base ? base : n;
 		}
-		while (i < good) {
-			if (candidate(&cbs[i]) && start(c, &cbs[i], ptr[i]) == 0) {
-				i++;
-				continue;
-			}
-			/* A run for the kernel: this entry and the non-candidates after it.  A
-			 * candidate the cache then refuses starts a run of its own. */
-			long j = i + 1, n;
-
-			while (j < good && !candidate(&cbs[j]))
-				j++;
-			for (long q = i; q < j; q++)
-				invalidate_write(&cbs[q]);
-			n = submit_run(v, c, ctx, j - i, p + base + i, cbs + i);
-			if (n < 0)
-				return base + i ? base + i : n;
-			if (n > 0) {
-				pthread_mutex_lock(&c->mu);
-				c->kpending += n;
-				pthread_mutex_unlock(&c->mu);
-			}
-			i += n;
-			if (i < j)
-				return base + i;
-		}
-		base += good;
+		n = submit_chunk(v, c, ctx, good, p + base, ptr, cbs);
+		if (n < 0)
+			return base ? base : n;
+		base += n;
+		if (n < good)
+			return base; /* the kernel took part of it: nothing past that point */
 	}
 	return nr;
 }
 
-/* Move up to room reported served events into ev.  Caller holds c->mu. */
-static long harvest(struct kctx *c, struct io_event *ev, long room)
-{
-	long n = 0;
-
-	while (n < room && c->dq_head) {
-		struct served *s = c->dq_head;
-
-		c->dq_head = s->next;
-		if (!c->dq_head)
-			c->dq_tail = NULL;
-		ev[n++] = s->ev;
-		entry_release(c, s);
-	}
-	return n;
-}
-
-#define SLICE_KERNEL_NS 1000000ull  /* a wait on served entries looks at the kernel this often */
-#define SLICE_WAIT_NS	10000000ull /* any wait looks at the other side at least this often */
-
-static void reaped(struct kctx *c, long n)
-{
-	pthread_mutex_lock(&c->mu);
-	c->kpending = n < c->kpending ? c->kpending - n : 0;
-	pthread_mutex_unlock(&c->mu);
-}
+/* ------------------------------------------------------------------ reaping */
 
 static long do_getevents(enum via v, aio_context_t ctx, long min_nr, long nr, struct io_event *ev,
 			 struct timespec *ts, const void *sig)
 {
 	struct kctx *c = find(ctx, false);
-	uint64_t deadline = UINT64_MAX;
-	long got = 0, n;
+	long n = k_getevents(v, ctx, min_nr, nr, ev, ts, sig);
 
-	/* Anything odd (and every context without served entries) is the kernel's to answer. */
-	if (!c || min_nr < 0 || nr < min_nr || !ev ||
-	    (ts && (ts->tv_sec < 0 || ts->tv_nsec < 0 || ts->tv_nsec >= 1000000000L)))
-		return k_getevents(v, ctx, min_nr, nr, ev, ts, sig);
-	pthread_mutex_lock(&c->mu);
-	bool pass = !c->ever_served;
-	pthread_mutex_unlock(&c->mu);
-	if (pass) {
-		n = k_getevents(v, ctx, min_nr, nr, ev, ts, sig);
-		if (n > 0) {
-			reaped(c, n);
-			kernel_events(c, ev, n);
-		}
-		return n;
-	}
-	deadline = kvs_deadline_ns(ts);
-	pthread_mutex_lock(&c->mu);
-	for (;;) {
-		got += harvest(c, ev + got, nr - got);
-		bool ours = c->running > 0 || c->dq_head;
-		long kp = c->kpending;
-		pthread_mutex_unlock(&c->mu);
-
-		if (got < nr && kp > 0 && !ring_empty(ctx)) {
-			struct timespec zero = {0, 0};
-
-			n = k_getevents(v, ctx, 0, nr - got, ev + got, &zero, sig);
-			if (n < 0)
-				return got ? got : n;
-			kernel_events(c, ev + got, n);
-			got += n;
-			reaped(c, n);
-		}
-		if (got >= min_nr || got >= nr)
-			return got;
-		uint64_t t = kvs_mono_ns();
-		if (t >= deadline)
-			return got;
-		uint64_t left = deadline - t;
-		if (!ours) {
-			/* Nothing of ours can complete: wait in the kernel. */
-			struct timespec sl = kvs_ns_ts(left < SLICE_WAIT_NS ? left : SLICE_WAIT_NS);
-
-			n = k_getevents(v, ctx, min_nr - got, nr - got, ev + got, &sl, sig);
-			if (n < 0)
-				return got ? got : n;
-			kernel_events(c, ev + got, n);
-			got += n;
-			reaped(c, n);
-			pthread_mutex_lock(&c->mu);
-			continue;
-		}
-		uint64_t slice = kp > 0 ? SLICE_KERNEL_NS : SLICE_WAIT_NS;
-		if (slice > left)
-			slice = left;
-		struct timespec rt;
-		clock_gettime(CLOCK_REALTIME, &rt);
-		uint64_t abs = (uint64_t)rt.tv_sec * 1000000000ull + (uint64_t)rt.tv_nsec + slice;
-		rt = kvs_ns_ts(abs);
-		pthread_mutex_lock(&c->mu);
-		if (!c->dq_head && c->running)
-			pthread_cond_timedwait(&c->cond, &c->mu, &rt);
-	}
+	if (c && n > 0 && ev)
+		kernel_events(c, ev, n);
+	return n;
 }
 
 static long do_cancel(enum via v, aio_context_t ctx, struct iocb *cb, struct io_event *res)
 {
 	struct kctx *c = find(ctx, false);
-	long r;
+	long r = k_cancel(v, ctx, cb, res);
 
-	if (c) {
-		bool ours = false;
-
-		pthread_mutex_lock(&c->mu);
-		for (struct served *s = c->live; s && !ours; s = s->next)
-			ours = s->ev.obj == (uint64_t)(uintptr_t)cb;
-		for (struct served *s = c->dq_head; s && !ours; s = s->next)
-			ours = s->ev.obj == (uint64_t)(uintptr_t)cb;
-		pthread_mutex_unlock(&c->mu);
-		if (ours)
-			return -EAGAIN; /* a read from memory: it completes, and is reported */
-	}
-	r = k_cancel(v, ctx, cb, res);
-	if (c && r == 0) {
-		reaped(c, 1); /* the old kernels' cancel: the event came back here */
-		if (res)
-			kernel_events(c, res, 1);
-	}
+	if (c && r == 0 && res)
+		kernel_events(c, res, 1); /* the old kernels' cancel: the event came back here */
 	return r;
 }
 
@@ -867,25 +751,8 @@ static long do_destroy(enum via v, aio_context_t ctx)
 	struct kctx *c = find(ctx, true);
 
 	if (c) {
-		struct served *s, *next;
-
-		pthread_mutex_lock(&c->mu);
-		while (c->running) /* the loader writes into the entries until then */
-			pthread_cond_wait(&c->cond, &c->mu);
-		pthread_mutex_unlock(&c->mu);
-		for (s = c->dq_head; s; s = next) {
-			next = s->next;
-			if (s->iov != s->inl)
-				free(s->iov);
-			free(s);
-		}
-		for (s = c->free; s; s = next) {
-			next = s->next;
-			free(s);
-		}
 		while (c->writes) /* their events will never be seen: keep nothing of them */
 			complete_write(take_write(c, c->writes->obj), -1);
-		pthread_cond_destroy(&c->cond);
 		pthread_mutex_destroy(&c->mu);
 		free(c);
 	}

@@ -13,11 +13,10 @@
  * itself is calling (then the raw system call); false for any other number. */
 bool kvs_libaio_syscall(long number, const long *a, long *r);
 
-/* The program is about to close the numbers lo to hi: the shim's own eventfd descriptors among
- * them (a served read's IOCB_FLAG_RESFD) are the program's now, never written or closed by the
- * shim.  Atomics only. */
+/* The program is about to close the numbers lo to hi: the carriers' /dev/null descriptor, if it
+ * is among them, moves (base/sys.h, kvs_ownfd_closing).  Async-signal-safe. */
 void kvs_libaio_numbers_closing(unsigned int lo, unsigned int hi);
-/* Is any of them, or a close of one in progress, among lo to hi?  Loads only. */
+/* Is it among lo to hi?  Loads only. */
 bool kvs_libaio_numbers_in(unsigned int lo, unsigned int hi);
 
 #endif

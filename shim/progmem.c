@@ -115,3 +115,15 @@ bool kvs_progmem_writable(const struct iovec *iov, int iovcnt)
 	}
 	return true;
 }
+
+bool kvs_progmem_store(void *dst, const void *src, size_t n)
+{
+	struct iovec v = {dst, n};
+	int saved = errno;
+	bool ok = kvs_progmem_writable(&v, 1);
+
+	if (ok)
+		memcpy(dst, src, n);
+	errno = saved;
+	return ok;
+}

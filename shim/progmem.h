@@ -16,4 +16,8 @@
  * whose protection alone differs from both ends is not seen.  False: make the real call. */
 bool kvs_progmem_writable(const struct iovec *iov, int iovcnt);
 
+/* Store n bytes at dst, program memory the kernel reads (an iocb): false, with nothing
+ * stored, where a page of it is not writable (kvs_progmem_writable). */
+bool kvs_progmem_store(void *dst, const void *src, size_t n);
+
 #endif

@@ -3,10 +3,13 @@
 # io_getevents) and a UCM-like engine (raw syscall(), O_DIRECT, IOCB_FLAG_RESFD on an eventfd
 # watched by epoll), each checked byte for byte and against the same run without the shim;
 # mixed submits, io_cancel and io_destroy in flight, a rank SIGKILLed mid-read; io_uring still
-# verifies with the shim loaded.
-#   kaio_test.sh LIBKVSHIM KVSHIM UCM_AIO [bench]
+# verifies with the shim loaded; two reapers that read the kernel's completion ring themselves
+# (no library, and a static libaio polling with a zero timeout), 4 at once.
+#   kaio_test.sh LIBKVSHIM KVSHIM UCM_AIO RING_REAPER RING_REAPER_LIBAIO [bench]
 set -uo pipefail
 ucm=$3
+reaper=$4
+reaper_libaio=$5
 PREFIX=kaio
 source "$(dirname "$0")/preload_lib.sh" # lib (sanitizer runtime first), work, name, ok, fail
 
@@ -200,7 +203,66 @@ else
 	fail "SIGKILL mid-read: $bad readers went wrong, slots_pinned $p"
 fi
 
-if [ "${4:-}" = bench ]; then
+# --- reapers that read the kernel's ring --------------------------------------------------
+# runai-model-streamer's libaio_direct: O_DIRECT reads, many in flight, reaped by a static
+# libaio's io_getevents(ctx, 0, N, ev, {0, 0}), which looks at the ring in the program's memory
+# and makes no system call while it is empty.  Every served read must complete there.  4
+# replicas at once on a cold region, a file whose last read is short; 120 s is a hang (the
+# reaper itself gives up after 30 s without an event).
+size=$((40 * 1024 * 1024 + 12 * 1024))
+"$reaper" mk "$work/kv/ring" $size || fail "ring_reaper mk"
+for mode in peek libaio; do
+	exe=$reaper
+	[ $mode = libaio ] && exe=$reaper_libaio
+	out=$("$exe" $mode "$work/kv/ring" 2M 16 2>&1)
+	rc=$?
+	if [ $rc -eq 77 ]; then
+		echo "skip - ring reaper $mode: $out"
+		continue
+	elif [ $rc -ne 0 ]; then
+		fail "ring reaper $mode without the shim: $out"
+		continue
+	fi
+	reset_region
+	k0=$(io_read_bytes)
+	pids=()
+	for r in 0 1 2 3; do
+		LD_PRELOAD=$lib timeout 120 "$exe" $mode "$work/kv/ring" 2M 16 >"$work/out.$r" \
+			2>"$work/err.$r" &
+		pids+=($!)
+	done
+	bad=0
+	for r in 0 1 2 3; do
+		if ! wait "${pids[$r]}" || ! grep -q "^$mode: 21 reads, $size bytes, right" "$work/out.$r" ||
+			! clean_err "$work/err.$r"; then
+			bad=$((bad + 1))
+			echo "  replica $r: $(head -c 300 "$work/err.$r")"
+		fi
+	done
+	kernel=$(($(io_read_bytes) - k0))
+	backend=$(totals backend_bytes)
+	hit=$(totals shards_hit)
+	if [ $bad -ne 0 ]; then
+		fail "ring reaper $mode, 4 replicas: $bad went wrong"
+	elif ! storage_agrees "$kernel" "$backend" "$(totals atime_updates)" 1; then
+		fail "ring reaper $mode, 4 replicas: $storage_why"
+	elif [ "$backend" -ne $size ] || [ "$hit" -eq 0 ]; then
+		fail "ring reaper $mode, 4 replicas: storage $backend bytes for $size, shards_hit $hit"
+	else
+		ok "ring reaper $mode, 4 replicas at once: every event in the kernel's ring, every" \
+			"byte right, storage read $backend bytes for $size ($kernel by the kernel's count)"
+	fi
+done
+
+# A served iocb reads as its carrier once submitted (docs/design.md, "Kernel AIO"): one prepared
+# once and submitted again as it is must read again, not write to the shim's /dev/null.
+reset_region
+out=$(LD_PRELOAD=$lib timeout 120 "$reaper" again "$work/kv/ring" 1M 4 2>&1)
+[ "$out" = "again: 4 submissions of one iocb, right" ] &&
+	ok "one iocb submitted 4 times as it is: read right each time" ||
+	fail "one iocb submitted again as it is: $out"
+
+if [ "${6:-}" = bench ]; then
 	LD_PRELOAD=$lib "$ucm" bench 1M 21 "${files[0]}"
 fi
 
