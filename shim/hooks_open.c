@@ -39,6 +39,7 @@
 		bool on_ = kvs_shim_opening(&o_, dirfd, path, flags);                              \
 		kvs_real_init();                                                                   \
 		int fd_ = (call);                                                                  \
+		kvs_shim_fd_born(fd_);                                                             \
 		if (on_ && fd_ >= 0)                                                               \
 			kvs_shim_opened(&o_, fd_);                                                 \
 		return fd_;                                                                        \
@@ -127,6 +128,8 @@ static int stdio_flags(const char *mode)
 		bool on_ = kvs_shim_opening(&o_, AT_FDCWD, path, stdio_flags(mode));               \
 		kvs_real_init();                                                                   \
 		FILE *f_ = (call);                                                                 \
+		if (f_)                                                                            \
+			kvs_shim_fd_born(fileno(f_));                                              \
 		if (on_ && f_)                                                                     \
 			kvs_shim_opened(&o_, fileno(f_));                                          \
 		return f_;                                                                         \

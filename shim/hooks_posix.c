@@ -389,16 +389,34 @@ KVS_EXPORT ssize_t pwritev64(int fd, const struct iovec *iov, int iovcnt, off64_
 		      kvs_real.pwritev64(fd, iov, iovcnt, off));
 }
 
+/* Where a pwritev2 with flags lands: RWF_APPEND writes at the end of the file, whatever off
+ * says (followed there: an append is never a rewrite in place); -1, at the file position. */
+static off_t pwritev2_at(int fd, off_t off, int flags)
+{
+	struct stat st;
+
+	if (!(flags & RWF_APPEND) || !kvs_shim_wants(SIZE_MAX))
+		return off;
+	int saved = errno;
+	off_t end = fstat(fd, &st) == 0 ? st.st_size : off;
+	errno = saved;
+	return end;
+}
+
 KVS_EXPORT ssize_t pwritev2(int fd, const struct iovec *iov, int iovcnt, off_t off, int flags)
 {
+	off_t at = pwritev2_at(fd, off, flags);
+
 	/* A write with other flags is not staged (no iovecs given): invalidated and followed. */
-	AROUND_WRITEV(fd, iov, iovcnt, off, off == -1, !(flags & ~PLAIN_RWF),
+	AROUND_WRITEV(fd, iov, iovcnt, at, at == -1, !(flags & ~PLAIN_RWF),
 		      kvs_real.pwritev2(fd, iov, iovcnt, off, flags));
 }
 
 KVS_EXPORT ssize_t pwritev64v2(int fd, const struct iovec *iov, int iovcnt, off64_t off, int flags)
 {
-	AROUND_WRITEV(fd, iov, iovcnt, (off_t)off, off == -1, !(flags & ~PLAIN_RWF),
+	off_t at = pwritev2_at(fd, (off_t)off, flags);
+
+	AROUND_WRITEV(fd, iov, iovcnt, at, at == -1, !(flags & ~PLAIN_RWF),
 		      kvs_real.pwritev64v2(fd, iov, iovcnt, off, flags));
 }
 
@@ -638,43 +656,14 @@ KVS_EXPORT ssize_t splice(int in, off64_t *in_off, int out, off64_t *out_off, si
 	return r;
 }
 
-/* A truncation by path changes every byte from the lesser of the old and the new size on: the
- * file is looked at through a descriptor of the shim's own (O_PATH), closed after. */
-static int truncating(const char *path, off64_t len, struct kvs_shim_change *ch)
-{
-	struct stat st;
-
-	if (!path || len < 0 || !kvs_shim_wants(SIZE_MAX))
-		return -1;
-	int saved = errno, fd = open(path, O_PATH | O_CLOEXEC);
-	if (fd >= 0 && (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode) ||
-			!kvs_shim_change_before(ch, fd, len < st.st_size ? len : st.st_size, NULL,
-						UINT64_MAX, false))) {
-		kvs_real.close(fd);
-		fd = -1;
-	}
-	errno = saved;
-	return fd;
-}
-
-static void truncated(int fd, struct kvs_shim_change *ch, int r)
-{
-	if (fd < 0)
-		return;
-	int saved = errno;
-	kvs_shim_change_after(ch, r);
-	kvs_real.close(fd);
-	errno = saved;
-}
-
 KVS_EXPORT int truncate(const char *path, off_t len)
 {
 	struct kvs_shim_change ch;
 
 	kvs_real_init();
-	int fd = truncating(path, len, &ch);
+	int fd = kvs_shim_truncate_path_before(&ch, path, len);
 	int r = kvs_real.truncate(path, len);
-	truncated(fd, &ch, r);
+	kvs_shim_truncate_path_after(&ch, fd, r);
 	return r;
 }
 
@@ -683,39 +672,38 @@ KVS_EXPORT int truncate64(const char *path, off64_t len)
 	struct kvs_shim_change ch;
 
 	kvs_real_init();
-	int fd = truncating(path, len, &ch);
+	int fd = kvs_shim_truncate_path_before(&ch, path, len);
 	int r = kvs_real.truncate64(path, len);
-	truncated(fd, &ch, r);
+	kvs_shim_truncate_path_after(&ch, fd, r);
 	return r;
 }
 
-/* A writer's own truncation of a file it stages is one of its writes (wthru.h). */
+/* A writer's own truncation of a file it stages is one of its writes (wthru.h); any other of a
+ * KV file is a change of its bytes from the lesser of the old and the new size on. */
+#define AROUND_FTRUNCATE(fd, len, call)                                                            \
+	do {                                                                                       \
+		struct kvs_wtok tok_;                                                              \
+		struct kvs_shim_change ch_;                                                        \
+		REAL_IF_INSIDE(call);                                                              \
+		struct wt_file *f_ = kvs_shim_truncating(fd, &tok_);                               \
+		bool on_ = !f_ && kvs_shim_truncate_before(&ch_, fd, (int64_t)(len));              \
+		kvs_real_init();                                                                   \
+		int r_ = (call);                                                                   \
+		if (f_)                                                                            \
+			kvs_shim_truncated(f_, fd, &tok_, r_); /* keeps errno */                   \
+		if (on_)                                                                           \
+			kvs_shim_change_after(&ch_, r_); /* keeps errno */                         \
+		return r_;                                                                         \
+	} while (0)
+
 KVS_EXPORT int ftruncate(int fd, off_t len)
 {
-	struct kvs_wtok tok;
-
-	REAL_IF_INSIDE(kvs_real.ftruncate(fd, len));
-	struct wt_file *f = kvs_shim_truncating(fd, &tok);
-
-	kvs_real_init();
-	int r = kvs_real.ftruncate(fd, len);
-	if (f)
-		kvs_shim_truncated(f, fd, &tok, r); /* keeps errno */
-	return r;
+	AROUND_FTRUNCATE(fd, len, kvs_real.ftruncate(fd, len));
 }
 
 KVS_EXPORT int ftruncate64(int fd, off64_t len)
 {
-	struct kvs_wtok tok;
-
-	REAL_IF_INSIDE(kvs_real.ftruncate64(fd, len));
-	struct wt_file *f = kvs_shim_truncating(fd, &tok);
-
-	kvs_real_init();
-	int r = kvs_real.ftruncate64(fd, len);
-	if (f)
-		kvs_shim_truncated(f, fd, &tok, r); /* keeps errno */
-	return r;
+	AROUND_FTRUNCATE(fd, len, kvs_real.ftruncate64(fd, len));
 }
 
 /* A rename moves the file's ctime: what this process published under the old identity moves
@@ -757,12 +745,12 @@ KVS_EXPORT int renameat2(int fromdir, const char *from, int todir, const char *t
  * counted and said once, so that an operator sees why the cache stays cold; one shared and
  * writable keeps the file out of write-through while it lives; an io_uring's rings mapped are
  * noted (hooks_uring.c). */
-static void mapped(void *p, int prot, int flags, int fd, off64_t off)
+static void mapped(void *p, size_t len, int prot, int flags, int fd, off64_t off)
 {
 	if (fd < 0 || (flags & MAP_ANONYMOUS) || p == MAP_FAILED)
 		return;
 	int saved = errno;
-	kvs_shim_mapped(fd, prot, flags);
+	kvs_shim_mapped(fd, prot, flags, (int64_t)off, (uint64_t)len);
 	kvs_uring_mapped(fd, (long)off, p);
 	errno = saved;
 }
@@ -773,7 +761,7 @@ KVS_EXPORT void *mmap(void *addr, size_t len, int prot, int flags, int fd, off_t
 		kvs_shim_note_mmap(fd, len);
 	kvs_real_init();
 	void *p = kvs_real.mmap(addr, len, prot, flags, fd, off);
-	mapped(p, prot, flags, fd, off);
+	mapped(p, len, prot, flags, fd, off);
 	return p;
 }
 
@@ -783,6 +771,6 @@ KVS_EXPORT void *mmap64(void *addr, size_t len, int prot, int flags, int fd, off
 		kvs_shim_note_mmap(fd, len);
 	kvs_real_init();
 	void *p = kvs_real.mmap64(addr, len, prot, flags, fd, off);
-	mapped(p, prot, flags, fd, off);
+	mapped(p, len, prot, flags, fd, off);
 	return p;
 }

@@ -7,6 +7,7 @@
  * system calls with base/raw.h.
  */
 #include <errno.h>
+#include <fcntl.h>
 #include <stdarg.h>
 #include <stdbool.h>
 #include <stdint.h>
@@ -17,6 +18,7 @@
 #include "raw.h"
 #include "shim.h"
 #include "touch.h"
+#include "wonce.h"
 #include "wthru.h"
 
 long syscall(long number, ...);
@@ -45,6 +47,38 @@ static long changing(long number, const long *a)
 	}
 	return r;
 }
+
+/* An open by number: followed as the open hooks follow one (hooks_open.c), the kernel's answer,
+ * -errno on failure. */
+static long opening(long number, const long *a, int dirfd, const char *path, int flags)
+{
+	struct kvs_wonce_open o;
+	bool on = kvs_shim_opening(&o, dirfd, path, flags);
+	long r = raw_args(number, a);
+
+	if (r >= 0) {
+		int saved = errno;
+
+		kvs_shim_fd_born((int)r);
+		if (on)
+			kvs_shim_opened(&o, (int)r);
+		errno = saved;
+	}
+	return r;
+}
+
+#ifdef SYS_openat2
+/* openat2's flags, from its struct open_how (a[2], of a[3] bytes), read as the kernel reads
+ * it; one it cannot read is its to refuse (0: nothing to follow). */
+static int openat2_flags(const long *a)
+{
+	uint64_t flags = 0;
+
+	if ((size_t)a[3] < sizeof(flags) || !kvs_shim_copy_in(&flags, (const void *)a[2], sizeof(flags)))
+		return 0;
+	return (int)flags;
+}
+#endif
 
 /* libc's syscall(): the io_* numbers that touch served entries go to hooks_libaio.c, the
  * io_uring numbers to hooks_uring.c, the timestamp numbers to touch.c, a closed or replaced
@@ -127,13 +161,50 @@ KVS_EXPORT long syscall(long number, ...)
 		kvs_shim_fds_gone((unsigned int)a[0], (unsigned int)a[1]);
 		break;
 #endif
+	/* Opens: an O_TRUNC of a write-once file, and the number's class (as hooks_open.c). */
+#ifdef SYS_open
+	case SYS_open:
+		r = opening(number, a, AT_FDCWD, (const char *)a[0], (int)a[1]);
+		break;
+#endif
+#ifdef SYS_creat
+	case SYS_creat:
+		r = opening(number, a, AT_FDCWD, (const char *)a[0], O_CREAT | O_WRONLY | O_TRUNC);
+		break;
+#endif
+	case SYS_openat:
+		r = opening(number, a, (int)a[0], (const char *)a[1], (int)a[2]);
+		break;
+#ifdef SYS_openat2
+	case SYS_openat2:
+		r = opening(number, a, (int)a[0], (const char *)a[1], openat2_flags(a));
+		break;
+#endif
+#ifdef SYS_truncate
+	case SYS_truncate: {
+		struct kvs_shim_change ch;
+		int fd = kvs_shim_truncate_path_before(&ch, (const char *)a[0], (int64_t)a[1]);
+
+		r = raw_args(number, a);
+		kvs_shim_truncate_path_after(&ch, fd, r < 0 ? -1 : 0);
+		break;
+	}
+#endif
+	case SYS_ftruncate: {
+		struct kvs_shim_change ch;
+		bool on = kvs_shim_truncate_before(&ch, (int)a[0], (int64_t)a[1]);
+
+		r = raw_args(number, a);
+		if (on)
+			kvs_shim_change_after(&ch, r < 0 ? -1 : 0);
+		break;
+	}
 	case SYS_write:
 	case SYS_pwrite64:
 	case SYS_writev:
 	case SYS_pwritev:
 	case SYS_pwritev2:
 	case SYS_fallocate:
-	case SYS_ftruncate:
 	case SYS_copy_file_range:
 	case SYS_sendfile:
 	case SYS_splice:

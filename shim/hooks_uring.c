@@ -505,7 +505,11 @@ static struct io_uring_sqe *sqe_at(const struct view *v, unsigned i)
 	 (1U << 8) | (1U << 9) | IORING_SETUP_SQE128 | (1U << 11) | (1U << 12) | (1U << 13) |      \
 	 (1U << 15) | IORING_SETUP_NO_SQARRAY)
 
-/* A change of a KV file through the ring (a write, a fallocate, a splice into it): it is
+/* IORING_OP_FTRUNCATE (Linux 6.9), by number: liburing's headers may be older. */
+#define KVS_IORING_OP_FTRUNCATE 55
+
+/* A change of a KV file through the ring (a write, a fallocate, a splice into it, a
+ * truncation): it is
  * followed as a change the kernel has been handed already (kvs_shim_change_now): its shards are
  * dropped from the cache before the kernel has it (as kernel AIO writes are, hooks_libaio.c), so
  * no later read is served the old bytes, and no staged copy of the file, this process's or
@@ -531,6 +535,8 @@ static void invalidate_if_write(const struct view *v, const struct io_uring_sqe 
 	} else if (sqe->opcode == IORING_OP_SPLICE) {
 		/* Into fd at off (the out side; -1: its position). */
 		len = sqe->len;
+	} else if (sqe->opcode == KVS_IORING_OP_FTRUNCATE) {
+		len = UINT64_MAX; /* off is the new length */
 	} else {
 		return;
 	}
@@ -540,7 +546,12 @@ static void invalidate_if_write(const struct view *v, const struct io_uring_sqe 
 			unserved(C_FIXED, -1); /* a change the shim cannot name: said */
 		return;
 	}
-	if (off == (__u64)-1)
+	if (sqe->opcode == KVS_IORING_OP_FTRUNCATE) {
+		struct kvs_shim_change ch;
+
+		if (off <= (__u64)LLONG_MAX && kvs_shim_truncate_before(&ch, fd, (int64_t)off))
+			kvs_shim_change_after(&ch, 0);
+	} else if (off == (__u64)-1)
 		kvs_shim_change_now(fd, KVS_WT_AT_POS, len);
 	else if (off <= (__u64)LLONG_MAX)
 		kvs_shim_change_now(fd, (int64_t)off, len);

@@ -74,6 +74,10 @@ bool kvs_shim_is_kv(int fd);
  * (fdinfo.h, wonce.h).  Atomics only, async-signal-safe. */
 void kvs_shim_fd_gone(int fd);
 void kvs_shim_fds_gone(unsigned int lo, unsigned int hi);
+/* An open (any door) just gave the program fd: what fdinfo knew of the number belongs to an
+ * earlier life, whose close the hooks may not have seen (glibc's pclose, freopen, closedir
+ * close inside libc).  Atomics only. */
+void kvs_shim_fd_born(int fd);
 
 /* The program is about to close [lo, hi] (close, close_range, dup2 or dup3 onto newfd), before
  * the kernel does: the shim's own descriptors among those numbers move away or become the
@@ -232,6 +236,15 @@ bool kvs_shim_change_before(struct kvs_shim_change *ch, int fd, int64_t off, con
 			    uint64_t len, bool named);
 void kvs_shim_change_after(struct kvs_shim_change *ch, ssize_t ret);
 void kvs_shim_change_now(int fd, int64_t off, uint64_t len);
+/* kvs_shim_change_before for a truncation of fd to len (ftruncate, by descriptor): every byte
+ * from the lesser of the file's size now and len on changes (a cut, or the zeros of a growth
+ * after a partial last shard).  One fstat for a descriptor not known to be another file. */
+bool kvs_shim_truncate_before(struct kvs_shim_change *ch, int fd, int64_t len);
+/* The same by path (truncate, SYS_truncate): the file looked at through a descriptor of the
+ * shim's own (O_PATH), returned (or -1: nothing to do) for kvs_shim_truncate_path_after, which
+ * takes the real call's result and closes it. */
+int kvs_shim_truncate_path_before(struct kvs_shim_change *ch, const char *path, int64_t len);
+void kvs_shim_truncate_path_after(struct kvs_shim_change *ch, int fd, int ret);
 void kvs_shim_truncated(struct wt_file *f, int fd, struct kvs_wtok *tok, int ret);
 
 /* What the shim sees but does not serve, counted (stat unserved_*) and said once at info:
@@ -240,10 +253,12 @@ void kvs_shim_truncated(struct wt_file *f, int fd, struct kvs_wtok *tok, int ret
  * classified); a mapping of fd (mmap hook).  None changes errno or fails. */
 void kvs_shim_note_small(int fd, size_t len);
 void kvs_shim_note_mmap(int fd, uint64_t len);
-/* mmap of fd with prot and flags succeeded: a KV file mapped MAP_SHARED through a descriptor
- * that can write keeps nothing of write-through while the mapping lives (wthru.h,
- * kvs_wthru_mapped).  Never changes errno. */
-void kvs_shim_mapped(int fd, int prot, int flags);
+/* mmap of len bytes of fd at off with prot and flags succeeded: a KV file mapped MAP_SHARED
+ * through a descriptor that can write keeps nothing of write-through while the mapping lives
+ * (wthru.h, kvs_wthru_mapped); mapped with PROT_WRITE, the range is a change of the file now
+ * (kvs_shim_change_now: its shards dropped, a write-once file that held data there counted as
+ * rewritten).  Never changes errno. */
+void kvs_shim_mapped(int fd, int prot, int flags, int64_t off, uint64_t len);
 /* An fread of len bytes of fd's stream that cannot be served (bytes to write, ungetc'd bytes,
  * wide): counted as unserved_stdio when fd is a KV file.  Never changes errno. */
 void kvs_shim_note_stdio(int fd, uint64_t len);

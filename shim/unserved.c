@@ -86,19 +86,27 @@ void kvs_shim_note_mmap(int fd, uint64_t len)
 			 len);
 }
 
-void kvs_shim_mapped(int fd, int prot, int flags)
+void kvs_shim_mapped(int fd, int prot, int flags, int64_t off, uint64_t len)
 {
 	struct kvs_fdinfo fi;
+	bool kv = false;
 
 	if (kvs_shim_guard || fd < 0 || !(flags & MAP_SHARED) || (flags & MAP_ANONYMOUS) ||
-	    !kvs_wthru_on())
+	    !kvs_shim_on())
 		return;
 	int saved = kvs_shim_in();
 	/* PROT_WRITE, or a descriptor that lets mprotect add it later. */
 	int fl = (prot & PROT_WRITE) ? O_RDWR : kvs_sys_fcntl(fd, F_GETFL);
-	if (fl >= 0 && (fl & O_ACCMODE) == O_RDWR && kvs_fdinfo_get(fd, &fi) == 0 && fi.kv)
-		kvs_wthru_mapped(fi.dev, fi.ino);
+	if (fl >= 0 && (fl & O_ACCMODE) == O_RDWR && kvs_fdinfo_get(fd, &fi) == 0 && fi.kv) {
+		kv = true;
+		if (kvs_wthru_on())
+			kvs_wthru_mapped(fi.dev, fi.ino);
+	}
 	kvs_shim_out(saved);
+	/* Stores through it change the file where no hook sees them: the range goes now, as a
+	 * write over it would (a write-once file that held data there counts as rewritten). */
+	if (kv && (prot & PROT_WRITE))
+		kvs_shim_change_now(fd, off, len);
 }
 
 void kvs_shim_note_stdio(int fd, uint64_t len)

@@ -45,6 +45,7 @@ struct record {
 	uint64_t open_size;
 	uint64_t age;
 	bool counted;
+	bool pending; /* the last write looked at before it was made rewrites: counted once made */
 };
 
 static pthread_mutex_t wonce_mu = PTHREAD_MUTEX_INITIALIZER;
@@ -141,6 +142,7 @@ static struct record *record_locked(int fd, uint64_t dev, uint64_t ino, uint64_t
 	r->open_size = open_size;
 	r->age = ++clock_age;
 	r->counted = false;
+	r->pending = false;
 	atomic_store_explicit(&r->fd, fd, memory_order_relaxed);
 	atomic_store_explicit(&r->used, 1, memory_order_release); /* pairs with the loads above */
 	atomic_fetch_add_explicit(&nused, 1, memory_order_relaxed);
@@ -219,7 +221,8 @@ static bool has_data(int fd, uint64_t off, uint64_t len)
 		return true;
 	}
 	off_t next = lseek(d, (off_t)off, SEEK_DATA);
-	bool data = next < 0 ? errno != ENXIO : (uint64_t)next < off + len;
+	/* len may run to any end (UINT64_MAX: a truncation): no wrap past it. */
+	bool data = next < 0 ? errno != ENXIO : (uint64_t)next - off < len;
 	kvs_real_init();
 	kvs_real.close(d);
 	errno = saved;
@@ -229,11 +232,18 @@ static bool has_data(int fd, uint64_t off, uint64_t len)
 bool kvs_wonce_rewrites(struct kvs_cache *c, int fd, const struct kvs_fdinfo *fi, uint64_t off,
 			uint64_t len, bool after)
 {
-	bool rewrite, count = false;
-	int say_what = SAY_NOTHING;
+	bool rewrite;
 
 	if (!fi->write_once || len == 0)
 		return false;
+	if (after) {
+		kvs_wonce_made(c, fd, fi);
+		pthread_mutex_lock(&wonce_mu);
+		struct record *r = record_locked(fd, fi->dev, fi->ino, fi->size, false);
+		rewrite = !fi->append && off < r->open_size && r->counted;
+		pthread_mutex_unlock(&wonce_mu);
+		return rewrite;
+	}
 	pthread_mutex_lock(&wonce_mu);
 	struct record *r = record_locked(fd, fi->dev, fi->ino, fi->size, false);
 	/* O_APPEND writes go to the end, whatever offset the caller thinks: never in place.
@@ -241,20 +251,34 @@ bool kvs_wonce_rewrites(struct kvs_cache *c, int fd, const struct kvs_fdinfo *fi
 	 * out of order through several descriptors, UCM's dump: each shard opened, written and
 	 * closed by a thread of its own).  After the write they are data: the verdict is then
 	 * the file's (a violation seen drops everything, as before the write). */
-	bool below = !fi->append && off < r->open_size, counted = r->counted;
+	bool below = !fi->append && off < r->open_size;
 	pthread_mutex_unlock(&wonce_mu);
-	rewrite = below && (after ? counted : has_data(fd, off, len));
+	rewrite = below && has_data(fd, off, len);
 	pthread_mutex_lock(&wonce_mu);
 	r = record_locked(fd, fi->dev, fi->ino, fi->size, false);
-	if (rewrite && !r->counted) {
+	r->pending = rewrite && !r->counted; /* counted once the write is made (kvs_wonce_made) */
+	pthread_mutex_unlock(&wonce_mu);
+	return rewrite;
+}
+
+void kvs_wonce_made(struct kvs_cache *c, int fd, const struct kvs_fdinfo *fi)
+{
+	int say_what = SAY_NOTHING;
+	bool count = false;
+
+	if (!fi->write_once)
+		return;
+	pthread_mutex_lock(&wonce_mu);
+	struct record *r = record_locked(fd, fi->dev, fi->ino, fi->size, false);
+	if (r->pending && !r->counted) {
 		r->counted = count = true;
 		say_what = to_say_locked(fi->dev, fi->ino);
 	}
+	r->pending = false;
 	pthread_mutex_unlock(&wonce_mu);
 	if (count && c)
 		kvs_cache_count(c, KVS_CTR_write_once_violations, 1);
 	say(say_what, fd, fi->dev, fi->ino);
-	return rewrite;
 }
 
 void kvs_wonce_closed_range(unsigned int lo, unsigned int hi)

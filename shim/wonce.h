@@ -50,12 +50,16 @@ bool kvs_wonce_opening(struct kvs_wonce_open *o, struct kvs_cache *(*region)(voi
 void kvs_wonce_opened(const struct kvs_wonce_open *o, int fd);
 
 /* A write of len bytes at off to fd, which fi describes (a KV file keyed by birth), is about
- * to be made, or was just made (after: called again after it): true when it rewrites bytes
- * in place (bytes the file held, not a hole), and the caller must drop every shard of the
- * file.  c (may be NULL) counts it.  Before the write, a write below the file's size costs an
- * open of /proc/self/fd/N, an lseek(SEEK_DATA) and a close. */
+ * to be made, or was just made and returned bytes (after: called again after it): true when it
+ * rewrites bytes in place (bytes the file held, not a hole), and the caller must drop every
+ * shard of the file.  Only a write that was made counts (write_once_violations, in c, which may
+ * be NULL) and is said: the call after it, or kvs_wonce_made for a change whose caller calls
+ * nothing else after it; a write that failed (EBADF on a read-only descriptor) or went to the
+ * end (O_APPEND, RWF_APPEND) never does.  Before the write, a write below the file's size costs
+ * an open of /proc/self/fd/N, an lseek(SEEK_DATA) and a close. */
 bool kvs_wonce_rewrites(struct kvs_cache *c, int fd, const struct kvs_fdinfo *fi, uint64_t off,
 			uint64_t len, bool after);
+void kvs_wonce_made(struct kvs_cache *c, int fd, const struct kvs_fdinfo *fi);
 
 /* The program closed fd, or every number of [lo, hi]: this process's records of files opened
  * through them end.  Atomics only, async-signal-safe. */

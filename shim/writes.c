@@ -5,6 +5,7 @@
  */
 
 #include <errno.h>
+#include <sys/stat.h>
 #include <fcntl.h>
 #include <sys/syscall.h>
 #include <unistd.h>
@@ -217,9 +218,61 @@ void kvs_shim_change_after(struct kvs_shim_change *ch, ssize_t ret)
 	int saved = errno;
 	kvs_shim_write_after(&ch->op, ch->fd, ret);
 	kvs_shim_guard++;
+	if (ret >= 0) /* a rewrite of a write-once file counts once made */
+		kvs_wonce_made(kvs_shim_cache, ch->fd, &ch->fi);
 	if (kvs_fdinfo_get(ch->fd, &fi) == 0 && fi.kv)
 		kvs_cache_invalidate(kvs_shim_cache, &fi.block, ch->first, ch->last);
 	kvs_shim_out(saved);
+}
+
+bool kvs_shim_truncate_before(struct kvs_shim_change *ch, int fd, int64_t len)
+{
+	struct stat st;
+
+	ch->on = false;
+	if (len < 0 || !kvs_shim_wants(SIZE_MAX) || kvs_fdinfo_not_kv(fd))
+		return false;
+	int saved = errno;
+	bool on = fstat(fd, &st) == 0 && S_ISREG(st.st_mode) &&
+		  kvs_shim_change_before(ch, fd, len < st.st_size ? len : (int64_t)st.st_size, NULL,
+					 UINT64_MAX, true);
+	errno = saved;
+	return on;
+}
+
+int kvs_shim_truncate_path_before(struct kvs_shim_change *ch, const char *path, int64_t len)
+{
+	struct stat st;
+
+	ch->on = false;
+	if (!path || len < 0 || !kvs_shim_wants(SIZE_MAX))
+		return -1;
+	int saved = errno, fd = kvs_sys_open(path, O_PATH | O_CLOEXEC);
+	if (fd >= 0 && (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode) ||
+			!kvs_shim_change_before(ch, fd, len < st.st_size ? len : st.st_size, NULL,
+						UINT64_MAX, false))) {
+		kvs_sys_close(fd);
+		fd = -1;
+	}
+	errno = saved;
+	return fd;
+}
+
+void kvs_shim_truncate_path_after(struct kvs_shim_change *ch, int fd, int ret)
+{
+	if (fd < 0)
+		return;
+	int saved = errno;
+	kvs_shim_change_after(ch, ret);
+	kvs_fdinfo_forget(fd); /* the number is the shim's for a moment only */
+	kvs_sys_close(fd);
+	errno = saved;
+}
+
+void kvs_shim_fd_born(int fd)
+{
+	if (fd >= 0)
+		kvs_fdinfo_forget(fd);
 }
 
 void kvs_shim_change_now(int fd, int64_t off, uint64_t len)
@@ -357,7 +410,9 @@ static struct kvs_cache *region_created(void)
 bool kvs_shim_opening(struct kvs_wonce_open *o, int dirfd, const char *path, int flags)
 {
 	o->on = false;
-	if (kvs_shim_guard || !kvs_fdinfo_any_write_once() || !kvs_shim_on())
+	/* The configuration first: the open may be the process's first hooked call (dd, cp, a
+	 * shell's >), before which no root is known. */
+	if (kvs_shim_guard || !kvs_shim_on() || !kvs_fdinfo_any_write_once())
 		return false;
 	int saved = kvs_shim_in();
 	bool on = kvs_wonce_opening(o, region_created, dirfd, path, flags);

@@ -1,0 +1,105 @@
+#!/usr/bin/env bash
+# Never harm the host, part 4: a file of a files.write_once root is kept for good, so every way
+# a process under the shim changes it must be seen: its shards dropped, the change counted
+# (write_once_violations) when it overwrote bytes the file held, never when it did not (an
+# append, a failed write).  Each case runs tests/harm4.c without the shim and with it, on the
+# same file written afresh, and compares what the program read after the change (the whole
+# file by O_DIRECT, served, and buffered, passed through); then the counter.  Also: the shim's
+# anchor never takes a number a launcher's dup2 closes (the program's record lock stays), and
+# a number closed inside glibc keeps no class into its next life.
+#   harm4_test.sh LIBKVSHIM KVSHIM HARM4
+set -uo pipefail
+h=$3
+PREFIX=harm4
+source "$(dirname "$0")/preload_lib.sh" # lib, work, name, ok, fail, reset_region, totals
+
+mkdir -p "$work/kv"
+export KVSHIM_CONFIG=
+export KVSHIM_FILES_ROOTS=$work/kv
+export KVSHIM_FILES_WRITE_ONCE=$work/kv
+export KVSHIM_CACHE_NAME=$name
+export KVSHIM_CACHE_CAPACITY=64M
+export KVSHIM_CACHE_SHARD_SIZE=1M
+f=$work/kv/f
+size=$((4 * 1024 * 1024 + 12 * 1024)) # a short last shard
+
+"$h" mk "$f" $size 1 && head -c 4096 "$f" >/dev/null && "$h" load "$f" 2>/dev/null ||
+	{ echo "SKIP: O_DIRECT does not work in $work"; exit 77; }
+
+# case MODE COUNTED: MODE without the shim and with it, on a file written afresh; the shim's
+# run must read what the plain run read, and count COUNTED violations (0 or 1).
+case_() {
+	local mode=$1 counted=$2 plain shim v
+	"$h" mk "$f" $size 1
+	plain=$("$h" "$mode" "$f" 2>&1)
+	"$h" mk "$f" $size 1
+	reset_region
+	LD_PRELOAD=$lib "$h" load "$f" 2>/dev/null # the shards, kept for good by another process
+	shim=$(LD_PRELOAD=$lib "$h" "$mode" "$f" 2>"$work/err")
+	v=$(totals write_once_violations)
+	if [ "$shim" != "$plain" ]; then
+		fail "$mode: with the shim [$shim], without [$plain]"
+	elif [ "$v" != "$counted" ]; then
+		fail "$mode: write_once_violations $v, want $counted ($(grep kvshim "$work/err" | head -2))"
+	elif [ "$counted" = 1 ] && ! grep -q "files.write_once: .* rewritten in place" "$work/err"; then
+		fail "$mode: counted, but not said: $(head -c 300 "$work/err")"
+	elif [ "$counted" = 0 ] && grep -q "rewritten in place" "$work/err"; then
+		fail "$mode: said as a rewrite: $(grep kvshim "$work/err" | head -2)"
+	else
+		ok "$mode: the bytes the kernel has ($shim), write_once_violations $v"
+	fi
+}
+
+case_ ftrunc 1
+case_ ftrunc_half 1
+case_ grow 0
+case_ mmapw 1
+case_ sys_truncate 1
+case_ sys_ftruncate 1
+case_ sys_openat 1
+case_ sys_openat2 1
+case_ sys_creat 1
+case_ rewrite 1
+case_ append 0
+
+# An O_TRUNC open as the process's first hooked call (dd, cp, a shell's >), with and without
+# write-through: the next reader gets the new bytes.
+for wt in true false; do
+	"$h" mk "$f" $size 1
+	reset_region
+	LD_PRELOAD=$lib "$h" load "$f" 2>/dev/null
+	want=$("$h" mk "$work/new" $size 9 && "$h" show "$work/new")
+	KVSHIM_FILES_WRITE_THROUGH=$wt LD_PRELOAD=$lib dd if="$work/new" of="$f" bs=1M \
+		status=none 2>"$work/err"
+	got=$(KVSHIM_FILES_WRITE_THROUGH=$wt LD_PRELOAD=$lib "$h" show "$f" 2>&1)
+	v=$(totals write_once_violations)
+	if [ "$got" = "$want" ] && [ "$v" = 1 ]; then
+		ok "dd over a write-once file (write_through $wt): the new bytes served, counted"
+	else
+		fail "dd over a write-once file (write_through $wt): read [$got], want [$want]," \
+			"write_once_violations $v"
+	fi
+done
+
+# The program's record lock on a KV file stays through a launcher's dup2s onto small numbers.
+"$h" mk "$f" $size 1
+reset_region
+plain=$("$h" dup2lock "$f" 2>&1)
+shim=$(LD_PRELOAD=$lib "$h" dup2lock "$f" 2>&1)
+[ "$shim" = "$plain" ] && [ "$plain" = "lock held: before the dup2s yes, after yes" ] &&
+	ok "dup2 onto 3..40 after a served read: $shim" ||
+	fail "dup2 onto small numbers: with the shim [$shim], without [$plain]"
+
+# A number read as a pipe and closed inside glibc (pclose) is a KV file in its next life.
+reset_region
+out=$(LD_PRELOAD=$lib "$h" reborn "$f" 2>&1)
+req=$(totals requests)
+case "$out" in
+*"the same number, $size bytes read")
+	[ "$req" -ge 5 ] && ok "a number pclose closed, reopened on a KV file: served ($req requests)" ||
+		fail "a number pclose closed, reopened on a KV file: requests $req, want 5 ($out)" ;;
+*) fail "reborn: $out" ;;
+esac
+
+echo "harm4: $fails failed"
+[ $fails -eq 0 ]
