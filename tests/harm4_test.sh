@@ -101,5 +101,37 @@ case "$out" in
 *) fail "reborn: $out" ;;
 esac
 
+# Monitoring broken by one byte: a root whose path is not UTF-8 (a byte 0xff, and a long path cut
+# by the region inside a two-byte character) and a host name that is not UTF-8 (a UTS
+# namespace of its own, where this machine allows one).  stat --json must stay JSON, --prom a
+# text Prometheus takes (valid UTF-8 throughout).
+bad="$work/kv-"$'\xff\xfe'"-root"
+long="$work/$(printf 'é%.0s' $(seq 1 100))"
+mkdir -p "$bad" "$long"
+"$h" mk "$bad/f" $((2 * 1024 * 1024)) 3
+"$h" mk "$long/f" $((2 * 1024 * 1024)) 4
+reset_region
+KVSHIM_FILES_ROOTS="$bad:$long" KVSHIM_FILES_WRITE_ONCE= LD_PRELOAD=$lib "$h" load "$bad/f" 2>/dev/null
+KVSHIM_FILES_ROOTS="$bad:$long" KVSHIM_FILES_WRITE_ONCE= LD_PRELOAD=$lib "$h" load "$long/f" 2>/dev/null
+hostnote="no UTS namespace here: the host name part not run"
+if unshare -u true 2>/dev/null; then
+	KVSHIM_FILES_ROOTS="$bad:$long" KVSHIM_FILES_WRITE_ONCE= unshare -u sh -c \
+		'python3 -c "import socket; socket.sethostname(b\"node-\\xff\\xc3\")" &&
+		 LD_PRELOAD=$0 "$1" load "$2"' "$lib" "$h" "$bad/f" 2>/dev/null &&
+		hostnote="a host name of bytes 0xff 0xc3 too"
+fi
+utf8_json='import json,sys
+o=json.loads(sys.stdin.buffer.read().decode("utf-8"))
+print(sum(1 for t in o.get("tallies",{}).get("by_root",[]) if "\ufffd" in t.get("root","")))'
+if ! roots=$(stat_json | python3 -c "$utf8_json" 2>"$work/err"); then
+	fail "stat --json with non-UTF-8 roots is not JSON: $(head -c 300 "$work/err")"
+elif ! "$kvshim" stat --prom | python3 -c 'import sys; sys.stdin.buffer.read().decode("utf-8")' 2>"$work/err"; then
+	fail "stat --prom with non-UTF-8 roots is not UTF-8: $(head -c 300 "$work/err")"
+elif command -v promtool >/dev/null && ! "$kvshim" stat --prom | promtool check metrics >"$work/err" 2>&1; then
+	fail "stat --prom with non-UTF-8 roots: promtool: $(head -c 300 "$work/err")"
+else
+	ok "stat --json is JSON and --prom UTF-8 with roots that are not UTF-8 ($hostnote)"
+fi
+
 echo "harm4: $fails failed"
 [ $fails -eq 0 ]

@@ -25,6 +25,7 @@
 #include "cache.h"
 #include "cmd_common.h"
 #include "config.h"
+#include "textout.h"
 
 static const char usage[] = "usage: kvshim ls [--all] [--json]\n"
 			    "  -a, --all   every kvshim region, not only this user's\n"
@@ -42,23 +43,6 @@ static const char *const state_word[] = {
 static int by_name(const void *a, const void *b)
 {
 	return strcmp(*(char *const *)a, *(char *const *)b);
-}
-
-/* Print s as a JSON string literal, quotes included. */
-static void json_string(const char *s)
-{
-	putchar('"');
-	for (; *s; s++) {
-		unsigned char ch = (unsigned char)*s;
-
-		if (ch == '"' || ch == '\\')
-			printf("\\%c", ch);
-		else if (ch < 0x20 || ch == 0x7f)
-			printf("\\u%04x", ch);
-		else
-			putchar(ch);
-	}
-	putchar('"');
 }
 
 /* Format seconds as a short age ("45s", "12m", "3h", "2d"). */
@@ -95,17 +79,17 @@ static void print_one(const char *name, const char *path, const struct kvs_peek 
 		return;
 	}
 	printf("%s{\"name\":", first ? "" : ",");
-	json_string(name);
+	tool_json_string(stdout, name);
 	printf(",\"path\":");
-	json_string(path);
+	tool_json_string(stdout, path);
 	printf(",\"uid\":%" PRIu32 ",\"size_bytes\":%" PRIu64 ",\"age_seconds\":%" PRIu64
 	       ",\"processes_attached\":%d,\"state\":",
 	       p->uid, p->size, age, p->live);
-	json_string(state_word[p->state]);
+	tool_json_string(stdout, state_word[p->state]);
 	printf(",\"why\":");
-	json_string(p->state == KVS_PEEK_OK ? "" : p->why);
+	tool_json_string(stdout, p->state == KVS_PEEK_OK ? "" : p->why);
 	printf(",\"built_by\":");
-	json_string(p->built_by);
+	tool_json_string(stdout, p->built_by);
 	printf(",\"refused_attaches\":%" PRIu64 ",\"capacity_bytes\":%" PRIu64
 	       ",\"shard_size\":%" PRIu64 ",\"slots\":%" PRIu32 "}",
 	       p->refused_attaches, p->capacity_bytes, p->shard_size, p->slots);

@@ -35,6 +35,7 @@
 #include "cache_params.h"
 #include "config.h"
 #include "snapshot.h"
+#include "textout.h"
 #include "value.h"
 
 enum format { FMT_TEXT, FMT_JSON, FMT_PROM };
@@ -44,23 +45,6 @@ static const char usage[] = "usage: kvshim stat [--json | --prom] [--watch SEC]\
 			    "  -p, --prom       print Prometheus text exposition\n"
 			    "  -w, --watch SEC  print again every SEC seconds until interrupted\n"
 			    "  -h, --help       print this help\n";
-
-/* Print s as a JSON string literal, quotes included. */
-static void json_string(FILE *f, const char *s)
-{
-	fputc('"', f);
-	for (; *s; s++) {
-		unsigned char ch = (unsigned char)*s;
-
-		if (ch == '"' || ch == '\\')
-			fprintf(f, "\\%c", ch);
-		else if (ch < 0x20 || ch == 0x7f)
-			fprintf(f, "\\u%04x", ch);
-		else
-			fputc(ch, f);
-	}
-	fputc('"', f);
-}
 
 /* Print the counters of c as "name":value pairs, comma-separated. */
 static void json_counters(FILE *f, const struct kvs_counters *c)
@@ -108,7 +92,7 @@ static void json_tallies(FILE *f, const struct tool_snapshot *s, bool root)
 		fputs(first ? "{" : ",{", f);
 		first = false;
 		fputs(root ? "\"root\":" : "\"pod\":", f);
-		json_string(f, t->name);
+		tool_json_string(f, t->name);
 		if (!root)
 			fprintf(f, ",\"pidns\":%" PRIu64 ",\"processes\":%" PRIu32,
 				t->kind == KVS_TALLY_POD ? t->key : 0, t->processes);
@@ -131,11 +115,11 @@ static void print_json(FILE *f, const struct tool_snapshot *s)
 	struct tool_figures g;
 
 	fputs("{\"version\":", f);
-	json_string(f, KVS_VERSION);
+	tool_json_string(f, KVS_VERSION);
 	fputs(",\"region\":{\"name\":", f);
-	json_string(f, s->name);
+	tool_json_string(f, s->name);
 	fputs(",\"path\":", f);
-	json_string(f, s->path);
+	tool_json_string(f, s->path);
 	fprintf(f,
 		",\"capacity_bytes\":%" PRIu64 ",\"shard_size\":%" PRIu64
 		",\"total_bytes\":%" PRIu64 ",\"slots\":%" PRIu32 ",\"reserved_slots\":%" PRIu32
@@ -154,7 +138,7 @@ static void print_json(FILE *f, const struct tool_snapshot *s)
 		i->shm_free_bytes, i->procs_unlocked ? "true" : "false", i->refused_attaches,
 		i->page_size, kvs_page_kind_word(i->page_kind), kvs_config_numa_word(i->numa),
 		i->keys_only ? "observe" : "serve");
-	json_string(f, i->built_by);
+	tool_json_string(f, i->built_by);
 	fputs("},\"totals\":{", f);
 	json_counters(f, &s->totals);
 	fputs("},\"figures\":{", f);
@@ -173,7 +157,7 @@ static void print_json(FILE *f, const struct tool_snapshot *s)
 		fprintf(f, "%s\"%s\":{\"calls\":%" PRIu64 ",\"bytes\":%" PRIu64 ",\"what\":",
 			first ? "" : ",", tool_ctr_name[tool_unserved[u].calls], calls,
 			s->totals.v[tool_unserved[u].bytes]);
-		json_string(f, tool_unserved[u].what);
+		tool_json_string(f, tool_unserved[u].what);
 		fputc('}', f);
 		first = 0;
 	}

@@ -14,6 +14,7 @@
 #include <string.h>
 
 #include "snapshot.h"
+#include "textout.h"
 #include "value.h"
 
 /* One region gauge: kvshim_region_<name>, its help, and its value for one region. */
@@ -65,26 +66,11 @@ static void gauges_of(const struct kvs_region_info *i, struct gauge g[NGAUGES])
 	memcpy(g, all, sizeof(all));
 }
 
-/* Print s as a Prometheus label value, quotes included. */
-static void label(FILE *f, const char *s)
-{
-	fputc('"', f);
-	for (; *s; s++) {
-		if (*s == '"' || *s == '\\')
-			fprintf(f, "\\%c", *s);
-		else if (*s == '\n')
-			fputs("\\n", f);
-		else
-			fputc(*s, f);
-	}
-	fputc('"', f);
-}
-
 /* Print "{region=NAME" (the brace left open for more labels). */
 static void open_region(FILE *f, const struct tool_snapshot *s)
 {
 	fputs("{region=", f);
-	label(f, s->name);
+	tool_prom_label(f, s->name);
 }
 
 /* True when counter k is in nanoseconds (its name ends in _ns). */
@@ -202,11 +188,11 @@ static void tally_labels(FILE *f, const struct kvs_tally_info *t)
 {
 	if (t->root) {
 		fputs(",root=", f);
-		label(f, t->name);
+		tool_prom_label(f, t->name);
 		return;
 	}
 	fputs(",pod=", f);
-	label(f, t->name);
+	tool_prom_label(f, t->name);
 	if (t->kind == KVS_TALLY_POD)
 		fprintf(f, ",pidns=\"%" PRIu64 "\"", t->key);
 	else
@@ -303,7 +289,7 @@ int tool_prom_write(FILE *f, const struct tool_snapshot *s, int n)
 	fputs("# HELP kvshim_build_info the version of kvshim that read these figures\n"
 	      "# TYPE kvshim_build_info gauge\nkvshim_build_info{version=",
 	      f);
-	label(f, KVS_VERSION);
+	tool_prom_label(f, KVS_VERSION);
 	fputs("} 1\n", f);
 	if (n) {
 		fputs("# HELP kvshim_up 1 when the region was read\n# TYPE kvshim_up gauge\n", f);
@@ -346,7 +332,7 @@ int tool_prom_write(FILE *f, const struct tool_snapshot *s, int n)
 		open_region(f, &s[r]);
 		fprintf(f,
 			",mode=\"%s\",reason=", kvs_config_populate_word(s[r].info.populate_mode));
-		label(f, s[r].info.populate_reason);
+		tool_prom_label(f, s[r].info.populate_reason);
 		fputs("} 1\n", f);
 	}
 
