@@ -101,6 +101,34 @@ case "$out" in
 *) fail "reborn: $out" ;;
 esac
 
+# kvshim check judges a write-once root by what the region counted, not by timestamps: files
+# touched long after they were made (UCM's utime on every lookup) are no warning; a counted
+# rewrite is (the cases above left write_once_violations at 1).
+reset_region
+"$h" mk "$f" $size 1
+touch -d '+2 hours' "$f"
+if "$kvshim" check >"$work/out" 2>"$work/err" || true; grep -q "kvshim: warning" "$work/err"; then
+	fail "check on touched write-once files warns: $(grep warning "$work/err" | head -2)"
+else
+	LD_PRELOAD=$lib "$h" ftrunc "$f" >/dev/null 2>&1
+	"$kvshim" check >"$work/out" 2>"$work/err"
+	grep -q "kvshim: warning: files.write_once: the region counted 1 file rewritten in place" \
+		"$work/err" && ok "check: touched files no warning; a counted rewrite warned" ||
+		fail "check after a counted rewrite: $(head -c 300 "$work/err")"
+fi
+# The launcher's checks say a warning once per node and configuration, however many ranks it
+# starts: 8 launches at once of a configuration with a write-once root outside files.roots.
+reset_region
+mkdir -p "$work/elsewhere"
+for r in $(seq 1 8); do
+	KVSHIM_FILES_WRITE_ONCE=$work/elsewhere KVSHIM_LIBRARY=$1 \
+		"$kvshim" run -- true >/dev/null 2>"$work/run.$r" &
+done
+wait
+n=$(cat "$work"/run.* | grep -c "kvshim: warning")
+[ "$n" = 1 ] && ok "8 launches at once: the warning said once" ||
+	fail "8 launches at once: $n warning lines, want 1: $(cat "$work"/run.* | head -3)"
+
 # Monitoring broken by one byte: a root whose path is not UTF-8 (a byte 0xff, and a long path cut
 # by the region inside a two-byte character) and a host name that is not UTF-8 (a UTS
 # namespace of its own, where this machine allows one).  stat --json must stay JSON, --prom a

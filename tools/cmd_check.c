@@ -16,8 +16,10 @@
  *                  a problem (check_bypass);
  *   store          advice, never a problem: a sample of each root's files; a root whose
  *                  files look written once gets a hint to declare it (files.write_once), a
- *                  declared one whose files look rewritten, or whose file system cannot key
- *                  files by birth, a warning (check_store);
+ *                  declared one whose file system cannot key files by birth a warning
+ *                  (check_store); the region's count of files rewritten in place on a
+ *                  declared root, a warning when not 0 (check_violations: timestamps
+ *                  cannot tell a touch from a rewrite);
  *   pages          cache.dir: a tmpfs or hugetlbfs, the pages a region built there gets
  *                  (kvs_cache_memory), what else the node offers (THP, hugetlb pools and
  *                  mounts) and the one step that would give the region huge pages; a problem
@@ -28,7 +30,7 @@
  *   library        libkvshim.so, found as `kvshim run` finds it.
  * Problems go to stderr ("kvshim: problem: ..." then "kvshim:   fix: ..."); what passed goes
  * to stdout, one "ok" line per check, then a summary.  The launcher runs the same checks
- * quietly (problems only).
+ * quietly (problems, and each warning once per node and configuration: said_before).
  */
 #include <dirent.h>
 #include <errno.h>
@@ -40,6 +42,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/file.h>
 #include <sys/random.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -49,6 +52,7 @@
 #include "cache_params.h"
 #include "config.h"
 #include "hints.h"
+#include "snapshot.h"
 
 static const char usage[] =
     "usage: kvshim check [--config FILE]\n"
@@ -63,7 +67,50 @@ struct check {
 	bool quiet;   /* the launcher: problems only */
 	int problems; /* printed so far */
 	char cfgmsg[KVS_CONFIG_MSG_MAX];
+	char said[PATH_MAX]; /* the launcher: the node's record of warnings said, or "" */
 };
+
+/* Has this warning (its text, with the configuration's) been said on this node already?  The
+ * launcher runs the checks once per engine process it starts (8 ranks: 8 times); a warning is
+ * advice, so it is said once per node and configuration: a record of the warnings' hashes
+ * beside the region (tool_said_path, 0600), appended under a lock.  Without a record (no
+ * cache.dir), every launch says it. */
+static bool said_before(struct check *ck, const char *text)
+{
+	uint64_t h = 0xcbf29ce484222325ull, seen;
+	bool found = false;
+
+	if (!ck->quiet || !ck->said[0])
+		return false;
+	for (const char *p = ck->cfgmsg; *p; p++)
+		h = (h ^ (unsigned char)*p) * 0x100000001b3ull;
+	for (const char *p = text; *p; p++)
+		h = (h ^ (unsigned char)*p) * 0x100000001b3ull;
+	int fd = open(ck->said, O_RDWR | O_CREAT | O_CLOEXEC | O_NOFOLLOW, 0600);
+	if (fd < 0)
+		return false;
+	if (flock(fd, LOCK_EX) == 0) {
+		while (!found && read(fd, &seen, sizeof(seen)) == (ssize_t)sizeof(seen))
+			found = seen == h;
+		if (!found && write(fd, &h, sizeof(h)) != (ssize_t)sizeof(h))
+			found = false; /* not recorded: said again next time */
+	}
+	close(fd);
+	return found;
+}
+
+/* A warning: advice, never a problem; on stderr, once per node for the launcher. */
+__attribute__((format(printf, 2, 3))) static void warning(struct check *ck, const char *fmt, ...)
+{
+	char text[2 * PATH_MAX];
+	va_list ap;
+
+	va_start(ap, fmt);
+	vsnprintf(text, sizeof(text), fmt, ap);
+	va_end(ap);
+	if (!said_before(ck, text))
+		fprintf(stderr, "kvshim: warning: %s\n", text);
+}
 
 /* One problem and its fix, on stderr. */
 __attribute__((format(printf, 3, 4))) static void problem(struct check *ck, const char *fix,
@@ -350,9 +397,8 @@ static void check_roots(struct check *ck, const struct kvs_config *cfg)
 #define KVS_SAMPLE_ENTRIES 4096
 
 struct sample {
-	int files, once, rewritten, no_id; /* no_id: no birth id there (kvs_ident_by_birth) */
-	int entries;			   /* directory entries looked at so far */
-	char example[PATH_MAX];		   /* a file that looks rewritten */
+	int files, once, no_id; /* no_id: no birth id there (kvs_ident_by_birth) */
+	int entries;		/* directory entries looked at so far */
 };
 
 static void sample_dir(int dirfd, const char *path, int depth, uint64_t once_ns, struct sample *sm)
@@ -399,14 +445,8 @@ static void sample_dir(int dirfd, const char *path, int depth, uint64_t once_ns,
 		if (!id.has_btime)
 			continue; /* a generation alone says nothing of when it was written */
 		uint64_t b = kvs_time_ns(id.btime), m = kvs_time_ns(id.mtime);
-		if (m <= b || m - b <= once_ns) {
+		if (m <= b || m - b <= once_ns)
 			sm->once++;
-		} else {
-			sm->rewritten++;
-			if (!sm->example[0])
-				snprintf(sm->example, sizeof(sm->example), "%s/%s", path,
-					 de->d_name);
-		}
 	}
 	closedir(d);
 }
@@ -468,9 +508,9 @@ static void check_store(struct check *ck, const struct kvs_config *cfg)
 				goto next;
 			bool declared = listed_under(cfg->files_write_once, real);
 			if (l == 1 && !listed_under(cfg->files_roots, real)) {
-				fprintf(stderr,
-					"kvshim: warning: files.write_once: %s is not within "
-					"files.roots: it changes nothing\n",
+				warning(ck,
+					"files.write_once: %s is not within files.roots: it changes "
+					"nothing",
 					dir);
 				goto next;
 			}
@@ -481,29 +521,15 @@ static void check_store(struct check *ck, const struct kvs_config *cfg)
 				goto next;
 			sample_dir(fd, real, 0, once_ns, &sm);
 			if (l == 1 && sm.no_id)
-				fprintf(
-				    stderr,
-				    "kvshim: warning: files.write_once: %s is on a file system "
-				    "that gives no inode generation: its files are kept as "
-				    "files.roots keeps them (by change times, with files.settle)\n",
-				    dir);
-			else if (l == 1 && sm.rewritten)
-				fprintf(
-				    stderr,
-				    "kvshim: warning: files.write_once: %d of %d sampled files of "
-				    "%s were changed more than a minute after they were made (%s): "
-				    "if a file there is ever rewritten in place, readers may get "
-				    "its "
-				    "old bytes; take it out of files.write_once, or see "
-				    "\"Write-once "
-				    "roots\" in docs/operations.md\n",
-				    sm.rewritten, sm.files, dir, sm.example);
+				warning(ck,
+					"files.write_once: %s is on a file system that gives no inode "
+					"generation: its files are kept as files.roots keeps them (by "
+					"change times, with files.settle)",
+					dir);
 			else if (l == 1 && !sm.files)
 				ok(ck, "ok   files.write_once: %s (no files yet)", dir);
 			else if (l == 1)
-				ok(ck,
-				   "ok   files.write_once: %s (%d sampled files, each written "
-				   "once)",
+				ok(ck, "ok   files.write_once: %s (%d sampled files, keyed by birth)",
 				   dir, sm.files);
 			else if (sm.files >= 4 && sm.once == sm.files)
 				ok(ck,
@@ -522,6 +548,35 @@ static void check_store(struct check *ck, const struct kvs_config *cfg)
 			p = end + 1;
 		}
 	}
+}
+
+/* files.write_once against what the region counted: a rewrite in place of a file there by a
+ * process under the shim is counted (write_once_violations) and named by that process's
+ * warning.  Timestamps cannot tell a touch (UCM's utime on every lookup) from a rewrite; the
+ * count can. */
+static void check_violations(struct check *ck, const struct kvs_config *cfg)
+{
+	struct tool_snapshot *s;
+
+	if (!cfg->files_write_once[0] || !(s = calloc(1, sizeof(*s))))
+		return;
+	if (tool_snapshot_take(cfg, s) == 0) {
+		uint64_t v = s->totals.v[KVS_CTR_write_once_violations];
+
+		if (v)
+			warning(ck,
+				"files.write_once: the region counted %llu file%s rewritten in "
+				"place on a write-once root (write_once_violations; the warning of "
+				"the process that did it names the file): readers may have been "
+				"served old bytes until then; take that root out of "
+				"files.write_once, or see \"Write-once roots\" in docs/operations.md",
+				(unsigned long long)v, v == 1 ? "" : "s");
+		else
+			ok(ck, "ok   files.write_once: no file rewritten in place (the region's "
+			       "write_once_violations is 0)");
+	}
+	tool_snapshot_free(s);
+	free(s);
 }
 
 /* A number from a sysfs file, 0 if it cannot be read. */
@@ -718,8 +773,16 @@ int tool_check(bool quiet, bool check_library, bool *config_ok)
 		if (!cfg->shim_enable)
 			ok(&ck, "note the shim is off (%s)",
 			   cfg->kvshim_enable_env_off ? "KVSHIM_ENABLE=0" : "shim.enable = false");
+		char region[PATH_MAX];
+		struct kvs_cache_params params;
+		char name[KVS_CONFIG_STR_MAX + 16];
+		if (quiet && (kvs_cache_params_mode(cfg, &params, name, sizeof(name)) ||
+			      kvs_cache_path(&params, region, sizeof(region)) ||
+			      tool_said_path(region, ck.said, sizeof(ck.said))))
+			ck.said[0] = '\0';
 		check_roots(&ck, cfg);
 		check_store(&ck, cfg);
+		check_violations(&ck, cfg);
 		check_pages(&ck, cfg);
 		check_region(&ck, cfg);
 	}

@@ -16,6 +16,7 @@
 #include <stddef.h>
 #include <stdint.h>
 #include <stdio.h>
+#include <string.h>
 
 #include "config.h" /* KVS_CONFIG_STR_MAX */
 #include "params.h" /* struct kvs_cache_params */
@@ -110,5 +111,18 @@ extern volatile sig_atomic_t tool_stop;
 /* Block SIGINT and SIGTERM and catch them into tool_stop; fills waitmask with the mask to
  * wait under (ppoll), which lets them in.  0 or -errno. */
 int tool_catch_stop(sigset_t *waitmask);
+
+/* The record of the warnings the launcher said on this node for the region at region_path
+ * (cmd_check.c, said_before): a dotfile beside it, ".<region's name>.said", which `kvshim ls`
+ * does not take for a region and `kvshim reset` removes.  0, or -1 when it does not fit. */
+static inline int tool_said_path(const char *region_path, char *buf, size_t len)
+{
+	const char *slash = strrchr(region_path, '/');
+	int n = slash ? snprintf(buf, len, "%.*s/.%s.said", (int)(slash - region_path),
+				 region_path, slash + 1)
+		      : -1;
+
+	return n < 0 || (size_t)n >= len ? -1 : 0;
+}
 
 #endif

@@ -100,6 +100,8 @@ static int reset(const char *path, uint32_t mode, bool force)
 	int fd, n;
 
 	remove_stale_builds(path);
+	if (tool_said_path(path, msg, sizeof(msg)) == 0)
+		unlink(msg); /* the warnings the launcher said: said again for a new region */
 	if (lstat(path, &st) < 0) {
 		if (errno == ENOENT) {
 			tool_err("no region at %s", path);
