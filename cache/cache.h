@@ -340,6 +340,14 @@ bool kvs_cache_take_euclean(struct kvs_cache *c);
 
 /* Add v to one of this process's counters (no-op for a watcher). */
 void kvs_cache_count(struct kvs_cache *c, enum kvs_counter_id id, uint64_t v);
+/* The bytes of the region's data frames (cache.capacity as built). */
+uint64_t kvs_cache_capacity(const struct kvs_cache *c);
+/* This process's counter id (0 before it attached); loads only. */
+uint64_t kvs_cache_counted(const struct kvs_cache *c, enum kvs_counter_id id);
+/* Has this process loaded more from storage than the region holds, and evicted at least half
+ * the region's shards to make room (a load larger than the region: its shards evict each
+ * other)?  Loads only. */
+bool kvs_cache_outgrown(const struct kvs_cache *c);
 
 /* This process's process-table slot, or -1 for a watcher. */
 int kvs_cache_self(const struct kvs_cache *c);

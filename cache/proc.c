@@ -185,6 +185,22 @@ void kvs_cache_count(struct kvs_cache *c, enum kvs_counter_id id, uint64_t v)
 		add_relaxed(&c->me->ctr[id], v);
 }
 
+uint64_t kvs_cache_counted(const struct kvs_cache *c, enum kvs_counter_id id)
+{
+	return c->me ? load_relaxed(&c->me->ctr[id]) : 0;
+}
+
+uint64_t kvs_cache_capacity(const struct kvs_cache *c)
+{
+	return (uint64_t)c->nframes * c->shard_size;
+}
+
+bool kvs_cache_outgrown(const struct kvs_cache *c)
+{
+	return c->me && load_relaxed(&c->me->ctr[KVS_CTR_evictions]) >= c->nframes / 2 &&
+	       load_relaxed(&c->me->ctr[KVS_CTR_backend_bytes]) > (uint64_t)c->nframes * c->shard_size;
+}
+
 void kvs_cache_ranks(struct kvs_cache *c, uint32_t *rank, uint32_t *nranks)
 {
 	uint32_t below = 0, all = 0;

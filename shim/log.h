@@ -37,6 +37,7 @@ enum kvs_cause {
 	KVS_CAUSE_URING_FIXED,
 	KVS_CAUSE_URING_UNSEEN,
 	KVS_CAUSE_URING_READ_FIXED,
+	KVS_CAUSE_CAPACITY, /* loads larger than the region (serve.c) */
 	KVS_CAUSE_NCAUSES
 };
 

@@ -13,6 +13,7 @@
 #include <fcntl.h>
 #include <limits.h>
 #include <pthread.h>
+#include <stdatomic.h>
 #include <string.h>
 #include <unistd.h>
 
@@ -154,6 +155,9 @@ struct kvs_read kvs_serve_make_read(const struct kvs_fdinfo *fi, int anchor, uin
 }
 
 /* After a loader call: report a stuck region, and a read that fell back, once each. */
+/* Said once: a load larger than the region (kvs_cache_outgrown). */
+static _Atomic bool outgrown_said;
+
 void kvs_serve_after_read(int64_t n)
 {
 	if (kvs_cache_take_euclean(kvs_shim_cache))
@@ -165,6 +169,17 @@ void kvs_serve_after_read(int64_t n)
 	if (n < 0)
 		kvs_log_once(KVS_CAUSE_READ_FALLBACK, n == -EUCLEAN ? KVS_LOG_WARN : KVS_LOG_INFO,
 			     "a read went to storage directly (%s)", strerror((int)-n));
+	else if (!atomic_load_explicit(&outgrown_said, memory_order_relaxed) &&
+		 kvs_cache_outgrown(kvs_shim_cache) &&
+		 !atomic_exchange_explicit(&outgrown_said, true, memory_order_relaxed))
+		kvs_log_once(KVS_CAUSE_CAPACITY, KVS_LOG_WARN,
+			     "this process has read more from storage than the region holds "
+			     "(cache.capacity %llu MiB) and evicted %llu shards to make room: a file "
+			     "read again after its shards were evicted comes from storage again; "
+			     "`kvshim check` says what the roots' files need",
+			     (unsigned long long)(kvs_cache_capacity(kvs_shim_cache) >> 20),
+			     (unsigned long long)kvs_cache_counted(kvs_shim_cache,
+								   KVS_CTR_evictions));
 }
 
 /* Attach the region and take fd's anchor (anchor.h: waits while another thread installs or

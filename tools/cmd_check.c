@@ -19,7 +19,9 @@
  *                  declared one whose file system cannot key files by birth a warning
  *                  (check_store); the region's count of files rewritten in place on a
  *                  declared root, a warning when not 0 (check_violations: timestamps
- *                  cannot tell a touch from a rewrite);
+ *                  cannot tell a touch from a rewrite); a root whose files hold more
+ *                  than cache.capacity, a warning with a capacity that holds them
+ *                  (check_capacity);
  *   pages          cache.dir: a tmpfs or hugetlbfs, the pages a region built there gets
  *                  (kvs_cache_memory), what else the node offers (THP, hugetlb pools and
  *                  mounts) and the one step that would give the region huge pages; a problem
@@ -550,6 +552,82 @@ static void check_store(struct check *ck, const struct kvs_config *cfg)
 	}
 }
 
+/* The bytes of the regular files under dir (fd, its descriptor, closed here), walked without
+ * following a symbolic link, at most *left entries in all (each entry looked at takes one). */
+static uint64_t tree_bytes(int fd, int depth, long *left)
+{
+	DIR *d = fdopendir(fd);
+	struct dirent *de;
+	uint64_t sum = 0;
+
+	if (!d) {
+		close(fd);
+		return 0;
+	}
+	while (*left > 0 && (de = readdir(d))) {
+		struct stat st;
+
+		(*left)--;
+		if ((de->d_name[0] == '.' &&
+		     (!de->d_name[1] || (de->d_name[1] == '.' && !de->d_name[2]))) ||
+		    fstatat(dirfd(d), de->d_name, &st, AT_SYMLINK_NOFOLLOW) != 0)
+			continue;
+		if (S_ISREG(st.st_mode)) {
+			sum += (uint64_t)st.st_size;
+		} else if (S_ISDIR(st.st_mode) && depth < 16) {
+			int sub = openat(dirfd(d), de->d_name,
+					 O_RDONLY | O_DIRECTORY | O_CLOEXEC | O_NOFOLLOW);
+			if (sub >= 0)
+				sum += tree_bytes(sub, depth + 1, left);
+		}
+	}
+	closedir(d);
+	return sum;
+}
+
+/* Each root against cache.capacity: a root whose files do not fit in the region is read from
+ * storage again at every load past what fits (its shards evict each other), with nothing else
+ * said.  Advice with a figure: the capacity that holds the root (the files counted in a walk of
+ * at most 100,000 entries: "at least" when the walk stopped). */
+static void check_capacity(struct check *ck, const struct kvs_config *cfg)
+{
+	const char *p = cfg->files_roots;
+	char a[32], b[32], c[32];
+
+	while (*p) {
+		const char *end = strchr(p, ':');
+		size_t n = end ? (size_t)(end - p) : strlen(p);
+		char dir[PATH_MAX];
+		long left = 100000;
+		int fd;
+
+		if (n && n < sizeof(dir)) {
+			memcpy(dir, p, n);
+			dir[n] = '\0';
+			if ((fd = open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC)) >= 0) {
+				uint64_t bytes = tree_bytes(fd, 0, &left);
+
+				if (bytes > cfg->cache_capacity)
+					warning(ck,
+						"cache.capacity: the files of %s hold %s%s, more than "
+						"the region's %s: a load of them all evicts its own "
+						"shards and reads storage again each time; set "
+						"cache.capacity = %s (or more) if the node has the "
+						"memory",
+						dir, left <= 0 ? "at least " : "",
+						tool_human_bytes(bytes, a, sizeof(a)),
+						tool_human_bytes(cfg->cache_capacity, b, sizeof(b)),
+						tool_human_bytes((bytes + (1ull << 30) - 1) &
+								     ~((1ull << 30) - 1),
+								 c, sizeof(c)));
+			}
+		}
+		if (!end)
+			break;
+		p = end + 1;
+	}
+}
+
 /* files.write_once against what the region counted: a rewrite in place of a file there by a
  * process under the shim is counted (write_once_violations) and named by that process's
  * warning.  Timestamps cannot tell a touch (UCM's utime on every lookup) from a rewrite; the
@@ -783,6 +861,7 @@ int tool_check(bool quiet, bool check_library, bool *config_ok)
 		check_roots(&ck, cfg);
 		check_store(&ck, cfg);
 		check_violations(&ck, cfg);
+		check_capacity(&ck, cfg);
 		check_pages(&ck, cfg);
 		check_region(&ck, cfg);
 	}
