@@ -58,6 +58,7 @@
 #include "real.h"
 #include "serve.h"
 #include "shim.h"
+#include "unseen.h"
 #include "wonce.h"
 #include "wthru.h"
 enum { ST_UNINIT, ST_INITING, ST_OFF, ST_ON };
@@ -107,6 +108,7 @@ static void atfork_child(void)
 	kvs_wthru_atfork_child();
 	kvs_uring_atfork_child();
 	kvs_wonce_atfork_child();
+	kvs_unseen_atfork_child();
 	kvs_atime_atfork_child();
 	kvs_serve_pos_init(); /* a parent's thread may have held a position lock */
 	kvs_shim_cache = NULL;

@@ -48,6 +48,7 @@
 
 #include "config.h"
 #include "fdinfo.h"
+#include "unseen.h"
 #include "log.h"
 #include "raw.h"
 
@@ -474,11 +475,13 @@ static int describe(int fd, struct kvs_fdinfo *out, bool known_only)
 
 int kvs_fdinfo_get(int fd, struct kvs_fdinfo *out)
 {
+	kvs_unseen_looked(fd); /* a read or a write the shim saw */
 	return describe(fd, out, false);
 }
 
 int kvs_fdinfo_known(int fd, struct kvs_fdinfo *out)
 {
+	kvs_unseen_looked(fd);
 	return describe(fd, out, true);
 }
 

@@ -17,6 +17,7 @@
 
 #include "real.h"
 #include "shim.h"
+#include "unseen.h"
 #include "wonce.h"
 
 /* The mode argument of an open that takes one (O_CREAT, O_TMPFILE), as glibc reads it. */
@@ -42,6 +43,7 @@
 		kvs_shim_fd_born(fd_);                                                             \
 		if (on_ && fd_ >= 0)                                                               \
 			kvs_shim_opened(&o_, fd_);                                                 \
+		kvs_unseen_opened(fd_, flags);                                                     \
 		return fd_;                                                                        \
 	} while (0)
 

@@ -18,6 +18,7 @@
 #include "raw.h"
 #include "shim.h"
 #include "touch.h"
+#include "unseen.h"
 #include "wonce.h"
 #include "wthru.h"
 
@@ -62,6 +63,7 @@ static long opening(long number, const long *a, int dirfd, const char *path, int
 		kvs_shim_fd_born((int)r);
 		if (on)
 			kvs_shim_opened(&o, (int)r);
+		kvs_unseen_opened((int)r, flags);
 		errno = saved;
 	}
 	return r;

@@ -23,6 +23,7 @@
 #include "shim.h"
 #include "sys.h"
 #include "unserved.h"
+#include "unseen.h"
 #include "wonce.h"
 #include "wthru.h"
 /* Every write is looked at, whatever its size (a header patched after the blocks must be
@@ -271,8 +272,10 @@ void kvs_shim_truncate_path_after(struct kvs_shim_change *ch, int fd, int ret)
 
 void kvs_shim_fd_born(int fd)
 {
-	if (fd >= 0)
+	if (fd >= 0) {
 		kvs_fdinfo_forget(fd);
+		kvs_unseen_forget(fd);
+	}
 }
 
 void kvs_shim_change_now(int fd, int64_t off, uint64_t len)
@@ -444,12 +447,15 @@ void kvs_shim_fd_gone(int fd)
 {
 	kvs_fdinfo_forget(fd);
 	kvs_wonce_closed(fd);
+	if (fd >= 0)
+		kvs_unseen_closed((unsigned int)fd, (unsigned int)fd);
 }
 
 void kvs_shim_fds_gone(unsigned int lo, unsigned int hi)
 {
 	kvs_fdinfo_forget_range(lo, hi);
 	kvs_wonce_closed_range(lo, hi);
+	kvs_unseen_closed(lo, hi);
 }
 
 void kvs_shim_invalidate(int fd, off_t off, size_t len, bool use_pos, off_t pos_delta)

@@ -22,6 +22,8 @@
  *                                descriptor (EBADF): neither rewrites a byte
  *   harm4 dup2lock FILE          a POSIX lock on FILE, a read, dup2 of stdin onto 3 to 40:
  *                                is the lock still held (asked by a child)?
+ *   harm4 inline FILE            an O_DIRECT open through libc, 1 MiB read by an inline system
+ *                                call (no libc door: a bundled liburing's way), a close
  *   harm4 reborn FILE            a number read as a pipe (popen, 1 MiB by read), closed
  *                                inside glibc (pclose), then FILE opened on it and read
  */
@@ -117,6 +119,32 @@ static uint64_t size_of(const char *path)
 	return (uint64_t)st.st_size;
 }
 
+/* pread64 as an inline system call: no libc function, so no hook, sees it. */
+static long inline_pread(int fd, void *buf, size_t len, off_t off)
+{
+#if defined(__x86_64__)
+	long r;
+	register long r10 __asm__("r10") = (long)off;
+
+	__asm__ volatile("syscall"
+			 : "=a"(r)
+			 : "0"((long)SYS_pread64), "D"((long)fd), "S"(buf), "d"(len), "r"(r10)
+			 : "rcx", "r11", "memory");
+	return r;
+#elif defined(__aarch64__)
+	register long x8 __asm__("x8") = SYS_pread64;
+	register long x0 __asm__("x0") = fd;
+	register long x1 __asm__("x1") = (long)buf;
+	register long x2 __asm__("x2") = (long)len;
+	register long x3 __asm__("x3") = (long)off;
+
+	__asm__ volatile("svc 0" : "+r"(x0) : "r"(x8), "r"(x1), "r"(x2), "r"(x3) : "memory");
+	return x0;
+#else
+	return pread(fd, buf, len, off);
+#endif
+}
+
 static int lock_held_by_parent(const char *path)
 {
 	pid_t pid = fork();
@@ -156,6 +184,16 @@ int main(int argc, char **argv)
 
 	if (!strcmp(m, "show")) {
 		show(path);
+		return 0;
+	}
+	if (!strcmp(m, "inline")) {
+		void *d;
+
+		if ((fd = open(path, O_RDONLY | O_DIRECT)) < 0 || posix_memalign(&d, 4096, MIB))
+			die(path);
+		long n = inline_pread(fd, d, MIB, 0);
+		close(fd);
+		printf("inline pread: %ld\n", n);
 		return 0;
 	}
 	if (!strcmp(m, "reborn")) {

@@ -101,6 +101,25 @@ case "$out" in
 *) fail "reborn: $out" ;;
 esac
 
+# Reads the shim cannot see (inline system calls): an O_DIRECT open closed with no read it saw
+# is counted (unserved_unseen) and named by stat and check; a read through libc is not.
+"$h" mk "$f" $size 1
+reset_region
+out=$(LD_PRELOAD=$lib "$h" inline "$f" 2>&1)
+n=$(totals unserved_unseen)
+LD_PRELOAD=$lib "$h" load "$f" 2>/dev/null
+n2=$(totals unserved_unseen)
+"$kvshim" check >/dev/null 2>"$work/err"
+if [ "$out" != "inline pread: 1048576" ] || [ "$n" != 1 ] || [ "$n2" != 1 ]; then
+	fail "inline reads: [$out], unserved_unseen $n after it, $n2 after a read through libc"
+elif ! "$kvshim" stat | grep -q "^unseen     1 O_DIRECT open of KV files closed with no read"; then
+	fail "inline reads: stat does not name them: $("$kvshim" stat | head -8)"
+elif ! grep -q "kvshim: warning: reads made by inline system calls: not served" "$work/err"; then
+	fail "inline reads: check does not name them: $(head -c 300 "$work/err")"
+else
+	ok "an O_DIRECT open read by an inline system call: counted (unserved_unseen 1) and named by stat and check; a read through libc is not"
+fi
+
 # kvshim check judges a write-once root by what the region counted, not by timestamps: files
 # touched long after they were made (UCM's utime on every lookup) are no warning; a counted
 # rewrite is (the cases above left write_once_violations at 1).

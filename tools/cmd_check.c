@@ -657,6 +657,26 @@ static void check_violations(struct check *ck, const struct kvs_config *cfg)
 	free(s);
 }
 
+/* What the region counted of reads the shim could not see (unseen.h): a loader that reads
+ * with inline system calls (runai-model-streamer's io_uring_direct) is served nothing. */
+static void check_unseen(struct check *ck, const struct kvs_config *cfg)
+{
+	struct tool_snapshot *s = calloc(1, sizeof(*s));
+
+	if (!s)
+		return;
+	if (tool_snapshot_take(cfg, s) == 0 && s->totals.v[KVS_CTR_unserved_unseen])
+		warning(ck,
+			"reads made by inline system calls: not served: %llu O_DIRECT opens of KV "
+			"files were closed with no read the shim saw (unserved_unseen): a loader "
+			"with its own io_uring or libaio code that makes system calls itself "
+			"(runai-model-streamer's io_uring_direct) reads storage as without the "
+			"shim; give it a libc door (runai: libaio_direct or sync_buffered)",
+			(unsigned long long)s->totals.v[KVS_CTR_unserved_unseen]);
+	tool_snapshot_free(s);
+	free(s);
+}
+
 /* A number from a sysfs file, 0 if it cannot be read. */
 static unsigned long long sysfs_u64(const char *dir, const char *name)
 {
@@ -861,6 +881,7 @@ int tool_check(bool quiet, bool check_library, bool *config_ok)
 		check_roots(&ck, cfg);
 		check_store(&ck, cfg);
 		check_violations(&ck, cfg);
+		check_unseen(&ck, cfg);
 		check_capacity(&ck, cfg);
 		check_pages(&ck, cfg);
 		check_region(&ck, cfg);

@@ -327,6 +327,19 @@ static void print_unserved(FILE *f, const struct tool_snapshot *s)
 	}
 }
 
+/* Opens the shim saw whose reads it did not (unseen.h). */
+static void print_unseen(FILE *f, const struct tool_snapshot *s)
+{
+	uint64_t n = s->totals.v[KVS_CTR_unserved_unseen];
+
+	if (n)
+		fprintf(f,
+			"unseen     %" PRIu64 " O_DIRECT open%s of KV files closed with no read the "
+			"shim saw: reads made by inline system calls (a bundled liburing, a static "
+			"binary), not served (unserved_unseen)\n",
+			n, n == 1 ? "" : "s");
+}
+
 /* A ratio for the tables: "0.875", or "-" for none. */
 static const char *ratio_cell(double v, char *buf, size_t len)
 {
@@ -417,6 +430,7 @@ static void print_text(FILE *f, const struct tool_snapshot *s, struct rates *rt)
 		print_storage(f, &g);
 	}
 	print_unserved(f, s);
+	print_unseen(f, s);
 	fprintf(f, "capacity   %s in %" PRIu32 " slots of %s (%" PRIu32 " reserved)\n",
 		tool_human_bytes(i->capacity_bytes, a, sizeof(a)), i->slots,
 		tool_human_bytes(i->shard_size, b, sizeof(b)), i->reserved_slots);

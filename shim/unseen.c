@@ -1,0 +1,105 @@
+/*
+ * unseen: see unseen.h.
+ *
+ * marks: one bit per descriptor number below UNSEEN_SLOTS, set by the opening thread, cleared
+ * by whoever clears it first (a look, a close, a forget: atomic and-not, the clearer that
+ * found it set counts).  pending: closes counted while the region was not mapped, moved into
+ * the region's counter at the next marked open (which maps it).  owner: the pid the marks
+ * belong to (a vfork child closes in its parent's memory: not counted).
+ */
+#include <errno.h>
+#include <fcntl.h>
+#include <stdatomic.h>
+#include <stdint.h>
+#include <sys/syscall.h>
+
+#include "attach.h"
+#include "cache.h"
+#include "fdinfo.h"
+#include "raw.h"
+#include "shim.h"
+#include "sys.h"
+#include "unseen.h"
+
+#define UNSEEN_SLOTS 65536
+static _Atomic uint64_t marks[UNSEEN_SLOTS / 64];
+static _Atomic uint32_t nmarked; /* a hint for the close hooks: 0, nothing to look at */
+static _Atomic uint64_t pending;
+static _Atomic long owner;
+
+void kvs_unseen_opened(int fd, int flags)
+{
+	struct kvs_fdinfo fi;
+
+	if (fd < 0 || fd >= UNSEEN_SLOTS || !(flags & O_DIRECT) ||
+	    (flags & O_ACCMODE) == O_WRONLY || (flags & O_PATH) || !kvs_shim_wants(SIZE_MAX))
+		return;
+	int saved = kvs_shim_in();
+	if (kvs_fdinfo_get(fd, &fi) == 0 && fi.kv) {
+		struct kvs_cache *c = kvs_shim_region(true); /* to count in, at its close */
+
+		atomic_store_explicit(&owner, kvs_syscall(SYS_getpid), memory_order_relaxed);
+		if (!(atomic_fetch_or(&marks[fd / 64], 1ull << (fd % 64)) & (1ull << (fd % 64))))
+			atomic_fetch_add(&nmarked, 1);
+		uint64_t p = c ? atomic_exchange(&pending, 0) : 0;
+		if (p)
+			kvs_cache_count(c, KVS_CTR_unserved_unseen, p);
+	}
+	kvs_shim_out(saved);
+}
+
+/* Clear fd's mark: true when this call cleared it. */
+static bool take(int fd)
+{
+	uint64_t bit = 1ull << (fd % 64);
+
+	if (fd < 0 || fd >= UNSEEN_SLOTS ||
+	    !(atomic_load_explicit(&marks[fd / 64], memory_order_relaxed) & bit) ||
+	    !(atomic_fetch_and(&marks[fd / 64], ~bit) & bit))
+		return false;
+	atomic_fetch_sub(&nmarked, 1);
+	return true;
+}
+
+void kvs_unseen_looked(int fd)
+{
+	if (atomic_load_explicit(&nmarked, memory_order_relaxed))
+		take(fd);
+}
+
+void kvs_unseen_forget(int fd)
+{
+	kvs_unseen_looked(fd);
+}
+
+void kvs_unseen_closed(unsigned int lo, unsigned int hi)
+{
+	uint64_t n = 0;
+
+	if (!atomic_load_explicit(&nmarked, memory_order_relaxed) || lo >= UNSEEN_SLOTS)
+		return;
+	if (hi >= UNSEEN_SLOTS)
+		hi = UNSEEN_SLOTS - 1;
+	for (unsigned int fd = lo; fd <= hi && atomic_load(&nmarked); fd++)
+		n += take((int)fd);
+	if (!n)
+		return;
+	int saved = errno;
+	if (kvs_syscall(SYS_getpid) != atomic_load_explicit(&owner, memory_order_relaxed)) {
+		errno = saved;
+		return; /* a vfork child's close of its parent's numbers */
+	}
+	errno = saved;
+	if (kvs_shim_is_mapped())
+		kvs_cache_count(kvs_shim_cache, KVS_CTR_unserved_unseen, n);
+	else
+		atomic_fetch_add(&pending, n);
+}
+
+void kvs_unseen_atfork_child(void)
+{
+	for (unsigned int i = 0; i < UNSEEN_SLOTS / 64; i++)
+		atomic_store_explicit(&marks[i], 0, memory_order_relaxed);
+	atomic_store(&nmarked, 0);
+	atomic_store(&pending, 0);
+}

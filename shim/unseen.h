@@ -1,0 +1,35 @@
+/*
+ * unseen: O_DIRECT opens of KV files whose reads the shim never saw.  A loader that reads with
+ * inline system calls (a bundled liburing: runai-model-streamer's io_uring_direct, its
+ * default) opens its files through libc, where the open hooks see them, and reads where no
+ * hook does: served nothing, and said nowhere.  Each such open, closed with no read the shim
+ * looked at, is counted (unserved_unseen), which `kvshim stat` and `kvshim check` name.
+ *
+ * A readable O_DIRECT open of a KV file marks its number (kvs_unseen_opened, from the open
+ * hooks); any look of the shim at the number for a read or a write clears the mark
+ * (kvs_unseen_looked, from fdinfo.c); a close of a marked number counts it (kvs_unseen_closed,
+ * from the close hooks: atomics only, async-signal-safe), into the region when this process
+ * has it mapped, else as pending until the next open mapps it.  A number reborn through an
+ * open whose earlier close no hook saw is cleared without counting (kvs_unseen_forget).
+ */
+#ifndef KVS_SHIM_UNSEEN_H
+#define KVS_SHIM_UNSEEN_H
+
+#include <stdbool.h>
+
+/* The program opened fd with flags (any open door, after the real call; errno kept). */
+void kvs_unseen_opened(int fd, int flags);
+
+/* The shim looked at fd for a read or a write: not unseen.  One load when not marked. */
+void kvs_unseen_looked(int fd);
+
+/* The program closed fd, or every number of [lo, hi]: marked ones are counted. */
+void kvs_unseen_closed(unsigned int lo, unsigned int hi);
+
+/* fd is a new number whose earlier close was not seen: its mark goes uncounted. */
+void kvs_unseen_forget(int fd);
+
+/* The fork child: the parent's opens are the parent's. */
+void kvs_unseen_atfork_child(void);
+
+#endif
