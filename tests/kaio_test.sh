@@ -254,8 +254,9 @@ for mode in peek libaio; do
 	fi
 done
 
-# A served iocb reads as its carrier once submitted (docs/design.md, "Kernel AIO"): one prepared
-# once and submitted again as it is must read again, not write to the shim's /dev/null.
+# A served iocb reads as its carrier once submitted (docs/design.md, "Kernel AIO
+# (`hooks_libaio.c`)"): one prepared once and submitted again as it is must read again, not
+# write to the shim's /dev/null.
 reset_region
 out=$(LD_PRELOAD=$lib timeout 120 "$reaper" again "$work/kv/ring" 1M 4 2>&1)
 [ "$out" = "again: 4 submissions of one iocb, right" ] &&
