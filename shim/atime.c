@@ -11,12 +11,14 @@
  * remembers, racily, which files were noted in the last day (a tag and a time per entry): a lost or
  * torn entry only lets a file be read twice.
  *
- * The worker checks the file again before it reads (statx: still due?), so a file whose atime
- * a storage read moved meanwhile costs no read.  Its read is the first block of the file
+ * The worker takes a job (under relatime) KVS_ATIME_DELAY_NS after its note and checks the file again before it
+ * reads (statx: still due?), so a file whose atime a storage read moved meanwhile (the load
+ * that went with a cold pass's note) costs no read.  Its read is the first block of the file
  * through the dup (the same open file as the anchor, O_DIRECT or not), into a buffer aligned
  * for O_DIRECT; the bytes are dropped.  A file keyed by birth (a write-once root) whose owner
- * we are gets futimens(atime now, mtime as it is) instead: it moves ctime, which is no part of
- * that file's id, and reads nothing from storage.
+ * we are gets futimens(atime a second ahead, mtime as it is) instead: it moves ctime, which is
+ * no part of that file's id, and reads nothing from storage; the atime past the new ctime keeps
+ * it from being due again (relatime) until a day has passed.
  *
  * A job holds a reference on the reader's anchor (kvs_anchor_hold), not a descriptor of its
  * own: closing any descriptor of a file drops the process's POSIX record locks on it, and an
@@ -45,6 +47,7 @@
 #define KVS_ATIME_RECENT 1024
 #define KVS_ATIME_BUF	 65536 /* the most one read takes: O_DIRECT alignments are smaller */
 #define DAY_S		 86400
+#define KVS_ATIME_DELAY_NS 2000000000ull /* a job waits this long after its note */
 
 enum { J_FREE, J_FILLING, J_READY, J_TAKEN };
 
@@ -54,6 +57,7 @@ struct job {
 	int rule;	 /* the mount's atime rule (fdinfo.h) */
 	bool write_once; /* keyed by birth: ctime is no part of its id */
 	uint32_t len;
+	uint64_t noted_ns; /* when it was noted (monotonic): the worker waits KVS_ATIME_DELAY_NS */
 	uint64_t dev, ino; /* the file the job noted: fd (an anchor) is acted on while it is this */
 	struct kvs_cache *c;
 };
@@ -96,17 +100,21 @@ static void run(struct job *j, int fd)
 {
 	static char buf[KVS_ATIME_BUF] __attribute__((aligned(4096)));
 	struct kvs_ident id;
+	struct timespec times[2] = {{0, 0}, {0, UTIME_OMIT}};
 
 	/* A file keyed by birth may have its atime set (which moves ctime, no part of its id):
-	 * no storage read at all.  Anyone else's, or where that is not allowed (not the
-	 * owner), gets the read. */
-	static const struct timespec now_omit[2] = {{0, UTIME_NOW}, {0, UTIME_OMIT}};
+	 * no storage read at all.  Set a second ahead of now, past the ctime the call itself
+	 * gives the file: atime at or below ctime is due again under relatime (the kernel's rule
+	 * and kvs_fdinfo_atime_due), and the next hit would set it again.  Anyone else's, or
+	 * where that is not allowed (not the owner), gets the read. */
+	clock_gettime(CLOCK_REALTIME, &times[0]);
+	times[0].tv_sec += 1;
 
 	/* A program that closes every descriptor with raw calls (close_range, syscall) may have
 	 * been given our number again: act on it, and close it, only while it is our file. */
 	if (kvs_ident_of_fd(fd, false, &id) == 0 && id.dev == j->dev && id.ino == j->ino &&
 	    id.size && kvs_fdinfo_atime_due(j->rule, &id) &&
-	    ((j->write_once && kvs_real.futimens(fd, now_omit) == 0) ||
+	    ((j->write_once && kvs_real.futimens(fd, times) == 0) ||
 	     kvs_real.pread(fd, buf, j->len, 0) > 0))
 		kvs_cache_count(j->c, KVS_CTR_atime_updates, 1);
 	kvs_anchor_put(fd);
@@ -117,12 +125,24 @@ static void *worker_main(void *arg)
 	(void)arg;
 	for (;;) {
 		uint32_t seen = atomic_load_explicit(&wake, memory_order_acquire);
+		uint64_t now = kvs_mono_ns(), wait_ns = 0;
 		bool any = false;
 
 		for (int i = 0; i < KVS_ATIME_JOBS; i++) {
 			uint32_t ready = J_READY;
 
 			/* Pairs with the release store of J_READY in kvs_atime_note. */
+			if (atomic_load_explicit(&jobs[i].state, memory_order_acquire) != J_READY)
+				continue;
+			/* A young job waits (relatime: once a day, a moment late costs nothing): the
+			 * read that noted it may be a load from storage, which moves the atime
+			 * itself, a moment later (a cold pass).  strictatime's second is kept. */
+			uint64_t age = now - jobs[i].noted_ns;
+			if (jobs[i].rule == KVS_ATIME_RELATIME && age < KVS_ATIME_DELAY_NS) {
+				if (!wait_ns || KVS_ATIME_DELAY_NS - age < wait_ns)
+					wait_ns = KVS_ATIME_DELAY_NS - age;
+				continue;
+			}
 			if (!atomic_compare_exchange_strong(&jobs[i].state, &ready, J_TAKEN))
 				continue;
 			/* The descriptor is the worker's from here on: a fork child that finds
@@ -135,7 +155,7 @@ static void *worker_main(void *arg)
 			any = true;
 		}
 		if (!any)
-			kvs_futex_wait(&wake, seen, 0, false);
+			kvs_futex_wait(&wake, seen, wait_ns, false);
 	}
 	return NULL;
 }
@@ -173,6 +193,7 @@ void kvs_atime_note(struct kvs_cache *c, int anchor, const struct kvs_fdinfo *fi
 		j->ino = fi->ino;
 		j->rule = fi->atime_rule;
 		j->write_once = fi->write_once;
+		j->noted_ns = kvs_mono_ns();
 		atomic_store_explicit(&j->state, J_READY,
 				      memory_order_release); /* pairs in worker */
 		note_now(fi->dev, fi->ino); /* queued: a full queue leaves it for the next hit */

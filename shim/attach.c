@@ -301,6 +301,7 @@ void kvs_shim_dup_closing(int oldfd, int newfd, int flags)
 		      kvs_sys_fcntl(oldfd, F_GETFD) >= 0;
 
 	errno = saved;
+	kvs_shim_fd_duped(oldfd);
 	if (closes)
 		kvs_shim_fds_closing((unsigned int)newfd, (unsigned int)newfd);
 }

@@ -524,6 +524,8 @@ KVS_EXPORT int fcntl(int fd, int cmd, ...)
 	va_end(ap);
 	REAL_IF_INSIDE(kvs_real.fcntl(fd, cmd, arg));
 	note_lock(fd, cmd, arg);
+	if (cmd == F_DUPFD || cmd == F_DUPFD_CLOEXEC)
+		kvs_shim_fd_duped(fd);
 	kvs_real_init();
 	return kvs_real.fcntl(fd, cmd, arg);
 }
@@ -537,6 +539,8 @@ KVS_EXPORT int fcntl64(int fd, int cmd, ...)
 	va_end(ap);
 	REAL_IF_INSIDE(kvs_real.fcntl64(fd, cmd, arg));
 	note_lock(fd, cmd, arg);
+	if (cmd == F_DUPFD || cmd == F_DUPFD_CLOEXEC)
+		kvs_shim_fd_duped(fd);
 	kvs_real_init();
 	return kvs_real.fcntl64(fd, cmd, arg);
 }

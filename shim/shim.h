@@ -78,6 +78,9 @@ void kvs_shim_fds_gone(unsigned int lo, unsigned int hi);
  * earlier life, whose close the hooks may not have seen (glibc's pclose, freopen, closedir
  * close inside libc).  Atomics only. */
 void kvs_shim_fd_born(int fd);
+/* fd is about to be duplicated (dup2, dup3, F_DUPFD): its file lives on under another number,
+ * whose reads are not fd's (unseen.h: the mark goes uncounted).  Atomics only. */
+void kvs_shim_fd_duped(int fd);
 
 /* The program is about to close [lo, hi] (close, close_range, dup2 or dup3 onto newfd), before
  * the kernel does: the shim's own descriptors among those numbers move away or become the

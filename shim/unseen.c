@@ -27,6 +27,16 @@ static _Atomic uint32_t nmarked; /* a hint for the close hooks: 0, nothing to lo
 static _Atomic uint64_t pending;
 static _Atomic long owner;
 
+/* Move the pending count into the region, mapping it (caller holds the guard): a process with
+ * a count has opened KV files for O_DIRECT reads it made where the shim cannot see. */
+static void flush_pending(void)
+{
+	struct kvs_cache *c;
+
+	if (atomic_load(&pending) && (c = kvs_shim_region(true)))
+		kvs_cache_count(c, KVS_CTR_unserved_unseen, atomic_exchange(&pending, 0));
+}
+
 void kvs_unseen_opened(int fd, int flags)
 {
 	struct kvs_fdinfo fi;
@@ -35,16 +45,25 @@ void kvs_unseen_opened(int fd, int flags)
 	    (flags & O_ACCMODE) == O_WRONLY || (flags & O_PATH) || !kvs_shim_wants(SIZE_MAX))
 		return;
 	int saved = kvs_shim_in();
+	/* The look at the open is the shim's own: the mark comes after it. */
 	if (kvs_fdinfo_get(fd, &fi) == 0 && fi.kv) {
-		struct kvs_cache *c = kvs_shim_region(true); /* to count in, at its close */
-
 		atomic_store_explicit(&owner, kvs_syscall(SYS_getpid), memory_order_relaxed);
 		if (!(atomic_fetch_or(&marks[fd / 64], 1ull << (fd % 64)) & (1ull << (fd % 64))))
 			atomic_fetch_add(&nmarked, 1);
-		uint64_t p = c ? atomic_exchange(&pending, 0) : 0;
-		if (p)
-			kvs_cache_count(c, KVS_CTR_unserved_unseen, p);
+		flush_pending();
 	}
+	kvs_shim_out(saved);
+}
+
+/* At exit: what is pending is counted (a loader that opened, read unseen and closed its
+ * files, then exits, never opens again).  Not at _exit or a kill. */
+__attribute__((destructor)) static void unseen_at_exit(void)
+{
+	if (!atomic_load(&pending) || kvs_shim_guard || !kvs_shim_wants(SIZE_MAX) ||
+	    kvs_syscall(SYS_getpid) != atomic_load_explicit(&owner, memory_order_relaxed))
+		return;
+	int saved = kvs_shim_in();
+	flush_pending();
 	kvs_shim_out(saved);
 }
 

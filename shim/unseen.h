@@ -7,10 +7,13 @@
  *
  * A readable O_DIRECT open of a KV file marks its number (kvs_unseen_opened, from the open
  * hooks); any look of the shim at the number for a read or a write clears the mark
- * (kvs_unseen_looked, from fdinfo.c); a close of a marked number counts it (kvs_unseen_closed,
+ * (kvs_unseen_looked, from fdinfo.c, and from unserved.c for a read too short to serve); a close of a marked number counts it (kvs_unseen_closed,
  * from the close hooks: atomics only, async-signal-safe), into the region when this process
- * has it mapped, else as pending until the next open mapps it.  A number reborn through an
- * open whose earlier close no hook saw is cleared without counting (kvs_unseen_forget).
+ * has it mapped, else as pending until the next marked open or the process's exit maps it (a
+ * process that opens KV files and reads none of them maps nothing).  A number reborn through an
+ * open whose earlier close no hook saw, or duplicated (dup2, dup3, F_DUPFD: dd reads its input
+ * as descriptor 0), is cleared without counting (kvs_unseen_forget); a dup() is not seen, and
+ * a close of the original after it counts.
  */
 #ifndef KVS_SHIM_UNSEEN_H
 #define KVS_SHIM_UNSEEN_H
@@ -26,7 +29,8 @@ void kvs_unseen_looked(int fd);
 /* The program closed fd, or every number of [lo, hi]: marked ones are counted. */
 void kvs_unseen_closed(unsigned int lo, unsigned int hi);
 
-/* fd is a new number whose earlier close was not seen: its mark goes uncounted. */
+/* fd is a new number whose earlier close was not seen, or fd is duplicated (its file lives on
+ * under another number, whose reads are not fd's): its mark goes uncounted. */
 void kvs_unseen_forget(int fd);
 
 /* The fork child: the parent's opens are the parent's. */

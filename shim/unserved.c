@@ -18,6 +18,7 @@
 #include "serve.h"
 #include "shim.h"
 #include "unserved.h"
+#include "unseen.h"
 #include "why.h"
 #include "wonce.h"
 #include "wthru.h"
@@ -40,6 +41,7 @@ void kvs_unserved_pass(int fd, const struct kvs_fdinfo *fi, enum kvs_why why, in
 
 void kvs_shim_note_small(int fd, size_t len)
 {
+	kvs_unseen_looked(fd); /* a read the shim saw, too short to serve */
 	/* Only in a process that has mapped the region already: one load for a descriptor known
 	 * not to be a KV file; one look (statx, the path) the first time a descriptor is read
 	 * small before anything else classified it (a 12 KiB header read first), then its class

@@ -278,6 +278,11 @@ void kvs_shim_fd_born(int fd)
 	}
 }
 
+void kvs_shim_fd_duped(int fd)
+{
+	kvs_unseen_forget(fd);
+}
+
 void kvs_shim_change_now(int fd, int64_t off, uint64_t len)
 {
 	struct kvs_shim_change ch;

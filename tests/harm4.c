@@ -7,6 +7,7 @@
  *
  *   harm4 mk FILE SIZE SEED      write SIZE bytes of pattern SEED
  *   harm4 load FILE              the O_DIRECT read alone (fills the cache)
+ *   harm4 loadall DIR            the same for every file of DIR
  *   harm4 show FILE              the two reads and their hashes
  *   harm4 ftrunc FILE            ftruncate to 0, then back to the size (zeros)
  *   harm4 ftrunc_half FILE       ftruncate to half, then back
@@ -27,6 +28,7 @@
  *   harm4 reborn FILE            a number read as a pipe (popen, 1 MiB by read), closed
  *                                inside glibc (pclose), then FILE opened on it and read
  */
+#include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <stdint.h>
@@ -177,6 +179,23 @@ int main(int argc, char **argv)
 	if (argc != 3) {
 		fprintf(stderr, "usage: harm4 MODE FILE (see the source)\n");
 		return 2;
+	}
+	if (!strcmp(argv[1], "loadall")) {
+		char p[4096];
+		uint64_t s, h;
+		DIR *d = opendir(argv[2]);
+		struct dirent *e;
+
+		if (!d)
+			die(argv[2]);
+		while ((e = readdir(d))) {
+			if (e->d_name[0] == '.')
+				continue;
+			snprintf(p, sizeof(p), "%s/%s", argv[2], e->d_name);
+			hash_read(p, O_DIRECT, &s, &h);
+		}
+		closedir(d);
+		return 0;
 	}
 	const char *m = argv[1], *path = argv[2];
 	uint64_t size = size_of(path), s, h;

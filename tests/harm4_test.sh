@@ -120,6 +120,38 @@ else
 	ok "an O_DIRECT open read by an inline system call: counted (unserved_unseen 1) and named by stat and check; a read through libc is not"
 fi
 
+# The atime worker keeps its promise: at most one update per file per day under relatime (this
+# file system's rule), none after a cold pass whose loads moved the atime themselves, and no
+# storage read a plain read would not make.  100 files of 64 KiB, 4 passes (a process each).
+if findmnt -no OPTIONS -T "$work" | grep -q relatime; then
+	for root in once plain; do
+		d=$work/kv/at-$root
+		mkdir -p "$d"
+		for i in $(seq 1 100); do "$h" mk "$d/f$i" 65536 $i; done
+		reset_region
+		wo=$d
+		[ $root = plain ] && wo=
+		k0=$(io_read_bytes)
+		KVSHIM_FILES_WRITE_ONCE=$wo LD_PRELOAD=$lib "$h" loadall "$d" 2>/dev/null
+		sleep 2.5 # the worker's delay, and its work
+		kernel=$(($(io_read_bytes) - k0))
+		for pass in 2 3 4; do
+			KVSHIM_FILES_WRITE_ONCE=$wo LD_PRELOAD=$lib "$h" loadall "$d" 2>/dev/null
+			sleep 2.5
+		done
+		u=$(totals atime_updates)
+		if [ "$u" -gt 10 ]; then
+			fail "atime, $root root: $u updates for 100 files read 4 times (want at most one a file a day; here none)"
+		elif [ $root = plain ] && [ "$kernel" -gt $((100 * 65536 + program_pages)) ]; then
+			fail "atime, plain root: the cold pass read $kernel bytes from storage for $((100 * 65536)) (the worker read past the loads)"
+		else
+			ok "atime, $root root: $u updates for 100 files read 4 times; the cold pass read $kernel bytes for $((100 * 65536))"
+		fi
+	done
+else
+	echo "ok   - # SKIP atime: $work is not on a relatime mount"
+fi
+
 # kvshim check judges a write-once root by what the region counted, not by timestamps: files
 # touched long after they were made (UCM's utime on every lookup) are no warning; a counted
 # rewrite is (the cases above left write_once_violations at 1).

@@ -76,8 +76,11 @@ same "bad buffers" "$h" efault "$work/kv/f0"
 
 # 4. Readers cancelled mid-read (one waiting slot, so they queue on the loader's lock).
 reset_region
+# The region is far smaller than what the readers load: the shim says so once (serve.c), the
+# one line allowed besides the program's.
 out=$(KVSHIM_CACHE_CAPACITY=8M KVSHIM_LOADER_WAITING_QUEUE_DEPTH=1 LD_PRELOAD=$lib \
-	timeout 120 "$h" cancel "$work/kv/f0" 2>&1)
+	timeout 120 "$h" cancel "$work/kv/f0" 2>&1 |
+	grep -v "warn: this process has read more from storage than the region holds")
 [ "$out" = "cancel: after 240 cancels, a read: 4194304" ] && ok "$out" || fail "cancel: $out (status $?)"
 
 # 5. Served reads of 17 shards from a signal handler while the program mallocs.
