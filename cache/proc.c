@@ -198,7 +198,8 @@ uint64_t kvs_cache_capacity(const struct kvs_cache *c)
 bool kvs_cache_outgrown(const struct kvs_cache *c)
 {
 	return c->me && load_relaxed(&c->me->ctr[KVS_CTR_evictions]) >= c->nframes / 2 &&
-	       load_relaxed(&c->me->ctr[KVS_CTR_backend_bytes]) > (uint64_t)c->nframes * c->shard_size;
+	       load_relaxed(&c->me->ctr[KVS_CTR_backend_bytes]) >
+		   (uint64_t)c->nframes * c->shard_size;
 }
 
 void kvs_cache_ranks(struct kvs_cache *c, uint32_t *rank, uint32_t *nranks)

@@ -11,10 +11,10 @@
  * remembers, racily, which files were noted in the last day (a tag and a time per entry): a lost or
  * torn entry only lets a file be read twice.
  *
- * The worker takes a job (under relatime) KVS_ATIME_DELAY_NS after its note and checks the file again before it
- * reads (statx: still due?), so a file whose atime a storage read moved meanwhile (the load
- * that went with a cold pass's note) costs no read.  Its read is the first block of the file
- * through the dup (the same open file as the anchor, O_DIRECT or not), into a buffer aligned
+ * The worker takes a job (under relatime) KVS_ATIME_DELAY_NS after its note and checks the file
+ * again before it reads (statx: still due?), so a file whose atime a storage read moved meanwhile
+ * (the load that went with a cold pass's note) costs no read.  Its read is the first block of the
+ * file through the dup (the same open file as the anchor, O_DIRECT or not), into a buffer aligned
  * for O_DIRECT; the bytes are dropped.  A file keyed by birth (a write-once root) whose owner
  * we are gets futimens(atime a second ahead, mtime as it is) instead: it moves ctime, which is
  * no part of that file's id, and reads nothing from storage; the atime past the new ctime keeps
@@ -43,10 +43,10 @@
 #include "real.h"
 #include "sys.h"
 
-#define KVS_ATIME_JOBS	 16
-#define KVS_ATIME_RECENT 1024
-#define KVS_ATIME_BUF	 65536 /* the most one read takes: O_DIRECT alignments are smaller */
-#define DAY_S		 86400
+#define KVS_ATIME_JOBS	   16
+#define KVS_ATIME_RECENT   1024
+#define KVS_ATIME_BUF	   65536 /* the most one read takes: O_DIRECT alignments are smaller */
+#define DAY_S		   86400
 #define KVS_ATIME_DELAY_NS 2000000000ull /* a job waits this long after its note */
 
 enum { J_FREE, J_FILLING, J_READY, J_TAKEN };
@@ -134,8 +134,8 @@ static void *worker_main(void *arg)
 			/* Pairs with the release store of J_READY in kvs_atime_note. */
 			if (atomic_load_explicit(&jobs[i].state, memory_order_acquire) != J_READY)
 				continue;
-			/* A young job waits (relatime: once a day, a moment late costs nothing): the
-			 * read that noted it may be a load from storage, which moves the atime
+			/* A young job waits (relatime: once a day, a moment late costs nothing):
+			 * the read that noted it may be a load from storage, which moves the atime
 			 * itself, a moment later (a cold pass).  strictatime's second is kept. */
 			uint64_t age = now - jobs[i].noted_ns;
 			if (jobs[i].rule == KVS_ATIME_RELATIME && age < KVS_ATIME_DELAY_NS) {

@@ -279,6 +279,9 @@ void kvs_shim_fds_closing(unsigned int lo, unsigned int hi)
 	 * kvs_cache_open, before the handle is published. */
 	struct kvs_cache *c = kvs_shim_is_mapped() ? kvs_shim_cache : NULL;
 
+	/* Before the kernel closes: once it has, another thread's open may take the number and
+	 * mark it (unseen.h). */
+	kvs_unseen_closed(lo, hi);
 	/* Most closes are of the program's own numbers: looked at with loads, no system call. */
 	if (!kvs_cache_fds_in(c, lo, hi) && !kvs_anchor_numbers_in(lo, hi) &&
 	    !kvs_libaio_numbers_in(lo, hi))

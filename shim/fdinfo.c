@@ -42,6 +42,7 @@
 #include <sys/stat.h>
 #include <sys/syscall.h>
 #include <sys/statvfs.h>
+#include <sys/sysmacros.h>
 #include <sys/vfs.h>
 #include <time.h>
 #include <unistd.h>
@@ -134,10 +135,81 @@ static int parse_dirs(const char *spec, char dirs[][PATH_MAX], size_t *len)
 	return n;
 }
 
+static int under(const char *path, char dirs[][PATH_MAX], const size_t *len, int n);
+
+/* The devices a file under a root can be on: each root's, and each mount's below a root
+ * (read from /proc/self/mountinfo: "ID PARENT MAJOR:MINOR ROOT MOUNTPOINT ..."); when they do
+ * not fit, or a root is "/", ndevs is -1: any device may be. */
+#define MAX_DEVS 32
+static uint64_t devs[MAX_DEVS];
+static int ndevs = -1;
+
+static void add_dev(uint64_t d)
+{
+	for (int i = 0; i < ndevs; i++)
+		if (devs[i] == d)
+			return;
+	if (ndevs >= 0 && ndevs < MAX_DEVS)
+		devs[ndevs++] = d;
+	else
+		ndevs = -1;
+}
+
+static void collect_devs(void)
+{
+	static char buf[65536]; /* at configuration load, on one thread */
+	struct stat st;
+	ssize_t n = 0, got;
+
+	ndevs = 0;
+	for (int i = 0; i < nroots && ndevs >= 0; i++) {
+		if (!root_len[i] || stat(roots[i], &st) != 0) {
+			ndevs = -1;
+			return;
+		}
+		add_dev((uint64_t)st.st_dev);
+	}
+	int fd = kvs_sys_open("/proc/self/mountinfo", O_RDONLY | O_CLOEXEC);
+	if (fd < 0) {
+		ndevs = -1;
+		return;
+	}
+	while (n < (ssize_t)sizeof(buf) - 1 &&
+	       (got = kvs_sys_read(fd, buf + n, sizeof(buf) - 1 - (size_t)n)) > 0)
+		n += got;
+	kvs_sys_close(fd);
+	if (n >= (ssize_t)sizeof(buf) - 1) {
+		ndevs = -1; /* too many mounts to be sure: any device may hold a root */
+		return;
+	}
+	buf[n] = '\0';
+	for (char *line = buf, *next; ndevs >= 0 && *line; line = next) {
+		unsigned maj, min;
+		char point[PATH_MAX];
+
+		next = strchr(line, '\n');
+		next = next ? next + 1 : line + strlen(line);
+		if (sscanf(line, "%*u %*u %u:%u %*s %4095s", &maj, &min, point) == 3 &&
+		    under(point, roots, root_len, nroots) >= 0)
+			add_dev((uint64_t)makedev(maj, min));
+	}
+}
+
 int kvs_fdinfo_set_roots(const char *spec)
 {
 	nroots = parse_dirs(spec, roots, root_len);
+	collect_devs();
 	return nroots;
+}
+
+bool kvs_fdinfo_dev_outside(uint64_t dev)
+{
+	if (ndevs < 0)
+		return false;
+	for (int i = 0; i < ndevs; i++)
+		if (devs[i] == dev)
+			return false;
+	return true;
 }
 
 const char *kvs_fdinfo_root(int i)
@@ -491,6 +563,28 @@ bool kvs_fdinfo_hint_kv(int fd)
 
 	return t && fd >= 0 && fd < FD_SLOTS &&
 	       atomic_load_explicit(&t[fd].cls, memory_order_relaxed) == CLS_KV;
+}
+
+int kvs_fdinfo_opened(int fd)
+{
+	char link[64], path[PATH_MAX];
+	struct entry *t = nroots ? table_get(true) : NULL;
+	ssize_t n;
+
+	if (!t || fd < 0 || fd >= FD_SLOTS)
+		return -2;
+	struct entry *e = &t[fd];
+	uint32_t seq0 = atomic_load_explicit(&e->seq, memory_order_acquire);
+	snprintf(link, sizeof(link), "/proc/self/fd/%d", fd);
+	n = readlink(link, path, sizeof(path) - 1);
+	if (n <= 0)
+		return -2;
+	path[n] = '\0';
+	int root = under(path, roots, root_len, nroots);
+	if (root < 0)
+		entry_write(e, seq0, NULL,
+			    CLS_NOT_KV); /* as classify would say, without the rest */
+	return root;
 }
 
 bool kvs_fdinfo_not_kv(int fd)

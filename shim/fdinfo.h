@@ -57,6 +57,16 @@ const char *kvs_fdinfo_root(int i);
 /* Set the write-once roots (files.write_once, the same form).  Returns how many are usable. */
 int kvs_fdinfo_set_write_once(const char *dirs);
 
+/* Is a file on device dev outside every root, by its device alone (no root on it, and no mount
+ * below a root)?  False when it may be under one, or the devices are not known.  No system
+ * call. */
+bool kvs_fdinfo_dev_outside(uint64_t dev);
+
+/* fd was just opened: its class by its path alone (one readlink), NOT_KV when the path lies
+ * under no root.  Returns the root it lies under, -1 (outside every root: NOT_KV stored), or -2
+ * (not looked at: no roots, no path, a number beyond the table). */
+int kvs_fdinfo_opened(int fd);
+
 /* Is any write-once root configured (one load)? */
 bool kvs_fdinfo_any_write_once(void);
 

@@ -25,8 +25,9 @@
  * completes at once with that count, through the program's context, aio_data, eventfd and iocb
  * address, as it would have completed the read.  The whole chunk, carriers and the program's
  * other entries in their order, goes to the kernel in one call.  A read the cache did not serve
- * (a failed load too) goes to the kernel as it is.  io_getevents, io_pgetevents, io_cancel and io_destroy are the kernel's; the shim only
- * looks at their events for the writes it noted for write-through.
+ * (a failed load too) goes to the kernel as it is.  io_getevents, io_pgetevents, io_cancel and
+ * io_destroy are the kernel's; the shim only looks at their events for the writes it noted for
+ * write-through.
  *
  * The price: an io_submit with served reads returns once their bytes are in the buffers (a
  * buffered read's io_submit does the same in the kernel), and a served iocb reads as its
@@ -481,8 +482,8 @@ static bool start(struct batch *b, struct served *s, const struct iocb *cb, size
 	s->len = len;
 	s->a.arg = b;
 	atomic_fetch_add_explicit(&b->running, 1, memory_order_relaxed);
-	int r = kvs_shim_read_start(&s->a, (int)cb->aio_fildes, s->iov, n,
-				    (off_t)cb->aio_offset, served_done);
+	int r = kvs_shim_read_start(&s->a, (int)cb->aio_fildes, s->iov, n, (off_t)cb->aio_offset,
+				    served_done);
 	if (r == 0)
 		return true; /* served_done will count it */
 	atomic_fetch_sub_explicit(&b->running, 1, memory_order_relaxed);
@@ -680,7 +681,8 @@ static long submit_chunk(enum via v, struct kctx *c, aio_context_t ctx, long goo
 		batch_wait(b);
 	for (long i = 0; b && nullfd >= 0 && i < good; i++)
 		if (b->started[i] && b->e[i].result >= 0)
-			carried[i] = carrier_set(ptr[i], &cbs[i], b->e[i].len, b->e[i].result, nullfd);
+			carried[i] =
+			    carrier_set(ptr[i], &cbs[i], b->e[i].len, b->e[i].result, nullfd);
 	for (long i = 0; i < good; i++)
 		if (!carried[i])
 			invalidate_write(&cbs[i]);

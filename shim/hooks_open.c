@@ -1,12 +1,14 @@
 /*
  * hooks_open: the interposed opens (open, open64, openat, openat64, creat, creat64, their
- * fortified __open*_2 forms, fopen, fopen64).  They matter only where files.write_once names
- * a root: an open that may write an existing file there notes its size (the bytes it held when
- * opened: a later write over them is a rewrite in place), and an O_TRUNC of one that held
- * bytes is a rewrite in place at once (wonce.h).  Everywhere else each costs one load and the
- * real call.  The real call is made exactly as without the shim; its result and errno are the
- * caller's.  An open through libc's syscall() is not followed (the first write to it is, as for
- * a descriptor inherited).
+ * fortified __open*_2 forms, fopen, fopen64).  Around each real call (made exactly as without
+ * the shim; its result and errno are the caller's): before it, an O_TRUNC of a file on a
+ * files.write_once root that held bytes is a rewrite in place (wonce.h: its shards dropped
+ * while the size that names them is known); after it (kvs_shim_opened), the number's earlier
+ * life is forgotten, a writable open's class is set by its path (one readlink: its writes to a
+ * file outside the roots then cost no system call), a write-once file opened for writing has
+ * its size noted (the bytes it held: a later write over them is a rewrite in place), and an
+ * O_DIRECT open of a KV file is marked (unseen.h).  A read-only open costs no system call.
+ * The opens through libc's syscall() take the same two steps (hooks_syscall.c).
  */
 #include <errno.h>
 #include <fcntl.h>
@@ -17,7 +19,6 @@
 
 #include "real.h"
 #include "shim.h"
-#include "unseen.h"
 #include "wonce.h"
 
 /* The mode argument of an open that takes one (O_CREAT, O_TMPFILE), as glibc reads it. */
@@ -40,10 +41,8 @@
 		bool on_ = kvs_shim_opening(&o_, dirfd, path, flags);                              \
 		kvs_real_init();                                                                   \
 		int fd_ = (call);                                                                  \
-		kvs_shim_fd_born(fd_);                                                             \
-		if (on_ && fd_ >= 0)                                                               \
-			kvs_shim_opened(&o_, fd_);                                                 \
-		kvs_unseen_opened(fd_, flags);                                                     \
+		(void)on_;                                                                         \
+		kvs_shim_opened(&o_, fd_, flags);                                                  \
 		return fd_;                                                                        \
 	} while (0)
 
@@ -130,10 +129,9 @@ static int stdio_flags(const char *mode)
 		bool on_ = kvs_shim_opening(&o_, AT_FDCWD, path, stdio_flags(mode));               \
 		kvs_real_init();                                                                   \
 		FILE *f_ = (call);                                                                 \
+		(void)on_;                                                                         \
 		if (f_)                                                                            \
-			kvs_shim_fd_born(fileno(f_));                                              \
-		if (on_ && f_)                                                                     \
-			kvs_shim_opened(&o_, fileno(f_));                                          \
+			kvs_shim_opened(&o_, fileno(f_), stdio_flags(mode));                       \
 		return f_;                                                                         \
 	} while (0)
 

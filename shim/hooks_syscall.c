@@ -18,7 +18,6 @@
 #include "raw.h"
 #include "shim.h"
 #include "touch.h"
-#include "unseen.h"
 #include "wonce.h"
 #include "wthru.h"
 
@@ -54,16 +53,14 @@ static long changing(long number, const long *a)
 static long opening(long number, const long *a, int dirfd, const char *path, int flags)
 {
 	struct kvs_wonce_open o;
-	bool on = kvs_shim_opening(&o, dirfd, path, flags);
-	long r = raw_args(number, a);
+	long r;
 
+	kvs_shim_opening(&o, dirfd, path, flags);
+	r = raw_args(number, a);
 	if (r >= 0) {
 		int saved = errno;
 
-		kvs_shim_fd_born((int)r);
-		if (on)
-			kvs_shim_opened(&o, (int)r);
-		kvs_unseen_opened((int)r, flags);
+		kvs_shim_opened(&o, (int)r, flags);
 		errno = saved;
 	}
 	return r;
@@ -76,7 +73,8 @@ static int openat2_flags(const long *a)
 {
 	uint64_t flags = 0;
 
-	if ((size_t)a[3] < sizeof(flags) || !kvs_shim_copy_in(&flags, (const void *)a[2], sizeof(flags)))
+	if ((size_t)a[3] < sizeof(flags) ||
+	    !kvs_shim_copy_in(&flags, (const void *)a[2], sizeof(flags)))
 		return 0;
 	return (int)flags;
 }
@@ -163,7 +161,8 @@ KVS_EXPORT long syscall(long number, ...)
 		kvs_shim_fds_gone((unsigned int)a[0], (unsigned int)a[1]);
 		break;
 #endif
-	/* Opens: an O_TRUNC of a write-once file, and the number's class (as hooks_open.c). */
+		/* Opens: an O_TRUNC of a write-once file, and the number's class (as hooks_open.c).
+		 */
 #ifdef SYS_open
 	case SYS_open:
 		r = opening(number, a, AT_FDCWD, (const char *)a[0], (int)a[1]);

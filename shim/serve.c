@@ -172,14 +172,14 @@ void kvs_serve_after_read(int64_t n)
 	else if (!atomic_load_explicit(&outgrown_said, memory_order_relaxed) &&
 		 kvs_cache_outgrown(kvs_shim_cache) &&
 		 !atomic_exchange_explicit(&outgrown_said, true, memory_order_relaxed))
-		kvs_log_once(KVS_CAUSE_CAPACITY, KVS_LOG_WARN,
-			     "this process has read more from storage than the region holds "
-			     "(cache.capacity %llu MiB) and evicted %llu shards to make room: a file "
-			     "read again after its shards were evicted comes from storage again; "
-			     "`kvshim check` says what the roots' files need",
-			     (unsigned long long)(kvs_cache_capacity(kvs_shim_cache) >> 20),
-			     (unsigned long long)kvs_cache_counted(kvs_shim_cache,
-								   KVS_CTR_evictions));
+		kvs_log_once(
+		    KVS_CAUSE_CAPACITY, KVS_LOG_WARN,
+		    "this process has read more from storage than the region holds "
+		    "(cache.capacity %llu MiB) and evicted %llu shards to make room: a file "
+		    "read again after its shards were evicted comes from storage again; "
+		    "`kvshim check` says what the roots' files need",
+		    (unsigned long long)(kvs_cache_capacity(kvs_shim_cache) >> 20),
+		    (unsigned long long)kvs_cache_counted(kvs_shim_cache, KVS_CTR_evictions));
 }
 
 /* Attach the region and take fd's anchor (anchor.h: waits while another thread installs or

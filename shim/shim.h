@@ -61,11 +61,15 @@ ssize_t kvs_shim_readv(int fd, const struct iovec *iov, int iovcnt, off_t off, b
  * never changes errno. */
 void kvs_shim_invalidate(int fd, off_t off, size_t len, bool use_pos, off_t pos_delta);
 
-/* An open that may write path (relative to dirfd) with flags is about to be made / returned fd
- * (wonce.h: a write-once file's size at the open, and a truncation of its bytes). */
+/* An open of path (relative to dirfd) with flags is about to be made (kvs_shim_opening: only
+ * an O_TRUNC of a write-once file is looked at before it, wonce.h), and returned fd, or -1
+ * (kvs_shim_opened, after every open, by any door): the number's earlier life is forgotten
+ * (kvs_shim_fd_born), a writable open's class is set by its path (one readlink: its writes to a
+ * file outside the roots then cost no system call), a write-once file opened for writing has
+ * its size noted, and an O_DIRECT open of a KV file is marked (unseen.h).  errno unchanged. */
 struct kvs_wonce_open;
 bool kvs_shim_opening(struct kvs_wonce_open *o, int dirfd, const char *path, int flags);
-void kvs_shim_opened(const struct kvs_wonce_open *o, int fd);
+void kvs_shim_opened(struct kvs_wonce_open *o, int fd, int flags);
 
 /* Is fd a KV file (looked at once: fdinfo.h)?  errno unchanged. */
 bool kvs_shim_is_kv(int fd);

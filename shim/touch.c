@@ -30,6 +30,7 @@
 #include <fcntl.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <sys/sysmacros.h>
 #include <sys/syscall.h>
 #include <sys/uio.h>
 #include <unistd.h>
@@ -68,12 +69,27 @@ bool kvs_touch_before(struct kvs_touch *t, const struct kvs_touch_target *tg)
 	}
 	t->fd = tg->dirfd;
 	if (!tg->on_fd) {
+		/* A file on a device no root is on is no KV file: one statx (a root on a file
+		 * system of its own, as KV stores are: a touch of any other file costs that alone).
+		 */
+		struct statx sx;
+		if (kvs_syscall(SYS_statx, tg->dirfd, tg->path,
+				AT_NO_AUTOMOUNT | (tg->nofollow ? AT_SYMLINK_NOFOLLOW : 0),
+				STATX_TYPE, &sx) != 0 ||
+		    !S_ISREG(sx.stx_mode) ||
+		    kvs_fdinfo_dev_outside(makedev(sx.stx_dev_major, sx.stx_dev_minor)))
+			goto out;
 		/* openat reads the path through the kernel: a bad pointer is its EFAULT. */
 		t->fd = kvs_sys_openat(tg->dirfd, tg->path,
 				       O_PATH | O_CLOEXEC | (tg->nofollow ? O_NOFOLLOW : 0));
 		if (t->fd < 0)
 			goto out;
 		t->own_fd = true;
+		/* Its path under no root (one readlink): no statx, no fcntl. */
+		int root = kvs_fdinfo_opened(t->fd);
+		kvs_fdinfo_forget(t->fd);
+		if (root == -1)
+			goto out;
 	}
 	/* Classified as any descriptor; the shim's own number is forgotten again at once. */
 	int r = kvs_fdinfo_get(t->fd, &fi);

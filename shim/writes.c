@@ -419,8 +419,10 @@ bool kvs_shim_opening(struct kvs_wonce_open *o, int dirfd, const char *path, int
 {
 	o->on = false;
 	/* The configuration first: the open may be the process's first hooked call (dd, cp, a
-	 * shell's >), before which no root is known. */
-	if (kvs_shim_guard || !kvs_shim_on() || !kvs_fdinfo_any_write_once())
+	 * shell's >), before which no root is known.  Only a truncation must be looked at before
+	 * the open (the file's size, which names its shards, is gone after it); every other open
+	 * is looked at after it (kvs_shim_opened), through the descriptor it gives. */
+	if (kvs_shim_guard || !(flags & O_TRUNC) || !kvs_shim_on() || !kvs_fdinfo_any_write_once())
 		return false;
 	int saved = kvs_shim_in();
 	bool on = kvs_wonce_opening(o, region_created, dirfd, path, flags);
@@ -428,12 +430,35 @@ bool kvs_shim_opening(struct kvs_wonce_open *o, int dirfd, const char *path, int
 	return on;
 }
 
-void kvs_shim_opened(const struct kvs_wonce_open *o, int fd)
+void kvs_shim_opened(struct kvs_wonce_open *o, int fd, int flags)
 {
-	int saved = kvs_shim_in();
+	struct kvs_fdinfo fi;
 
-	kvs_wonce_opened(o, fd);
+	if (fd < 0)
+		return;
+	kvs_shim_fd_born(fd); /* atomics: whatever the number was, it is this open's now */
+	if (kvs_shim_guard || !kvs_shim_on())
+		return;
+	int saved = kvs_shim_in();
+	bool writes = (flags & O_ACCMODE) != O_RDONLY;
+	/* A writable open: the number's class now, by its path (one readlink), so that its
+	 * writes to a file outside the roots cost no system call. */
+	int root = writes ? kvs_fdinfo_opened(fd) : -2;
+	if (o->on) {
+		kvs_wonce_opened(o, fd); /* a truncation, looked at before the open */
+	} else if (writes && root != -1 && kvs_fdinfo_any_write_once() &&
+		   kvs_fdinfo_get(fd, &fi) == 0 && fi.kv && fi.write_once) {
+		/* A write-once file opened for writing: its size now is the bytes it held. */
+		o->on = true;
+		o->truncates = false;
+		o->dev = fi.dev;
+		o->ino = fi.ino;
+		o->open_size = fi.size;
+		o->c = NULL;
+		kvs_wonce_opened(o, fd);
+	}
 	kvs_shim_out(saved);
+	kvs_unseen_opened(fd, flags);
 }
 
 bool kvs_shim_is_kv(int fd)
@@ -452,15 +477,12 @@ void kvs_shim_fd_gone(int fd)
 {
 	kvs_fdinfo_forget(fd);
 	kvs_wonce_closed(fd);
-	if (fd >= 0)
-		kvs_unseen_closed((unsigned int)fd, (unsigned int)fd);
 }
 
 void kvs_shim_fds_gone(unsigned int lo, unsigned int hi)
 {
 	kvs_fdinfo_forget_range(lo, hi);
 	kvs_wonce_closed_range(lo, hi);
-	kvs_unseen_closed(lo, hi);
 }
 
 void kvs_shim_invalidate(int fd, off_t off, size_t len, bool use_pos, off_t pos_delta)

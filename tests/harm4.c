@@ -226,7 +226,7 @@ int main(int argc, char **argv)
 		size_t got = 0;
 		for (ssize_t r; got < MIB && (r = read(was, b + got, MIB - got)) > 0;)
 			got += (size_t)r; /* read(2) of the number: the shim looks at it */
-		pclose(p); /* closes the number inside glibc */
+		pclose(p);		  /* closes the number inside glibc */
 		free(b);
 		if ((fd = open(path, O_RDONLY | O_DIRECT)) < 0)
 			die(path);
@@ -271,7 +271,8 @@ int main(int argc, char **argv)
 			die("truncate");
 		fill(fd, size, 7);
 		close(fd);
-	} else if (!strcmp(m, "sys_openat") || !strcmp(m, "sys_openat2") || !strcmp(m, "sys_creat")) {
+	} else if (!strcmp(m, "sys_openat") || !strcmp(m, "sys_openat2") ||
+		   !strcmp(m, "sys_creat")) {
 		if (!strcmp(m, "sys_openat")) {
 			fd = (int)syscall(SYS_openat, AT_FDCWD, path, O_WRONLY | O_TRUNC);
 		} else if (!strcmp(m, "sys_creat")) {

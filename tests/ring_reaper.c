@@ -183,7 +183,8 @@ int main(int argc, char **argv)
 		return mk(argv[2], size_arg(argv[3]));
 	if (argc != 5 ||
 	    (strcmp(argv[1], "peek") && strcmp(argv[1], "libaio") && strcmp(argv[1], "again"))) {
-		fprintf(stderr, "usage: ring_reaper mk FILE SIZE | peek|libaio|again FILE BS DEPTH\n");
+		fprintf(stderr,
+			"usage: ring_reaper mk FILE SIZE | peek|libaio|again FILE BS DEPTH\n");
 		return 2;
 	}
 	bool use_libaio = !strcmp(argv[1], "libaio");
@@ -215,7 +216,7 @@ int main(int argc, char **argv)
 		ctx = (aio_context_t)(uintptr_t)lctx;
 	} else
 #endif
-		if (syscall(SYS_io_setup, depth, &ctx))
+	    if (syscall(SYS_io_setup, depth, &ctx))
 		return fprintf(stderr, "io_setup: %s\n", strerror(errno)), 77;
 	for (int i = 0; i < depth; i++)
 		if (posix_memalign(&slots[i].buf, 4096, bs))
@@ -273,7 +274,8 @@ int main(int argc, char **argv)
 			struct timespec zero = {0, 0};
 			got = io_getevents(lctx, 0, depth, ev, &zero);
 			if (got < 0)
-				return fprintf(stderr, "io_getevents: %s\n", strerror((int)-got)), 1;
+				return fprintf(stderr, "io_getevents: %s\n", strerror((int)-got)),
+				       1;
 		} else
 #endif
 		{
@@ -302,7 +304,9 @@ int main(int argc, char **argv)
 		if (got) {
 			last = now_s();
 		} else if (now_s() - last > 30) {
-			fprintf(stderr, "hang: %llu of %llu reads reaped, nothing for 30 s (ring head %u tail %u)\n",
+			fprintf(stderr,
+				"hang: %llu of %llu reads reaped, nothing for 30 s (ring head %u "
+				"tail %u)\n",
 				(unsigned long long)done, (unsigned long long)nreads, ring->head,
 				ring->tail);
 			return 3;

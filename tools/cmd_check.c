@@ -510,10 +510,11 @@ static void check_store(struct check *ck, const struct kvs_config *cfg)
 				goto next;
 			bool declared = listed_under(cfg->files_write_once, real);
 			if (l == 1 && !listed_under(cfg->files_roots, real)) {
-				warning(ck,
-					"files.write_once: %s is not within files.roots: it changes "
-					"nothing",
-					dir);
+				warning(
+				    ck,
+				    "files.write_once: %s is not within files.roots: it changes "
+				    "nothing",
+				    dir);
 				goto next;
 			}
 			if (l == 0 && declared)
@@ -523,15 +524,17 @@ static void check_store(struct check *ck, const struct kvs_config *cfg)
 				goto next;
 			sample_dir(fd, real, 0, once_ns, &sm);
 			if (l == 1 && sm.no_id)
-				warning(ck,
-					"files.write_once: %s is on a file system that gives no inode "
-					"generation: its files are kept as files.roots keeps them (by "
-					"change times, with files.settle)",
-					dir);
+				warning(
+				    ck,
+				    "files.write_once: %s is on a file system that gives no inode "
+				    "generation: its files are kept as files.roots keeps them (by "
+				    "change times, with files.settle)",
+				    dir);
 			else if (l == 1 && !sm.files)
 				ok(ck, "ok   files.write_once: %s (no files yet)", dir);
 			else if (l == 1)
-				ok(ck, "ok   files.write_once: %s (%d sampled files, keyed by birth)",
+				ok(ck,
+				   "ok   files.write_once: %s (%d sampled files, keyed by birth)",
 				   dir, sm.files);
 			else if (sm.files >= 4 && sm.once == sm.files)
 				ok(ck,
@@ -608,18 +611,19 @@ static void check_capacity(struct check *ck, const struct kvs_config *cfg)
 				uint64_t bytes = tree_bytes(fd, 0, &left);
 
 				if (bytes > cfg->cache_capacity)
-					warning(ck,
-						"cache.capacity: the files of %s hold %s%s, more than "
-						"the region's %s: a load of them all evicts its own "
-						"shards and reads storage again each time; set "
-						"cache.capacity = %s (or more) if the node has the "
-						"memory",
-						dir, left <= 0 ? "at least " : "",
-						tool_human_bytes(bytes, a, sizeof(a)),
-						tool_human_bytes(cfg->cache_capacity, b, sizeof(b)),
-						tool_human_bytes((bytes + (1ull << 30) - 1) &
-								     ~((1ull << 30) - 1),
-								 c, sizeof(c)));
+					warning(
+					    ck,
+					    "cache.capacity: the files of %s hold %s%s, more than "
+					    "the region's %s: a load of them all evicts its own "
+					    "shards and reads storage again each time; set "
+					    "cache.capacity = %s (or more) if the node has the "
+					    "memory",
+					    dir, left <= 0 ? "at least " : "",
+					    tool_human_bytes(bytes, a, sizeof(a)),
+					    tool_human_bytes(cfg->cache_capacity, b, sizeof(b)),
+					    tool_human_bytes((bytes + (1ull << 30) - 1) &
+								 ~((1ull << 30) - 1),
+							     c, sizeof(c)));
 			}
 		}
 		if (!end)
@@ -642,13 +646,14 @@ static void check_violations(struct check *ck, const struct kvs_config *cfg)
 		uint64_t v = s->totals.v[KVS_CTR_write_once_violations];
 
 		if (v)
-			warning(ck,
-				"files.write_once: the region counted %llu file%s rewritten in "
-				"place on a write-once root (write_once_violations; the warning of "
-				"the process that did it names the file): readers may have been "
-				"served old bytes until then; take that root out of "
-				"files.write_once, or see \"Write-once roots\" in docs/operations.md",
-				(unsigned long long)v, v == 1 ? "" : "s");
+			warning(
+			    ck,
+			    "files.write_once: the region counted %llu file%s rewritten in "
+			    "place on a write-once root (write_once_violations; the warning of "
+			    "the process that did it names the file): readers may have been "
+			    "served old bytes until then; take that root out of "
+			    "files.write_once, or see \"Write-once roots\" in docs/operations.md",
+			    (unsigned long long)v, v == 1 ? "" : "s");
 		else
 			ok(ck, "ok   files.write_once: no file rewritten in place (the region's "
 			       "write_once_violations is 0)");

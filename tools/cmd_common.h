@@ -118,8 +118,8 @@ int tool_catch_stop(sigset_t *waitmask);
 static inline int tool_said_path(const char *region_path, char *buf, size_t len)
 {
 	const char *slash = strrchr(region_path, '/');
-	int n = slash ? snprintf(buf, len, "%.*s/.%s.said", (int)(slash - region_path),
-				 region_path, slash + 1)
+	int n = slash ? snprintf(buf, len, "%.*s/.%s.said", (int)(slash - region_path), region_path,
+				 slash + 1)
 		      : -1;
 
 	return n < 0 || (size_t)n >= len ? -1 : 0;

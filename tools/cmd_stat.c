@@ -313,7 +313,8 @@ static void print_unserved(FILE *f, const struct tool_snapshot *s)
 		 * map a checkpoint many times over), so it is not said as reads not served. */
 		if (tool_unserved[u].calls == KVS_CTR_unserved_mmap) {
 			fprintf(f,
-				"mapped     %" PRIu64 " mapping%s of KV files, %s mapped (not reads: "
+				"mapped     %" PRIu64
+				" mapping%s of KV files, %s mapped (not reads: "
 				"page faults read past the cache, as much as the program touches; "
 				"%s)\n",
 				calls, calls == 1 ? "" : "s",
@@ -334,7 +335,8 @@ static void print_unseen(FILE *f, const struct tool_snapshot *s)
 
 	if (n)
 		fprintf(f,
-			"unseen     %" PRIu64 " O_DIRECT open%s of KV files closed with no read the "
+			"unseen     %" PRIu64
+			" O_DIRECT open%s of KV files closed with no read the "
 			"shim saw: reads made by inline system calls (a bundled liburing, a static "
 			"binary), not served (unserved_unseen)\n",
 			n, n == 1 ? "" : "s");
