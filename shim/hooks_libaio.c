@@ -531,8 +531,13 @@ static void invalidate_write(const struct iocb *cb)
 				      (int)cb->aio_nbytes, local, &n))
 			len = (size_t)n;
 	}
-	if (len)
+	if (len) {
 		kvs_shim_invalidate((int)cb->aio_fildes, (off_t)cb->aio_offset, len, false, 0);
+		/* A rewrite of a write-once file counts at the submission (its event comes later,
+		 * maybe where the shim does not look). */
+		kvs_shim_invalidate((int)cb->aio_fildes, (off_t)cb->aio_offset, len, false,
+				    -(off_t)len);
+	}
 }
 
 /* Note cb (a copy of the program's iocb) in p for write-through when it is a write of a KV

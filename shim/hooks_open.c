@@ -1,11 +1,11 @@
 /*
  * hooks_open: the interposed opens (open, open64, openat, openat64, creat, creat64, their
- * fortified __open*_2 forms, fopen, fopen64).  Around each real call (made exactly as without
- * the shim; its result and errno are the caller's): before it, an O_TRUNC of a file on a
- * files.write_once root that held bytes is a rewrite in place (wonce.h: its shards dropped
- * while the size that names them is known); after it (kvs_shim_opened), the number's earlier
- * life is forgotten, a writable open's class is set by its path (one readlink: its writes to a
- * file outside the roots then cost no system call), a write-once file opened for writing has
+ * fortified __open*_2 forms, fopen, fopen64, freopen, freopen64).  Around each real call (made
+ * exactly as without the shim; its result and errno are the caller's): before it, an O_TRUNC of a
+ * file on a files.write_once root that held bytes is a rewrite in place (wonce.h: its shards
+ * dropped while the size that names them is known); after it (kvs_shim_opened), the number's
+ * earlier life is forgotten, a writable open's class is set by its path (one readlink: its writes
+ * to a file outside the roots then cost no system call), a write-once file opened for writing has
  * its size noted (the bytes it held: a later write over them is a rewrite in place), and an
  * O_DIRECT open of a KV file is marked (unseen.h).  A read-only open costs no system call.
  * The opens through libc's syscall() take the same two steps (hooks_syscall.c).
@@ -143,4 +143,27 @@ KVS_EXPORT FILE *fopen(const char *path, const char *mode)
 KVS_EXPORT FILE *fopen64(const char *path, const char *mode)
 {
 	AROUND_FOPEN(path, mode, kvs_real.fopen64(path, mode));
+}
+
+/* freopen closes the stream's descriptor inside glibc, past the close hooks, and opens path,
+ * most often on the same number: told as a close, then followed as fopen's open.  A NULL path
+ * (a new mode on the same file) opens nothing new. */
+#define AROUND_FREOPEN(path, mode, stream, call)                                                   \
+	do {                                                                                       \
+		int old_ = (path) && (stream) ? fileno(stream) : -1;                               \
+		if (old_ >= 0) {                                                                   \
+			kvs_shim_fd_gone(old_);                                                    \
+			kvs_shim_fds_closing((unsigned int)old_, (unsigned int)old_);              \
+		}                                                                                  \
+		AROUND_FOPEN(path, mode, call);                                                    \
+	} while (0)
+
+KVS_EXPORT FILE *freopen(const char *path, const char *mode, FILE *stream)
+{
+	AROUND_FREOPEN(path, mode, stream, kvs_real.freopen(path, mode, stream));
+}
+
+KVS_EXPORT FILE *freopen64(const char *path, const char *mode, FILE *stream)
+{
+	AROUND_FREOPEN(path, mode, stream, kvs_real.freopen64(path, mode, stream));
 }

@@ -264,6 +264,11 @@ KVS_EXPORT size_t fwrite(const void *ptr, size_t size, size_t nmemb, FILE *f)
 		staged = kvs_shim_write_before(&op, fd, &v, 1, total, pos, true);
 	}
 	done = kvs_real.fwrite(ptr, size, nmemb, f);
+	if (pos >= 0 && done > 0) { /* taken by the stream: a rewrite counts now */
+		saved = errno;
+		kvs_shim_invalidate(fd, pos, done * size, false, -(off_t)(done * size));
+		errno = saved;
+	}
 	if (staged) {
 		saved = errno;
 		/* Short: the stream has an error now, and fclose will say so. */

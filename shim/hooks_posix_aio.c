@@ -633,6 +633,10 @@ static void before_write(const struct aiocb *cb)
 	if (!cb || cb->aio_offset < 0)
 		return;
 	kvs_shim_invalidate(cb->aio_fildes, cb->aio_offset, cb->aio_nbytes, false, 0);
+	/* A rewrite of a write-once file counts at the submission (its result comes later). */
+	if (cb->aio_nbytes)
+		kvs_shim_invalidate(cb->aio_fildes, cb->aio_offset, cb->aio_nbytes, false,
+				    -(off_t)cb->aio_nbytes);
 	struct iovec io = {(void *)(uintptr_t)cb->aio_buf, cb->aio_nbytes};
 	/* An aiocb reused without its result collected: the old write is of no use now. */
 	complete_write(take_write(cb, -1), -1);

@@ -280,6 +280,20 @@ extern size_t _IO_fwrite(const void *ptr, size_t size, size_t n, FILE *f);
 extern int _IO_fclose(FILE *f);
 extern FILE *_IO_fopen(const char *path, const char *mode);
 
+/* freopen has no alias and no system call: until resolved, looked up at the call (the
+ * dynamic linker's own dlsym, never the shim's). */
+static FILE *freopen_late(const char *path, const char *mode, FILE *f)
+{
+	FILE *(*fn)(const char *, const char *, FILE *) =
+	    (FILE * (*)(const char *, const char *, FILE *)) kvs_dlsym_real(RTLD_NEXT, "freopen");
+
+	if (!fn || kvs_dlsym_in_shim((void *)fn)) {
+		errno = ENOSYS;
+		return NULL;
+	}
+	return fn(path, mode, f);
+}
+
 struct kvs_real kvs_real = {
     .read = sys_read,
     .pread = sys_pread,
@@ -339,6 +353,8 @@ struct kvs_real kvs_real = {
     .openat64_2 = sys_openat_2,
     .fopen = _IO_fopen, /* no system call for it: glibc's own alias until resolved */
     .fopen64 = _IO_fopen,
+    .freopen = freopen_late,
+    .freopen64 = freopen_late,
     .fallocate = sys_fallocate,
     .fallocate64 = sys_fallocate,
     .copy_file_range = sys_copy_file_range,
@@ -442,6 +458,8 @@ static void resolve(void)
 	RESOLVE(openat64_2, "__openat64_2");
 	RESOLVE(fopen, "fopen");
 	RESOLVE(fopen64, "fopen64");
+	RESOLVE(freopen, "freopen");
+	RESOLVE(freopen64, "freopen64");
 	RESOLVE(fallocate, "fallocate");
 	RESOLVE(fallocate64, "fallocate64");
 	RESOLVE(copy_file_range, "copy_file_range");

@@ -72,6 +72,8 @@ struct kvs_real {
 	int (*openat64_2)(int, const char *, int);
 	FILE *(*fopen)(const char *, const char *);
 	FILE *(*fopen64)(const char *, const char *);
+	FILE *(*freopen)(const char *, const char *, FILE *);
+	FILE *(*freopen64)(const char *, const char *, FILE *);
 	int (*fallocate)(int, int, off_t, off_t);
 	int (*fallocate64)(int, int, off64_t, off64_t);
 	ssize_t (*copy_file_range)(int, off64_t *, int, off64_t *, size_t, unsigned int);

@@ -25,6 +25,10 @@
  *                                is the lock still held (asked by a child)?
  *   harm4 inline FILE            an O_DIRECT open through libc, 1 MiB read by an inline system
  *                                call (no libc door: a bundled liburing's way), a close
+ *   harm4 freopen FILE           a stream written to another file (its number classed "not a KV
+ *                                file"), freopen'ed onto FILE "r+" (glibc closes and opens
+ *                                inside itself, most often on the same number), 4 KiB written
+ *                                over its first bytes
  *   harm4 reborn FILE            a number read as a pipe (popen, 1 MiB by read), closed
  *                                inside glibc (pclose), then FILE opened on it and read
  */
@@ -308,6 +312,24 @@ int main(int argc, char **argv)
 		ssize_t n = pwrite(fd, b, sizeof(b), 0);
 		printf("pwrite on a read-only descriptor: %zd %s\n", n, strerrorname_np(errno));
 		close(fd);
+	} else if (!strcmp(m, "freopen")) {
+		char other[4096], b[4096];
+
+		snprintf(other, sizeof(other), "%s.other", path);
+		FILE *f = fopen(other, "w");
+		if (!f)
+			die(other);
+		memset(b, 0x33, sizeof(b));
+		for (int i = 0; i < 256; i++) /* 1 MiB: the shim looks at the number */
+			if (fwrite(b, 1, sizeof(b), f) != sizeof(b))
+				die("fwrite");
+		fflush(f);
+		if (!(f = freopen(path, "r+", f)))
+			die("freopen");
+		memset(b, 0x44, sizeof(b));
+		if (fwrite(b, 1, sizeof(b), f) != sizeof(b) || fclose(f))
+			die("fwrite");
+		unlink(other);
 	} else if (!strcmp(m, "dup2lock")) {
 		struct flock fl = {.l_type = F_WRLCK, .l_whence = SEEK_SET};
 

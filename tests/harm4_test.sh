@@ -61,6 +61,7 @@ case_ sys_openat2 1
 case_ sys_creat 1
 case_ rewrite 1
 case_ append 0
+case_ freopen 1
 
 # An O_TRUNC open as the process's first hooked call (dd, cp, a shell's >), with and without
 # write-through: the next reader gets the new bytes.

@@ -1,0 +1,174 @@
+#!/usr/bin/env bash
+# kvshim under vLLM's O_DIRECT model loaders, from PyPI, on CPU: fastsafetensors (without GDS:
+# threads of O_DIRECT pread into bounce buffers) and runai-model-streamer with each of its file
+# system strategies (RUNAI_STREAMER_FS_STRATEGY: io_uring_direct, its default; libaio_direct,
+# its pick where containers refuse io_uring; sync_buffered, with files.buffered = true).  A
+# bf16 safetensors checkpoint in two shards is made once; then, for each loader, REPLICAS
+# replicas load it at once without the shim and under it (`kvshim run --strict`, files.roots
+# the model's directory, a region that holds it), each checking every tensor against the
+# checkpoint's own hashes.  Storage is the kernel's count: the replicas' /proc/PID/io
+# read_bytes, which this shell gets for every child it waited for (the page cache is dropped
+# before each run, so a buffered load counts too).  One table row per loader, as in issue 35:
+# storage per model without and with the shim, the shim's own count, whether every tensor was
+# right, the slowest replica's time.  Status 1 when a replica under the shim went wrong, hung
+# (a bound of 300 s) or read storage more than 1.05x where the shim serves.
+#   scripts/loaders.sh [BUILD_DIR]    (default build; scratch ${KVS_LOADERS_DIR:-/var/tmp/kvshim-loaders})
+# Environment: KVS_LOADERS_MODEL_MIB (default 1260: 1.23 GiB), KVS_LOADERS_REPLICAS (4).
+# The venv (torch and the two wheels: about 5.5 GiB with torch's CUDA wheels) stays in the
+# scratch directory, so a second run installs nothing.
+set -euo pipefail
+root=$(cd "$(dirname "$0")/.." && pwd)
+build=${1:-$root/build}
+dir=${KVS_LOADERS_DIR:-/var/tmp/kvshim-loaders}
+mib=${KVS_LOADERS_MODEL_MIB:-1260}
+replicas=${KVS_LOADERS_REPLICAS:-4}
+mkdir -p "$dir"
+dir=$(cd "$dir" && pwd)
+say() { echo "loaders: $*" >&2; }
+
+if [ ! -x "$build/tools/kvshim" ] || [ ! -e "$build/shim/libkvshim.so" ]; then
+	bash "$root/scripts/deps.sh"
+	cmake -S "$root" -B "$build" -DCMAKE_BUILD_TYPE=RelWithDebInfo >/dev/null
+	cmake --build "$build" -j"$(nproc)" >/dev/null
+fi
+kvshim=$build/tools/kvshim
+
+# A Python of at least 3.10 for the wheels (torch 2.x), in a venv of the scratch directory.
+py=$dir/venv/bin/python
+if [ ! -x "$py" ] || ! "$py" -c 'import torch, fastsafetensors, runai_model_streamer' 2>/dev/null; then
+	base=""
+	for c in python3.12 python3.11 python3.10 python3; do
+		if command -v "$c" >/dev/null &&
+			"$c" -c 'import sys; sys.exit(0 if sys.version_info >= (3, 10) else 1)' 2>/dev/null; then
+			base=$c
+			break
+		fi
+	done
+	[ -n "$base" ] || { say "no Python 3.10 or newer"; exit 1; }
+	say "installing torch, fastsafetensors and runai-model-streamer into $dir/venv (about 5.5 GiB)"
+	"$base" -m venv "$dir/venv"
+	"$dir/venv/bin/pip" install -q runai-model-streamer fastsafetensors torch safetensors numpy
+fi
+
+# The checkpoint: two shards of bf16 tensors of 1 to 64 MiB, with a manifest of their hashes.
+model=$dir/model
+if [ ! -e "$model/manifest.json" ] || [ "$(cat "$model/mib" 2>/dev/null)" != "$mib" ]; then
+	rm -rf "$model"
+	mkdir -p "$model"
+	say "making a $mib MiB checkpoint in $model"
+	"$py" - "$model" "$mib" <<'EOF'
+import hashlib, json, os, sys, torch
+from safetensors.torch import save_file
+out, mib = sys.argv[1], int(sys.argv[2])
+g = torch.Generator().manual_seed(7)
+shards, manifest, left, n = [{}, {}], {}, mib << 20, 0
+while left > 0:
+    size = min(left, (1 + n % 64) << 20)
+    t = torch.randn(size // 2, generator=g).to(torch.bfloat16)
+    name = f"layer{n}.weight"
+    shards[n % 2][name] = t
+    manifest[name] = hashlib.sha256(t.view(torch.uint8).numpy().tobytes()).hexdigest()
+    left -= size
+    n += 1
+for i, s in enumerate(shards):
+    save_file(s, os.path.join(out, f"model-0000{i + 1}-of-00002.safetensors"))
+json.dump(manifest, open(os.path.join(out, "manifest.json"), "w"))
+open(os.path.join(out, "mib"), "w").write(str(mib))
+EOF
+	sync
+fi
+bytes=$(cat "$model"/*.safetensors | wc -c)
+
+# One replica: load every tensor the loader's way, check each against the manifest.
+cat >"$dir/replica.py" <<'EOF'
+import glob, hashlib, json, os, sys, time, torch
+kind, model = sys.argv[1], sys.argv[2]
+files = sorted(glob.glob(os.path.join(model, "*.safetensors")))
+want = json.load(open(os.path.join(model, "manifest.json")))
+t0 = time.monotonic()
+got = {}
+def h(t):
+    return hashlib.sha256(t.contiguous().view(torch.uint8).numpy().tobytes()).hexdigest()
+if kind == "fastsafetensors":
+    from fastsafetensors import SafeTensorsFileLoader
+    loader = SafeTensorsFileLoader(None, "cpu", nogds=True)
+    loader.add_filenames({0: files})
+    fb = loader.copy_files_to_device()
+    for k in want:
+        got[k] = h(fb.get_tensor(k))
+    fb.close()
+    loader.close()
+else:
+    from runai_model_streamer import SafetensorsStreamer
+    with SafetensorsStreamer() as s:
+        for f in files:
+            s.stream_file(f)
+            for name, t in s.get_tensors():
+                got[name] = h(t)
+bad = sum(1 for k, v in want.items() if got.get(k) != v)
+print(f"{time.monotonic() - t0:.2f} {len(want)} {bad}")
+EOF
+
+io_read_bytes() { awk '/^read_bytes:/ { print $2 }' "/proc/$$/io"; }
+drop() { sync; echo 3 >/proc/sys/vm/drop_caches 2>/dev/null || true; }
+
+# run SHIM(0|1) KIND [ENV...]: REPLICAS replicas at once; prints "storage_ratio slowest_s bad hung"
+run() {
+	local shim=$1 kind=$2 pids=() k0 r slow=0 bad=0 hung=0 t
+	shift 2
+	drop
+	k0=$(io_read_bytes)
+	for r in $(seq 1 "$replicas"); do
+		if [ "$shim" = 1 ]; then
+			env "$@" timeout 300 "$kvshim" run --strict -- "$py" "$dir/replica.py" "$kind" "$model" \
+				>"$dir/out.$r" 2>"$dir/err.$r" &
+		else
+			env "$@" timeout 300 "$py" "$dir/replica.py" "$kind" "$model" >"$dir/out.$r" 2>"$dir/err.$r" &
+		fi
+		pids+=($!)
+	done
+	for r in $(seq 1 "$replicas"); do
+		if ! wait "${pids[$((r - 1))]}"; then
+			hung=$((hung + 1))
+			continue
+		fi
+		read -r t _ b <"$dir/out.$r" || b=1
+		bad=$((bad + b))
+		slow=$(python3 -c "print(max($slow, $t))")
+	done
+	python3 -c "print(f'{($(io_read_bytes) - $k0) / $bytes:.2f}x', '$slow', $bad, $hung)"
+}
+
+export KVSHIM_CONFIG=
+export KVSHIM_FILES_ROOTS=$model
+export KVSHIM_CACHE_NAME=loaders
+export KVSHIM_CACHE_CAPACITY=$(((mib / 1024 + 1) * 2))G
+export KVSHIM_FILES_SETTLE=0
+export KVSHIM_SHIM_LOG=warn
+status=0
+printf '%-42s | %-24s | %-40s\n' "loader ($replicas replicas, $((bytes >> 20)) MiB)" "without kvshim" "under kvshim"
+for case in fastsafetensors "runai io_uring_direct" "runai libaio_direct" "runai sync_buffered"; do
+	kind=${case%% *}
+	env=(RUNAI_STREAMER_LOG_LEVEL=ERROR)
+	[ "$kind" = runai ] && env+=(RUNAI_STREAMER_FS_STRATEGY=${case#* })
+	shim_env=("${env[@]}")
+	[ "${case#* }" = sync_buffered ] && shim_env+=(KVSHIM_FILES_BUFFERED=true)
+	read -r s0 t0 b0 h0 <<<"$(run 0 "$kind" "${env[@]}")"
+	"$kvshim" reset --force >/dev/null 2>&1 || true
+	read -r s1 t1 b1 h1 <<<"$(run 1 "$kind" "${shim_env[@]}")"
+	counted=$("$kvshim" stat --json | python3 -c 'import json,sys
+t=json.load(sys.stdin)["totals"]
+print(f"backend {t[\"backend_bytes\"]/'"$bytes"':.2f}x, unseen {t[\"unserved_unseen\"]}")' 2>/dev/null || echo "no region")
+	verdict="every tensor right"
+	[ "$b1" != 0 ] && verdict="$b1 tensors WRONG"
+	[ "$h1" != 0 ] && verdict="$h1 replicas HUNG or failed"
+	printf '%-42s | %-24s | %-40s\n' "$case" "$s0, slowest ${t0}s" "$s1 ($counted), $verdict, slowest ${t1}s"
+	if [ "$b1" != 0 ] || [ "$h1" != 0 ]; then
+		status=1
+	elif [ "$case" != "runai io_uring_direct" ] && [ "${case#* }" != sync_buffered ] &&
+		python3 -c "import sys; sys.exit(0 if float('${s1%x}') > 1.05 else 1)"; then
+		status=1
+	fi
+	"$kvshim" reset --force >/dev/null 2>&1 || true
+done
+exit $status
