@@ -7,8 +7,9 @@
 # replicas load it at once without the shim and under it (`kvshim run --strict`, files.roots
 # the model's directory, a region that holds it), each checking every tensor against the
 # checkpoint's own hashes.  Storage is the kernel's count: the replicas' /proc/PID/io
-# read_bytes, which this shell gets for every child it waited for (the page cache is dropped
-# before each run, so a buffered load counts too).  One table row per loader, as in issue 35:
+# read_bytes, which this shell gets for every child it waited for (the model's pages are
+# dropped from the page cache before each run, so a buffered load counts too; a first run
+# also reads torch's libraries, which later runs find cached).  One table row per loader, as in issue 35:
 # storage per model without and with the shim, the shim's own count, whether every tensor was
 # right, the slowest replica's time.  Status 1 when a replica under the shim went wrong, hung
 # (a bound of 300 s) or read storage more than 1.05x where the shim serves.
@@ -109,15 +110,24 @@ bad = sum(1 for k, v in want.items() if got.get(k) != v)
 print(f"{time.monotonic() - t0:.2f} {len(want)} {bad}")
 EOF
 
-io_read_bytes() { awk '/^read_bytes:/ { print $2 }' "/proc/$$/io"; }
-drop() { sync; echo 3 >/proc/sys/vm/drop_caches 2>/dev/null || true; }
+# PID's count (run's subshell, which waits for the replicas) includes every child it waited for.
+io_read_bytes() { awk '/^read_bytes:/ { print $2 }' "/proc/$1/io"; }
+# The model's pages out of the page cache (a buffered load then reads storage), and only
+# theirs: torch's libraries, which every replica maps, stay cached and out of the count.
+drop() {
+	sync
+	"$py" -c 'import os, sys
+for p in sys.argv[1:]:
+    fd = os.open(p, os.O_RDONLY); os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED); os.close(fd)' \
+		"$model"/*.safetensors
+}
 
 # run SHIM(0|1) KIND [ENV...]: REPLICAS replicas at once; prints "storage_ratio slowest_s bad hung"
 run() {
-	local shim=$1 kind=$2 pids=() k0 r slow=0 bad=0 hung=0 t
+	local shim=$1 kind=$2 pids=() k0 r slow=0 bad=0 hung=0 t me=$BASHPID
 	shift 2
 	drop
-	k0=$(io_read_bytes)
+	k0=$(io_read_bytes "$me")
 	for r in $(seq 1 "$replicas"); do
 		if [ "$shim" = 1 ]; then
 			env "$@" timeout 300 "$kvshim" run --strict -- "$py" "$dir/replica.py" "$kind" "$model" \
@@ -136,7 +146,7 @@ run() {
 		bad=$((bad + b))
 		slow=$(python3 -c "print(max($slow, $t))")
 	done
-	python3 -c "print(f'{($(io_read_bytes) - $k0) / $bytes:.2f}x', '$slow', $bad, $hung)"
+	python3 -c "print(f'{($(io_read_bytes "$me") - $k0) / $bytes:.2f}x', '$slow', $bad, $hung)"
 }
 
 export KVSHIM_CONFIG=
@@ -156,9 +166,10 @@ for case in fastsafetensors "runai io_uring_direct" "runai libaio_direct" "runai
 	read -r s0 t0 b0 h0 <<<"$(run 0 "$kind" "${env[@]}")"
 	"$kvshim" reset --force >/dev/null 2>&1 || true
 	read -r s1 t1 b1 h1 <<<"$(run 1 "$kind" "${shim_env[@]}")"
-	counted=$("$kvshim" stat --json | python3 -c 'import json,sys
-t=json.load(sys.stdin)["totals"]
-print(f"backend {t[\"backend_bytes\"]/'"$bytes"':.2f}x, unseen {t[\"unserved_unseen\"]}")' 2>/dev/null || echo "no region")
+	counted=$("$kvshim" stat --json 2>/dev/null | python3 -c 'import json,sys
+t = json.load(sys.stdin)["totals"]
+print("backend %.2fx, unseen %d" % (t["backend_bytes"] / int(sys.argv[1]), t["unserved_unseen"]))' \
+		"$bytes" 2>/dev/null || echo "no region")
 	verdict="every tensor right"
 	[ "$b1" != 0 ] && verdict="$b1 tensors WRONG"
 	[ "$h1" != 0 ] && verdict="$h1 replicas HUNG or failed"

@@ -3,8 +3,8 @@
  *
  * marks: one bit per descriptor number below UNSEEN_SLOTS, set by the opening thread, cleared
  * by whoever clears it first (a look, a close, a forget: atomic and-not, the clearer that
- * found it set counts).  pending: closes counted while the region was not mapped, moved into
- * the region's counter at the next marked open (which maps it).  owner: the pid the marks
+ * found it set counts).  pending: the closes of marked numbers, moved into the region's
+ * counter at exit when the process read no KV file the shim saw.  owner: the pid the marks
  * belong to (a vfork child closes in its parent's memory: not counted).
  */
 #include <errno.h>
@@ -27,16 +27,6 @@ static _Atomic uint32_t nmarked; /* a hint for the close hooks: 0, nothing to lo
 static _Atomic uint64_t pending;
 static _Atomic long owner;
 
-/* Move the pending count into the region, mapping it (caller holds the guard): a process with
- * a count has opened KV files for O_DIRECT reads it made where the shim cannot see. */
-static void flush_pending(void)
-{
-	struct kvs_cache *c;
-
-	if (atomic_load(&pending) && (c = kvs_shim_region(true)))
-		kvs_cache_count(c, KVS_CTR_unserved_unseen, atomic_exchange(&pending, 0));
-}
-
 void kvs_unseen_opened(int fd, int flags)
 {
 	struct kvs_fdinfo fi;
@@ -50,20 +40,25 @@ void kvs_unseen_opened(int fd, int flags)
 		atomic_store_explicit(&owner, kvs_syscall(SYS_getpid), memory_order_relaxed);
 		if (!(atomic_fetch_or(&marks[fd / 64], 1ull << (fd % 64)) & (1ull << (fd % 64))))
 			atomic_fetch_add(&nmarked, 1);
-		flush_pending();
 	}
 	kvs_shim_out(saved);
 }
 
-/* At exit: what is pending is counted (a loader that opened, read unseen and closed its
- * files, then exits, never opens again).  Not at _exit or a kill. */
+/* At exit, what is pending is counted, if this process read no KV file the shim saw: a loader
+ * that reads through the shim and opens a file it then reads nothing of (a probe, a spare
+ * descriptor per thread) is not one whose reads went where the shim cannot see.  Not at _exit
+ * or a kill. */
 __attribute__((destructor)) static void unseen_at_exit(void)
 {
+	struct kvs_cache *c;
+
 	if (!atomic_load(&pending) || kvs_shim_guard || !kvs_shim_wants(SIZE_MAX) ||
 	    kvs_syscall(SYS_getpid) != atomic_load_explicit(&owner, memory_order_relaxed))
 		return;
 	int saved = kvs_shim_in();
-	flush_pending();
+	if (!(kvs_shim_is_mapped() && kvs_cache_counted(kvs_shim_cache, KVS_CTR_read_bytes)) &&
+	    (c = kvs_shim_region(true)))
+		kvs_cache_count(c, KVS_CTR_unserved_unseen, atomic_exchange(&pending, 0));
 	kvs_shim_out(saved);
 }
 
@@ -109,10 +104,7 @@ void kvs_unseen_closed(unsigned int lo, unsigned int hi)
 		return; /* a vfork child's close of its parent's numbers */
 	}
 	errno = saved;
-	if (kvs_shim_is_mapped())
-		kvs_cache_count(kvs_shim_cache, KVS_CTR_unserved_unseen, n);
-	else
-		atomic_fetch_add(&pending, n);
+	atomic_fetch_add(&pending, n); /* counted at exit (unseen_at_exit) */
 }
 
 void kvs_unseen_atfork_child(void)
