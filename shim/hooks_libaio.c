@@ -20,21 +20,21 @@
  * chunk at a time (KVS_SUBMIT_CHUNK).  The reads the cache takes (kvs_shim_read_start) are all
  * started, then waited for: the loader runs them together, owners reading storage while the
  * others wait on the state words.  Each read the cache served is then handed to the kernel as
- * its carrier: the program's iocb, rewritten in place for the length of the call, writes its
- * result's worth of bytes to /dev/null (a shim descriptor, kvs_ownfd), which the kernel
- * completes at once with that count, through the program's context, aio_data, eventfd and iocb
- * address, as it would have completed the read.  The whole chunk, carriers and the program's
- * other entries in their order, goes to the kernel in one call.  A read the cache did not serve
- * (a failed load too) goes to the kernel as it is.  io_getevents, io_pgetevents, io_cancel and
- * io_destroy are the kernel's; the shim only looks at their events for the writes it noted for
- * write-through.
+ * its carrier: the program's iocb, rewritten in place, writes the read's bytes to /dev/null (a
+ * shim descriptor, kvs_ownfd), which the kernel completes at once with that count, through the
+ * program's context, aio_data, eventfd and iocb address, as it would have completed the read.  The
+ * whole chunk, carriers and the program's other entries in their order, goes to the kernel in one
+ * call.  A read the cache did not serve (a failed load, a short read at the end of a file:
+ * carrier_set) goes to the kernel as it is, and so do carriers the kernel did not take (put back as
+ * they were).  io_getevents, io_pgetevents, io_cancel and io_destroy are the kernel's; the shim
+ * only looks at their events for the writes it noted for write-through.
  *
  * The price: an io_submit with served reads returns once their bytes are in the buffers (a
  * buffered read's io_submit does the same in the kernel), and a served iocb reads as its
  * carrier from then on.  The shim never writes an iocb once it is in the kernel: the kernel
  * names an event by the address it read the iocb from and posts it during the call, and from
  * then on the program may free or reuse that memory (another thread may reap the event before
- * io_submit returns).  A carrier submitted again as it is gets its read back (carrier_undo).
+ * io_submit returns).  A carrier submitted again gets its read back (carrier_undo).
  * Why not complete later, from the loader: for the same reason, the shim cannot write an iocb
  * after io_submit returns.
  *
@@ -230,14 +230,17 @@ static pthread_mutex_t ctx_mu = PTHREAD_MUTEX_INITIALIZER;
 static struct kctx *ctxs;
 static pthread_once_t atfork_once = PTHREAD_ONCE_INIT;
 
+static pthread_mutex_t carriers_mu = PTHREAD_MUTEX_INITIALIZER; /* the carriers' table */
+
 /* The carriers' descriptor: /dev/null, opened for writing at the first served entry. */
 static struct kvs_ownfd devnull = KVS_OWNFD_INIT;
 
 static void atfork_child(void)
 {
-	pthread_mutex_init(&ctx_mu, NULL); /* a parent's thread may have held it */
-	ctxs = NULL;			   /* the kernel gave the child none of them */
-	kvs_ownfd_atfork_child(&devnull);  /* the descriptor is inherited, its users are not */
+	pthread_mutex_init(&ctx_mu, NULL);	/* a parent's thread may have held it */
+	pthread_mutex_init(&carriers_mu, NULL); /* the same */
+	ctxs = NULL;				/* the kernel gave the child none of them */
+	kvs_ownfd_atfork_child(&devnull);	/* the descriptor is inherited, its users are not */
 }
 
 static void atfork_register(void)
@@ -340,7 +343,6 @@ static struct carried {
 	uintptr_t obj;
 	struct iocb was, as;
 } carriers[CARRIERS];
-static pthread_mutex_t carriers_mu = PTHREAD_MUTEX_INITIALIZER;
 
 static struct carried *carried_slot(uintptr_t obj)
 {
@@ -348,24 +350,24 @@ static struct carried *carried_slot(uintptr_t obj)
 }
 
 /* Rewrite the program's iocb at obj (cb: our copy of it) into the carrier of a served read
- * that gave result bytes: a write of result bytes to /dev/null, which the kernel completes at
- * once with result, through the program's context, its aio_data, its eventfd and its iocb's
- * address.  Only the opcode and the descriptor change for a whole read (the byte count too for
- * a short one).  The iocb stays so once submitted: the kernel posts the event during the
- * io_submit, and the program may then free its memory.  False, with the iocb untouched: the
- * entry goes to the kernel as it is. */
+ * that gave all its len bytes: a write of them to /dev/null, which the kernel completes at
+ * once with that count, through the program's context, its aio_data, its eventfd and its
+ * iocb's address.  Only the opcode and the descriptor change (PREAD to PWRITE, PREADV to
+ * PWRITEV over the same array: the same count either way).  The iocb stays so once submitted:
+ * the kernel posts the event during the io_submit, and the program may then free its memory.
+ * False, with the iocb untouched: the entry goes to the kernel as it is.  A short read (the
+ * end of the file) is never carried: a carrier's count is its aio_nbytes, and a program that
+ * compares its result with aio_nbytes must see it short. */
 static bool carrier_set(struct iocb *obj, const struct iocb *cb, size_t len, int64_t result,
 			int nullfd)
 {
 	struct iocb k = *cb;
 
+	if (result < 0 || (uint64_t)result != len)
+		return false;
 	k.aio_fildes = (uint32_t)nullfd;
-	if (cb->aio_lio_opcode == IOCB_CMD_PREADV && (uint64_t)result == len) {
-		k.aio_lio_opcode = IOCB_CMD_PWRITEV; /* the same array, the same count */
-	} else {
-		k.aio_lio_opcode = IOCB_CMD_PWRITE;
-		k.aio_nbytes = (uint64_t)result; /* the buffer is never read: /dev/null */
-	}
+	k.aio_lio_opcode =
+	    cb->aio_lio_opcode == IOCB_CMD_PREADV ? IOCB_CMD_PWRITEV : IOCB_CMD_PWRITE;
 	if (!kvs_progmem_store(obj, &k, sizeof(k)))
 		return false;
 	struct carried *e = carried_slot((uintptr_t)obj);
@@ -375,22 +377,27 @@ static bool carrier_set(struct iocb *obj, const struct iocb *cb, size_t len, int
 	return true;
 }
 
-/* The program submits the iocb at obj (cb: our copy) again: if it is still a carrier of ours,
- * unchanged, it is put back as it was, in the program's memory and in cb, before the kernel
- * reads it (the program owns it again: it is submitting it). */
+/* The program submits the iocb at obj (cb: our copy) again: if it still holds a carrier's
+ * opcode and descriptor (the program may have changed its offset, buffer or data, as a reused
+ * iocb is), those two are put back as they were, in the program's memory and in cb, before
+ * the kernel reads it (the program owns it again: it is submitting it).  A carrier whose slot
+ * another took since is not known any more: it goes to the kernel as a write to /dev/null, so
+ * the slots are many (CARRIERS) and a miss is a read that returns no bytes, said nowhere. */
 static void carrier_undo(struct iocb *obj, struct iocb *cb)
 {
-	int nullfd = kvs_ownfd_peek(&devnull);
-
-	if (nullfd < 0 || cb->aio_fildes != (uint32_t)nullfd)
-		return;
 	struct carried *e = carried_slot((uintptr_t)obj), c;
+
 	pthread_mutex_lock(&carriers_mu);
 	c = *e;
 	pthread_mutex_unlock(&carriers_mu);
-	if (c.obj == (uintptr_t)obj && !memcmp(&c.as, cb, sizeof(*cb)) &&
-	    kvs_progmem_store(obj, &c.was, sizeof(c.was)))
-		*cb = c.was;
+	if (c.obj != (uintptr_t)obj || cb->aio_fildes != c.as.aio_fildes ||
+	    cb->aio_lio_opcode != c.as.aio_lio_opcode)
+		return;
+	struct iocb k = *cb;
+	k.aio_fildes = c.was.aio_fildes;
+	k.aio_lio_opcode = c.was.aio_lio_opcode;
+	if (kvs_progmem_store(obj, &k, sizeof(k)))
+		*cb = k;
 }
 
 /* ------------------------------------------------------------------ served entries */
@@ -672,8 +679,6 @@ static long submit_chunk(enum via v, struct kctx *c, aio_context_t ctx, long goo
 
 		if (!len)
 			continue;
-		if (nullfd < 0 && (nullfd = devnull_get(&ticket)) < 0)
-			break; /* no carrier: the kernel reads them all */
 		if (!b) {
 			if (!(b = malloc(sizeof(*b))))
 				break;
@@ -684,16 +689,25 @@ static long submit_chunk(enum via v, struct kctx *c, aio_context_t ctx, long goo
 	}
 	if (b)
 		batch_wait(b);
+	/* The carriers' descriptor held from here to the submit only: a close of its number by the
+	 * program waits for that (kvs_ownfd_closing), never for a load. */
+	if (b)
+		nullfd = devnull_get(&ticket);
 	for (long i = 0; b && nullfd >= 0 && i < good; i++)
-		if (b->started[i] && b->e[i].result >= 0)
+		if (b->started[i])
 			carried[i] =
 			    carrier_set(ptr[i], &cbs[i], b->e[i].len, b->e[i].result, nullfd);
 	for (long i = 0; i < good; i++)
 		if (!carried[i])
 			invalidate_write(&cbs[i]);
-	/* Not a touch of the program's iocbs after this: the kernel posts a carrier's event during
-	 * the call, and another thread may reap it and free the iocb before the call returns. */
+	/* The kernel posts a carrier's event during the call, and another thread may reap it and
+	 * free the iocb before the call returns: no touch of an iocb the kernel took after this. */
 	n = submit_run(v, c, ctx, good, p, cbs);
+	/* Those it did not take (it stops at the first it refuses) it never read and will post
+	 * nothing for: still the program's, to submit again or read itself, as they were. */
+	for (long i = n < 0 ? 0 : n; i < good; i++)
+		if (carried[i])
+			kvs_progmem_store(ptr[i], &cbs[i], sizeof(cbs[i]));
 	if (nullfd >= 0)
 		kvs_ownfd_put(&devnull, ticket);
 	batch_free(b);

@@ -90,21 +90,21 @@ void kvs_unseen_closed(unsigned int lo, unsigned int hi)
 {
 	uint64_t n = 0;
 
-	if (!atomic_load_explicit(&nmarked, memory_order_relaxed) || lo >= UNSEEN_SLOTS)
+	if (!atomic_load_explicit(&nmarked, memory_order_relaxed) ||
+	    !kvs_bitmap_any(marks, UNSEEN_SLOTS, lo, hi))
 		return;
+	int saved = errno;
+	long pid = kvs_syscall(SYS_getpid);
+	errno = saved;
+	if (pid != atomic_load_explicit(&owner, memory_order_relaxed))
+		return; /* a vfork child's close, in its parent's memory: the marks are the parent's
+			 */
 	if (hi >= UNSEEN_SLOTS)
 		hi = UNSEEN_SLOTS - 1;
 	for (unsigned int fd = lo; fd <= hi && atomic_load(&nmarked); fd++)
 		n += take((int)fd);
-	if (!n)
-		return;
-	int saved = errno;
-	if (kvs_syscall(SYS_getpid) != atomic_load_explicit(&owner, memory_order_relaxed)) {
-		errno = saved;
-		return; /* a vfork child's close of its parent's numbers */
-	}
-	errno = saved;
-	atomic_fetch_add(&pending, n); /* counted at exit (unseen_at_exit) */
+	if (n)
+		atomic_fetch_add(&pending, n); /* counted at exit (unseen_at_exit) */
 }
 
 void kvs_unseen_atfork_child(void)

@@ -145,9 +145,17 @@ done
 kernel=$(($(io_read_bytes) - k0))
 backend=$(totals backend_bytes)
 requests=$(totals requests)
+# A short read (each file's last) is never served through a carrier (docs/design.md, "Kernel
+# AIO (`hooks_libaio.c`)"): the kernel reads each file's tail, rounded up to 4 KiB, once for
+# every rank.
+tails=0
+for f in "${files[@]}"; do
+	t=$(($(stat -c %s "$f") % (1024 * 1024)))
+	tails=$((tails + 8 * ((t + 4095) / 4096 * 4096)))
+done
 if [ $bad -ne 0 ]; then
 	fail "UCM-like engine, 8 processes: $bad went wrong"
-elif ! storage_agrees "$kernel" "$backend" "$(totals atime_updates)" ${#files[@]}; then
+elif ! storage_agrees "$kernel" "$backend" "$(totals atime_updates)" ${#files[@]} "$tails"; then
 	fail "UCM-like engine, 8 processes: $storage_why"
 elif [ "$backend" -ne "$unique" ] || [ "$requests" -eq 0 ]; then
 	fail "UCM-like engine, 8 processes: storage read $backend bytes for $unique unique," \
