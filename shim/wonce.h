@@ -55,9 +55,9 @@ void kvs_wonce_opened(const struct kvs_wonce_open *o, int fd);
  * shard of the file.  Only a write that was made counts (write_once_violations, in c, which may
  * be NULL) and is said: the call after it, or kvs_wonce_made for a change whose caller calls
  * nothing else after it (an asynchronous write, whose result comes later: at its submission;
- * an fwrite: once the stream took the bytes); a write that failed (EBADF on a read-only descriptor) or went to the
- * end (O_APPEND, RWF_APPEND) never does.  Before the write, a write below the file's size costs
- * an open of /proc/self/fd/N, an lseek(SEEK_DATA) and a close. */
+ * an fwrite: once the stream took the bytes); a write that failed (EBADF on a read-only descriptor)
+ * or went to the end (O_APPEND, RWF_APPEND) never does.  Before the write, a write below the file's
+ * size costs an open of /proc/self/fd/N, an lseek(SEEK_DATA) and a close. */
 bool kvs_wonce_rewrites(struct kvs_cache *c, int fd, const struct kvs_fdinfo *fi, uint64_t off,
 			uint64_t len, bool after);
 void kvs_wonce_made(struct kvs_cache *c, int fd, const struct kvs_fdinfo *fi);
