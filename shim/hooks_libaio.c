@@ -53,19 +53,15 @@
 #include <linux/aio_abi.h>
 #include <pthread.h>
 #include <signal.h>
-#include <stdarg.h>
 #include <stdatomic.h>
 #include <stdbool.h>
 #include <stdint.h>
-#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
 #include <sys/syscall.h>
-#include <time.h>
 #include <unistd.h>
 
-#include "deadline.h"
 #include "dlsym.h"
 #include "fdinfo.h"
 #include "hooks_libaio.h"

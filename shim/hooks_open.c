@@ -38,10 +38,9 @@
 #define AROUND_OPEN(dirfd, path, flags, call)                                                      \
 	do {                                                                                       \
 		struct kvs_wonce_open o_;                                                          \
-		bool on_ = kvs_shim_opening(&o_, dirfd, path, flags);                              \
+		kvs_shim_opening(&o_, dirfd, path, flags);                                         \
 		kvs_real_init();                                                                   \
 		int fd_ = (call);                                                                  \
-		(void)on_;                                                                         \
 		kvs_shim_opened(&o_, fd_, flags);                                                  \
 		return fd_;                                                                        \
 	} while (0)
@@ -126,10 +125,9 @@ static int stdio_flags(const char *mode)
 #define AROUND_FOPEN(path, mode, call)                                                             \
 	do {                                                                                       \
 		struct kvs_wonce_open o_;                                                          \
-		bool on_ = kvs_shim_opening(&o_, AT_FDCWD, path, stdio_flags(mode));               \
+		kvs_shim_opening(&o_, AT_FDCWD, path, stdio_flags(mode));                          \
 		kvs_real_init();                                                                   \
 		FILE *f_ = (call);                                                                 \
-		(void)on_;                                                                         \
 		if (f_)                                                                            \
 			kvs_shim_opened(&o_, fileno(f_), stdio_flags(mode));                       \
 		return f_;                                                                         \

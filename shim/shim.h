@@ -68,7 +68,7 @@ void kvs_shim_invalidate(int fd, off_t off, size_t len, bool use_pos, off_t pos_
  * file outside the roots then cost no system call), a write-once file opened for writing has
  * its size noted, and an O_DIRECT open of a KV file is marked (unseen.h).  errno unchanged. */
 struct kvs_wonce_open;
-bool kvs_shim_opening(struct kvs_wonce_open *o, int dirfd, const char *path, int flags);
+void kvs_shim_opening(struct kvs_wonce_open *o, int dirfd, const char *path, int flags);
 void kvs_shim_opened(struct kvs_wonce_open *o, int fd, int flags);
 
 /* Is fd a KV file (looked at once: fdinfo.h)?  errno unchanged. */

@@ -415,7 +415,7 @@ static struct kvs_cache *region_created(void)
 	return kvs_shim_region(true);
 }
 
-bool kvs_shim_opening(struct kvs_wonce_open *o, int dirfd, const char *path, int flags)
+void kvs_shim_opening(struct kvs_wonce_open *o, int dirfd, const char *path, int flags)
 {
 	o->on = false;
 	/* The configuration first: the open may be the process's first hooked call (dd, cp, a
@@ -423,11 +423,10 @@ bool kvs_shim_opening(struct kvs_wonce_open *o, int dirfd, const char *path, int
 	 * the open (the file's size, which names its shards, is gone after it); every other open
 	 * is looked at after it (kvs_shim_opened), through the descriptor it gives. */
 	if (kvs_shim_guard || !(flags & O_TRUNC) || !kvs_shim_on() || !kvs_fdinfo_any_write_once())
-		return false;
+		return;
 	int saved = kvs_shim_in();
-	bool on = kvs_wonce_opening(o, region_created, dirfd, path, flags);
+	kvs_wonce_opening(o, region_created, dirfd, path, flags);
 	kvs_shim_out(saved);
-	return on;
 }
 
 void kvs_shim_opened(struct kvs_wonce_open *o, int fd, int flags)
