@@ -125,6 +125,11 @@ static inline void *kvs_sys_mmap(void *addr, size_t len, int prot, int flags, in
 	return (void *)r;
 }
 
+static inline int kvs_sys_munmap(void *addr, size_t len)
+{
+	return (int)kvs_syscall(SYS_munmap, addr, len);
+}
+
 static inline int kvs_sys_ftruncate(int fd, off_t len)
 {
 	return (int)kvs_syscall(SYS_ftruncate, fd, len);

@@ -460,7 +460,7 @@ static void *populate_main(void *arg)
 		}
 	}
 	kvs_ownfd_close(&walker); /* the lock goes with it */
-	munmap(p->base, p->len);
+	kvs_sys_munmap(p->base, p->len);
 	free(p);
 	return NULL;
 }
@@ -541,7 +541,7 @@ void kvs_populate_start(struct kvs_cache *c)
 	kvs_ownfd_put(&walker, ticket);
 	if (kvs_thread_start(NULL, populate_main, p, KVS_STACK_OWN) == 0)
 		return;
-	munmap(p->base, p->len);
+	kvs_sys_munmap(p->base, p->len);
 	free(p);
 	kvs_ownfd_close(&walker); /* drops the lock with the last reference */
 	return;

@@ -435,7 +435,7 @@ static int create(struct kvs_cache *c, struct dims *d, const struct kvs_cache_pa
 	return fd;
 
 err_unmap:
-	munmap(c->base, c->map_len);
+	kvs_sys_munmap(c->base, c->map_len);
 	c->base = NULL;
 err_close:
 	if (*name)
@@ -485,7 +485,7 @@ static int attach(struct kvs_cache *c, struct dims *d, const struct kvs_cache_pa
 			if (h != MAP_FAILED) {
 				c->hdr = h;
 				r = kvs_region_check(c, d, (size_t)st.st_size, msg, msglen);
-				munmap(h, sizeof(struct kvs_hdr));
+				kvs_sys_munmap(h, sizeof(struct kvs_hdr));
 				c->hdr = NULL;
 				if (r)
 					goto err_close;
@@ -525,7 +525,7 @@ static int attach(struct kvs_cache *c, struct dims *d, const struct kvs_cache_pa
 	return 0;
 
 err_unmap:
-	munmap(c->base, c->map_len);
+	kvs_sys_munmap(c->base, c->map_len);
 	c->base = NULL;
 err_close:
 	/* A refused region is kept open for kvs_cache_open: to count the refusal, or to
@@ -560,7 +560,7 @@ static void count_refusal(int fd)
 		if (h->version == KVS_LAYOUT_VERSION && h->hdr_bytes == sizeof(*h))
 			add_relaxed(&h->refused_attaches, 1); /* a statistic: read by stat only */
 	}
-	munmap(h, sizeof(*h));
+	kvs_sys_munmap(h, sizeof(*h));
 }
 
 /*
@@ -724,7 +724,7 @@ int kvs_cache_open(const struct kvs_cache_params *cfg, int flags, struct kvs_cac
 	return 0;
 
 err_unmap:
-	munmap(c->base, c->map_len);
+	kvs_sys_munmap(c->base, c->map_len);
 	kvs_ownfd_close(&c->own); /* the walk may have started: the hooks may have moved it */
 err_free:
 	pthread_mutex_destroy(&c->reclaim_mu);
@@ -740,7 +740,7 @@ void kvs_cache_close(struct kvs_cache *c)
 	if (!c->watch && c->self >= 0)
 		kvs_proc_detach(c);
 	if (c->base)
-		munmap(c->base, c->map_len);
+		kvs_sys_munmap(c->base, c->map_len);
 	kvs_ownfd_close(&c->own);
 	pthread_mutex_destroy(&c->reclaim_mu);
 	free(c);
@@ -763,7 +763,7 @@ void kvs_cache_forget(struct kvs_cache *c)
 	if (!c)
 		return;
 	if (c->base)
-		munmap(c->base, c->map_len);
+		kvs_sys_munmap(c->base, c->map_len);
 	/* Only if the number is still ours: a program that closed it (closing every descriptor
 	 * from 3 up, as daemons do) may have reused it for its own. */
 	kvs_ownfd_close(&c->own);

@@ -50,7 +50,7 @@ static _Atomic uint32_t *gates_page(struct kvs_gpu *g)
 	pthread_mutex_unlock(&g->lock);
 	if (!atomic_compare_exchange_strong_explicit(&g->gates, &none, m, memory_order_acq_rel,
 						     memory_order_acquire)) {
-		munmap(m, PAGE); /* another thread's page won */
+		kvs_sys_munmap(m, PAGE); /* another thread's page won */
 		return none;
 	}
 	return m;
@@ -155,6 +155,6 @@ void kvs_gpu_gates_free(struct kvs_gpu *g)
 		g->cu.mem_host_unregister((void *)p); /* not registered: an error, harmless */
 		g->cu.ctx_pop_current(&old);	      /* pairs with the push */
 	}
-	munmap((void *)p, PAGE);
+	kvs_sys_munmap((void *)p, PAGE);
 	atomic_store_explicit(&g->gates, NULL, memory_order_relaxed);
 }

@@ -175,8 +175,8 @@ static void owner_read_done(struct kvs_bio *bio)
 		kvs_cache_tally_add(c, rd->tally, KVS_TALLY_unique_bytes, op->size);
 		kvs_publish_loaded(
 		    c, &op->pin,
-		    kvs_check_file(bio->fd, rd->dev, rd->ino, rd->write_once, &rd->block),
-		    op->size);
+		    kvs_check_file(bio->fd, rd->dev, rd->ino, rd->write_once, &rd->block), op->size,
+		    op->keep);
 	} else {
 		kvs_cache_count(c, KVS_CTR_failures, 1);
 		kvs_cache_mark_failed(c, &op->pin, bio->result < 0 ? (int)-bio->result : EIO);
@@ -309,9 +309,9 @@ static bool copy_pinned(struct kvs_loader *ld, const struct kvs_read *rd, struct
 }
 
 /* Pin op's shard to load it, and start its storage read when the pin makes us its owner (its
- * load kept until expires).  Sets op->kind; returns kvs_cache_pin_load's result. */
+ * load kept as keep says).  Sets op->kind; returns kvs_cache_pin_load's result. */
 static int pin_for_load(struct kvs_loader *ld, const struct kvs_read *rd, struct kvs_op *op,
-			uint64_t expires)
+			const struct kvs_keep *keep)
 {
 	struct kvs_key key = kvs_shard_key(&rd->block, op->shard);
 	int st = kvs_cache_lookup(ld->c, &key);
@@ -322,7 +322,8 @@ static int pin_for_load(struct kvs_loader *ld, const struct kvs_read *rd, struct
 	if (st != KVS_SLOT_READY && st != KVS_SLOT_LOADING)
 		kvs_backend_wait_room(ld->be);
 	uint64_t t0 = kvs_mono_ns();
-	int r = kvs_cache_pin_load(ld->c, &key, KVS_ALLOC_LOAD, op->size, expires, &op->pin);
+	op->keep = keep;
+	int r = kvs_cache_pin_load(ld->c, &key, KVS_ALLOC_LOAD, op->size, keep->until, &op->pin);
 
 	kvs_cache_count(ld->c, KVS_CTR_pin_ns, kvs_mono_ns() - t0);
 	op->kind = r == KVS_PIN_HIT	? OP_HIT
@@ -367,12 +368,12 @@ static void pin_rest(struct kvs_loader *ld, struct kvs_task *t)
 
 	order_ops(ld, t);
 	/* Before any storage read of the piece starts: the expiry argument of publish.c. */
-	t->expires = kvs_keep_until(ld->c, &rd->block, &rd->fresh);
+	t->keep = kvs_keep_for(ld->c, &rd->block, &rd->fresh, rd->dev, rd->ino);
 	for (uint32_t k = 0; k < t->nops; k++) {
 		struct kvs_op *op = &t->ops[t->order[k]];
 
 		if (op->kind == OP_NONE)
-			pin_for_load(ld, rd, op, t->expires);
+			pin_for_load(ld, rd, op, &t->keep);
 	}
 	kvs_prefetch_note(&ld->pf, rd, t->ops[t->nops - 1].shard);
 	kvs_cache_reap_maybe(ld->c); /* dead ranks' pins come back while we are busy */
@@ -762,10 +763,10 @@ int kvs_loader_pin(struct kvs_loader *ld, struct kvs_task *t, const struct kvs_r
 	*t = (struct kvs_task){.rd = rd, .off = rd->off, .end = rd->off + (uint64_t)len};
 	plan_piece(ld, t);
 	order_ops(ld, t);
-	t->expires = kvs_keep_until(ld->c, &rd->block, &rd->fresh);
+	t->keep = kvs_keep_for(ld->c, &rd->block, &rd->fresh, rd->dev, rd->ino);
 	for (uint32_t k = 0; k < t->nops; k++) {
 		struct kvs_op *op = &t->ops[t->order[k]];
-		int r = pin_for_load(ld, rd, op, t->expires);
+		int r = pin_for_load(ld, rd, op, &t->keep);
 
 		if (op->kind == OP_SELF) {
 			kvs_loader_unpin(ld, t);

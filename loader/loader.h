@@ -39,7 +39,7 @@ struct kvs_dest {
 };
 
 /*
- * How long shards of a file may be kept (publish.c, kvs_keep_until): what the hook's fstat
+ * How long shards of a file may be kept (publish.c, kvs_keep_for): what the hook's fstat
  * said of the file's last change, and the rules for its file system.
  */
 struct kvs_fresh {
@@ -49,6 +49,15 @@ struct kvs_fresh {
 	    revalidate_ns; /* files.revalidate: every load kept at most this long; 0 = no bound */
 	bool node_clock;   /* another machine's clock may have written the stamps: also
 			    * count how long this node has seen the identity */
+};
+
+/* How long a load may be kept, decided before its storage read starts (publish.h,
+ * kvs_keep_for), and the file's write mark it is kept under. */
+struct kvs_keep {
+	uint64_t until; /* kept until then (the node's clock), 0 for good */
+	uint64_t mark;	/* the file's write mark (kvs_cache_write_mark), when marked */
+	uint64_t dev, ino;
+	bool marked; /* false: a write of the file was in flight: nothing is kept */
 };
 
 /* One intercepted read, as the hook sees it. */
@@ -85,8 +94,9 @@ struct kvs_op {
 	struct kvs_pin pin;
 	struct kvs_bio bio;
 	const struct kvs_read *rd;
-	_Atomic uint32_t io_done; /* owner: the backend is finished with bio and the op */
-	uint64_t t_submit;	  /* owner: when its storage read was submitted (storage_ns) */
+	_Atomic uint32_t io_done;    /* owner: the backend is finished with bio and the op */
+	uint64_t t_submit;	     /* owner: when its storage read was submitted (storage_ns) */
+	const struct kvs_keep *keep; /* owner: its task's (kvs_task.keep) */
 };
 
 /* A read in progress: storage the caller provides (on its stack, or with the request it
@@ -95,7 +105,7 @@ struct kvs_task {
 	const struct kvs_read *rd;
 	uint64_t off, end; /* the piece being served, and the end of the whole read */
 	uint64_t piece_end;
-	uint64_t expires; /* loads this task owns are kept until then (0: for good) */
+	struct kvs_keep keep; /* how long loads this task owns are kept */
 	uint32_t nops;
 	int64_t result;
 	void (*done)(struct kvs_task *t, int64_t result);
@@ -117,7 +127,7 @@ int kvs_loader_create(struct kvs_cache *c, const struct kvs_config *cfg, struct 
  * from a signal handler), and neither do the loader threads it waits for.
  *
  * What is kept.  A shard this process loads is kept for good when the file's identity is
- * settled (rd->fresh, kvs_keep_until), else until an expiry, after which one process of the
+ * settled (rd->fresh, kvs_keep_for), else until an expiry, after which one process of the
  * node loads it again.  After every storage read of a shard the loader checks its descriptor
  * again: a different file (dev, ino) fails the load (-ESTALE); the same file with another
  * identity (a write began meanwhile) publishes the bytes to the readers of that load only

@@ -57,8 +57,8 @@ static void read_ahead_done(struct kvs_bio *bio)
 		kvs_cache_count(c, KVS_CTR_backend_bytes, io->size);
 		kvs_publish_loaded(
 		    c, &io->pin,
-		    kvs_check_file(bio->fd, io->dev, io->ino, io->write_once, &io->block),
-		    io->size);
+		    kvs_check_file(bio->fd, io->dev, io->ino, io->write_once, &io->block), io->size,
+		    &io->keep);
 	} else {
 		kvs_cache_mark_failed(c, &io->pin, bio->result < 0 ? (int)-bio->result : EIO);
 	}
@@ -85,11 +85,11 @@ static void read_ahead(struct kvs_prefetcher *pf, const struct kvs_recent *r)
 	}
 	if (!io)
 		return; /* every read-ahead entry is in flight */
-	uint64_t until = kvs_keep_until(pf->c, &r->block, &r->fresh);
+	io->keep = kvs_keep_for(pf->c, &r->block, &r->fresh, r->dev, r->ino);
 	uint64_t off = r->next_shard * pf->shard_size;
 	uint64_t size = kvs_shard_bytes(r->file_size, off, pf->shard_size);
-	int res =
-	    kvs_cache_pin_load(pf->c, &k, KVS_ALLOC_PREFETCH, (uint32_t)size, until, &io->pin);
+	int res = kvs_cache_pin_load(pf->c, &k, KVS_ALLOC_PREFETCH, (uint32_t)size, io->keep.until,
+				     &io->pin);
 	if (res != KVS_PIN_OWNER) {
 		if (res >= 0)
 			kvs_cache_release(pf->c, &io->pin);

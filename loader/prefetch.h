@@ -40,6 +40,7 @@ struct kvs_prefetch_io {
 	struct kvs_key block;
 	uint64_t dev, ino;
 	bool write_once; /* keyed by birth (kvs_read.write_once) */
+	struct kvs_keep keep;
 	uint32_t size;
 	_Atomic uint32_t busy;
 };

@@ -46,12 +46,16 @@ enum kvs_verdict kvs_check_file(int fd, uint64_t dev, uint64_t ino, bool write_o
  * the load, and one whose identity moved while it was read is handed to this load's readers
  * only, since its bytes may be half old, half new under either identity.
  */
-uint64_t kvs_keep_until(struct kvs_cache *c, const struct kvs_key *block,
-			const struct kvs_fresh *fr)
+struct kvs_keep kvs_keep_for(struct kvs_cache *c, const struct kvs_key *block,
+			     const struct kvs_fresh *fr, uint64_t dev, uint64_t ino)
 {
 	struct timespec ts;
-	uint64_t mono = kvs_node_ns(), until = 0; /* shared: the initial time namespace's */
+	struct kvs_keep k = {.dev = dev, .ino = ino};
+	uint64_t mono = kvs_node_ns(); /* shared: the initial time namespace's */
 
+	/* Before the clocks: a write that begins after the mark moves it (the publication's
+	 * check), one in flight now refuses it. */
+	k.marked = kvs_cache_write_mark(c, dev, ino, &k.mark);
 	clock_gettime(CLOCK_REALTIME, &ts);
 	uint64_t real = (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
 	/* A stamp in the future (another clock, or a lie) is not settled.  No settle window (a
@@ -64,15 +68,18 @@ uint64_t kvs_keep_until(struct kvs_cache *c, const struct kvs_key *block,
 		settled = settled && mono - seen >= fr->settle_ns;
 	}
 	if (!settled)
-		until = mono + fr->settle_ns;
-	if (fr->revalidate_ns && (!until || mono + fr->revalidate_ns < until))
-		until = mono + fr->revalidate_ns;
-	return until;
+		k.until = mono + fr->settle_ns;
+	if (fr->revalidate_ns && (!k.until || mono + fr->revalidate_ns < k.until))
+		k.until = mono + fr->revalidate_ns;
+	return k;
 }
 
 void kvs_publish_loaded(struct kvs_cache *c, const struct kvs_pin *pin, enum kvs_verdict v,
-			uint32_t size)
+			uint32_t size, const struct kvs_keep *keep)
 {
+	if (v == KVS_V_KEEP &&
+	    !(keep->marked && kvs_cache_write_quiet(c, keep->dev, keep->ino, keep->mark)))
+		v = KVS_V_HAND_OUT; /* a write of the file was in flight, or began or ended since */
 	if (v == KVS_V_WRONG_FILE)
 		kvs_cache_mark_failed(c, pin, ESTALE);
 	else if (v == KVS_V_KEEP)

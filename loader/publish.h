@@ -25,19 +25,25 @@ enum kvs_verdict kvs_check_file(int fd, uint64_t dev, uint64_t ino, bool write_o
 
 /*
  * Until when may a shard of block, whose file fr describes, be kept if its storage read
- * starts now?  0 for good: the file's last change is files.settle old by this node's clock
- * (and, with fr->node_clock, this node has seen the identity that long: kvs_cache_first_seen,
- * which this call records); else the node's clock (kvs_node_ns) now + files.settle.
- * files.revalidate caps either.  Two clock reads, and a look at the seen table with node_clock: for
- * misses only.
+ * starts now?  until 0 for good: the file's last change is files.settle old by this node's
+ * clock (and, with fr->node_clock, this node has seen the identity that long:
+ * kvs_cache_first_seen, which this call records); else the node's clock (kvs_node_ns) now +
+ * files.settle.  files.revalidate caps either.  With it, the file's (dev, ino) write mark
+ * (kvs_cache_write_mark): a write of the file under the shim in flight on the node now (a
+ * writable shared mapping that lives, a write between its two drops) keeps nothing of this
+ * load, nor does one that begins or ends before its publication (kvs_publish_loaded): that is
+ * what keeps a write-once file, whose block id no write moves, by change while it is being
+ * changed.  Two clock reads, a word of the write sequences, and a look at the seen table with
+ * node_clock: for misses only.  (struct kvs_keep: loader.h.)
  */
-uint64_t kvs_keep_until(struct kvs_cache *c, const struct kvs_key *block,
-			const struct kvs_fresh *fr);
+struct kvs_keep kvs_keep_for(struct kvs_cache *c, const struct kvs_key *block,
+			     const struct kvs_fresh *fr, uint64_t dev, uint64_t ino);
 
 /* Publish a loaded shard of size bytes as verdict v (wakes its waiters): READY, kept until
- * the expiry its pin was elected with (KVS_V_KEEP); READY for this load's readers only
- * (KVS_V_HAND_OUT); FAILED with ESTALE (KVS_V_WRONG_FILE). */
+ * the expiry its pin was elected with (KVS_V_KEEP, while keep's write mark still stands);
+ * READY for this load's readers only (KVS_V_HAND_OUT, or a write of the file since keep);
+ * FAILED with ESTALE (KVS_V_WRONG_FILE). */
 void kvs_publish_loaded(struct kvs_cache *c, const struct kvs_pin *pin, enum kvs_verdict v,
-			uint32_t size);
+			uint32_t size, const struct kvs_keep *keep);
 
 #endif

@@ -125,7 +125,7 @@ static struct tables *tables_get(bool create)
 		return NULL;
 	struct tables *expect = NULL;
 	if (!atomic_compare_exchange_strong(&tables, &expect, t)) { /* release: the zeroed map */
-		munmap(t, sizeof(*t));
+		kvs_sys_munmap(t, sizeof(*t));
 		t = expect;
 	}
 	return t;

@@ -29,10 +29,10 @@
  * Fork.  Every resource has a rule in the child (atfork_child): the region's mapping and
  * descriptor are dropped (kvs_cache_forget), the loader's threads do not exist and its io_uring
  * is closed (kvs_loader_forget), the anchors are closed (kvs_anchor_atfork_child), the
- * device, the stream settler, write-through, io_uring's tables, write-once records and the
- * atime queue forget the parent's (their *_atfork_child), the position locks are made anew,
- * the populating walker's descriptor is closed (cache/populate.c), and the child attaches
- * anew.
+ * device, the stream settler, write-through, io_uring's tables, write-once records, the
+ * writable shared mappings and the atime queue forget the parent's (their *_atfork_child),
+ * the position locks are made anew, the populating walker's descriptor is closed
+ * (cache/populate.c), and the child attaches anew.
  */
 #include <errno.h>
 #include <fcntl.h>
@@ -58,6 +58,7 @@
 #include "real.h"
 #include "serve.h"
 #include "shim.h"
+#include "shmap.h"
 #include "unseen.h"
 #include "wonce.h"
 #include "wthru.h"
@@ -109,6 +110,7 @@ static void atfork_child(void)
 	kvs_uring_atfork_child();
 	kvs_wonce_atfork_child();
 	kvs_unseen_atfork_child();
+	kvs_shmap_atfork_child();
 	kvs_atime_atfork_child();
 	kvs_serve_pos_init(); /* a parent's thread may have held a position lock */
 	kvs_shim_cache = NULL;

@@ -252,7 +252,7 @@ static struct entry *table_get(bool create)
 		return NULL;
 	struct entry *expect = NULL;
 	if (!atomic_compare_exchange_strong(&table, &expect, t)) {
-		munmap(t, FD_SLOTS * sizeof(*t));
+		kvs_sys_munmap(t, FD_SLOTS * sizeof(*t));
 		t = expect;
 	}
 	return t;
@@ -298,7 +298,7 @@ static void entry_write(struct entry *e, uint32_t s, const struct verdict *v, ui
  * memory are (this kernel stamps them); those of FUSE, NFS and every other type may come from
  * another machine (a Gluster client stamps with its own clock, an NFS server with its), so a
  * file there counts as settled only once this node has also seen its identity for
- * files.settle (loader/publish.c, kvs_keep_until).
+ * files.settle (loader/publish.c, kvs_keep_for).
  */
 static bool stamps_local(unsigned long type)
 {
@@ -322,7 +322,7 @@ static bool stamps_local(unsigned long type)
  * shim distrusts its identity.  A write moves mtime when it starts and its data may land
  * later; a file system with coarse timestamps leaves a rewrite in the same tick with the same
  * times; a client that caches attributes reports old times for a while.  Shards read within
- * this window are kept only that long (loader/publish.c, kvs_keep_until).  Defaults by type:
+ * this window are kept only that long (loader/publish.c, kvs_keep_for).  Defaults by type:
  * local file systems with fine timestamps 2 s (a slow write of a large block); FUSE 3 s (the
  * default 1 s attribute cache); anything else, NFS and other network file systems included,
  * 61 s (NFS caches attributes up to acregmax, 60 s).  Times with no sub-second part on both

@@ -29,6 +29,7 @@
 #include "hooks_uring.h"
 #include "real.h"
 #include "shim.h"
+#include "shmap.h"
 #include "wthru.h"
 
 /* Serve count bytes into buf at off (or the position); -1 means "make the real call".  These
@@ -752,14 +753,14 @@ KVS_EXPORT int renameat2(int fromdir, const char *from, int todir, const char *t
 
 /* Mappings are not served (the kernel's page faults read the file), but one of a KV file is
  * counted and said once, so that an operator sees why the cache stays cold; one shared and
- * writable keeps the file out of write-through while it lives; an io_uring's rings mapped are
- * noted (hooks_uring.c). */
+ * writable keeps the file out of write-through, and is a write in flight on the node, while it
+ * lives (until munmap: shmap.h); an io_uring's rings mapped are noted (hooks_uring.c). */
 static void mapped(void *p, size_t len, int prot, int flags, int fd, off64_t off)
 {
 	if (fd < 0 || (flags & MAP_ANONYMOUS) || p == MAP_FAILED)
 		return;
 	int saved = errno;
-	kvs_shim_mapped(fd, prot, flags, (int64_t)off, (uint64_t)len);
+	kvs_shim_mapped(p, fd, prot, flags, (int64_t)off, (uint64_t)len);
 	kvs_uring_mapped(fd, (long)off, p);
 	errno = saved;
 }
@@ -782,4 +783,13 @@ KVS_EXPORT void *mmap64(void *addr, size_t len, int prot, int flags, int fd, off
 	void *p = kvs_real.mmap64(addr, len, prot, flags, fd, off);
 	mapped(p, len, prot, flags, fd, off);
 	return p;
+}
+
+KVS_EXPORT int munmap(void *addr, size_t len)
+{
+	kvs_real_init();
+	int r = kvs_real.munmap(addr, len);
+	if (r == 0)
+		kvs_shmap_unmapped(addr, len);
+	return r;
 }

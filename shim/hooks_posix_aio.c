@@ -61,6 +61,7 @@
 #include "dlsym.h"
 #include "elfsym.h"
 #include "hooks_posix_aio.h"
+#include "raw.h"
 #include "real.h"
 #include "shim.h"
 
@@ -891,7 +892,7 @@ static int do_suspend(int v, const struct aiocb *const list[], int nent,
 		}
 	}
 	if (rest != local)
-		munmap(rest, rest_len);
+		kvs_sys_munmap(rest, rest_len);
 	if (ret)
 		errno = err;
 	return ret;

@@ -73,6 +73,7 @@
 #include "hooks_uring.h"
 #include "config.h"
 #include "log.h"
+#include "raw.h"
 #include "shim.h"
 
 #ifndef IORING_NOP_INJECT_RESULT
@@ -339,11 +340,11 @@ static bool probe_inject(void)
 		}
 	}
 	if (sq != MAP_FAILED)
-		munmap(sq, sq_len);
+		kvs_sys_munmap(sq, sq_len);
 	if (cq != MAP_FAILED)
-		munmap(cq, cq_len);
+		kvs_sys_munmap(cq, cq_len);
 	if (sqe != MAP_FAILED)
-		munmap(sqe, sqe_len);
+		kvs_sys_munmap(sqe, sqe_len);
 	syscall(SYS_close, fd);
 	probing--;
 	return ok;

@@ -12,7 +12,7 @@
  * The region's side (pins, tallies) is cache/'s protocol: region.c and tally.c.
  *
  * An observed read pins each shard as the loader would (kvs_cache_pin_ready, then
- * kvs_cache_pin_load with the expiry kvs_keep_until gives), and never waits: an owner marks
+ * kvs_cache_pin_load with the expiry kvs_keep_for gives), and never waits: an owner marks
  * READY at once, so a waiter's wait would be a few instructions long.  A process killed
  * between a pin and its release leaves what a killed loader leaves (a pin, a load it owned),
  * which the next reap returns (kvs_cache_reap_maybe, at most every 250 ms per process).
@@ -151,7 +151,7 @@ void kvs_observe_read(struct kvs_cache *c, const struct kvs_fdinfo *fi, uint64_t
 
 		if (r == -EAGAIN) {
 			if (!have_expiry) /* as the loader: for misses only, once per read */
-				expires = kvs_keep_until(c, &fi->block, &fr);
+				expires = kvs_keep_for(c, &fi->block, &fr, fi->dev, fi->ino).until;
 			have_expiry = true;
 			r = kvs_cache_pin_load(c, &key, KVS_ALLOC_LOAD, bytes, expires, &pin);
 		}

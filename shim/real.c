@@ -79,6 +79,11 @@ static void *sys_mmap(void *a, size_t n, int prot, int flags, int fd, off_t o)
 	return (void *)kvs_syscall(SYS_mmap, a, n, prot, flags, fd, o);
 }
 
+static int sys_munmap(void *a, size_t n)
+{
+	return (int)kvs_syscall(SYS_munmap, a, n);
+}
+
 static int sys_close(int fd)
 {
 	return (int)kvs_syscall(SYS_close, fd);
@@ -319,6 +324,7 @@ struct kvs_real kvs_real = {
     .pwritev64v2 = sys_pwritev2,
     .mmap = sys_mmap,
     .mmap64 = sys_mmap,
+    .munmap = sys_munmap,
     .close = sys_close,
     .fcntl = sys_fcntl,
     .fcntl64 = sys_fcntl,
@@ -424,6 +430,7 @@ static void resolve(void)
 	RESOLVE(pwritev64v2, "pwritev64v2");
 	RESOLVE(mmap, "mmap");
 	RESOLVE(mmap64, "mmap64");
+	RESOLVE(munmap, "munmap");
 	RESOLVE(close, "close");
 	RESOLVE(fcntl, "fcntl");
 	RESOLVE(fcntl64, "fcntl64");

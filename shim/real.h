@@ -38,6 +38,7 @@ struct kvs_real {
 	ssize_t (*pwritev64v2)(int, const struct iovec *, int, off64_t, int);
 	void *(*mmap)(void *, size_t, int, int, int, off_t);
 	void *(*mmap64)(void *, size_t, int, int, int, off64_t);
+	int (*munmap)(void *, size_t);
 	int (*close)(int);
 	int (*fcntl)(int, int, ...);
 	int (*fcntl64)(int, int, ...);

@@ -260,12 +260,13 @@ void kvs_shim_truncated(struct wt_file *f, int fd, struct kvs_wtok *tok, int ret
  * classified); a mapping of fd (mmap hook).  None changes errno or fails. */
 void kvs_shim_note_small(int fd, size_t len);
 void kvs_shim_note_mmap(int fd, uint64_t len);
-/* mmap of len bytes of fd at off with prot and flags succeeded: a KV file mapped MAP_SHARED
- * through a descriptor that can write keeps nothing of write-through while the mapping lives
- * (wthru.h, kvs_wthru_mapped); mapped with PROT_WRITE, the range is a change of the file now
- * (kvs_shim_change_now: its shards dropped, a write-once file that held data there counted as
- * rewritten).  Never changes errno. */
-void kvs_shim_mapped(int fd, int prot, int flags, int64_t off, uint64_t len);
+/* mmap of len bytes of fd at off with prot and flags succeeded at addr: a KV file mapped
+ * MAP_SHARED through a descriptor that can write keeps nothing of write-through while the
+ * mapping lives (wthru.h, kvs_wthru_mapped), and is a write in flight on the node until it is
+ * unmapped (shmap.h: no load of the file is kept meanwhile); mapped with PROT_WRITE, the range
+ * is a change of the file now (kvs_shim_change_now: its shards dropped, a write-once file that
+ * held data there counted as rewritten).  Never changes errno. */
+void kvs_shim_mapped(const void *addr, int fd, int prot, int flags, int64_t off, uint64_t len);
 /* An fread of len bytes of fd's stream that cannot be served (bytes to write, ungetc'd bytes,
  * wide): counted as unserved_stdio when fd is a KV file.  Never changes errno. */
 void kvs_shim_note_stdio(int fd, uint64_t len);

@@ -17,6 +17,7 @@
 #include "raw.h"
 #include "serve.h"
 #include "shim.h"
+#include "shmap.h"
 #include "unserved.h"
 #include "unseen.h"
 #include "why.h"
@@ -88,9 +89,10 @@ void kvs_shim_note_mmap(int fd, uint64_t len)
 			 len);
 }
 
-void kvs_shim_mapped(int fd, int prot, int flags, int64_t off, uint64_t len)
+void kvs_shim_mapped(const void *addr, int fd, int prot, int flags, int64_t off, uint64_t len)
 {
 	struct kvs_fdinfo fi;
+	struct kvs_cache *c;
 	bool kv = false;
 
 	if (kvs_shim_guard || fd < 0 || !(flags & MAP_SHARED) || (flags & MAP_ANONYMOUS) ||
@@ -103,6 +105,10 @@ void kvs_shim_mapped(int fd, int prot, int flags, int64_t off, uint64_t len)
 		kv = true;
 		if (kvs_wthru_on())
 			kvs_wthru_mapped(fi.dev, fi.ino);
+		/* A write of the file in flight on the node until the mapping goes (shmap.h):
+		 * begun before the drop below, so that no load is kept across the two. */
+		if ((c = kvs_shim_region(true)))
+			kvs_shmap_begin(c, fi.dev, fi.ino, addr, (size_t)len);
 	}
 	kvs_shim_out(saved);
 	/* Stores through it change the file where no hook sees them: the range goes now, as a

@@ -1287,8 +1287,8 @@ void kvs_wthru_atfork_child(void)
 	pthread_mutex_init(&copy_mu, NULL);
 	pthread_cond_init(&copy_cond, NULL);
 	if (file_pool)
-		munmap(file_pool, KVS_WT_FILES * sizeof(struct wt_file) +
-				      KVS_WT_CHUNKS * sizeof(struct wt_chunk));
+		kvs_sys_munmap(file_pool, KVS_WT_FILES * sizeof(struct wt_file) +
+					      KVS_WT_CHUNKS * sizeof(struct wt_chunk));
 	file_pool = free_files = NULL;
 	chunk_pool = free_chunks = NULL;
 	pools_failed = false;

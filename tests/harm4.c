@@ -13,6 +13,12 @@
  *   harm4 ftrunc_half FILE       ftruncate to half, then back
  *   harm4 grow FILE              ftruncate to the size plus 12 KiB (zeros after the old end)
  *   harm4 mmapw FILE             a MAP_SHARED PROT_WRITE mapping: stores, msync, munmap
+ *   harm4 mmaplive FILE          a MAP_SHARED PROT_WRITE mapping that lives while another
+ *                                process (this program's "show", under the same LD_PRELOAD)
+ *                                reads the file after each of two rounds of stores, and once
+ *                                more after the munmap
+ *   harm4 mmaphold FILE          a MAP_SHARED PROT_WRITE mapping, one store, "mapped" on
+ *                                stdout, then a sleep until killed
  *   harm4 sys_truncate FILE      syscall(SYS_truncate, 0), then the size written again (seed 7)
  *   harm4 sys_openat FILE        syscall(SYS_openat, O_WRONLY | O_TRUNC), written again
  *   harm4 sys_openat2 FILE       syscall(SYS_openat2) with O_TRUNC in its struct open_how
@@ -151,6 +157,24 @@ static long inline_pread(int fd, void *buf, size_t len, off_t off)
 #endif
 }
 
+/* "show" of path by another process of this program (the environment, LD_PRELOAD included,
+ * is inherited): a rank of the node reading the file. */
+static void show_elsewhere(const char *path)
+{
+	fflush(stdout);
+	pid_t pid = fork();
+
+	if (pid < 0)
+		die("fork");
+	if (pid == 0) {
+		execl("/proc/self/exe", "harm4", "show", path, (char *)NULL);
+		_exit(127);
+	}
+	int st;
+	if (waitpid(pid, &st, 0) != pid || !WIFEXITED(st) || WEXITSTATUS(st))
+		die("show");
+}
+
 static int lock_held_by_parent(const char *path)
 {
 	pid_t pid = fork();
@@ -267,6 +291,32 @@ int main(int argc, char **argv)
 			p[i] = (char)(i / 4096);
 		if (msync(p, size, MS_SYNC) || munmap(p, size))
 			die("msync");
+	} else if (!strcmp(m, "mmaphold")) {
+		if ((fd = open(path, O_RDWR)) < 0)
+			die(path);
+		char *p = mmap(NULL, size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+		if (p == MAP_FAILED)
+			die("mmap");
+		p[0] = 'x';
+		printf("mapped\n");
+		fflush(stdout);
+		for (;;)
+			pause();
+	} else if (!strcmp(m, "mmaplive")) {
+		if ((fd = open(path, O_RDWR)) < 0)
+			die(path);
+		char *p = mmap(NULL, size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+		if (p == MAP_FAILED)
+			die("mmap");
+		close(fd);
+		for (int round = 1; round <= 2; round++) {
+			for (uint64_t i = 0; i < size; i += 4096)
+				p[i] = (char)(i / 4096 + round * 31);
+			show_elsewhere(path); /* no msync: O_DIRECT reads write dirty pages back */
+		}
+		if (munmap(p, size))
+			die("munmap");
+		show_elsewhere(path);
 	} else if (!strcmp(m, "sys_truncate") || !strcmp(m, "sys_ftruncate")) {
 		if ((fd = open(path, O_RDWR)) < 0)
 			die(path);

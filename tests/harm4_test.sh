@@ -54,6 +54,40 @@ case_ ftrunc 1
 case_ ftrunc_half 1
 case_ grow 0
 case_ mmapw 1
+case_ mmaplive 1
+# After the munmap the file is kept again: the last read above loaded it, and a load now is
+# served whole from the cache (5 shards hit, no storage).
+b0=$(totals backend_bytes) h0=$(totals shards_hit)
+LD_PRELOAD=$lib "$h" load "$f" 2>/dev/null
+b1=$(totals backend_bytes) h1=$(totals shards_hit)
+if [ "$b1" = "$b0" ] && [ $((h1 - h0)) -eq 5 ]; then
+	ok "after the mapping's munmap the file is kept again (5 shards hit, 0 bytes loaded)"
+else
+	fail "after the mapping's munmap: $((b1 - b0)) bytes loaded, $((h1 - h0)) shards hit (want 0, 5)"
+fi
+# A process that holds the mapping and is killed: while it lives, no load of the file is kept
+# (each read reads storage); once its slot is reclaimed, loads are kept again.
+loaded() { # the storage bytes of one O_DIRECT read of $f by a process under the shim
+	local b0 b1
+	b0=$(totals backend_bytes)
+	LD_PRELOAD=$lib "$h" load "$f" 2>/dev/null
+	b1=$(totals backend_bytes)
+	echo $((b1 - b0))
+}
+"$h" mk "$f" $size 1
+reset_region
+coproc HOLD { LD_PRELOAD=$lib exec "$h" mmaphold "$f" 2>/dev/null; }
+read -r -t 10 line <&"${HOLD[0]}"
+l1=$(loaded) l2=$(loaded)
+kill -9 "$HOLD_PID" 2>/dev/null
+wait "$HOLD_PID" 2>/dev/null
+l3=$(loaded) l4=$(loaded)
+if [ "$line" = mapped ] && [ "$l1" -ge $size ] && [ "$l2" -ge $size ] && [ "$l3" -ge $size ] &&
+	[ "$l4" = 0 ]; then
+	ok "a mapping held by a process: $l1 then $l2 bytes read by two loads while it lived; killed, $l3 then $l4"
+else
+	fail "a mapping held by a process [$line]: loads read $l1, $l2 while it lived, $l3, $l4 after its kill (want $size or more, then 0 last)"
+fi
 case_ sys_truncate 1
 case_ sys_ftruncate 1
 case_ sys_openat 1
