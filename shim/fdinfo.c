@@ -52,6 +52,7 @@
 #include "unseen.h"
 #include "log.h"
 #include "raw.h"
+#include "sys.h"
 
 #define FD_SLOTS  65536
 #define MAX_ROOTS 16
@@ -200,6 +201,51 @@ int kvs_fdinfo_set_roots(const char *spec)
 	nroots = parse_dirs(spec, roots, root_len);
 	collect_devs();
 	return nroots;
+}
+
+/* The files found under no root (fdinfo.h): tags never 0, in sets of OUTSIDE_WAYS. */
+#define OUTSIDE_SLOTS 1024
+#define OUTSIDE_WAYS  4
+static _Atomic uint64_t outside[OUTSIDE_SLOTS];
+static _Atomic bool outside_any;
+
+static _Atomic uint64_t *outside_set(uint64_t tag)
+{
+	return &outside[tag % (OUTSIDE_SLOTS / OUTSIDE_WAYS) * OUTSIDE_WAYS];
+}
+
+bool kvs_fdinfo_outside_known(uint64_t dev, uint64_t ino)
+{
+	uint64_t tag = kvs_hash_file(dev, ino) | 1;
+	_Atomic uint64_t *set = outside_set(tag);
+
+	for (int w = 0; w < OUTSIDE_WAYS; w++)
+		if (atomic_load_explicit(&set[w], memory_order_relaxed) == tag)
+			return true;
+	return false;
+}
+
+void kvs_fdinfo_outside_note(uint64_t dev, uint64_t ino)
+{
+	uint64_t tag = kvs_hash_file(dev, ino) | 1;
+	_Atomic uint64_t *set = outside_set(tag);
+	int w = 0; /* an empty way, else one by the tag's other bits */
+
+	while (w < OUTSIDE_WAYS && atomic_load_explicit(&set[w], memory_order_relaxed))
+		w++;
+	if (w == OUTSIDE_WAYS)
+		w = (int)((tag >> 32) % OUTSIDE_WAYS);
+	atomic_store_explicit(&set[w], tag, memory_order_relaxed);
+	atomic_store_explicit(&outside_any, true, memory_order_relaxed);
+}
+
+void kvs_fdinfo_outside_forget(void)
+{
+	if (!atomic_load_explicit(&outside_any, memory_order_relaxed))
+		return;
+	atomic_store_explicit(&outside_any, false, memory_order_relaxed);
+	for (int i = 0; i < OUTSIDE_SLOTS; i++)
+		atomic_store_explicit(&outside[i], 0, memory_order_relaxed);
 }
 
 bool kvs_fdinfo_dev_outside(uint64_t dev)

@@ -69,16 +69,18 @@ bool kvs_touch_before(struct kvs_touch *t, const struct kvs_touch_target *tg)
 	}
 	t->fd = tg->dirfd;
 	if (!tg->on_fd) {
-		/* A file on a device no root is on is no KV file: one statx (a root on a file
-		 * system of its own, as KV stores are: a touch of any other file costs that alone).
-		 */
+		/* A file on a device no root is on, or one found under no root before, is no KV
+		 * file: one statx (a touch of any other file costs that alone, fdinfo.h).  Else
+		 * its path is looked at once (open, readlink, close). */
 		struct statx sx;
 		if (kvs_syscall(SYS_statx, tg->dirfd, tg->path,
 				AT_NO_AUTOMOUNT | (tg->nofollow ? AT_SYMLINK_NOFOLLOW : 0),
-				STATX_TYPE, &sx) != 0 ||
-		    !S_ISREG(sx.stx_mode) ||
-		    kvs_fdinfo_dev_outside(makedev(sx.stx_dev_major, sx.stx_dev_minor)))
+				STATX_TYPE | STATX_INO, &sx) != 0 ||
+		    !S_ISREG(sx.stx_mode))
 			goto out;
+		uint64_t dev = makedev(sx.stx_dev_major, sx.stx_dev_minor);
+		if (kvs_fdinfo_dev_outside(dev) || kvs_fdinfo_outside_known(dev, sx.stx_ino))
+			goto out; /* no root on its device, or found under no root before */
 		/* openat reads the path through the kernel: a bad pointer is its EFAULT. */
 		t->fd = kvs_sys_openat(tg->dirfd, tg->path,
 				       O_PATH | O_CLOEXEC | (tg->nofollow ? O_NOFOLLOW : 0));
@@ -88,8 +90,13 @@ bool kvs_touch_before(struct kvs_touch *t, const struct kvs_touch_target *tg)
 		/* Its path under no root (one readlink): no statx, no fcntl. */
 		int root = kvs_fdinfo_opened(t->fd);
 		kvs_fdinfo_forget(t->fd);
-		if (root == -1)
+		if (root == -1) {
+			struct stat st; /* noted if it is the file statx saw */
+			if (fstat(t->fd, &st) == 0 && (uint64_t)st.st_dev == dev &&
+			    (uint64_t)st.st_ino == sx.stx_ino)
+				kvs_fdinfo_outside_note(dev, sx.stx_ino);
 			goto out;
+		}
 	}
 	/* Classified as any descriptor; the shim's own number is forgotten again at once. */
 	int r = kvs_fdinfo_get(t->fd, &fi);

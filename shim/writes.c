@@ -401,6 +401,7 @@ void kvs_shim_synced(int fd)
 
 void kvs_shim_renamed(int dirfd, const char *path)
 {
+	kvs_fdinfo_outside_forget();
 	if (kvs_shim_guard || !kvs_shim_is_mapped() || !kvs_wthru_on())
 		return;
 	int saved = kvs_shim_in();

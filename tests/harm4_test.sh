@@ -77,10 +77,11 @@ loaded() { # the storage bytes of one O_DIRECT read of $f by a process under the
 "$h" mk "$f" $size 1
 reset_region
 coproc HOLD { LD_PRELOAD=$lib exec "$h" mmaphold "$f" 2>/dev/null; }
+hold=$HOLD_PID # bash unsets HOLD_PID once the coprocess is gone
 read -r -t 10 line <&"${HOLD[0]}"
 l1=$(loaded) l2=$(loaded)
-kill -9 "$HOLD_PID" 2>/dev/null
-wait "$HOLD_PID" 2>/dev/null
+kill -9 "$hold" 2>/dev/null
+wait "$hold" 2>/dev/null
 l3=$(loaded) l4=$(loaded)
 if [ "$line" = mapped ] && [ "$l1" -ge $size ] && [ "$l2" -ge $size ] && [ "$l3" -ge $size ] &&
 	[ "$l4" = 0 ]; then
@@ -115,6 +116,32 @@ for wt in true false; do
 			"write_once_violations $v"
 	fi
 done
+
+# A file a touch found under no root, then moved under the write-once root by the same
+# process: the touch's note is forgotten at the rename, so the O_TRUNC open of it that follows
+# is judged (dropped, counted), and the next reader gets the new bytes.
+mkdir -p "$work/outside"
+g=$work/outside/g
+"$h" mk "$g" $size 1
+"$h" mk "$work/new" $size 9
+want=$("$h" show "$work/new")
+reset_region
+py_moved='import os,sys,subprocess
+g,dst,new,h=sys.argv[1:5]
+os.utime(g)                           # found under no root (the note)
+os.rename(g,dst)                      # under the write-once root now
+subprocess.run([h,"load",dst],check=True)  # another process keeps its shards for good
+os.utime(dst)
+fd=os.open(dst,os.O_WRONLY|os.O_TRUNC)
+os.write(fd,open(new,"rb").read()); os.close(fd)'
+LD_PRELOAD=$lib python3 -c "$py_moved" "$g" "$f" "$work/new" "$h" 2>"$work/err"
+got=$(LD_PRELOAD=$lib "$h" show "$f" 2>&1)
+v=$(totals write_once_violations)
+if [ "$got" = "$want" ] && [ "$v" = 1 ]; then
+	ok "touched outside the roots, renamed under the write-once root, rewritten: new bytes served, counted"
+else
+	fail "touched outside, renamed in, rewritten: read [$got], want [$want], write_once_violations $v"
+fi
 
 # The program's record lock on a KV file stays through a launcher's dup2s onto small numbers.
 "$h" mk "$f" $size 1
