@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
 # The libraries under the shim never call up into it: no object of base/, config/, cache/,
-# loader/ or gpu/, nor of the shim's internals (every shim/ file but the hooks: hooks_*.c,
+# loader/ or gpu/, nor of the shim's internals (every shim/ file but the doors: hooks_*.c,
 # cufile*.c, dlsym*), names a function that shim/exports.map exports (close, fcntl, mmap,
-# read, syscall, ...).  Inside libkvshim.so such a call binds to the shim's own hook; they make
-# their system calls through base/raw.h instead.  Nor does the shim carry the tools' half of
+# read, syscall, ...), and no object of the shim, doors included, calls one.  Inside
+# libkvshim.so such a call binds to the shim's own hook; they make their system calls through
+# base/raw.h instead, and reach libc through kvs_real.  Nor does the shim carry the tools' half of
 # config/ (kvs_config_tools).  Run by scripts/test.sh after the build.
 #   check_layers.sh BUILD_DIR
 set -euo pipefail
@@ -30,10 +31,19 @@ for lib in base/libkvs_base.a config/libkvs_config.a cache/libkvs_cache.a \
 		bad=1
 	done < <(nm -u -A "$build/$lib" 2>/dev/null | awk '{ split($1, p, ":"); sub(/@.*/, "", $NF); print p[2], $NF }')
 done
-# The shim's internals, object by object.
+# The shim, object by object.  Its internals (every file but the doors: hooks_*.c, cufile*.c,
+# dlsym*) name no exported function at all; no object, doors included, calls one: a call is a
+# PLT32 (x86_64) or CALL26/JUMP26 (aarch64) relocation against the name, which binds to the
+# shim's own hook even inside the object that defines it.  (A door may take a hook's address:
+# the dlsym answer for the cuFile names.)
 internals=0
 for o in "$build"/shim/CMakeFiles/kvshim.dir/*.o; do
 	f=$(basename "$o")
+	for name in $(objdump -r "$o" | awk '$2 ~ /PLT32|CALL26|JUMP26/ { sub(/[-+@].*/, "", $3); print $3 }' | sort -u); do
+		grep -qxF "$name" <<<"$exports" || continue
+		echo "check_layers: shim/$f calls $name, which the shim exports (use base/raw.h or kvs_real)"
+		bad=1
+	done
 	case $f in hooks_*| cufile* | dlsym*) continue ;; esac
 	internals=$((internals + 1))
 	for name in $(nm -u "$o" | awk '{ sub(/@.*/, "", $NF); print $NF }'); do
@@ -56,5 +66,5 @@ for name in $(nm "$shim_so" | awk 'NF == 3 { print $3 }' | sort -u | comm -12 - 
 	echo "check_layers: libkvshim.so holds $name, tool-only code (config/kvs_config_tools)"
 	bad=1
 done
-[ $bad = 0 ] && echo "check_layers: no library under the shim calls a name it exports; no tool-only code in it"
+[ $bad = 0 ] && echo "check_layers: no library under the shim, and no object of it, calls a name it exports; no tool-only code in it"
 exit $bad

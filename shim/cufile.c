@@ -175,7 +175,7 @@ void *kvs_cufile_real(enum kvs_cufile_fn fn)
 		if (!h)
 			h = dlopen(path, RTLD_NOW | RTLD_LOCAL);
 		if (h && !atomic_compare_exchange_strong(&lib, &none, h)) {
-			dlclose(h);
+			kvs_dlclose_real(h);
 			h = none;
 		} else if (h) {
 			atomic_store(&lib_ours, true);
@@ -211,33 +211,13 @@ static void forget_unloaded(void)
 		atomic_store(&lib, NULL); /* a handle of the library that went */
 }
 
-/* glibc's dlclose, from libc's symbol table (2.34 and later) or libdl's; never dlsym. */
-static int (*real_dlclose(void))(void *)
-{
-	static int (*_Atomic fn)(void *);
-	int (*f)(void *) = atomic_load_explicit(&fn, memory_order_relaxed);
-
-	if (!f) {
-		f = (int (*)(void *))kvs_elf_symbol("libc.so.", "dlclose", NULL);
-		if (!f)
-			f = (int (*)(void *))kvs_elf_symbol("libdl.so.", "dlclose", NULL);
-		if (!f)
-			f = (int (*)(void *))not_shim(kvs_dlsym_real(RTLD_NEXT, "dlclose"));
-		atomic_store_explicit(&fn, f, memory_order_relaxed);
-	}
-	return f;
-}
-
 KVS_EXPORT int dlclose(void *handle)
 {
-	int (*f)(void *) = real_dlclose();
 	bool remembered = false;
 
 	for (int i = 0; i < KVS_CF_N && !remembered; i++)
 		remembered = atomic_load_explicit(&real[i], memory_order_relaxed) != NULL;
-	if (!f)
-		return -1; /* no glibc dlclose anywhere: nothing the shim can call */
-	int r = f(handle);
+	int r = kvs_dlclose_real(handle);
 	if (r == 0) {
 		int saved = errno;
 
@@ -540,7 +520,8 @@ static void *loaded_real(enum kvs_cufile_fn fn)
 		h = dlopen(kvs_shim_cufile_library(), RTLD_NOW | RTLD_LOCAL | RTLD_NOLOAD);
 		if (h) {
 			p = not_shim(kvs_dlsym_real(h, names[fn]));
-			dlclose(h); /* drops the reference RTLD_NOLOAD took; the library stays */
+			kvs_dlclose_real(
+			    h); /* drops the reference RTLD_NOLOAD took; the library stays */
 		}
 	}
 	return p;

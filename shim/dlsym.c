@@ -68,6 +68,25 @@ int kvs_dlsym_in_shim(const void *p)
 	       a.dli_fbase == b.dli_fbase;
 }
 
+int kvs_dlclose_real(void *handle)
+{
+	static int (*_Atomic fn)(void *);
+	int (*f)(void *) = atomic_load_explicit(&fn, memory_order_relaxed);
+
+	if (!f) {
+		f = (int (*)(void *))kvs_elf_symbol("libc.so.", "dlclose", NULL);
+		if (!f)
+			f = (int (*)(void *))kvs_elf_symbol("libdl.so.", "dlclose", NULL);
+		if (!f) {
+			void *p = kvs_dlsym_real(RTLD_NEXT, "dlclose");
+
+			f = kvs_dlsym_in_shim(p) ? NULL : (int (*)(void *))p;
+		}
+		atomic_store_explicit(&fn, f, memory_order_relaxed);
+	}
+	return f ? f(handle) : -1;
+}
+
 /* Does name start with "cuFile"?  No libc: see the top of elfsym.c (this file is built without
  * sanitizers for the same reason). */
 static bool cufile_name(const char *name)

@@ -15,6 +15,11 @@
 void *kvs_dlsym_real(void *handle, const char *name);
 void *kvs_dlvsym_real(void *handle, const char *name, const char *version);
 
+/* glibc's dlclose, from libc's symbol table (2.34 and later) or libdl's, never the shim's:
+ * the shim's own handles (RTLD_NOLOAD lookups) are closed through it.  -1 when there is none
+ * (nothing the shim can call). */
+int kvs_dlclose_real(void *handle);
+
 /* Find glibc's functions (kvs_elf_symbol); called by every hook and by kvs_real_init. */
 void kvs_dlsym_resolve(void);
 

@@ -132,7 +132,7 @@ static void la_resolve(void)
 	la.cancel = (la_cancel_fn)la_symbol(h ? h : RTLD_NEXT, "io_cancel");
 	la.destroy = (la_destroy_fn)la_symbol(h ? h : RTLD_NEXT, "io_destroy");
 	if (h)
-		dlclose(h); /* RTLD_NOLOAD took a reference; the library stays loaded */
+		kvs_dlclose_real(h); /* RTLD_NOLOAD took a reference; the library stays loaded */
 }
 
 static bool la_ready(void)

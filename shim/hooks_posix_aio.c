@@ -273,8 +273,8 @@ static void wpool_reset(void)
 static struct wreq *wreq_get(void)
 {
 	if (!wpool && !wpool_failed) {
-		void *p = mmap(NULL, WPOOL * sizeof(struct wreq), PROT_READ | PROT_WRITE,
-			       MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+		void *p = kvs_sys_mmap(NULL, WPOOL * sizeof(struct wreq), PROT_READ | PROT_WRITE,
+				       MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
 
 		wpool_failed = p == MAP_FAILED;
 		wpool = wpool_failed ? NULL : p;
@@ -407,7 +407,7 @@ static void notify(const struct sigevent *sev, pid_t pid)
 		si.si_pid = pid;
 		si.si_uid = getuid();
 		si.si_value = sev->sigev_value;
-		syscall(SYS_rt_sigqueueinfo, pid, sev->sigev_signo, &si);
+		kvs_syscall(SYS_rt_sigqueueinfo, pid, sev->sigev_signo, &si);
 	} else if (sev->sigev_notify == SIGEV_THREAD && sev->sigev_notify_function) {
 		struct thread_note *n = malloc(sizeof(*n));
 		pthread_attr_t def, *attr = sev->sigev_notify_attributes;
@@ -813,8 +813,8 @@ static int do_suspend(int v, const struct aiocb *const list[], int nent,
 		return real_suspend(v, list, nent, timeout);
 	size_t rest_len = (size_t)nent * sizeof(*rest);
 	rest = nent <= SUSPEND_LOCAL ? local
-				     : mmap(NULL, rest_len, PROT_READ | PROT_WRITE,
-					    MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+				     : kvs_sys_mmap(NULL, rest_len, PROT_READ | PROT_WRITE,
+						    MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
 	if (rest == MAP_FAILED)
 		return real_suspend(v, list, nent, timeout);
 	deadline = kvs_deadline_ns(timeout);
@@ -925,7 +925,7 @@ static int do_cancel(int v, int fd, struct aiocb *cb)
 		unlock_mu();
 		if (!running)
 			return real_cancel(v, fd, cb);
-		if (fcntl(fd, F_GETFL) < 0) {
+		if (kvs_sys_fcntl(fd, F_GETFL) < 0) {
 			errno = EBADF;
 			return -1;
 		}

@@ -13,6 +13,7 @@
 #include <sys/time.h>
 #include <utime.h>
 
+#include "raw.h"
 #include "real.h"
 #include "shim.h"
 #include "touch.h"
@@ -70,7 +71,8 @@ static struct kvs_touch_target at(int dirfd, const char *path, int flags,
 	if (!path)
 		return AT_FD(dirfd, times);
 	if (flags & AT_EMPTY_PATH) {
-		int fd = openat(dirfd, path, O_PATH | O_CLOEXEC | (nofollow ? O_NOFOLLOW : 0));
+		int fd =
+		    kvs_sys_openat(dirfd, path, O_PATH | O_CLOEXEC | (nofollow ? O_NOFOLLOW : 0));
 
 		if (fd < 0 && errno == ENOENT)
 			return AT_FD(dirfd, times); /* "": the descriptor itself */

@@ -120,8 +120,6 @@ static pthread_mutex_t tables_mu = PTHREAD_MUTEX_INITIALIZER;
 /* Some ring may have changed another's registered files (MSG_RING, a registration through a
  * registered ring descriptor): no recorded table is trusted any more. */
 static _Atomic bool fixed_untrusted;
-/* The shim's own probe ring (probe_inject): none of its calls is the program's. */
-static __thread int probing;
 static struct ring rings[MAX_RINGS]; /* under tables_mu */
 static _Atomic int nrings;	     /* entries in use, read without the lock as a hint */
 
@@ -295,31 +293,25 @@ static void files_unknown(int ring_fd)
 /* ------------------------------------------------------------------ the kernel's NOP */
 
 /* Does this kernel complete IORING_OP_NOP with IORING_NOP_INJECT_RESULT's result?  Asked once
- * of a ring of the shim's own, through libc's syscall() and mmap(): they come back to the
- * shim's hooks, which ignore this thread's ring calls while probing is raised. */
+ * of a ring of the shim's own, through raw system calls (base/raw.h): no hook sees it. */
 static bool probe_inject(void)
 {
 	struct io_uring_params p;
 	bool ok = false;
 
-	probing++; /* its syscall() and mmap() calls come back to the shim's hooks */
-	ok = false;
-
 	memset(&p, 0, sizeof(p));
-	int fd = (int)syscall(SYS_io_uring_setup, 2, &p);
-	if (fd < 0) {
-		probing--; /* else this thread's later rings go unseen for good */
+	int fd = (int)kvs_syscall(SYS_io_uring_setup, 2, &p);
+	if (fd < 0)
 		return false;
-	}
 	size_t sq_len = p.sq_off.array + p.sq_entries * sizeof(unsigned);
 	size_t cq_len = p.cq_off.cqes + p.cq_entries * sizeof(struct io_uring_cqe);
 	size_t sqe_len = p.sq_entries * sizeof(struct io_uring_sqe);
-	char *sq = mmap(NULL, sq_len, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_POPULATE, fd,
-			IORING_OFF_SQ_RING);
-	char *cq = mmap(NULL, cq_len, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_POPULATE, fd,
-			IORING_OFF_CQ_RING);
-	struct io_uring_sqe *sqe = mmap(NULL, sqe_len, PROT_READ | PROT_WRITE,
-					MAP_SHARED | MAP_POPULATE, fd, IORING_OFF_SQES);
+	char *sq = kvs_sys_mmap(NULL, sq_len, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_POPULATE, fd,
+				IORING_OFF_SQ_RING);
+	char *cq = kvs_sys_mmap(NULL, cq_len, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_POPULATE, fd,
+				IORING_OFF_CQ_RING);
+	struct io_uring_sqe *sqe = kvs_sys_mmap(NULL, sqe_len, PROT_READ | PROT_WRITE,
+						MAP_SHARED | MAP_POPULATE, fd, IORING_OFF_SQES);
 	if (sq != MAP_FAILED && cq != MAP_FAILED && sqe != MAP_FAILED) {
 		unsigned *tail = (unsigned *)(sq + p.sq_off.tail);
 		unsigned *array = (unsigned *)(sq + p.sq_off.array);
@@ -331,7 +323,8 @@ static bool probe_inject(void)
 		sqe->user_data = 7;
 		array[*tail & *(unsigned *)(sq + p.sq_off.ring_mask)] = 0;
 		__atomic_store_n(tail, *tail + 1, __ATOMIC_RELEASE);
-		if (syscall(SYS_io_uring_enter, fd, 1, 1, IORING_ENTER_GETEVENTS, NULL, 0) == 1) {
+		if (kvs_syscall(SYS_io_uring_enter, fd, 1, 1, IORING_ENTER_GETEVENTS, NULL, 0) ==
+		    1) {
 			unsigned head =
 			    __atomic_load_n((unsigned *)(cq + p.cq_off.head), __ATOMIC_ACQUIRE);
 			struct io_uring_cqe *cqe = (struct io_uring_cqe *)(cq + p.cq_off.cqes) +
@@ -345,8 +338,7 @@ static bool probe_inject(void)
 		kvs_sys_munmap(cq, cq_len);
 	if (sqe != MAP_FAILED)
 		kvs_sys_munmap(sqe, sqe_len);
-	syscall(SYS_close, fd);
-	probing--;
+	kvs_sys_close(fd);
 	return ok;
 }
 
@@ -444,8 +436,8 @@ static int read_of(const struct view *v, const struct io_uring_sqe *sqe, struct 
 		    sqe->len && sqe->len <= IOV_MAX ? malloc(sqe->len * sizeof(*copy)) : NULL;
 		struct iovec local = {copy, sqe->len * sizeof(*copy)};
 		struct iovec remote = {(void *)(uintptr_t)sqe->addr, sqe->len * sizeof(*copy)};
-		if (!copy || syscall(SYS_process_vm_readv, getpid(), &local, 1, &remote, 1, 0) !=
-				 (long)(sqe->len * sizeof(*copy))) {
+		if (!copy || kvs_syscall(SYS_process_vm_readv, getpid(), &local, 1, &remote, 1,
+					 0) != (long)(sqe->len * sizeof(*copy))) {
 			free(copy);
 			return -1;
 		}
@@ -773,7 +765,7 @@ static void *resolve_for(const char *name, const void *caller)
 		void *h = dlopen(info.dli_fname, RTLD_NOW | RTLD_NOLOAD);
 		if (h) {
 			p = kvs_dlsym_real(h, name);
-			dlclose(h);
+			kvs_dlclose_real(h);
 		}
 	}
 	if (!p || kvs_dlsym_in_shim(p))
@@ -1046,7 +1038,7 @@ void kvs_uring_setup_done(int fd, const void *params)
 {
 	const struct io_uring_params *p = params;
 
-	if (fd < 0 || !p || probing)
+	if (fd < 0 || !p)
 		return;
 	lock_tables();
 	struct ring *r = ring_locked(fd, true);
@@ -1066,8 +1058,7 @@ void kvs_uring_setup_done(int fd, const void *params)
 
 void kvs_uring_mapped(int fd, long off, void *addr)
 {
-	if (fd < 0 || addr == MAP_FAILED || probing ||
-	    (off != IORING_OFF_SQ_RING && off != IORING_OFF_SQES))
+	if (fd < 0 || addr == MAP_FAILED || (off != IORING_OFF_SQ_RING && off != IORING_OFF_SQES))
 		return;
 	bool known = false;
 	if (atomic_load_explicit(&nrings, memory_order_relaxed)) {
@@ -1102,7 +1093,7 @@ void kvs_uring_mapped(int fd, long off, void *addr)
 
 void kvs_uring_enter(int fd, unsigned to_submit, unsigned flags)
 {
-	if (to_submit == 0 || probing || !atomic_load_explicit(&nrings, memory_order_relaxed))
+	if (to_submit == 0 || !atomic_load_explicit(&nrings, memory_order_relaxed))
 		return;
 	if (flags & IORING_ENTER_REGISTERED_RING) {
 		unserved(C_REGRING, -1);
@@ -1150,7 +1141,7 @@ void kvs_uring_register(int fd, unsigned opcode, const void *arg, unsigned nr, l
 		REGISTER_FILES2 = 13,
 		REGISTER_FILES_UPDATE2 = 14,
 	};
-	if (result < 0 || probing)
+	if (result < 0)
 		return;
 	if (opcode & (1U << 31)) { /* IORING_REGISTER_USE_REGISTERED_RING: fd is not a ring's */
 		atomic_store(&fixed_untrusted, true);
