@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The libraries under the shim never call up into it: no object of base/, config/, cache/,
 # loader/ or gpu/, nor of the shim's internals (every shim/ file but the doors: hooks_*.c,
-# cufile*.c, dlsym*), names a function that shim/exports.map exports (close, fcntl, mmap,
+# cufile*.c, dlsym*), names a function that the shim exports (the version script made from
+# shim/hooks.def: close, fcntl, mmap,
 # read, syscall, ...), and no object of the shim, doors included, calls one.  Inside
 # libkvshim.so such a call binds to the shim's own hook; they make their system calls through
 # base/raw.h instead, and reach libc through kvs_real.  Nor does the shim carry the tools' half of
@@ -11,8 +12,9 @@ set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 build=${1:?usage: check_layers.sh BUILD_DIR}
 
-# The names of the map's global section.
-exports=$(sed -n '/global:/,/local:/p' "$root/shim/exports.map" | grep -v 'global:\|local:' |
+# The names of the generated map's global section.
+[ -f "$build/shim/exports.map" ] || { echo "check_layers: $build/shim/exports.map is missing" >&2; exit 2; }
+exports=$(sed -n '/global:/,/local:/p' "$build/shim/exports.map" | grep -v 'global:\|local:' |
 	tr ';' '\n' | tr -d ' \t' | grep -v '^$' | sort -u)
 # Allowed, each with its reason:
 #   gpu.c dlsym: the default resolver of a program without the shim (tools, tests); the shim

@@ -299,76 +299,14 @@ static FILE *freopen_late(const char *path, const char *mode, FILE *f)
 	return fn(path, mode, f);
 }
 
+/* Each pointer starts at its row's fallback (hooks.def): a raw system call, glibc's _IO_ alias
+ * for stdio, which has none, or freopen_late. */
 struct kvs_real kvs_real = {
-    .read = sys_read,
-    .pread = sys_pread,
-    .pread64 = sys_pread,
-    .readv = sys_readv,
-    .preadv = sys_preadv,
-    .preadv64 = sys_preadv,
-    .preadv2 = sys_preadv2,
-    .preadv64v2 = sys_preadv2,
-    .read_chk = sys_read_chk,
-    .pread_chk = sys_pread_chk,
-    .pread64_chk = sys_pread_chk,
-    .fread = _IO_fread, /* stdio has no system call: glibc's own alias until resolved */
-    .fwrite = _IO_fwrite,
-    .fclose = _IO_fclose,
-    .write = sys_write,
-    .pwrite = sys_pwrite,
-    .pwrite64 = sys_pwrite,
-    .writev = sys_writev,
-    .pwritev = sys_pwritev,
-    .pwritev64 = sys_pwritev,
-    .pwritev2 = sys_pwritev2,
-    .pwritev64v2 = sys_pwritev2,
-    .mmap = sys_mmap,
-    .mmap64 = sys_mmap,
-    .munmap = sys_munmap,
-    .close = sys_close,
-    .fcntl = sys_fcntl,
-    .fcntl64 = sys_fcntl,
-    .lockf = sys_lockf,
-    .lockf64 = sys_lockf,
-    .fsync = sys_fsync,
-    .fdatasync = sys_fdatasync,
-    .ftruncate = sys_ftruncate,
-    .ftruncate64 = sys_ftruncate,
-    .rename = sys_rename,
-    .renameat = sys_renameat,
-    .renameat2 = sys_renameat2,
-    .utime = sys_utime,
-    .utimes = sys_utimes,
-    .futimes = sys_futimes,
-    .lutimes = sys_lutimes,
-    .futimesat = sys_futimesat,
-    .utimensat = sys_utimensat,
-    .futimens = sys_futimens,
-    .dup2 = sys_dup2,
-    .dup3 = sys_dup3,
-    .close_range = sys_close_range,
-    .open = sys_open,
-    .open64 = sys_open,
-    .openat = sys_openat,
-    .openat64 = sys_openat,
-    .creat = sys_creat,
-    .creat64 = sys_creat,
-    .open_2 = sys_open_2,
-    .open64_2 = sys_open_2,
-    .openat_2 = sys_openat_2,
-    .openat64_2 = sys_openat_2,
-    .fopen = _IO_fopen, /* no system call for it: glibc's own alias until resolved */
-    .fopen64 = _IO_fopen,
-    .freopen = freopen_late,
-    .freopen64 = freopen_late,
-    .fallocate = sys_fallocate,
-    .fallocate64 = sys_fallocate,
-    .copy_file_range = sys_copy_file_range,
-    .sendfile = sys_sendfile,
-    .sendfile64 = sys_sendfile,
-    .splice = sys_splice,
-    .truncate = sys_truncate,
-    .truncate64 = sys_truncate,
+#define KVS_HOOK(field, symbol, ret, params, fallback) .field = fallback,
+#define KVS_DOOR(symbol)
+#include "hooks.def"
+#undef KVS_HOOK
+#undef KVS_DOOR
 };
 
 enum { UNRESOLVED, RESOLVING, RESOLVED };
@@ -406,75 +344,11 @@ static void resolve(void)
 	real_dlsym = kvs_dlsym_real;
 	if (!dladdr((void *)resolve, &self))
 		self.dli_fbase = NULL;
-	RESOLVE(read, "read");
-	RESOLVE(pread, "pread");
-	RESOLVE(pread64, "pread64");
-	RESOLVE(readv, "readv");
-	RESOLVE(preadv, "preadv");
-	RESOLVE(preadv64, "preadv64");
-	RESOLVE(preadv2, "preadv2");
-	RESOLVE(preadv64v2, "preadv64v2");
-	RESOLVE(read_chk, "__read_chk");
-	RESOLVE(pread_chk, "__pread_chk");
-	RESOLVE(pread64_chk, "__pread64_chk");
-	RESOLVE(fread, "fread");
-	RESOLVE(fwrite, "fwrite");
-	RESOLVE(fclose, "fclose");
-	RESOLVE(write, "write");
-	RESOLVE(pwrite, "pwrite");
-	RESOLVE(pwrite64, "pwrite64");
-	RESOLVE(writev, "writev");
-	RESOLVE(pwritev, "pwritev");
-	RESOLVE(pwritev64, "pwritev64");
-	RESOLVE(pwritev2, "pwritev2");
-	RESOLVE(pwritev64v2, "pwritev64v2");
-	RESOLVE(mmap, "mmap");
-	RESOLVE(mmap64, "mmap64");
-	RESOLVE(munmap, "munmap");
-	RESOLVE(close, "close");
-	RESOLVE(fcntl, "fcntl");
-	RESOLVE(fcntl64, "fcntl64");
-	RESOLVE(lockf, "lockf");
-	RESOLVE(lockf64, "lockf64");
-	RESOLVE(fsync, "fsync");
-	RESOLVE(fdatasync, "fdatasync");
-	RESOLVE(ftruncate, "ftruncate");
-	RESOLVE(ftruncate64, "ftruncate64");
-	RESOLVE(rename, "rename");
-	RESOLVE(renameat, "renameat");
-	RESOLVE(renameat2, "renameat2");
-	RESOLVE(utime, "utime");
-	RESOLVE(utimes, "utimes");
-	RESOLVE(futimes, "futimes");
-	RESOLVE(lutimes, "lutimes");
-	RESOLVE(futimesat, "futimesat");
-	RESOLVE(utimensat, "utimensat");
-	RESOLVE(futimens, "futimens");
-	RESOLVE(dup2, "dup2");
-	RESOLVE(dup3, "dup3");
-	RESOLVE(close_range, "close_range");
-	RESOLVE(open, "open");
-	RESOLVE(open64, "open64");
-	RESOLVE(openat, "openat");
-	RESOLVE(openat64, "openat64");
-	RESOLVE(creat, "creat");
-	RESOLVE(creat64, "creat64");
-	RESOLVE(open_2, "__open_2");
-	RESOLVE(open64_2, "__open64_2");
-	RESOLVE(openat_2, "__openat_2");
-	RESOLVE(openat64_2, "__openat64_2");
-	RESOLVE(fopen, "fopen");
-	RESOLVE(fopen64, "fopen64");
-	RESOLVE(freopen, "freopen");
-	RESOLVE(freopen64, "freopen64");
-	RESOLVE(fallocate, "fallocate");
-	RESOLVE(fallocate64, "fallocate64");
-	RESOLVE(copy_file_range, "copy_file_range");
-	RESOLVE(sendfile, "sendfile");
-	RESOLVE(sendfile64, "sendfile64");
-	RESOLVE(splice, "splice");
-	RESOLVE(truncate, "truncate");
-	RESOLVE(truncate64, "truncate64");
+#define KVS_HOOK(field, symbol, ret, params, fallback) RESOLVE(field, #symbol);
+#define KVS_DOOR(symbol)
+#include "hooks.def"
+#undef KVS_HOOK
+#undef KVS_DOOR
 }
 
 void kvs_real_init(void)

@@ -384,9 +384,12 @@ else
 	fi
 fi
 
-# --- The shared object exports the hooked names and nothing else.
+# --- The shared object exports the hooked names and nothing else: the rows of shim/hooks.def,
+# the one list of them (its symbol column; the version script is made from it).
 exports=$(nm -D --defined-only "$1" | awk '{print $3}' | sort | tr '\n' ' ')
-want="__io_uring_get_cqe __open64_2 __open_2 __openat64_2 __openat_2 __pread64_chk __pread_chk __read_chk aio_cancel aio_cancel64 aio_error aio_error64 aio_read aio_read64 aio_return aio_return64 aio_suspend aio_suspend64 aio_write aio_write64 close close_range copy_file_range creat creat64 cuFileBatchIOCancel cuFileBatchIODestroy cuFileBatchIOGetStatus cuFileBatchIOSetUp cuFileBatchIOSubmit cuFileHandleDeregister cuFileHandleRegister cuFileRead cuFileReadAsync cuFileStreamDeregister cuFileStreamRegister cuFileWrite dlclose dlsym dlvsym dup2 dup3 fallocate fallocate64 fclose fcntl fcntl64 fdatasync fopen fopen64 fread freopen freopen64 fsync ftruncate ftruncate64 futimens futimes futimesat fwrite io_cancel io_destroy io_getevents io_pgetevents io_submit io_uring_queue_exit io_uring_register io_uring_register_files io_uring_register_files_sparse io_uring_register_files_tags io_uring_register_files_update io_uring_register_files_update_tag io_uring_submit io_uring_submit_and_get_events io_uring_submit_and_wait io_uring_submit_and_wait_timeout io_uring_unregister_files io_uring_wait_cqes lio_listio lio_listio64 lockf lockf64 lutimes mmap mmap64 munmap open open64 openat openat64 pread pread64 preadv preadv2 preadv64 preadv64v2 pwrite pwrite64 pwritev pwritev2 pwritev64 pwritev64v2 read readv rename renameat renameat2 sendfile sendfile64 splice syscall truncate truncate64 utime utimensat utimes write writev "
+want=$(sed -nE 's/^KVS_HOOK\([A-Za-z0-9_]+, *([A-Za-z0-9_]+),.*/\1/p; s/^KVS_DOOR\(([A-Za-z0-9_]+)\).*/\1/p' \
+	"$(dirname "$0")/../shim/hooks.def" | sort | tr '\n' ' ')
+[ -n "$want" ] || fail "shim/hooks.def: no rows read"
 if [ "$exports" = "$want" ]; then
 	ok "libkvshim.so exports only the interposed names"
 else
