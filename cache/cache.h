@@ -476,12 +476,22 @@ struct kvs_wtok {
 void kvs_cache_write_begin(struct kvs_cache *c, uint64_t dev, uint64_t ino, struct kvs_wtok *t);
 bool kvs_cache_write_end(struct kvs_cache *c, struct kvs_wtok *t);
 bool kvs_cache_write_last(struct kvs_cache *c, const struct kvs_wtok *t);
-/* For a change that is not a write (a touch): kvs_cache_write_mark takes the file's mark
- * before it (false: a write of the file under the shim is in flight, or the region has no
- * write sequences), kvs_cache_write_quiet after it says whether no write under the shim began
- * or ended since.  Lock-free; works on a KVS_OPEN_WATCH mapping too. */
+/* For a change that is not a write (a touch), or a load (loader/publish.c): kvs_cache_write_mark
+ * takes the file's mark before it (false: a write of the file under the shim is in flight, or of
+ * another file that shares its entry, or the region has no write sequences), kvs_cache_write_quiet
+ * after it says whether no write under the shim began or ended since.  Lock-free; works on a
+ * KVS_OPEN_WATCH mapping too. */
 bool kvs_cache_write_mark(struct kvs_cache *c, uint64_t dev, uint64_t ino, uint64_t *mark);
 bool kvs_cache_write_quiet(struct kvs_cache *c, uint64_t dev, uint64_t ino, uint64_t mark);
+
+/* Files mapped shared and writable (maplock.c): kvs_cache_map_hold while this process holds
+ * such a mapping of (dev, ino) (0, or -errno: not held, nothing to release), and
+ * kvs_cache_map_release when it is gone; a process's holds end with it.  kvs_cache_map_busy:
+ * may any process of the node, this one included, hold one now?  One system call (none when
+ * this process holds one); true when it cannot tell.  Not on a KVS_OPEN_WATCH mapping. */
+int kvs_cache_map_hold(struct kvs_cache *c, uint64_t dev, uint64_t ino);
+void kvs_cache_map_release(struct kvs_cache *c, uint64_t dev, uint64_t ino);
+bool kvs_cache_map_busy(struct kvs_cache *c, uint64_t dev, uint64_t ino);
 
 /*
  * The memory of regions (cache/pages.c): what the file system of a directory gives a region.

@@ -51,6 +51,10 @@ struct kvs_cache {
 	int self; /* process-table slot, -1 for a watcher */
 	struct kvs_proc *me;
 	pthread_mutex_t reclaim_mu; /* one reclaim at a time in this process (OFD locks are ours) */
+	/* maplock.c: this process's holds of each file byte, changed under maplock_mu, read
+	 * without it by kvs_cache_map_busy. */
+	pthread_mutex_t maplock_mu;
+	_Atomic uint16_t maplock_n[KVS_MAPLOCK_BYTES];
 	_Atomic uint32_t pin_hint;
 	/* stage.c: the frame this process's last repack gave back (KVS_NIL: none), which its
 	 * next stage takes first if still FREE, so that a writer of small files reuses one

@@ -34,11 +34,13 @@
 #define KVS_PINS_PER_PROC  1024u /* power of two */
 #define KVS_MAX_STRIPES	   1024u
 #define KVS_POPULATE_BYTE  8192u /* OFD lock byte of the populating process (past the table) */
-#define KVS_BUILT_BY_MAX   32u	 /* bytes of hdr.built_by, NUL-padded (not always terminated) */
-#define KVS_CTR_ROOM	   64u	 /* counters a process record and the totals have room for */
-#define KVS_SEEN_WAYS	   4u	 /* entries of the seen table one block id may use */
-#define KVS_MAX_PER_FRAME  256u	 /* slot records of one frame (a power of two) */
-#define KVS_TALLY_ROOM	   8u	 /* figures a tally has room for (KVS_TALLY_* in cache.h) */
+#define KVS_MAPLOCK_BASE   (1ull << 40) /* OFD lock bytes of files mapped writable (maplock.c) */
+#define KVS_MAPLOCK_BYTES  4096u
+#define KVS_BUILT_BY_MAX   32u	/* bytes of hdr.built_by, NUL-padded (not always terminated) */
+#define KVS_CTR_ROOM	   64u	/* counters a process record and the totals have room for */
+#define KVS_SEEN_WAYS	   4u	/* entries of the seen table one block id may use */
+#define KVS_MAX_PER_FRAME  256u /* slot records of one frame (a power of two) */
+#define KVS_TALLY_ROOM	   8u	/* figures a tally has room for (KVS_TALLY_* in cache.h) */
 /* The claimer a packed frame's unused slots are CLAIMED by while it is the open frame (no
  * process: the table has at most 4096 entries). */
 #define KVS_PACK_OWNER 0x7fffffu

@@ -653,6 +653,7 @@ int kvs_cache_open(const struct kvs_cache_params *cfg, int flags, struct kvs_cac
 	c->lock_timeout_ns =
 	    c->watch ? KVS_LOCK_TIMEOUT_WATCH_NS : cfg->wait_timeout_ms * 1000000ull; /* lock.c */
 	pthread_mutex_init(&c->reclaim_mu, NULL);
+	pthread_mutex_init(&c->maplock_mu, NULL);
 	r = kvs_cache_path(cfg, c->path, sizeof(c->path));
 	if (r)
 		goto err_free;
@@ -728,6 +729,7 @@ err_unmap:
 	kvs_ownfd_close(&c->own); /* the walk may have started: the hooks may have moved it */
 err_free:
 	pthread_mutex_destroy(&c->reclaim_mu);
+	pthread_mutex_destroy(&c->maplock_mu);
 	free(c);
 	return r;
 }
@@ -743,6 +745,7 @@ void kvs_cache_close(struct kvs_cache *c)
 		kvs_sys_munmap(c->base, c->map_len);
 	kvs_ownfd_close(&c->own);
 	pthread_mutex_destroy(&c->reclaim_mu);
+	pthread_mutex_destroy(&c->maplock_mu);
 	free(c);
 }
 

@@ -181,21 +181,24 @@ bool kvs_cache_write_last(struct kvs_cache *c, const struct kvs_wtok *t)
 	       w_gen(w) == t->gen;
 }
 
-/* A mark is the entry's whole word: every begin moves gen or takes the entry over, and every
+/* A mark is the entry's whole word, taken only while nothing is in flight on the entry (a
+ * begin that could not take the entry for its file leaves the file's write unrecorded but the
+ * entry's other write in flight): every begin moves gen or takes the entry over, and every
  * end moves "in flight", so an unchanged word means no write of the file began or ended
  * between the two looks (another file's write on a shared entry changes it too: a false
- * alarm, never a write missed). */
+ * alarm, never a write missed).  What the repair of a dead process ends early (an entry two
+ * processes wrote at once, W_MANY) a mark may then miss: a live writer's write of such a file
+ * that races a load is not seen by that load's publication. */
 bool kvs_cache_write_mark(struct kvs_cache *c, uint64_t dev, uint64_t ino, uint64_t *mark)
 {
 	uint64_t h = kvs_hash_file(dev, ino);
 
 	if (!c->nseen)
 		return false;
-	uint32_t entry = (uint32_t)(h & (c->nseen - 1)), key = (uint32_t)(h >> W_KEY_SHIFT) | 1u;
-	uint64_t w = load_acquire(&c->wseq[entry]); /* pairs with the writers' CAS */
+	uint64_t w = load_acquire(&c->wseq[h & (c->nseen - 1)]); /* pairs with the writers' CAS */
 
-	if (w_key(w) == key && w_fly(w) != 0)
-		return false; /* a write of the file is in flight */
+	if (w_fly(w) != 0)
+		return false; /* a write of the file, or of one sharing its entry, is in flight */
 	*mark = w;
 	return true;
 }

@@ -77,9 +77,12 @@ struct kvs_keep kvs_keep_for(struct kvs_cache *c, const struct kvs_key *block,
 void kvs_publish_loaded(struct kvs_cache *c, const struct kvs_pin *pin, enum kvs_verdict v,
 			uint32_t size, const struct kvs_keep *keep)
 {
+	/* A write of the file in flight at the mark, or begun or ended since, or a writable shared
+	 * mapping of it anywhere on the node now: handed out, not kept. */
 	if (v == KVS_V_KEEP &&
-	    !(keep->marked && kvs_cache_write_quiet(c, keep->dev, keep->ino, keep->mark)))
-		v = KVS_V_HAND_OUT; /* a write of the file was in flight, or began or ended since */
+	    (!(keep->marked && kvs_cache_write_quiet(c, keep->dev, keep->ino, keep->mark)) ||
+	     kvs_cache_map_busy(c, keep->dev, keep->ino)))
+		v = KVS_V_HAND_OUT;
 	if (v == KVS_V_WRONG_FILE)
 		kvs_cache_mark_failed(c, pin, ESTALE);
 	else if (v == KVS_V_KEEP)

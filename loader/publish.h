@@ -29,19 +29,21 @@ enum kvs_verdict kvs_check_file(int fd, uint64_t dev, uint64_t ino, bool write_o
  * clock (and, with fr->node_clock, this node has seen the identity that long:
  * kvs_cache_first_seen, which this call records); else the node's clock (kvs_node_ns) now +
  * files.settle.  files.revalidate caps either.  With it, the file's (dev, ino) write mark
- * (kvs_cache_write_mark): a write of the file under the shim in flight on the node now (a
- * writable shared mapping that lives, a write between its two drops) keeps nothing of this
- * load, nor does one that begins or ends before its publication (kvs_publish_loaded): that is
- * what keeps a write-once file, whose block id no write moves, by change while it is being
- * changed.  Two clock reads, a word of the write sequences, and a look at the seen table with
- * node_clock: for misses only.  (struct kvs_keep: loader.h.)
+ * (kvs_cache_write_mark): a write of the file under the shim in flight on the node now (between
+ * its two drops) keeps nothing of this load, nor does one that begins or ends before its
+ * publication (kvs_publish_loaded), nor a writable shared mapping of the file held anywhere on
+ * the node at the publication (kvs_cache_map_busy): that is what keeps a write-once file, whose
+ * block id no write moves, by change while it is being changed.  Two clock reads, a word of
+ * the write sequences, and a look at the seen table with node_clock: for misses only.  (struct
+ * kvs_keep: loader.h.)
  */
 struct kvs_keep kvs_keep_for(struct kvs_cache *c, const struct kvs_key *block,
 			     const struct kvs_fresh *fr, uint64_t dev, uint64_t ino);
 
 /* Publish a loaded shard of size bytes as verdict v (wakes its waiters): READY, kept until
- * the expiry its pin was elected with (KVS_V_KEEP, while keep's write mark still stands);
- * READY for this load's readers only (KVS_V_HAND_OUT, or a write of the file since keep);
+ * the expiry its pin was elected with (KVS_V_KEEP, while keep's write mark still stands and no
+ * process maps the file writable: one F_OFD_GETLK); READY for this load's readers only
+ * (KVS_V_HAND_OUT, or a write of the file since keep, or such a mapping);
  * FAILED with ESTALE (KVS_V_WRONG_FILE). */
 void kvs_publish_loaded(struct kvs_cache *c, const struct kvs_pin *pin, enum kvs_verdict v,
 			uint32_t size, const struct kvs_keep *keep);

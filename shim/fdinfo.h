@@ -63,14 +63,13 @@ int kvs_fdinfo_set_write_once(const char *dirs);
 bool kvs_fdinfo_dev_outside(uint64_t dev);
 
 /*
- * Files on a root's file system found under no root by a look by path (a touch, an O_TRUNC
- * open on a node with a write-once root: touch.c, wonce.c), as a hash of (dev, ino) in a
- * small set-associative table: their next look by path costs the statx alone, not the open,
- * readlink and close.  A rename by this process forgets them all (the file may have moved
- * under a root: kvs_fdinfo_outside_forget, from kvs_shim_renamed); a rename or link by another
- * process is not seen, and such a file is then not followed by those looks (touch.h: a miss
- * after each touch; wonce.h: an O_TRUNC open of it is judged after the open, as any open).
- * Atomics only.
+ * Files on a root's file system found under no root by a touch's look by path (touch.c), as
+ * a hash of (dev, ino) in a small set-associative table: their next touch costs the statx
+ * alone, not the open, readlink, fstat and close.  A rename by this process forgets them all
+ * (the file may have moved under a root: kvs_fdinfo_outside_forget, from kvs_shim_renamed); a
+ * rename or link by another process, a bind mount, or an inode number reused is not seen, and
+ * such a file's touches are then not followed: a miss after each, never a stale byte
+ * (touch.h).  Only for that: a wrong entry must cost no more than a miss.  Atomics only.
  */
 bool kvs_fdinfo_outside_known(uint64_t dev, uint64_t ino);
 void kvs_fdinfo_outside_note(uint64_t dev, uint64_t ino);

@@ -785,11 +785,36 @@ KVS_EXPORT void *mmap64(void *addr, size_t len, int prot, int flags, int fd, off
 	return p;
 }
 
+KVS_EXPORT void *mremap(void *old, size_t old_len, size_t new_len, int flags, ...)
+{
+	void *to = NULL;
+	va_list ap;
+
+	if (flags & MREMAP_FIXED) {
+		va_start(ap, flags);
+		to = va_arg(ap, void *);
+		va_end(ap);
+	}
+	kvs_real_init();
+	void *p = kvs_real.mremap(old, old_len, new_len, flags, to);
+	if (p != MAP_FAILED) {
+		int saved = errno;
+
+		kvs_shmap_remapped(old, old_len, new_len);
+		errno = saved;
+	}
+	return p;
+}
+
 KVS_EXPORT int munmap(void *addr, size_t len)
 {
 	kvs_real_init();
 	int r = kvs_real.munmap(addr, len);
-	if (r == 0)
+	if (r == 0) {
+		int saved = errno;
+
 		kvs_shmap_unmapped(addr, len);
+		errno = saved;
+	}
 	return r;
 }

@@ -13,6 +13,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <stdarg.h>
+#include <sys/mman.h>
 #include <stdatomic.h>
 #include <stdint.h>
 #include <sys/syscall.h>
@@ -82,6 +83,15 @@ static void *sys_mmap(void *a, size_t n, int prot, int flags, int fd, off_t o)
 static int sys_munmap(void *a, size_t n)
 {
 	return (int)kvs_syscall(SYS_munmap, a, n);
+}
+static void *sys_mremap(void *a, size_t o, size_t n, int flags, ...)
+{
+	va_list ap;
+
+	va_start(ap, flags);
+	void *to = (flags & MREMAP_FIXED) ? va_arg(ap, void *) : NULL;
+	va_end(ap);
+	return (void *)kvs_syscall(SYS_mremap, a, o, n, flags, to);
 }
 
 static int sys_close(int fd)

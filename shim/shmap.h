@@ -1,24 +1,28 @@
 /*
- * shmap: writable shared mappings of KV files, as the node's write sequences see them.
+ * shmap: writable shared mappings of KV files, as the node sees them.
  *
- * Stores through a mapping made MAP_SHARED and PROT_WRITE change the file with no call a hook
- * sees, and a write-once file's block id (its birth) does not move with them: a load kept for
- * good while the mapping lives could keep bytes the next store makes old, for every rank of the
- * node.  So while such a mapping lives, a write of its file is in flight in the region's write
- * sequence (cache/wseq.c: kvs_cache_write_begin at mmap, before the range is dropped, and
- * kvs_cache_write_end at the munmap that takes its last page), and no process of the node keeps
- * a load of the file meanwhile (loader/publish.c, kvs_keep_for: a load marked before the
- * mapping and published after it began, or after it ended, is handed out only).  The file is
- * read from storage by each read while the mapping lives, as without the shim.
+ * Stores through a mapping made MAP_SHARED through a descriptor that can write change the file
+ * with no call a hook sees, and a write-once file's block id (its birth) does not move with
+ * them: a load kept for good while the mapping lives could keep bytes the next store makes
+ * old, for every rank of the node.  So while such a mapping lives this process holds the
+ * file's map lock (cache/maplock.c: an OFD read lock on a byte of the region's file, dropped
+ * by the kernel when the process dies), and no process of the node keeps a load of the file
+ * meanwhile: a load published while any process holds the lock is handed to its own readers
+ * only (loader/publish.c, kvs_publish_loaded).  The mapped range is dropped from the cache
+ * after the lock is taken (a load published before it is gone; one still loading is orphaned)
+ * and again at the munmap that takes the mapping's last page, before the lock goes (a load
+ * whose storage read met the stores and that publishes after the munmap is orphaned).  Each
+ * read of the file while the mapping lives reads storage, as without the shim.
  *
- * Process-local: a table of KVS_SHMAP_MAX mappings (address range, token) under a mutex, with
- * an atomic count that makes a munmap with no mapping recorded one load.  Conservative where
- * it cannot follow, never the other way: a munmap of a hole inside a mapping, an mremap, a
- * MAP_FIXED mapping over it, SYS_munmap through syscall(), an exec, or a full table leave the
- * write in flight until the process is gone, when the reclaim of its process-table slot ends
- * it (cache/proc.c, kvs_wseq_repair).  A forked child forgets the table: the parent's tokens
- * are the parent's, and a child that stores through an inherited mapping after its parent
- * unmapped it is not followed.
+ * Process-local: a table of KVS_SHMAP_MAX mappings (address range, file, the lock) under a
+ * mutex taken with signals blocked, and an atomic count that makes a munmap with nothing
+ * recorded one load.  Where it cannot follow, it keeps the lock: a munmap of a hole inside a
+ * mapping keeps the rest, an mremap of a recorded mapping keeps the lock until the process
+ * ends (its new range dropped at once), as do SYS_munmap and SYS_mremap through syscall(), an
+ * exec, a MAP_FIXED mapping over a recorded one, and mappings past a full table.  A process
+ * whose region cannot be mapped holds nothing.  A forked child's inherited mappings are
+ * covered by its parent's locks (the child shares the region's file description) until the
+ * parent drops them: a child that stores after its parent unmapped is not followed.
  */
 #ifndef KVS_SHIM_SHMAP_H
 #define KVS_SHIM_SHMAP_H
@@ -30,15 +34,23 @@
 
 #define KVS_SHMAP_MAX 256
 
-/* The program mapped [addr, addr + len) of (dev, ino), a KV file, MAP_SHARED and writable:
- * its write begins in c's write sequences.  Caller holds the guard. */
-void kvs_shmap_begin(struct kvs_cache *c, uint64_t dev, uint64_t ino, const void *addr, size_t len);
+/* The program mapped [addr, addr + len) at file offset off of (dev, ino), a KV file whose
+ * block id is block, MAP_SHARED through a descriptor that can write: the file's map lock is
+ * taken and the range dropped.  Caller holds the guard. */
+void kvs_shmap_begin(struct kvs_cache *c, uint64_t dev, uint64_t ino, const struct kvs_key *block,
+		     const void *addr, uint64_t off, size_t len);
 
-/* munmap(addr, len) succeeded: every recorded mapping it took whole ends its write; one it cut
- * at an end shrinks.  One load when nothing is recorded.  Never changes errno. */
+/* munmap(addr, len) succeeded: every recorded mapping it took whole is dropped again and its
+ * lock released; one it cut at an end shrinks.  One load when nothing is recorded.  Never
+ * changes errno. */
 void kvs_shmap_unmapped(const void *addr, size_t len);
 
-/* The fork child: the parent's mappings are the parent's writes. */
+/* mremap(old, old_len, ...) succeeded with new_len bytes: a recorded mapping it touched keeps
+ * its lock until the process ends, and its file's range up to new_len is dropped.  Never
+ * changes errno. */
+void kvs_shmap_remapped(const void *old, size_t old_len, size_t new_len);
+
+/* The fork child: the parent's mappings are the parent's holds. */
 void kvs_shmap_atfork_child(void);
 
 #endif

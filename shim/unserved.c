@@ -105,10 +105,10 @@ void kvs_shim_mapped(const void *addr, int fd, int prot, int flags, int64_t off,
 		kv = true;
 		if (kvs_wthru_on())
 			kvs_wthru_mapped(fi.dev, fi.ino);
-		/* A write of the file in flight on the node until the mapping goes (shmap.h):
-		 * begun before the drop below, so that no load is kept across the two. */
+		/* No load of the file is kept on the node until the mapping goes (shmap.h). */
 		if ((c = kvs_shim_region(true)))
-			kvs_shmap_begin(c, fi.dev, fi.ino, addr, (size_t)len);
+			kvs_shmap_begin(c, fi.dev, fi.ino, &fi.block, addr, (uint64_t)off,
+					(size_t)len);
 	}
 	kvs_shim_out(saved);
 	/* Stores through it change the file where no hook sees them: the range goes now, as a

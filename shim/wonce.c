@@ -163,27 +163,22 @@ bool kvs_wonce_opening(struct kvs_wonce_open *o, struct kvs_cache *(*region)(voi
 		return false; /* cannot write it */
 	if ((flags & (O_CREAT | O_EXCL)) == (O_CREAT | O_EXCL))
 		return false; /* a new file, or the open fails */
-	/* One statx first: a file that holds nothing, on a device no root is on, or found under
-	 * no root before, has no bytes of a write-once root to lose (the open's own look after it
-	 * still records a write-once file: kvs_shim_opened). */
+	/* One statx first: a file that holds nothing, or one on a device no root is on, has no
+	 * bytes of a write-once root to lose (the open's own look after it still records a
+	 * write-once file: kvs_shim_opened).  Not the table of files found under no root
+	 * (fdinfo.h): an entry made wrong by a move it did not see would lose a drop here. */
 	struct statx sx;
 	if (kvs_syscall(SYS_statx, dirfd, path,
 			AT_NO_AUTOMOUNT | ((flags & O_NOFOLLOW) ? AT_SYMLINK_NOFOLLOW : 0),
-			STATX_TYPE | STATX_INO | STATX_SIZE, &sx) != 0 ||
-	    !S_ISREG(sx.stx_mode) || !sx.stx_size)
+			STATX_TYPE | STATX_SIZE, &sx) != 0 ||
+	    !S_ISREG(sx.stx_mode) || !sx.stx_size ||
+	    kvs_fdinfo_dev_outside(makedev(sx.stx_dev_major, sx.stx_dev_minor)))
 		return false; /* no such file yet (a create), or the kernel's error to give */
-	uint64_t dev = makedev(sx.stx_dev_major, sx.stx_dev_minor);
-	if (kvs_fdinfo_dev_outside(dev) || kvs_fdinfo_outside_known(dev, sx.stx_ino))
-		return false;
 	int fd = kvs_sys_openat(dirfd, path, O_PATH | O_CLOEXEC | (flags & O_NOFOLLOW));
 	if (fd < 0)
 		return false;
-	struct stat st;
-	int r = kvs_fdinfo_opened(fd); /* its path under no root: noted, if it is what statx saw */
-	if (r == -1 && fstat(fd, &st) == 0 && (uint64_t)st.st_dev == dev &&
-	    (uint64_t)st.st_ino == sx.stx_ino)
-		kvs_fdinfo_outside_note(dev, sx.stx_ino);
-	r = r == -1 ? -1 : kvs_fdinfo_get(fd, &fi);
+	/* Its path under no root (one readlink): no statx, no fcntl. */
+	int r = kvs_fdinfo_opened(fd) == -1 ? -1 : kvs_fdinfo_get(fd, &fi);
 	kvs_fdinfo_forget(fd); /* the number is the shim's for a moment only */
 	if (r == 0 && fi.kv && fi.write_once) {
 		o->on = true;

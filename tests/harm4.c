@@ -17,6 +17,13 @@
  *                                process (this program's "show", under the same LD_PRELOAD)
  *                                reads the file after each of two rounds of stores, and once
  *                                more after the munmap
+ *   harm4 mmapmoved FILE         a writable shared mapping moved by mremap, its old address
+ *                                mapped anew and unmapped, then two rounds of stores through
+ *                                the moved one, another process reading after each, and after
+ *                                its munmap
+ *   harm4 mmapro FILE            a MAP_SHARED PROT_READ mapping through an O_RDWR descriptor,
+ *                                made writable by mprotect, stores, another process reading
+ *   harm4 poke FILE              its first byte written again as it is (pwrite)
  *   harm4 mmaphold FILE          a MAP_SHARED PROT_WRITE mapping, one store, "mapped" on
  *                                stdout, then a sleep until killed
  *   harm4 sys_truncate FILE      syscall(SYS_truncate, 0), then the size written again (seed 7)
@@ -291,6 +298,50 @@ int main(int argc, char **argv)
 			p[i] = (char)(i / 4096);
 		if (msync(p, size, MS_SYNC) || munmap(p, size))
 			die("msync");
+	} else if (!strcmp(m, "mmapmoved")) {
+		if ((fd = open(path, O_RDWR)) < 0)
+			die(path);
+		char *p = mmap(NULL, size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+		char *q = mmap(NULL, size, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+		if (p == MAP_FAILED || q == MAP_FAILED)
+			die("mmap");
+		close(fd);
+		char *moved = mremap(p, size, size, MREMAP_MAYMOVE | MREMAP_FIXED, q);
+		if (moved != q)
+			die("mremap");
+		/* The old address is someone else's now, and goes. */
+		if (mmap(p, size, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_FIXED,
+			 -1, 0) != p ||
+		    munmap(p, size))
+			die("mmap over the old address");
+		for (int round = 1; round <= 2; round++) {
+			for (uint64_t i = 0; i < size; i += 4096)
+				moved[i] = (char)(i / 4096 + round * 17);
+			show_elsewhere(path);
+		}
+		if (munmap(moved, size))
+			die("munmap");
+		show_elsewhere(path);
+	} else if (!strcmp(m, "mmapro")) {
+		if ((fd = open(path, O_RDWR)) < 0)
+			die(path);
+		char *p = mmap(NULL, size, PROT_READ, MAP_SHARED, fd, 0);
+		if (p == MAP_FAILED)
+			die("mmap");
+		close(fd);
+		if (mprotect(p, size, PROT_READ | PROT_WRITE))
+			die("mprotect");
+		for (uint64_t i = 0; i < size; i += 4096)
+			p[i] = (char)(i / 4096 + 5);
+		show_elsewhere(path);
+		if (munmap(p, size))
+			die("munmap");
+	} else if (!strcmp(m, "poke")) {
+		char c;
+		if ((fd = open(path, O_RDWR)) < 0 || pread(fd, &c, 1, 0) != 1 ||
+		    pwrite(fd, &c, 1, 0) != 1)
+			die("poke");
+		close(fd);
 	} else if (!strcmp(m, "mmaphold")) {
 		if ((fd = open(path, O_RDWR)) < 0)
 			die(path);

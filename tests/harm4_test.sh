@@ -55,6 +55,8 @@ case_ ftrunc_half 1
 case_ grow 0
 case_ mmapw 1
 case_ mmaplive 1
+case_ mmapmoved 1
+case_ mmapro 0
 # After the munmap the file is kept again: the last read above loaded it, and a load now is
 # served whole from the cache (5 shards hit, no storage).
 b0=$(totals backend_bytes) h0=$(totals shards_hit)
@@ -75,10 +77,15 @@ loaded() { # the storage bytes of one O_DIRECT read of $f by a process under the
 	echo $((b1 - b0))
 }
 "$h" mk "$f" $size 1
+"$h" mk "$work/kv/other" $size 2
 reset_region
 coproc HOLD { LD_PRELOAD=$lib exec "$h" mmaphold "$f" 2>/dev/null; }
 hold=$HOLD_PID # bash unsets HOLD_PID once the coprocess is gone
 read -r -t 10 line <&"${HOLD[0]}"
+# Another process writes the file meanwhile, and another attaches and exits (its slot is
+# reclaimed by the next attach): neither ends the holder's hold.
+LD_PRELOAD=$lib "$h" poke "$f" 2>/dev/null
+LD_PRELOAD=$lib "$h" load "$work/kv/other" 2>/dev/null
 l1=$(loaded) l2=$(loaded)
 kill -9 "$hold" 2>/dev/null
 wait "$hold" 2>/dev/null
