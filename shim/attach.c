@@ -26,31 +26,24 @@
  *                         (scripts/check_layers.sh keeps it so).
  * The loader's threads call no hooked function (raw system calls only).
  *
- * Fork.  Every resource has a rule in the child (atfork_child): the region's mapping and
- * descriptor are dropped (kvs_cache_forget), the loader's threads do not exist and its io_uring
- * is closed (kvs_loader_forget), the anchors are closed (kvs_anchor_atfork_child), the
- * device, the stream settler, write-through, io_uring's tables, write-once records, the
- * writable shared mappings and the atime queue forget the parent's (their *_atfork_child),
- * the position locks are made anew, the populating walker's descriptor is closed
- * (cache/populate.c), and the child attaches anew.
+ * Fork: fanout.c holds the one list of every module's rule; this file's own (the region's
+ * mapping and descriptor dropped, kvs_cache_forget; the loader's threads forgotten and its
+ * io_uring closed, kvs_loader_forget; the child attaches anew) is
+ * kvs_shim_attach_atfork_child.
  */
 #include <errno.h>
 #include <fcntl.h>
-#include <linux/close_range.h>
 #include <pthread.h>
 #include <stdatomic.h>
 #include <string.h>
 
-#include "anchor.h"
 #include "atime.h"
 #include "attach.h"
 #include "cache.h"
 #include "cache_params.h"
 #include "config.h"
-#include "device.h"
+#include "fanout.h"
 #include "fdinfo.h"
-#include "hooks_libaio.h"
-#include "hooks_uring.h"
 #include "loader.h"
 #include "log.h"
 #include "observe.h"
@@ -58,9 +51,6 @@
 #include "real.h"
 #include "serve.h"
 #include "shim.h"
-#include "shmap.h"
-#include "unseen.h"
-#include "wonce.h"
 #include "wthru.h"
 enum { ST_UNINIT, ST_INITING, ST_OFF, ST_ON };
 enum { AT_NONE, AT_OK, AT_FAILED };
@@ -83,36 +73,23 @@ static _Atomic long owner_pid;
 
 /* fork() waits for an attach in progress, so the child never inherits a half-made one (a
  * descriptor it would not know to close would keep the parent's liveness lock alive). */
-static void atfork_prepare(void)
+void kvs_shim_attach_atfork_prepare(void)
 {
 	pthread_mutex_lock(&attach_mu);
 }
 
-static void atfork_parent(void)
+void kvs_shim_attach_atfork_parent(void)
 {
 	pthread_mutex_unlock(&attach_mu);
 }
 
-/* The fork child: the parent's threads do not exist here and its mapping, descriptor and
- * process slot are the parent's.  Drop them without touching shared state; the child attaches
- * again, as itself, at its first cacheable read. */
-static void atfork_child(void)
+void kvs_shim_attach_atfork_child(void)
 {
 	if (kvs_shim_loader)
 		kvs_loader_forget(
 		    kvs_shim_loader); /* its threads are gone; its memory is abandoned */
 	if (kvs_shim_cache)
 		kvs_cache_forget(kvs_shim_cache);
-	kvs_anchor_atfork_child();
-	kvs_device_atfork_child();
-	kvs_stream_atfork_child();
-	kvs_wthru_atfork_child();
-	kvs_uring_atfork_child();
-	kvs_wonce_atfork_child();
-	kvs_unseen_atfork_child();
-	kvs_shmap_atfork_child();
-	kvs_atime_atfork_child();
-	kvs_serve_pos_init(); /* a parent's thread may have held a position lock */
 	kvs_shim_cache = NULL;
 	kvs_shim_loader = NULL;
 	atomic_store(&owner_pid, kvs_syscall(SYS_getpid));
@@ -161,7 +138,7 @@ static void init(void)
 		    false; /* a region of keys has no room for bytes */
 	kvs_wthru_configure(&kvs_shim_cfg);
 	kvs_serve_pos_init();
-	if (pthread_atfork(atfork_prepare, atfork_parent, atfork_child))
+	if (kvs_fanout_register()) /* the one call up: a registration */
 		goto out;
 	on = ST_ON;
 out:
@@ -270,53 +247,9 @@ struct kvs_cache *kvs_shim_region(bool create)
 	return region_mapped(create);
 }
 
-static bool in_owner(void)
+bool kvs_shim_in_owner(void)
 {
 	return kvs_syscall(SYS_getpid) == atomic_load_explicit(&owner_pid, memory_order_relaxed);
-}
-
-void kvs_shim_fds_closing(unsigned int lo, unsigned int hi)
-{
-	/* The walk's descriptor counts with or without a mapped handle: a walk starts inside
-	 * kvs_cache_open, before the handle is published. */
-	struct kvs_cache *c = kvs_shim_is_mapped() ? kvs_shim_cache : NULL;
-
-	/* Before the kernel closes: once it has, another thread's open may take the number and
-	 * mark it (unseen.h). */
-	kvs_unseen_closed(lo, hi);
-	/* Most closes are of the program's own numbers: looked at with loads, no system call. */
-	if (!kvs_cache_fds_in(c, lo, hi) && !kvs_anchor_numbers_in(lo, hi) &&
-	    !kvs_libaio_numbers_in(lo, hi))
-		return;
-	if (!in_owner())
-		return; /* no state of this process yet, or a vfork child's close */
-	int saved = errno;
-
-	kvs_cache_fds_closing(c, lo, hi);
-	kvs_anchor_numbers_closing(lo, hi);
-	kvs_libaio_numbers_closing(lo, hi);
-	errno = saved;
-}
-
-void kvs_shim_dup_closing(int oldfd, int newfd, int flags)
-{
-	int saved = errno;
-	/* What the kernel refuses closes nothing: the shim's descriptor would stay where it was. */
-	bool closes = newfd >= 0 && oldfd != newfd && !(flags & ~O_CLOEXEC) &&
-		      kvs_sys_fcntl(oldfd, F_GETFD) >= 0;
-
-	errno = saved;
-	kvs_shim_fd_duped(oldfd);
-	if (closes)
-		kvs_shim_fds_closing((unsigned int)newfd, (unsigned int)newfd);
-}
-
-void kvs_shim_range_closing(unsigned int lo, unsigned int hi, unsigned int flags)
-{
-	/* CLOSE_RANGE_CLOEXEC closes nothing; unknown flags and lo > hi are EINVAL. */
-	if (lo <= hi && !(flags & ~(CLOSE_RANGE_UNSHARE | CLOSE_RANGE_CLOEXEC)) &&
-	    !(flags & CLOSE_RANGE_CLOEXEC))
-		kvs_shim_fds_closing(lo, hi);
 }
 
 bool kvs_shim_is_mapped(void)

@@ -59,4 +59,16 @@ bool kvs_shim_is_mapped(void);
 /* Is the shim on (the configuration loaded first if need be)?  Not from the shim's own code. */
 bool kvs_shim_on(void);
 
+/* Is this the process the shim's state belongs to (not a vfork child, nor a clone(CLONE_VM)
+ * one, running in its parent's memory with a descriptor table of its own)? */
+bool kvs_shim_in_owner(void);
+
+/* attach.c's own fork rule (fanout.c runs every module's): a fork waits for an attach in
+ * progress (prepare takes the attach lock, parent and child release it); the child drops the
+ * parent's mapping, descriptor and loader without touching shared state, and attaches anew,
+ * as itself, at its first cacheable read. */
+void kvs_shim_attach_atfork_prepare(void);
+void kvs_shim_attach_atfork_parent(void);
+void kvs_shim_attach_atfork_child(void);
+
 #endif

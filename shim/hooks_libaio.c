@@ -224,24 +224,18 @@ struct kctx {
 
 static pthread_mutex_t ctx_mu = PTHREAD_MUTEX_INITIALIZER;
 static struct kctx *ctxs;
-static pthread_once_t atfork_once = PTHREAD_ONCE_INIT;
 
 static pthread_mutex_t carriers_mu = PTHREAD_MUTEX_INITIALIZER; /* the carriers' table */
 
 /* The carriers' descriptor: /dev/null, opened for writing at the first served entry. */
 static struct kvs_ownfd devnull = KVS_OWNFD_INIT;
 
-static void atfork_child(void)
+void kvs_libaio_atfork_child(void)
 {
 	pthread_mutex_init(&ctx_mu, NULL);	/* a parent's thread may have held it */
 	pthread_mutex_init(&carriers_mu, NULL); /* the same */
 	ctxs = NULL;				/* the kernel gave the child none of them */
 	kvs_ownfd_atfork_child(&devnull);	/* the descriptor is inherited, its users are not */
-}
-
-static void atfork_register(void)
-{
-	pthread_atfork(NULL, NULL, atfork_child);
 }
 
 /* The context ctx, unlinked from the list if unlink; NULL if the shim keeps none. */
@@ -275,7 +269,6 @@ static struct kctx *find_or_make(aio_context_t ctx)
 	c = calloc(1, sizeof(*c));
 	if (!c)
 		return NULL;
-	pthread_once(&atfork_once, atfork_register);
 	c->id = ctx;
 	pthread_mutex_init(&c->mu, NULL);
 	pthread_mutex_lock(&ctx_mu);

@@ -19,4 +19,8 @@ void kvs_libaio_numbers_closing(unsigned int lo, unsigned int hi);
 /* Is it among lo to hi?  Loads only. */
 bool kvs_libaio_numbers_in(unsigned int lo, unsigned int hi);
 
+/* Its fork rule (fanout.c): the kernel gave the child none of the parent's contexts; the
+ * carriers' descriptor is inherited, its users are not. */
+void kvs_libaio_atfork_child(void);
+
 #endif

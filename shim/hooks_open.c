@@ -18,6 +18,7 @@
 #include <sys/stat.h>
 
 #include "real.h"
+#include "fanout.h"
 #include "shim.h"
 #include "wonce.h"
 

@@ -28,6 +28,7 @@
 #include "hooks_posix_aio.h"
 #include "hooks_uring.h"
 #include "real.h"
+#include "fanout.h"
 #include "shim.h"
 #include "shmap.h"
 #include "wthru.h"

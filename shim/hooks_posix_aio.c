@@ -331,15 +331,15 @@ static bool busy(void)
 
 /* A fork while another thread holds mu would leave it locked in the child.  The child's
  * served requests never complete (the loader is forgotten), as glibc's do not either. */
-static void fork_prepare(void)
+void kvs_posix_aio_atfork_prepare(void)
 {
-	lock_mu(); /* released by fork_parent / fork_child */
+	lock_mu(); /* released by the parent's or the child's handler */
 }
-static void fork_parent(void)
+void kvs_posix_aio_atfork_parent(void)
 {
 	unlock_mu();
 }
-static void fork_child(void)
+void kvs_posix_aio_atfork_child(void)
 {
 	pthread_condattr_t ca;
 
@@ -357,7 +357,8 @@ static void fork_child(void)
 	pthread_condattr_destroy(&ca);
 }
 
-/* Once, before the first served request: cond on the monotonic clock, the fork handlers. */
+/* Once, before the first served request: cond on the monotonic clock (the fork handlers are
+ * fanout.c's). */
 static void setup(void)
 {
 	int s = atomic_load_explicit(&setup_state, memory_order_acquire); /* pairs below */
@@ -371,7 +372,6 @@ static void setup(void)
 		pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
 		pthread_cond_init(&cond, &ca);
 		pthread_condattr_destroy(&ca);
-		pthread_atfork(fork_prepare, fork_parent, fork_child);
 		atomic_store_explicit(&setup_state, 2, memory_order_release); /* pairs above */
 		return;
 	}

@@ -10,4 +10,10 @@
  * does not wait on them for ever.  One load when none is noted; errno unchanged. */
 void kvs_aio_closing(int fd);
 
+/* Its fork rule (fanout.c): prepare takes the table's lock, the parent releases it, the child
+ * forgets the parent's requests and noted writes and makes its lock and condition anew. */
+void kvs_posix_aio_atfork_prepare(void);
+void kvs_posix_aio_atfork_parent(void);
+void kvs_posix_aio_atfork_child(void);
+
 #endif

@@ -16,6 +16,7 @@
 #include "hooks_libaio.h"
 #include "hooks_uring.h"
 #include "raw.h"
+#include "fanout.h"
 #include "shim.h"
 #include "touch.h"
 #include "wonce.h"

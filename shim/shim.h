@@ -86,16 +86,7 @@ void kvs_shim_fd_born(int fd);
  * whose reads are not fd's (unseen.h: the mark goes uncounted).  Atomics only. */
 void kvs_shim_fd_duped(int fd);
 
-/* The program is about to close [lo, hi] (close, close_range, dup2 or dup3 onto newfd), before
- * the kernel does: the shim's own descriptors among those numbers move away or become the
- * program's (cache.h, kvs_cache_fds_closing; anchor.h, kvs_anchor_numbers_closing), so that the
- * shim never acts on what the program opens there next.  Async-signal-safe; errno unchanged. */
-void kvs_shim_fds_closing(unsigned int lo, unsigned int hi);
-/* The same for dup2 or dup3(oldfd, newfd, flags) (flags 0 for dup2) and close_range(lo, hi,
- * flags): nothing when the call closes nothing (oldfd == newfd, a bad oldfd or flags,
- * CLOSE_RANGE_CLOEXEC, lo > hi). */
-void kvs_shim_dup_closing(int oldfd, int newfd, int flags);
-void kvs_shim_range_closing(unsigned int lo, unsigned int hi, unsigned int flags);
+/* Closes (kvs_shim_fds_closing, _dup_closing, _range_closing) and forks: fanout.h. */
 
 /* A cuFile read served asynchronously (a batch entry): storage for the whole read, owned by
  * the caller until done() is called. */
