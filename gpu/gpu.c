@@ -19,6 +19,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "deadline.h"
 #include "internal.h"
 
 typedef kvs_cu_result (*gpa_v2_fn)(const char *, void **, int, unsigned long long, int *);
@@ -176,7 +177,7 @@ int kvs_gpu_open(const struct kvs_gpu_params *p, struct kvs_gpu **out)
 		goto err_free;
 	}
 	pthread_mutex_init(&g->lock, NULL);
-	pthread_cond_init(&g->cond, NULL);
+	kvs_cond_init_mono(&g->cond); /* reg_sleep's timed waits (register.c) */
 	*out = g;
 	return 0;
 

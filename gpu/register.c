@@ -50,6 +50,7 @@
 #include <stdlib.h>
 #include <time.h>
 
+#include "deadline.h"
 #include "internal.h"
 
 enum { REG_NOT, REG_OURS, REG_THEIRS };
@@ -90,16 +91,10 @@ void kvs_gpu_home_gone(struct kvs_gpu *g, kvs_cu_context c, unsigned long long i
 /* Sleep on g->cond until ms have passed (ms < 0: without limit), stop or a loss. */
 static void reg_sleep(struct kvs_gpu *g, long ms)
 {
-	struct timespec until;
+	uint64_t until = ms < 0 ? KVS_FOREVER : kvs_mono_ns() + (uint64_t)ms * 1000000ull;
 
-	clock_gettime(CLOCK_REALTIME, &until); /* g->cond's clock */
-	until.tv_nsec += (ms > 0 ? ms : 0) % 1000 * 1000000L;
-	until.tv_sec += (ms > 0 ? ms : 0) / 1000 + until.tv_nsec / 1000000000L;
-	until.tv_nsec %= 1000000000L;
 	pthread_mutex_lock(&g->lock);
-	while (!g->reg.stop && !g->reg.lost &&
-	       (ms < 0 ? pthread_cond_wait(&g->cond, &g->lock) == 0
-		       : pthread_cond_timedwait(&g->cond, &g->lock, &until) == 0))
+	while (!g->reg.stop && !g->reg.lost && kvs_cond_wait_until(&g->cond, &g->lock, until) == 0)
 		;
 	pthread_mutex_unlock(&g->lock);
 }

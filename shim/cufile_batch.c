@@ -106,7 +106,7 @@ KVS_EXPORT kvs_cufile_error_t cuFileBatchIOSetUp(kvs_cufile_batch_handle_t *batc
 	b->handle = *batch_idp;
 	b->max = nr;
 	pthread_mutex_init(&b->mu, NULL);
-	pthread_cond_init(&b->cond, NULL);
+	kvs_cond_init_mono(&b->cond);
 	pthread_mutex_lock(&batches_mu);
 	b->next = batches;
 	batches = b;
@@ -378,13 +378,8 @@ KVS_EXPORT kvs_cufile_error_t cuFileBatchIOGetStatus(kvs_cufile_batch_handle_t b
 		uint64_t until = b->real_pending ? t + 1000000 : deadline;
 		if (until > deadline)
 			until = deadline;
-		struct timespec rt;
-		clock_gettime(CLOCK_REALTIME, &rt);
-		uint64_t abs = (uint64_t)rt.tv_sec * 1000000000ull + (uint64_t)rt.tv_nsec +
-			       (until == UINT64_MAX ? 3600000000000ull : until - t);
-		rt = (struct timespec){(time_t)(abs / 1000000000ull), (long)(abs % 1000000000ull)};
 		if (b->running)
-			pthread_cond_timedwait(&b->cond, &b->mu, &rt);
+			kvs_cond_wait_until(&b->cond, &b->mu, until);
 	}
 	pthread_mutex_unlock(&b->mu);
 	*nr = got;

@@ -341,8 +341,6 @@ void kvs_posix_aio_atfork_parent(void)
 }
 void kvs_posix_aio_atfork_child(void)
 {
-	pthread_condattr_t ca;
-
 	/* The noted writes are the parent's (their staged files are forgotten in the child):
 	 * drop them without a look, as glibc's requests are not the child's either. */
 	for (int i = 0; i < NBUCKETS; i++)
@@ -351,10 +349,7 @@ void kvs_posix_aio_atfork_child(void)
 	wpool_reset();
 	unlock_mu();
 	/* A parent thread may have been waiting on cond: its state is the parent's. */
-	pthread_condattr_init(&ca);
-	pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
-	pthread_cond_init(&cond, &ca);
-	pthread_condattr_destroy(&ca);
+	kvs_cond_init_mono(&cond);
 }
 
 /* Once, before the first served request: cond on the monotonic clock (the fork handlers are
@@ -366,12 +361,7 @@ static void setup(void)
 	if (s == 2)
 		return;
 	if (s == 0 && atomic_compare_exchange_strong(&setup_state, &s, 1)) {
-		pthread_condattr_t ca;
-
-		pthread_condattr_init(&ca);
-		pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
-		pthread_cond_init(&cond, &ca);
-		pthread_condattr_destroy(&ca);
+		kvs_cond_init_mono(&cond);
 		atomic_store_explicit(&setup_state, 2, memory_order_release); /* pairs above */
 		return;
 	}
@@ -874,8 +864,7 @@ static int do_suspend(int v, const struct aiocb *const list[], int nent,
 		uint64_t until = nreal ? t + SLICE_NS : deadline;
 		if (until > deadline)
 			until = deadline;
-		struct timespec abs = kvs_ns_ts(until == UINT64_MAX ? t + 3600000000000ull : until);
-		pthread_cond_timedwait(&cond, &mu, &abs);
+		kvs_cond_wait_until(&cond, &mu, until);
 		unlock_mu(); /* a served completion is seen at the top */
 		if (nreal) {
 			t = kvs_mono_ns();
