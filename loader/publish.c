@@ -56,6 +56,10 @@ struct kvs_keep kvs_keep_for(struct kvs_cache *c, const struct kvs_key *block,
 	/* Before the clocks: a write that begins after the mark moves it (the publication's
 	 * check), one in flight now refuses it. */
 	k.marked = kvs_cache_write_mark(c, dev, ino, &k.mark);
+	/* A file mapped writable anywhere on the node now: nothing of this load is kept, even if
+	 * the mapping goes before the publication (a store into a dirty page moves no stamp, so
+	 * the load may be keyed by an identity that the drops at mmap and munmap never name). */
+	k.marked = k.marked && !kvs_cache_map_busy(c, dev, ino);
 	clock_gettime(CLOCK_REALTIME, &ts);
 	uint64_t real = (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
 	/* A stamp in the future (another clock, or a lie) is not settled.  No settle window (a

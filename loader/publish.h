@@ -32,10 +32,10 @@ enum kvs_verdict kvs_check_file(int fd, uint64_t dev, uint64_t ino, bool write_o
  * (kvs_cache_write_mark): a write of the file under the shim in flight on the node now (between
  * its two drops) keeps nothing of this load, nor does one that begins or ends before its
  * publication (kvs_publish_loaded), nor a writable shared mapping of the file held anywhere on
- * the node at the publication (kvs_cache_map_busy): that is what keeps a write-once file, whose
- * block id no write moves, by change while it is being changed.  Two clock reads, a word of
- * the write sequences, and a look at the seen table with node_clock: for misses only.  (struct
- * kvs_keep: loader.h.)
+ * the node at its start or at the publication (kvs_cache_map_busy): that is what keeps a write-once
+ * file, whose block id no write moves, by change while it is being changed.  Two clock reads, a
+ * word of the write sequences, and a look at the seen table with node_clock: for misses only.
+ * (struct kvs_keep: loader.h.)
  */
 struct kvs_keep kvs_keep_for(struct kvs_cache *c, const struct kvs_key *block,
 			     const struct kvs_fresh *fr, uint64_t dev, uint64_t ino);

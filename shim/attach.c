@@ -106,6 +106,10 @@ static void init(void)
 	kvs_shim_guard++;
 	atomic_store(&owner_pid, kvs_syscall(SYS_getpid));
 	kvs_real_init();
+	/* First, whether the shim turns on or not: POSIX aio's table lock is taken by its writes
+	 * either way (hooks_posix_aio.c), and a fork must not leave it held in the child. */
+	if (kvs_fanout_register()) /* the one call up: a registration */
+		goto out;
 	if (kvs_config_load(&kvs_shim_cfg, NULL, NULL, msg, sizeof(msg))) {
 		kvs_log_once(KVS_CAUSE_CONFIG, KVS_LOG_ERROR, "%s; the shim is off", msg);
 		goto out;
@@ -138,8 +142,6 @@ static void init(void)
 		    false; /* a region of keys has no room for bytes */
 	kvs_wthru_configure(&kvs_shim_cfg);
 	kvs_serve_pos_init();
-	if (kvs_fanout_register()) /* the one call up: a registration */
-		goto out;
 	on = ST_ON;
 out:
 	atomic_store_explicit(&state, on, memory_order_release); /* pairs with kvs_shim_wants */

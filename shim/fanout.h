@@ -7,8 +7,8 @@
 #ifndef KVS_SHIM_FANOUT_H
 #define KVS_SHIM_FANOUT_H
 
-/* Register the fork handlers, once (attach.c, when the shim turns on).  0, or pthread_atfork's
- * error: the shim stays off. */
+/* Register the fork handlers, once (attach.c's init, on or off).  0, or pthread_atfork's error:
+ * the shim stays off. */
 int kvs_fanout_register(void);
 
 /* The program is about to close [lo, hi] (close, close_range, dup2 or dup3 onto newfd), before

@@ -797,11 +797,12 @@ KVS_EXPORT void *mremap(void *old, size_t old_len, size_t new_len, int flags, ..
 		va_end(ap);
 	}
 	kvs_real_init();
+	uint64_t before = kvs_shmap_now();
 	void *p = kvs_real.mremap(old, old_len, new_len, flags, to);
 	if (p != MAP_FAILED) {
 		int saved = errno;
 
-		kvs_shmap_remapped(old, old_len, new_len);
+		kvs_shmap_remapped(old, old_len, new_len, before);
 		errno = saved;
 	}
 	return p;
@@ -810,11 +811,12 @@ KVS_EXPORT void *mremap(void *old, size_t old_len, size_t new_len, int flags, ..
 KVS_EXPORT int munmap(void *addr, size_t len)
 {
 	kvs_real_init();
+	uint64_t before = kvs_shmap_now();
 	int r = kvs_real.munmap(addr, len);
 	if (r == 0) {
 		int saved = errno;
 
-		kvs_shmap_unmapped(addr, len);
+		kvs_shmap_unmapped(addr, len, before);
 		errno = saved;
 	}
 	return r;

@@ -11,13 +11,15 @@
 #include <stdarg.h>
 #include <stdbool.h>
 #include <stdint.h>
+#include <sys/mman.h>
 #include <sys/syscall.h>
 
-#include "hooks_libaio.h"
-#include "hooks_uring.h"
-#include "raw.h"
 #include "fanout.h"
+#include "hooks_uring.h"
+#include "kaio.h"
+#include "raw.h"
 #include "shim.h"
+#include "shmap.h"
 #include "touch.h"
 #include "wonce.h"
 #include "wthru.h"
@@ -81,7 +83,32 @@ static int openat2_flags(const long *a)
 }
 #endif
 
-/* libc's syscall(): the io_* numbers that touch served entries go to hooks_libaio.c, the
+/* The mapping numbers, as the libc names (hooks_posix.c): a KV file mapped is counted, a
+ * writable shared mapping recorded until it goes (shmap.h), an io_uring's rings noted. */
+static long mapping(long number, const long *a)
+{
+	uint64_t before = kvs_shmap_now();
+	int fd = (int)a[4], flags = (int)a[3];
+
+	if (number == SYS_mmap && fd >= 0 && !(flags & MAP_ANONYMOUS))
+		kvs_shim_note_mmap(fd, (uint64_t)a[1]);
+	long r = kvs_raw6(number, a[0], a[1], a[2], a[3], a[4], a[5]);
+	if (r < 0 && r > -4096)
+		return r;
+	int saved = errno;
+	if (number == SYS_mmap && fd >= 0 && !(flags & MAP_ANONYMOUS)) {
+		kvs_shim_mapped((void *)r, fd, (int)a[2], flags, a[5], (uint64_t)a[1]);
+		kvs_uring_mapped(fd, a[5], (void *)r);
+	} else if (number == SYS_munmap) {
+		kvs_shmap_unmapped((void *)a[0], (size_t)a[1], before);
+	} else if (number == SYS_mremap) {
+		kvs_shmap_remapped((void *)a[0], (size_t)a[1], (size_t)a[2], before);
+	}
+	errno = saved;
+	return r;
+}
+
+/* libc's syscall(): the io_* numbers that touch served entries go to kaio.c, the
  * io_uring numbers to hooks_uring.c, the timestamp numbers to touch.c, a closed or replaced
  * number to fdinfo.c, and the numbers that change a file's bytes are followed (changing);
  * every other number goes to the kernel as glibc's would (-1 and errno for -4095..-1). */
@@ -211,6 +238,11 @@ KVS_EXPORT long syscall(long number, ...)
 	case SYS_sendfile:
 	case SYS_splice:
 		r = changing(number, a);
+		break;
+	case SYS_mmap:
+	case SYS_munmap:
+	case SYS_mremap:
+		r = mapping(number, a);
 		break;
 	default:
 		r = raw_args(number, a);

@@ -504,7 +504,7 @@ static struct io_uring_sqe *sqe_at(const struct view *v, unsigned i)
 /* A change of a KV file through the ring (a write, a fallocate, a splice into it, a
  * truncation): it is
  * followed as a change the kernel has been handed already (kvs_shim_change_now): its shards are
- * dropped from the cache before the kernel has it (as kernel AIO writes are, hooks_libaio.c), so
+ * dropped from the cache before the kernel has it (as kernel AIO writes are, kaio.c), so
  * no later read is served the old bytes, and no staged copy of the file, this process's or
  * another's, keeps them.  Its completion is not looked for: a publication of the file before
  * it lands keeps none of its range. */

@@ -38,6 +38,7 @@ enum kvs_cause {
 	KVS_CAUSE_URING_UNSEEN,
 	KVS_CAUSE_URING_READ_FIXED,
 	KVS_CAUSE_CAPACITY, /* loads larger than the region (serve.c) */
+	KVS_CAUSE_SHMAP,    /* a writable shared mapping not recorded (shmap.c) */
 	KVS_CAUSE_NCAUSES
 };
 

@@ -6,10 +6,14 @@
 #include <stdatomic.h>
 #include <unistd.h>
 
+#include "config.h"
+#include "log.h"
 #include "shmap.h"
 
 struct shmap {
 	uintptr_t start, end; /* [start, end): what is left of the mapping */
+	uintptr_t base;	      /* where it was made: file offset off is there */
+	uint64_t gen;	      /* when it was recorded (kvs_shmap_now) */
 	uint64_t dev, ino;
 	struct kvs_key block;
 	uint64_t off, len; /* the file's range it was made over */
@@ -20,6 +24,7 @@ struct shmap {
 static pthread_mutex_t mu = PTHREAD_MUTEX_INITIALIZER;
 static struct shmap maps[KVS_SHMAP_MAX]; /* [0, n), under mu */
 static _Atomic int n;			 /* written under mu, read by anyone */
+static _Atomic uint64_t gens;		 /* moved by each record */
 
 /* mu with every signal blocked: a handler that unmaps would wait on its own thread. */
 static void lock(sigset_t *old)
@@ -49,17 +54,27 @@ static void drop(struct kvs_cache *c, const struct kvs_key *block, uint64_t off,
 void kvs_shmap_begin(struct kvs_cache *c, uint64_t dev, uint64_t ino, const struct kvs_key *block,
 		     const void *addr, uint64_t off, size_t len)
 {
+	struct kvs_wtok tok;
 	sigset_t old;
 
-	if (!len || kvs_cache_map_hold(c, dev, ino))
-		return; /* not held: what was kept stays kept, as before the shim knew of maps */
-	drop(c, block, off, len);
+	if (!len)
+		return;
 	lock(&old);
-	int i = atomic_load_explicit(&n, memory_order_relaxed);
-	/* A full table keeps the lock until the process is gone (shmap.h). */
-	if (i < KVS_SHMAP_MAX) {
+	if (kvs_cache_map_hold(c, dev, ino)) {
+		/* No lock: a write in flight on the file's write sequence instead, never ended
+		 * (loads are refused their mark until the process is gone), said once. */
+		kvs_cache_write_begin(c, dev, ino, &tok);
+		kvs_log_once(KVS_CAUSE_SHMAP, KVS_LOG_WARN,
+			     "a writable shared mapping of a KV file could not be recorded on the "
+			     "region's file; its file is kept out of the cache by the write "
+			     "sequences until this process exits");
+	} else if (atomic_load_explicit(&n, memory_order_relaxed) < KVS_SHMAP_MAX) {
+		int i = atomic_load_explicit(&n, memory_order_relaxed);
+
 		maps[i] = (struct shmap){.start = (uintptr_t)addr,
 					 .end = (uintptr_t)addr + len,
+					 .base = (uintptr_t)addr,
+					 .gen = atomic_fetch_add(&gens, 1) + 1,
 					 .dev = dev,
 					 .ino = ino,
 					 .block = *block,
@@ -67,11 +82,17 @@ void kvs_shmap_begin(struct kvs_cache *c, uint64_t dev, uint64_t ino, const stru
 					 .len = len,
 					 .c = c};
 		atomic_store_explicit(&n, i + 1, memory_order_relaxed);
-	}
+	} /* else a full table: the lock is held until the process is gone (shmap.h) */
+	drop(c, block, off, len);
 	unlock(&old);
 }
 
-void kvs_shmap_unmapped(const void *addr, size_t len)
+uint64_t kvs_shmap_now(void)
+{
+	return atomic_load_explicit(&gens, memory_order_acquire);
+}
+
+void kvs_shmap_unmapped(const void *addr, size_t len, uint64_t before)
 {
 	uintptr_t lo = (uintptr_t)addr, hi = lo + len;
 	sigset_t old;
@@ -86,8 +107,9 @@ void kvs_shmap_unmapped(const void *addr, size_t len)
 	for (int i = 0; i < atomic_load_explicit(&n, memory_order_relaxed);) {
 		struct shmap *m = &maps[i];
 
-		if (hi <= m->start || lo >= m->end) {
-			i++;
+		if (hi <= m->start || lo >= m->end || m->gen > before) {
+			i++; /* not this munmap's: recorded after it took the pages (another thread)
+			      */
 			continue;
 		}
 		if (lo <= m->start && hi >= m->end) {
@@ -110,7 +132,7 @@ void kvs_shmap_unmapped(const void *addr, size_t len)
 	unlock(&old);
 }
 
-void kvs_shmap_remapped(const void *old_addr, size_t old_len, size_t new_len)
+void kvs_shmap_remapped(const void *old_addr, size_t old_len, size_t new_len, uint64_t before)
 {
 	uintptr_t lo = (uintptr_t)old_addr, hi = lo + (old_len ? old_len : 1);
 	sigset_t old;
@@ -121,13 +143,14 @@ void kvs_shmap_remapped(const void *old_addr, size_t old_len, size_t new_len)
 	for (int i = 0; i < atomic_load_explicit(&n, memory_order_relaxed); i++) {
 		struct shmap *m = &maps[i];
 
-		if (hi <= m->start || lo >= m->end)
+		if (hi <= m->start || lo >= m->end || m->gen > before)
 			continue;
-		/* Where its pages are now is not followed: held for good, the file's range as
-		 * far as it may reach dropped. */
+		/* Where its pages are now is not followed: held for good, and the file's range the
+		 * moved part may reach now dropped. */
+		uint64_t from = m->off + (lo > m->base ? lo - m->base : 0);
+
 		m->kept = true;
-		if (new_len > m->len)
-			drop(m->c, &m->block, m->off, new_len);
+		drop(m->c, &m->block, from, old_len > new_len ? old_len : new_len);
 	}
 	unlock(&old);
 }

@@ -21,6 +21,7 @@
  *                                mapped anew and unmapped, then two rounds of stores through
  *                                the moved one, another process reading after each, and after
  *                                its munmap
+ *   harm4 mmapsys FILE           mmaplive through syscall(SYS_mmap) and syscall(SYS_munmap)
  *   harm4 mmapro FILE            a MAP_SHARED PROT_READ mapping through an O_RDWR descriptor,
  *                                made writable by mprotect, stores, another process reading
  *   harm4 poke FILE              its first byte written again as it is (pwrite)
@@ -321,6 +322,22 @@ int main(int argc, char **argv)
 		}
 		if (munmap(moved, size))
 			die("munmap");
+		show_elsewhere(path);
+	} else if (!strcmp(m, "mmapsys")) {
+		if ((fd = open(path, O_RDWR)) < 0)
+			die(path);
+		char *p = (char *)syscall(SYS_mmap, NULL, (size_t)size, PROT_READ | PROT_WRITE,
+					  MAP_SHARED, fd, 0L);
+		if (p == MAP_FAILED)
+			die("SYS_mmap");
+		close(fd);
+		for (int round = 1; round <= 2; round++) {
+			for (uint64_t i = 0; i < size; i += 4096)
+				p[i] = (char)(i / 4096 + round * 11);
+			show_elsewhere(path);
+		}
+		if (syscall(SYS_munmap, p, (size_t)size))
+			die("SYS_munmap");
 		show_elsewhere(path);
 	} else if (!strcmp(m, "mmapro")) {
 		if ((fd = open(path, O_RDWR)) < 0)

@@ -56,6 +56,7 @@ case_ grow 0
 case_ mmapw 1
 case_ mmaplive 1
 case_ mmapmoved 1
+case_ mmapsys 1
 case_ mmapro 0
 # After the munmap the file is kept again: the last read above loaded it, and a load now is
 # served whole from the cache (5 shards hit, no storage).
