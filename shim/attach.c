@@ -107,7 +107,7 @@ static void init(void)
 	atomic_store(&owner_pid, kvs_syscall(SYS_getpid));
 	kvs_real_init();
 	/* First, whether the shim turns on or not: POSIX aio's table lock is taken by its writes
-	 * either way (hooks_posix_aio.c), and a fork must not leave it held in the child. */
+	 * either way (paio.c), and a fork must not leave it held in the child. */
 	if (kvs_fanout_register()) /* the one call up: a registration */
 		goto out;
 	if (kvs_config_load(&kvs_shim_cfg, NULL, NULL, msg, sizeof(msg))) {

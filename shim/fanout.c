@@ -22,7 +22,7 @@
 #include "cache.h"
 #include "device.h"
 #include "fanout.h"
-#include "hooks_posix_aio.h"
+#include "paio.h"
 #include "hooks_uring.h"
 #include "kaio.h"
 #include "raw.h"

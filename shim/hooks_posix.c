@@ -25,7 +25,7 @@
 #include "anchor.h"
 #include "fdinfo.h"
 #include "wonce.h"
-#include "hooks_posix_aio.h"
+#include "paio.h"
 #include "hooks_uring.h"
 #include "real.h"
 #include "fanout.h"
