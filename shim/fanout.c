@@ -22,14 +22,15 @@
 #include "cache.h"
 #include "device.h"
 #include "fanout.h"
-#include "paio.h"
 #include "hooks_uring.h"
 #include "kaio.h"
+#include "paio.h"
 #include "raw.h"
 #include "serve.h"
 #include "shim.h"
 #include "shmap.h"
 #include "unseen.h"
+#include "uring.h"
 #include "wonce.h"
 #include "wthru.h"
 
@@ -53,6 +54,7 @@ static void fork_child(void)
 	kvs_stream_atfork_child();
 	kvs_wthru_atfork_child();
 	kvs_uring_atfork_child();
+	kvs_uring_doors_atfork_child();
 	kvs_wonce_atfork_child();
 	kvs_unseen_atfork_child();
 	kvs_shmap_atfork_child();

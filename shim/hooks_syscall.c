@@ -15,12 +15,12 @@
 #include <sys/syscall.h>
 
 #include "fanout.h"
-#include "hooks_uring.h"
 #include "kaio.h"
 #include "raw.h"
 #include "shim.h"
 #include "shmap.h"
 #include "touch.h"
+#include "uring.h"
 #include "wonce.h"
 #include "wthru.h"
 
@@ -109,7 +109,7 @@ static long mapping(long number, const long *a)
 }
 
 /* libc's syscall(): the io_* numbers that touch served entries go to kaio.c, the
- * io_uring numbers to hooks_uring.c, the timestamp numbers to touch.c, a closed or replaced
+ * io_uring numbers to uring.c, the timestamp numbers to touch.c, a closed or replaced
  * number to fdinfo.c, and the numbers that change a file's bytes are followed (changing);
  * every other number goes to the kernel as glibc's would (-1 and errno for -4095..-1). */
 KVS_EXPORT long syscall(long number, ...)
@@ -125,7 +125,7 @@ KVS_EXPORT long syscall(long number, ...)
 		goto out;
 	switch (number) {
 #ifdef SYS_io_uring_register
-	/* io_uring through libc's syscall() (fio's own ring code): hooks_uring.c learns the
+	/* io_uring through libc's syscall() (fio's own ring code): uring.c learns the
 	 * ring's layout and files, and serves the entries an enter is about to submit. */
 	case SYS_io_uring_setup:
 		r = kvs_raw6(number, a[0], a[1], a[2], a[3], a[4], a[5]);

@@ -63,12 +63,12 @@
 #include "dlsym.h"
 #include "fdinfo.h"
 #include "kaio.h"
-#include "hooks_uring.h"
 #include "progmem.h"
 #include "raw.h"
 #include "shim.h"
 #include "sys.h"
 #include "touch.h"
+#include "uring.h"
 
 #ifndef IOCB_FLAG_IOPRIO
 #define IOCB_FLAG_IOPRIO (1 << 1)
