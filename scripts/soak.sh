@@ -99,5 +99,5 @@ echo "soak: reads $reads; wrong (another file's, offset's, or torn with no write
 echo "soak: allowed: torn by a write overlapping the read $torn, older bytes within settle of a write $early"
 echo "soak: SIGKILLs $kills, SIGSTOPs $stops, hangs $hangs, pins left $pinned"
 echo "soak: writer: $(cat "$work/writer")"
-"$kvshim" stat | sed 's/^/soak: stat: /' | head -20
+"$kvshim" stat | sed 's/^/soak: stat: /' | sed -n '1,20p' # reads it all: head would cut stat off (SIGPIPE, pipefail)
 [ "$bad" = 0 ] && [ "$stale" = 0 ] && [ "$hangs" = 0 ] && [ "$pinned" = 0 ]
