@@ -15,7 +15,7 @@
  * glibc functions of the same names do (-1, or MAP_FAILED, with errno set) so that a call site
  * changes its name and nothing else.  No cancellation point, no lock, no allocation.
  *
- * Architectures: x86_64 and aarch64, the two the shim is written for (shim/dlsym_stub.S).
+ * Architectures: x86_64 and aarch64, the two the shim is written for (shim/hooks/dlsym_stub.S).
  */
 #ifndef KVS_BASE_RAW_H
 #define KVS_BASE_RAW_H

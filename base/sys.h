@@ -98,7 +98,7 @@ int kvs_fd_dup_high(int fd);
 
 /* Clear bits lo to hi (inclusive, clipped to nbits) of the bitmap map, calling each(bit, arg)
  * for every bit this call cleared (each may be NULL).  Lock-free, async-signal-safe: for the
- * close hooks' "these numbers are the program's now" (anchor.c, kaio.c). */
+ * close hooks' "these numbers are the program's now" (anchor.c, api/kaio.c). */
 void kvs_bitmap_take_range(_Atomic uint64_t *map, unsigned int nbits, unsigned int lo,
 			   unsigned int hi, void (*each)(unsigned int bit, void *arg), void *arg);
 
@@ -165,7 +165,7 @@ bool kvs_bitmap_any(_Atomic uint64_t *map, unsigned int nbits, unsigned int lo, 
 bool kvs_ownfd_in(struct kvs_ownfd *o, unsigned int lo, unsigned int hi);
 
 /* Wait (at most max_ns) until bits lo to hi of map are all clear: a closer that announced a
- * number there (set its bit) finished.  For the close hooks (anchor.c, kaio.c). */
+ * number there (set its bit) finished.  For the close hooks (anchor.c, api/kaio.c). */
 void kvs_bitmap_wait_clear(_Atomic uint64_t *map, unsigned int nbits, unsigned int lo,
 			   unsigned int hi, uint64_t max_ns);
 

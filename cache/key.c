@@ -7,7 +7,7 @@
  *
  *   by change (the default): st_dev, st_ino, st_size, st_mtim, st_ctim.  Any write moves
  *   mtime or ctime, so it moves the id; so does a touch, chmod or rename, which change no
- *   byte (hooks_time.c moves the shards of a touch by a process under the shim).
+ *   byte (hooks/time.c moves the shards of a touch by a process under the shim).
  *
  *   by birth (files.write_once roots): st_dev, st_ino, st_size, the birth time
  *   (statx STATX_BTIME) and the inode generation (FS_IOC_GETVERSION).  A file there is

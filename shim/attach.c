@@ -26,7 +26,7 @@
  *                         (scripts/check_layers.sh keeps it so).
  * The loader's threads call no hooked function (raw system calls only).
  *
- * Fork: fanout.c holds the one list of every module's rule; this file's own (the region's
+ * Fork: hooks/fanout.c holds the one list of every module's rule; this file's own (the region's
  * mapping and descriptor dropped, kvs_cache_forget; the loader's threads forgotten and its
  * io_uring closed, kvs_loader_forget; the child attaches anew) is
  * kvs_shim_attach_atfork_child.
@@ -107,7 +107,7 @@ static void init(void)
 	atomic_store(&owner_pid, kvs_syscall(SYS_getpid));
 	kvs_real_init();
 	/* First, whether the shim turns on or not: POSIX aio's table lock is taken by its writes
-	 * either way (paio.c), and a fork must not leave it held in the child. */
+	 * either way (api/paio.c), and a fork must not leave it held in the child. */
 	if (kvs_fanout_register()) /* the one call up: a registration */
 		goto out;
 	if (kvs_config_load(&kvs_shim_cfg, NULL, NULL, msg, sizeof(msg))) {

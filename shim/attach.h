@@ -63,7 +63,7 @@ bool kvs_shim_on(void);
  * one, running in its parent's memory with a descriptor table of its own)? */
 bool kvs_shim_in_owner(void);
 
-/* attach.c's own fork rule (fanout.c runs every module's): a fork waits for an attach in
+/* attach.c's own fork rule (hooks/fanout.c runs every module's): a fork waits for an attach in
  * progress (prepare takes the attach lock, parent and child release it); the child drops the
  * parent's mapping, descriptor and loader without touching shared state, and attaches anew,
  * as itself, at its first cacheable read. */

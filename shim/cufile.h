@@ -36,11 +36,8 @@ enum kvs_cufile_fn {
  * NULL when there is none.  Forgotten when its library is unloaded (the shim's dlclose). */
 void *kvs_cufile_real(enum kvs_cufile_fn fn);
 
-/* Is fd the descriptor of a handle registered through the shim (one relaxed load; a number
- * that had 255 handles at once stays registered)?  In observe mode a POSIX read of such a
- * descriptor is libcufile's own, moving the bytes of a cuFile read already observed
- * (compatibility mode), and is not observed again. */
-bool kvs_cufile_fd_registered(int fd);
+/* Whether fd is the descriptor of a handle registered through the shim: fdinfo.h,
+ * kvs_fdinfo_cufile_registered (the ground floor's, since serve.c asks it). */
 /* The descriptor registered for fh (OPAQUE_FD handles registered through the shim), or -1. */
 int kvs_cufile_fd(kvs_cufile_handle_t fh);
 

@@ -1,6 +1,6 @@
 /*
  * dlsym: the C half of the shim's dlsym and dlvsym (see dlsym.h; the entry points are in
- * dlsym_stub.S).
+ * hooks/dlsym_stub.S).
  *
  * The hooks run inside every dlsym of the process, before anything else of the shim: they take
  * no lock, allocate nothing, and answer in a few compares for any name that does not start with
@@ -15,11 +15,10 @@
 #include <stdbool.h>
 #include <stddef.h>
 
-#include "cufile.h"
 #include "dlsym.h"
 #include "elfsym.h"
 
-/* Read by dlsym_stub.S. */
+/* Read by hooks/dlsym_stub.S. */
 void *(*kvs_real_dlsym_fn)(void *, const char *);
 void *(*kvs_real_dlvsym_fn)(void *, const char *, const char *);
 
@@ -85,38 +84,4 @@ int kvs_dlclose_real(void *handle)
 		atomic_store_explicit(&fn, f, memory_order_relaxed);
 	}
 	return f ? f(handle) : -1;
-}
-
-/* Does name start with "cuFile"?  No libc: see the top of elfsym.c (this file is built without
- * sanitizers for the same reason). */
-static bool cufile_name(const char *name)
-{
-	static const char p[] = "cuFile";
-
-	if (!name)
-		return false;
-	for (int i = 0; p[i]; i++)
-		if (name[i] != p[i])
-			return false;
-	return true;
-}
-
-/* Called by the stub's dlsym.  NULL: pass through; KVS_DLSYM_NULL: answer NULL; else the
- * address to answer. */
-void *kvs_dlsym_hook(void *handle, const char *name);
-void *kvs_dlsym_hook(void *handle, const char *name)
-{
-	kvs_dlsym_resolve();
-	if (!cufile_name(name))
-		return NULL;
-	return kvs_cufile_dlsym(handle, name, NULL);
-}
-
-void *kvs_dlvsym_hook(void *handle, const char *name, const char *version);
-void *kvs_dlvsym_hook(void *handle, const char *name, const char *version)
-{
-	kvs_dlsym_resolve();
-	if (!cufile_name(name))
-		return NULL;
-	return kvs_cufile_dlsym(handle, name, version ? version : "");
 }

@@ -1,5 +1,5 @@
 /*
- * dlsym: the shim's dlsym and dlvsym (dlsym_stub.S, dlsym.c).  Callers that look cuFile
+ * dlsym: the shim's dlsym and dlvsym (hooks/dlsym_stub.S, dlsym.c).  Callers that look cuFile
  * functions up on a libcufile handle (kvikio, Python ctypes, NIXL's plugins) get the shim's
  * hooks; every other lookup keeps its exact meaning, RTLD_NEXT included, because the stub
  * jumps to glibc's function with the caller's return address.

@@ -203,6 +203,28 @@ int kvs_fdinfo_set_roots(const char *spec)
 	return nroots;
 }
 
+/* How many cuFile handles name each descriptor number (fdinfo.h), saturating at 255, never
+ * decremented from there. */
+#define CUFILE_FDS 65536
+static _Atomic uint8_t cufile_refs[CUFILE_FDS];
+
+void kvs_fdinfo_cufile_ref(int fd, bool up)
+{
+	if (fd < 0 || fd >= CUFILE_FDS)
+		return;
+	uint8_t n = atomic_load_explicit(&cufile_refs[fd], memory_order_relaxed);
+
+	if (n != UINT8_MAX && (up || n))
+		atomic_store_explicit(&cufile_refs[fd], (uint8_t)(up ? n + 1 : n - 1),
+				      memory_order_relaxed);
+}
+
+bool kvs_fdinfo_cufile_registered(int fd)
+{
+	return fd >= 0 && fd < CUFILE_FDS &&
+	       atomic_load_explicit(&cufile_refs[fd], memory_order_relaxed) != 0;
+}
+
 /* The files found under no root (fdinfo.h): tags never 0, in sets of OUTSIDE_WAYS. */
 #define OUTSIDE_SLOTS 1024
 #define OUTSIDE_WAYS  4

@@ -75,6 +75,14 @@ bool kvs_fdinfo_outside_known(uint64_t dev, uint64_t ino);
 void kvs_fdinfo_outside_note(uint64_t dev, uint64_t ino);
 void kvs_fdinfo_outside_forget(void);
 
+/* Descriptor numbers a cuFile handle registered through the shim names (hooks/cufile.c counts them,
+ * under its handles' lock; one relaxed load to ask; a number that had 255 handles at once
+ * stays registered).  In observe mode a POSIX read of such a descriptor is libcufile's own,
+ * moving the bytes of a cuFile read already observed (compatibility mode), and is not
+ * observed again (serve.c). */
+void kvs_fdinfo_cufile_ref(int fd, bool up);
+bool kvs_fdinfo_cufile_registered(int fd);
+
 /* fd was just opened: its class by its path alone (one readlink), NOT_KV when the path lies
  * under no root.  Returns the root it lies under, -1 (outside every root: NOT_KV stored), or -2
  * (not looked at: no roots, no path, a number beyond the table). */

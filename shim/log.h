@@ -30,7 +30,7 @@ enum kvs_cause {
 	KVS_CAUSE_UNSERVED_ANCHOR,
 	KVS_CAUSE_UNSERVED_DEVICE,
 	KVS_CAUSE_UNSERVED_STREAM,
-	/* io_uring rings passed through, one cause each (uring.c) */
+	/* io_uring rings passed through, one cause each (api/uring.c) */
 	KVS_CAUSE_URING_SQPOLL,
 	KVS_CAUSE_URING_NOP,
 	KVS_CAUSE_URING_REGRING,

@@ -231,7 +231,7 @@ bool kvs_serve_direct_fits(int fd, const struct kvs_fdinfo *fi, const struct iov
  * Caller holds guard. */
 void kvs_serve_observe_posix(int fd, const struct kvs_fdinfo *fi, uint64_t off, uint64_t len)
 {
-	struct kvs_cache *c = kvs_cufile_fd_registered(fd) ? NULL : kvs_shim_region(true);
+	struct kvs_cache *c = kvs_fdinfo_cufile_registered(fd) ? NULL : kvs_shim_region(true);
 
 	if (c)
 		kvs_observe_read(c, fi, off, len);

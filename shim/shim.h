@@ -86,7 +86,7 @@ void kvs_shim_fd_born(int fd);
  * whose reads are not fd's (unseen.h: the mark goes uncounted).  Atomics only. */
 void kvs_shim_fd_duped(int fd);
 
-/* Closes (kvs_shim_fds_closing, _dup_closing, _range_closing) and forks: fanout.h. */
+/* Closes (kvs_shim_fds_closing, _dup_closing, _range_closing) and forks: hooks/fanout.h. */
 
 /* A cuFile read served asynchronously (a batch entry): storage for the whole read, owned by
  * the caller until done() is called. */

@@ -4,7 +4,7 @@
  * A file keyed by change (cache.h, struct kvs_ident) gets a new block id whenever its mtime or
  * ctime moves, and every timestamp call moves ctime: UCM's store calls utime(path, NULL) on
  * every block a lookup finds, llm-d's sets atime on every read.  Without help each touch
- * orphans the file's warm shards.  So the timestamp hooks (hooks_time.c, and the syscall()
+ * orphans the file's warm shards.  So the timestamp hooks (hooks/time.c, and the syscall()
  * door) wrap the real call: kvs_touch_before takes the file's identity and its write-sequence
  * mark, and kvs_touch_after, if the call succeeded and nothing else can have changed the file
  * (same inode and size, the mtime a call that leaves it left as it was, no write under the
@@ -64,7 +64,7 @@ void kvs_touch_after(struct kvs_touch *t, int ret);
 
 /* The syscall() door's timestamp numbers (SYS_utime, SYS_utimes, SYS_futimesat,
  * SYS_utimensat; a[] the call's arguments), made with raw (the kernel's answer, -errno) between
- * kvs_touch_before and kvs_touch_after.  Returns raw's answer.  hooks_time.c. */
+ * kvs_touch_before and kvs_touch_after.  Returns raw's answer.  hooks/time.c. */
 long kvs_time_syscall(long number, const long *a, long (*raw)(long, const long *));
 
 #endif

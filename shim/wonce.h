@@ -30,7 +30,7 @@
 
 struct kvs_cache;
 
-/* An open for writing in progress (hooks_open.c), on the caller's stack. */
+/* An open for writing in progress (hooks/open.c), on the caller's stack. */
 struct kvs_wonce_open {
 	bool on;	    /* an existing file of a write-once root: kvs_wonce_opened records it */
 	bool truncates;	    /* O_TRUNC of bytes it held: a rewrite, counted once the open is made */

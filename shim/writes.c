@@ -510,7 +510,7 @@ void kvs_shim_invalidate(int fd, off_t off, size_t len, bool use_pos, off_t pos_
 		off += pos_delta;
 	}
 	uint64_t S = kvs_cache_shard_size(c);
-	/* pos_delta < 0: the call after the write (hooks_posix.c's AROUND_WRITE). */
+	/* pos_delta < 0: the call after the write (hooks/posix.c's AROUND_WRITE). */
 	if (kvs_wonce_rewrites(c, fd, &fi, (uint64_t)off, len, pos_delta < 0))
 		kvs_cache_invalidate(c, &fi.block, 0, fi.size ? (fi.size - 1) / S : 0);
 	else

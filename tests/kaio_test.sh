@@ -146,7 +146,7 @@ kernel=$(($(io_read_bytes) - k0))
 backend=$(totals backend_bytes)
 requests=$(totals requests)
 # A short read (each file's last) is never served through a carrier (docs/design.md, "Kernel
-# AIO (`kaio.c`)"): the kernel reads each file's tail, rounded up to 4 KiB, once for
+# AIO (`api/kaio.c`)"): the kernel reads each file's tail, rounded up to 4 KiB, once for
 # every rank.
 tails=0
 for f in "${files[@]}"; do
@@ -263,7 +263,7 @@ for mode in peek libaio; do
 done
 
 # A served iocb reads as its carrier once submitted (docs/design.md, "Kernel AIO
-# (`kaio.c`)"): one prepared once and submitted again as it is must read again, not
+# (`api/kaio.c`)"): one prepared once and submitted again as it is must read again, not
 # write to the shim's /dev/null.
 reset_region
 out=$(LD_PRELOAD=$lib timeout 120 "$reaper" again "$work/kv/ring" 1M 4 2>&1)

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# io_uring reads served at submission (shim/uring.c, its doors shim/hooks_uring.c).
+# io_uring reads served at submission (shim/api/uring.c, its doors shim/hooks/uring.c).
 #   uring_test.sh LIBKVSHIM KVSHIM URING_READER [SLOWFS]
 #  1. tests/uring_reader.c mix (liburing through the PLT: READ, READV, READ_FIXED, registered
 #     files, CQE_SKIP_SUCCESS, a linked pair, a file that is not KV, reads at and past the end

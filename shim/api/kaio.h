@@ -1,6 +1,6 @@
 /*
- * kaio: the engine of kernel AIO served by the cache (kaio.c), below its two doors: libaio's
- * names (hooks_libaio.c) and libc's syscall() with the io_* numbers (hooks_syscall.c).
+ * kaio: the engine of kernel AIO served by the cache (api/kaio.c), below its two doors: libaio's
+ * names (hooks/libaio.c) and libc's syscall() with the io_* numbers (hooks/syscall.c).
  * Every entry point answers as the kernel does (-errno on failure, errno left alone).
  */
 #ifndef KVS_SHIM_KAIO_H
@@ -15,7 +15,7 @@
 enum kvs_kaio_via { KVS_KAIO_SYSCALL, KVS_KAIO_LIBAIO };
 
 /* io_submit: the served reads of each chunk run by the cache and handed to the kernel as
- * carriers; everything else the kernel's (docs/design.md, "Kernel AIO (`kaio.c`)"). */
+ * carriers; everything else the kernel's (docs/design.md, "Kernel AIO (`api/kaio.c`)"). */
 long kvs_kaio_submit(enum kvs_kaio_via v, aio_context_t ctx, long nr, struct iocb **p);
 /* io_getevents and io_pgetevents (sig: the kernel's sigset argument, or NULL), io_cancel and
  * io_destroy: the kernel's, their events looked at for the writes noted for write-through. */
@@ -36,7 +36,7 @@ void kvs_libaio_numbers_closing(unsigned int lo, unsigned int hi);
 /* Is it among lo to hi?  Loads only. */
 bool kvs_libaio_numbers_in(unsigned int lo, unsigned int hi);
 
-/* Its fork rule (fanout.c): the kernel gave the child none of the parent's contexts; the
+/* Its fork rule (hooks/fanout.c): the kernel gave the child none of the parent's contexts; the
  * carriers' descriptor is inherited, its users are not. */
 void kvs_libaio_atfork_child(void);
 

@@ -1,6 +1,6 @@
 /*
  * paio: the engine of glibc's POSIX asynchronous I/O served by the cache (issue 8;
- * docs/design.md, "POSIX aio (`paio.c`)"), below its doors (hooks_posix_aio.c: the aio_ and
+ * docs/design.md, "POSIX aio (`api/paio.c`)"), below its doors (hooks/posix_aio.c: the aio_ and
  * lio_listio names, one call each into kvs_paio_*).
  *
  * DESIGN.  aio_read (and each LIO_READ entry of lio_listio) that the cache can serve starts in
@@ -354,7 +354,7 @@ void kvs_posix_aio_atfork_child(void)
 }
 
 /* Once, before the first served request: cond on the monotonic clock (the fork handlers are
- * fanout.c's). */
+ * hooks/fanout.c's). */
 static void setup(void)
 {
 	int s = atomic_load_explicit(&setup_state, memory_order_acquire); /* pairs below */

@@ -3,7 +3,7 @@
  * utimensat, futimens).  Each is the real call between kvs_touch_before and kvs_touch_after
  * (touch.h), which keep a KV file's cached shards under the identity the call gives it.  The
  * real call is made exactly as without the shim, outside the shim's guard; its result and
- * errno are the caller's.  The syscall() door (hooks_syscall.c) sends SYS_utime, SYS_utimes,
+ * errno are the caller's.  The syscall() door (hooks/syscall.c) sends SYS_utime, SYS_utimes,
  * SYS_futimesat and SYS_utimensat here too (kvs_time_syscall).
  */
 #include <errno.h>

@@ -1,5 +1,5 @@
 /*
- * hooks_libaio: libaio's names, the doors of kernel AIO (its engine: kaio.c).  libaio's calls
+ * hooks_libaio: libaio's names, the doors of kernel AIO (its engine: api/kaio.c).  libaio's calls
  * answer -errno and leave errno alone, as the engine does.
  */
 #include <linux/aio_abi.h>

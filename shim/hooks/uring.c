@@ -1,6 +1,6 @@
 /*
  * hooks_uring: liburing's names, the doors of the program's io_uring reads (the engine:
- * uring.c, whose DESIGN comment says what is served).  Each submitting name serves the ring's
+ * api/uring.c, whose DESIGN comment says what is served).  Each submitting name serves the ring's
  * pending entries (kvs_uring_serve_liburing), then calls the caller's own liburing; each
  * registration name records what it registered.  The real function is the caller's liburing
  * (the library its own lookup scope finds: a plugin's private liburing too), never the shim's

@@ -1,7 +1,7 @@
 /*
  * uring: the engine of the program's io_uring reads of KV files served at submission (see
- * uring.c).  What its doors tell it: liburing's names (hooks_uring.c), libc's syscall() and
- * mmap (hooks_syscall.c, hooks_posix.c), the close and fork fan-outs.  None changes errno or
+ * api/uring.c).  What its doors tell it: liburing's names (hooks/uring.c), libc's syscall() and
+ * mmap (hooks/syscall.c, hooks/posix.c), the close and fork fan-outs.  None changes errno or
  * fails.
  */
 #ifndef KVS_SHIM_URING_H

@@ -8,7 +8,7 @@
  * to a file outside the roots then cost no system call), a write-once file opened for writing has
  * its size noted (the bytes it held: a later write over them is a rewrite in place), and an
  * O_DIRECT open of a KV file is marked (unseen.h).  A read-only open costs no system call.
- * The opens through libc's syscall() take the same two steps (hooks_syscall.c).
+ * The opens through libc's syscall() take the same two steps (hooks/syscall.c).
  */
 #include <errno.h>
 #include <fcntl.h>

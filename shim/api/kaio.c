@@ -1,15 +1,15 @@
 /*
  * kaio: the engine of kernel AIO served by the cache (docs/design.md, "Kernel AIO
- * (`kaio.c`)").
+ * (`api/kaio.c`)").
  *
  * Two doors lead to it: libc's syscall() for the io_* numbers (UCM's AIO engine calls it
- * directly; hooks_syscall.c sends them to kvs_libaio_syscall) and libaio's io_submit,
+ * directly; hooks/syscall.c sends them to kvs_libaio_syscall) and libaio's io_submit,
  * io_getevents, io_pgetevents, io_cancel and io_destroy (NIXL's POSIX plugin, fio's libaio
- * engine; their doors are hooks_libaio.c).  Internally every function returns
+ * engine; their doors are hooks/libaio.c).  Internally every function returns
  * -errno, as libaio does; syscall() turns that into -1 and errno.  The kernel part of a call
  * goes to libaio's real function when the caller came through libaio and it can be found,
  * else to the raw system call (which is all libaio does).  libc's syscall() is the shim's for
- * every number (hooks_syscall.c): the io_* numbers come here, through kvs_libaio_syscall.
+ * every number (hooks/syscall.c): the io_* numbers come here, through kvs_libaio_syscall.
  *
  * DESIGN.  Every event comes from the kernel, so every reaper finds it where the kernel puts
  * it: libaio's io_getevents (which peeks at the completion ring, a static libaio's too, and

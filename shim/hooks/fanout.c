@@ -1,5 +1,5 @@
 /*
- * fanout: forks and closes, told to every module in one order (see fanout.h).
+ * fanout: forks and closes, told to every module in one order (see hooks/fanout.h).
  *
  * Fork.  prepare takes the locks a child must not inherit held: POSIX aio's table, then the
  * attach lock (a fork waits for an attach in progress); parent and the child release them.

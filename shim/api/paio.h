@@ -1,6 +1,6 @@
 /*
- * paio: the engine of glibc's POSIX aio served by the cache (paio.c), below its doors
- * (hooks_posix_aio.c).  Each entry point answers as the glibc function of its name (v 0:
+ * paio: the engine of glibc's POSIX aio served by the cache (api/paio.c), below its doors
+ * (hooks/posix_aio.c).  Each entry point answers as the glibc function of its name (v 0:
  * aio_read and the others; v 1: their 64 names, whose aiocb64 is an aiocb on the 64-bit
  * systems the shim is built for), errno included.
  */
@@ -26,7 +26,7 @@ int kvs_paio_lio(int v, int mode, struct aiocb *const list[], int nent, struct s
  * does not wait on them for ever.  One load when none is noted; errno unchanged. */
 void kvs_aio_closing(int fd);
 
-/* Its fork rule (fanout.c): prepare takes the table's lock, the parent releases it, the child
+/* Its fork rule (hooks/fanout.c): prepare takes the table's lock, the parent releases it, the child
  * forgets the parent's requests and noted writes and makes its lock and condition anew. */
 void kvs_posix_aio_atfork_prepare(void);
 void kvs_posix_aio_atfork_parent(void);

@@ -1,6 +1,6 @@
 /*
  * hooks_posix_aio: glibc's POSIX aio names, the doors of POSIX aio served by the cache (its
- * engine: paio.c, docs/design.md, "POSIX aio (`paio.c`)").  The 64 names take an aiocb64,
+ * engine: api/paio.c, docs/design.md, "POSIX aio (`api/paio.c`)").  The 64 names take an aiocb64,
  * which is an aiocb on the 64-bit systems the shim is built for.
  */
 #include <aio.h>

@@ -1,5 +1,5 @@
 /*
- * hooks_uring: liburing's doors (hooks_uring.c).  What the dlclose door needs of them.
+ * hooks_uring: liburing's doors (hooks/uring.c).  What the dlclose door needs of them.
  */
 #ifndef KVS_SHIM_HOOKS_URING_H
 #define KVS_SHIM_HOOKS_URING_H
@@ -8,7 +8,7 @@
  * forgotten. */
 void kvs_uring_unloaded(void);
 
-/* Its fork rule (fanout.c): the call-site cache's lock made anew. */
+/* Its fork rule (hooks/fanout.c): the call-site cache's lock made anew. */
 void kvs_uring_doors_atfork_child(void);
 
 #endif

@@ -1,6 +1,6 @@
 /*
  * cufile: the cuFile hooks and their plumbing (see cufile.h); the batch calls are in
- * cufile_batch.c.
+ * hooks/cufile_batch.c.
  *
  * DESIGN.  Shared state:
  *   real[]    the real library's functions, found on first use, in this order: the library
@@ -50,12 +50,6 @@ static const char *const names[KVS_CF_N] = {
 static void *_Atomic real[KVS_CF_N];
 static void *_Atomic lib;
 static _Atomic bool lib_ours;
-
-/* How many recorded handles name each descriptor number (saturating at 255, never
- * decremented from there): kvs_cufile_fd_registered, one relaxed load.  Written under
- * handles_mu. */
-#define FD_REFS 65536
-static _Atomic uint8_t fd_refs[FD_REFS];
 
 static pthread_mutex_t handles_mu = PTHREAD_MUTEX_INITIALIZER;
 static struct {
@@ -231,32 +225,20 @@ KVS_EXPORT int dlclose(void *handle)
 
 /* ------------------------------------------------------------------ handles */
 
-/* One more (up 1) or one fewer handle names fd.  Caller holds handles_mu. */
-static void fd_ref(int fd, bool up)
-{
-	if (fd < 0 || fd >= FD_REFS)
-		return;
-	uint8_t n = atomic_load_explicit(&fd_refs[fd], memory_order_relaxed);
-
-	if (n != UINT8_MAX && (up || n))
-		atomic_store_explicit(&fd_refs[fd], (uint8_t)(up ? n + 1 : n - 1),
-				      memory_order_relaxed);
-}
-
 static void handle_add(kvs_cufile_handle_t fh, int fd)
 {
 	pthread_mutex_lock(&handles_mu);
 	for (unsigned i = 0; i < nhandles; i++) {
 		if (handles[i].fh == fh) {
-			fd_ref(handles[i].fd, false);
-			fd_ref(fd, true);
+			kvs_fdinfo_cufile_ref(handles[i].fd, false);
+			kvs_fdinfo_cufile_ref(fd, true);
 			handles[i].fd = fd; /* the library reused a handle value */
 			goto out;
 		}
 	}
 	if (nhandles < MAX_HANDLES) {
 		handles[nhandles++] = (__typeof__(handles[0])){fh, fd};
-		fd_ref(fd, true);
+		kvs_fdinfo_cufile_ref(fd, true);
 	}
 out:
 	pthread_mutex_unlock(&handles_mu);
@@ -267,18 +249,12 @@ static void handle_remove(kvs_cufile_handle_t fh)
 	pthread_mutex_lock(&handles_mu);
 	for (unsigned i = 0; i < nhandles; i++) {
 		if (handles[i].fh == fh) {
-			fd_ref(handles[i].fd, false);
+			kvs_fdinfo_cufile_ref(handles[i].fd, false);
 			handles[i] = handles[--nhandles];
 			break;
 		}
 	}
 	pthread_mutex_unlock(&handles_mu);
-}
-
-bool kvs_cufile_fd_registered(int fd)
-{
-	return fd >= 0 && fd < FD_REFS &&
-	       atomic_load_explicit(&fd_refs[fd], memory_order_relaxed) != 0;
 }
 
 int kvs_cufile_fd(kvs_cufile_handle_t fh)

@@ -1,6 +1,6 @@
 /*
  * uring: the engine of the program's io_uring reads of KV files, served at submission (its
- * doors: hooks_uring.c for liburing's names, hooks_syscall.c for the io_uring numbers).
+ * doors: hooks/uring.c for liburing's names, hooks/syscall.c for the io_uring numbers).
  *
  * DESIGN
  *
@@ -14,7 +14,7 @@
  *     bundled liburing or Debian's.  The real function is the caller's liburing (the library
  *     its own lookup scope finds: a plugin's private liburing too), never the shim's own copy,
  *     which is renamed (CMakeLists.txt).
- *   - libc's syscall() (hooks_syscall.c calls kvs_uring_setup_done, kvs_uring_enter and
+ *   - libc's syscall() (hooks/syscall.c calls kvs_uring_setup_done, kvs_uring_enter and
  *     kvs_uring_register): io_uring_setup gives the ring's offsets, the mmap hook gives where
  *     its SQ ring and SQE array are mapped (kvs_uring_mapped), and
  *     io_uring_enter(fd, to_submit) names the entries [*khead, *khead + to_submit) (fio's own
@@ -505,7 +505,7 @@ static struct io_uring_sqe *sqe_at(const struct view *v, unsigned i)
 /* A change of a KV file through the ring (a write, a fallocate, a splice into it, a
  * truncation): it is
  * followed as a change the kernel has been handed already (kvs_shim_change_now): its shards are
- * dropped from the cache before the kernel has it (as kernel AIO writes are, kaio.c), so
+ * dropped from the cache before the kernel has it (as kernel AIO writes are, api/kaio.c), so
  * no later read is served the old bytes, and no staged copy of the file, this process's or
  * another's, keeps them.  Its completion is not looked for: a publication of the file before
  * it lands keeps none of its range. */

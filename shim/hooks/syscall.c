@@ -51,7 +51,7 @@ static long changing(long number, const long *a)
 	return r;
 }
 
-/* An open by number: followed as the open hooks follow one (hooks_open.c), the kernel's answer,
+/* An open by number: followed as the open hooks follow one (hooks/open.c), the kernel's answer,
  * -errno on failure. */
 static long opening(long number, const long *a, int dirfd, const char *path, int flags)
 {
@@ -83,7 +83,7 @@ static int openat2_flags(const long *a)
 }
 #endif
 
-/* The mapping numbers, as the libc names (hooks_posix.c): a KV file mapped is counted, a
+/* The mapping numbers, as the libc names (hooks/posix.c): a KV file mapped is counted, a
  * writable shared mapping recorded until it goes (shmap.h), an io_uring's rings noted. */
 static long mapping(long number, const long *a)
 {
@@ -108,8 +108,8 @@ static long mapping(long number, const long *a)
 	return r;
 }
 
-/* libc's syscall(): the io_* numbers that touch served entries go to kaio.c, the
- * io_uring numbers to uring.c, the timestamp numbers to touch.c, a closed or replaced
+/* libc's syscall(): the io_* numbers that touch served entries go to api/kaio.c, the
+ * io_uring numbers to api/uring.c, the timestamp numbers to touch.c, a closed or replaced
  * number to fdinfo.c, and the numbers that change a file's bytes are followed (changing);
  * every other number goes to the kernel as glibc's would (-1 and errno for -4095..-1). */
 KVS_EXPORT long syscall(long number, ...)
@@ -125,7 +125,7 @@ KVS_EXPORT long syscall(long number, ...)
 		goto out;
 	switch (number) {
 #ifdef SYS_io_uring_register
-	/* io_uring through libc's syscall() (fio's own ring code): uring.c learns the
+	/* io_uring through libc's syscall() (fio's own ring code): api/uring.c learns the
 	 * ring's layout and files, and serves the entries an enter is about to submit. */
 	case SYS_io_uring_setup:
 		r = kvs_raw6(number, a[0], a[1], a[2], a[3], a[4], a[5]);
@@ -189,7 +189,7 @@ KVS_EXPORT long syscall(long number, ...)
 		kvs_shim_fds_gone((unsigned int)a[0], (unsigned int)a[1]);
 		break;
 #endif
-		/* Opens: an O_TRUNC of a write-once file, and the number's class (as hooks_open.c).
+		/* Opens: an O_TRUNC of a write-once file, and the number's class (as hooks/open.c).
 		 */
 #ifdef SYS_open
 	case SYS_open:
