@@ -40,7 +40,6 @@
 #include "anchor.h"
 #include "atime.h"
 #include "cache.h"
-#include "real.h"
 #include "sys.h"
 
 #define KVS_ATIME_JOBS	   16
@@ -114,8 +113,8 @@ static void run(struct job *j, int fd)
 	 * been given our number again: act on it, and close it, only while it is our file. */
 	if (kvs_ident_of_fd(fd, false, &id) == 0 && id.dev == j->dev && id.ino == j->ino &&
 	    id.size && kvs_fdinfo_atime_due(j->rule, &id) &&
-	    ((j->write_once && kvs_real.futimens(fd, times) == 0) ||
-	     kvs_real.pread(fd, buf, j->len, 0) > 0))
+	    ((j->write_once && kvs_syscall(SYS_utimensat, fd, NULL, times, 0) == 0) ||
+	     kvs_sys_pread(fd, buf, j->len, 0) > 0))
 		kvs_cache_count(j->c, KVS_CTR_atime_updates, 1);
 	kvs_anchor_put(fd);
 }

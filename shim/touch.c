@@ -37,7 +37,6 @@
 
 #include "fdinfo.h"
 #include "raw.h"
-#include "real.h"
 #include "shim.h"
 #include "sys.h"
 #include "touch.h"
@@ -114,8 +113,7 @@ bool kvs_touch_before(struct kvs_touch *t, const struct kvs_touch_target *tg)
 	t->on = true;
 out:
 	if (!t->on && t->own_fd) {
-		kvs_real_init();
-		kvs_real.close(t->fd);
+		kvs_sys_close(t->fd);
 		t->own_fd = false;
 	}
 	kvs_shim_leave(saved);
@@ -151,7 +149,7 @@ void kvs_touch_after(struct kvs_touch *t, int ret)
 	t->on = false;
 	if (!kvs_shim_enter(&saved)) { /* cannot happen: it was on, and the call is over */
 		if (t->own_fd)
-			kvs_real.close(t->fd);
+			kvs_sys_close(t->fd);
 		return;
 	}
 	if (ret == 0 && kvs_ident_of_fd(t->fd, false, &post) == 0 && post.dev == t->pre.dev &&
@@ -162,6 +160,6 @@ void kvs_touch_after(struct kvs_touch *t, int ret)
 	    rekey_file(t->c, &t->pre, &post, t->cap_ns))
 		kvs_cache_count(t->c, KVS_CTR_touches_kept, 1);
 	if (t->own_fd)
-		kvs_real.close(t->fd);
+		kvs_sys_close(t->fd);
 	kvs_shim_leave(saved);
 }

@@ -34,7 +34,6 @@
 #include "config.h"
 #include "log.h"
 #include "raw.h"
-#include "real.h"
 #include "wonce.h"
 
 #define KVS_WONCE_FILES 64
@@ -197,8 +196,7 @@ bool kvs_wonce_opening(struct kvs_wonce_open *o, struct kvs_cache *(*region)(voi
 			}
 		}
 	}
-	kvs_real_init();
-	kvs_real.close(fd);
+	kvs_sys_close(fd);
 	return o->on;
 }
 
@@ -238,8 +236,7 @@ static bool has_data(int fd, uint64_t off, uint64_t len)
 	off_t next = lseek(d, (off_t)off, SEEK_DATA);
 	/* len may run to any end (UINT64_MAX: a truncation): no wrap past it. */
 	bool data = next < 0 ? errno != ENXIO : (uint64_t)next - off < len;
-	kvs_real_init();
-	kvs_real.close(d);
+	kvs_sys_close(d);
 	errno = saved;
 	return data;
 }

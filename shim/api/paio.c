@@ -63,7 +63,6 @@
 #include "elfsym.h"
 #include "paio.h"
 #include "raw.h"
-#include "real.h"
 #include "shim.h"
 
 /* ------------------------------------------------------------------ the real functions */
@@ -482,9 +481,8 @@ static void req_done(struct kvs_shim_async *a, int64_t result)
 		/* Not served after all: read it as glibc would have, synchronously, here. */
 		ssize_t n;
 
-		kvs_real_init();
 		do
-			n = kvs_real.pread(r->fd, r->iov.iov_base, r->iov.iov_len, r->off);
+			n = kvs_sys_pread(r->fd, r->iov.iov_base, r->iov.iov_len, (off_t)r->off);
 		while (n < 0 && errno == EINTR);
 		result = n < 0 ? -errno : n;
 	}
