@@ -108,25 +108,14 @@ static long mapping(long number, const long *a)
 	return r;
 }
 
-/* libc's syscall(): the io_* numbers that touch served entries go to api/kaio.c, the
- * io_uring numbers to api/uring.c, the timestamp numbers to touch.c, a closed or replaced
- * number to fdinfo.c, and the numbers that change a file's bytes are followed (changing);
- * every other number goes to the kernel as glibc's would (-1 and errno for -4095..-1). */
-KVS_EXPORT long syscall(long number, ...)
-{
-	long a[6], r;
-	va_list ap;
-
-	va_start(ap, number);
-	for (int i = 0; i < 6; i++)
-		a[i] = va_arg(ap, long);
-	va_end(ap);
-	if (kvs_libaio_syscall(number, a, &r)) /* the io_* numbers, and libaio's own calls */
-		goto out;
-	switch (number) {
 #ifdef SYS_io_uring_register
-	/* io_uring through libc's syscall() (fio's own ring code): api/uring.c learns the
-	 * ring's layout and files, and serves the entries an enter is about to submit. */
+/* io_uring through libc's syscall() (fio's own ring code): api/uring.c learns the ring's
+ * layout and files, and serves the entries an enter is about to submit. */
+static long uring_number(long number, const long *a)
+{
+	long r;
+
+	switch (number) {
 	case SYS_io_uring_setup:
 		r = kvs_raw6(number, a[0], a[1], a[2], a[3], a[4], a[5]);
 		if (r >= 0) {
@@ -151,20 +140,22 @@ KVS_EXPORT long syscall(long number, ...)
 			errno = saved;
 		}
 		break;
-#endif
-#ifdef SYS_utime
-	case SYS_utime:
-#endif
-#ifdef SYS_utimes
-	case SYS_utimes:
-#endif
-#ifdef SYS_futimesat
-	case SYS_futimesat:
-#endif
-	case SYS_utimensat:
-		r = kvs_time_syscall(number, a, raw_args); /* touch.h: keeps the cached shards */
+	default:
+		r = raw_args(number, a);
 		break;
-	/* A number closed or replaced: what fdinfo knew of it goes, before and after (fdinfo.h). */
+	}
+	return r;
+}
+
+#endif
+
+/* A number closed or replaced: what fdinfo knew of it goes, before and after the kernel's
+ * close (fdinfo.h), and the close fan-out runs before it (hooks/fanout.h). */
+static long closing(long number, const long *a)
+{
+	long r;
+
+	switch (number) {
 	case SYS_close:
 		kvs_shim_fd_gone((int)a[0]);
 		if ((int)a[0] >= 0)
@@ -189,6 +180,84 @@ KVS_EXPORT long syscall(long number, ...)
 		kvs_shim_fds_gone((unsigned int)a[0], (unsigned int)a[1]);
 		break;
 #endif
+	default:
+		r = raw_args(number, a);
+		break;
+	}
+	return r;
+}
+
+/* A truncation by path or descriptor: followed as a change of the file (shim.h). */
+static long truncating(long number, const long *a)
+{
+	long r;
+
+	switch (number) {
+#ifdef SYS_truncate
+	case SYS_truncate: {
+		struct kvs_shim_change ch;
+		int fd = kvs_shim_truncate_path_before(&ch, (const char *)a[0], (int64_t)a[1]);
+
+		r = raw_args(number, a);
+		kvs_shim_truncate_path_after(&ch, fd, r < 0 ? -1 : 0);
+		break;
+	}
+#endif
+	case SYS_ftruncate: {
+		struct kvs_shim_change ch;
+		bool on = kvs_shim_truncate_before(&ch, (int)a[0], (int64_t)a[1]);
+
+		r = raw_args(number, a);
+		if (on)
+			kvs_shim_change_after(&ch, r < 0 ? -1 : 0);
+		break;
+	}
+	default:
+		r = raw_args(number, a);
+		break;
+	}
+	return r;
+}
+
+/* libc's syscall(): the io_* numbers that touch served entries go to api/kaio.c, the
+ * io_uring numbers to api/uring.c, the timestamp numbers to touch.c, a closed or replaced
+ * number to fdinfo.c, and the numbers that change a file's bytes are followed (changing);
+ * every other number goes to the kernel as glibc's would (-1 and errno for -4095..-1). */
+static long by_number(long number, const long *a)
+{
+	long r;
+
+	switch (number) {
+#ifdef SYS_io_uring_register
+	case SYS_io_uring_setup:
+	case SYS_io_uring_enter:
+	case SYS_io_uring_register:
+		r = uring_number(number, a);
+		break;
+#endif
+#ifdef SYS_utime
+	case SYS_utime:
+#endif
+#ifdef SYS_utimes
+	case SYS_utimes:
+#endif
+#ifdef SYS_futimesat
+	case SYS_futimesat:
+#endif
+	case SYS_utimensat:
+		r = kvs_time_syscall(number, a, raw_args); /* touch.h: keeps the cached shards */
+		break;
+	/* A number closed or replaced: what fdinfo knew of it goes, before and after (fdinfo.h). */
+	case SYS_close:
+#ifdef SYS_dup2
+	case SYS_dup2:
+#endif
+	case SYS_dup3:
+#ifdef SYS_close_range
+	case SYS_close_range:
+#endif
+		r = closing(number, a);
+		break;
 		/* Opens: an O_TRUNC of a write-once file, and the number's class (as hooks/open.c).
 		 */
 #ifdef SYS_open
@@ -210,24 +279,11 @@ KVS_EXPORT long syscall(long number, ...)
 		break;
 #endif
 #ifdef SYS_truncate
-	case SYS_truncate: {
-		struct kvs_shim_change ch;
-		int fd = kvs_shim_truncate_path_before(&ch, (const char *)a[0], (int64_t)a[1]);
-
-		r = raw_args(number, a);
-		kvs_shim_truncate_path_after(&ch, fd, r < 0 ? -1 : 0);
-		break;
-	}
+	case SYS_truncate:
 #endif
-	case SYS_ftruncate: {
-		struct kvs_shim_change ch;
-		bool on = kvs_shim_truncate_before(&ch, (int)a[0], (int64_t)a[1]);
-
-		r = raw_args(number, a);
-		if (on)
-			kvs_shim_change_after(&ch, r < 0 ? -1 : 0);
+	case SYS_ftruncate:
+		r = truncating(number, a);
 		break;
-	}
 	case SYS_write:
 	case SYS_pwrite64:
 	case SYS_writev:
@@ -248,7 +304,23 @@ KVS_EXPORT long syscall(long number, ...)
 		r = raw_args(number, a);
 		break;
 	}
-out:
+	return r;
+}
+
+/* The door: six arguments read as glibc's syscall() reads them, the kernel's answer in glibc's
+ * convention. */
+KVS_EXPORT long syscall(long number, ...)
+{
+	long a[6], r;
+	va_list ap;
+
+	va_start(ap, number);
+	for (int i = 0; i < 6; i++)
+		a[i] = va_arg(ap, long);
+	va_end(ap);
+	/* The io_* numbers, and libaio's own calls, first. */
+	if (!kvs_libaio_syscall(number, a, &r))
+		r = by_number(number, a);
 	if (r < 0 && r > -4096) {
 		errno = (int)-r;
 		return -1;
