@@ -49,6 +49,7 @@
 #include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
+#include <stdbool.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -183,6 +184,39 @@ static void show_elsewhere(const char *path)
 		die("show");
 }
 
+/* path mapped MAP_SHARED with prot through a descriptor opened O_RDWR, closed at once (the
+ * mapping keeps the file); through syscall(SYS_mmap) with raw. */
+static char *map_rw(const char *path, uint64_t size, int prot, bool raw)
+{
+	int fd = open(path, O_RDWR);
+	char *p;
+
+	if (fd < 0)
+		die(path);
+	p = raw ? (char *)syscall(SYS_mmap, NULL, (size_t)size, prot, MAP_SHARED, fd, 0L)
+		: mmap(NULL, size, prot, MAP_SHARED, fd, 0);
+	if (p == MAP_FAILED)
+		die("mmap");
+	close(fd);
+	return p;
+}
+
+/* A store into every page of the mapping: the page's number plus add. */
+static void store_pages(char *p, uint64_t size, int add)
+{
+	for (uint64_t i = 0; i < size; i += 4096)
+		p[i] = (char)(i / 4096 + (uint64_t)add);
+}
+
+/* Two rounds of stores (round times step), another process reading the file after each. */
+static void two_rounds_shown(char *p, uint64_t size, int step, const char *path)
+{
+	for (int round = 1; round <= 2; round++) {
+		store_pages(p, size, round * step);
+		show_elsewhere(path);
+	}
+}
+
 static int lock_held_by_parent(const char *path)
 {
 	pid_t pid = fork();
@@ -289,24 +323,16 @@ int main(int argc, char **argv)
 		}
 		close(fd);
 	} else if (!strcmp(m, "mmapw")) {
-		if ((fd = open(path, O_RDWR)) < 0)
-			die(path);
-		char *p = mmap(NULL, size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
-		if (p == MAP_FAILED)
-			die("mmap");
-		close(fd);
-		for (uint64_t i = 0; i < size; i += 4096)
-			p[i] = (char)(i / 4096);
+		char *p = map_rw(path, size, PROT_READ | PROT_WRITE, false);
+
+		store_pages(p, size, 0);
 		if (msync(p, size, MS_SYNC) || munmap(p, size))
 			die("msync");
 	} else if (!strcmp(m, "mmapmoved")) {
-		if ((fd = open(path, O_RDWR)) < 0)
-			die(path);
-		char *p = mmap(NULL, size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+		char *p = map_rw(path, size, PROT_READ | PROT_WRITE, false);
 		char *q = mmap(NULL, size, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-		if (p == MAP_FAILED || q == MAP_FAILED)
+		if (q == MAP_FAILED)
 			die("mmap");
-		close(fd);
 		char *moved = mremap(p, size, size, MREMAP_MAYMOVE | MREMAP_FIXED, q);
 		if (moved != q)
 			die("mremap");
@@ -315,41 +341,23 @@ int main(int argc, char **argv)
 			 -1, 0) != p ||
 		    munmap(p, size))
 			die("mmap over the old address");
-		for (int round = 1; round <= 2; round++) {
-			for (uint64_t i = 0; i < size; i += 4096)
-				moved[i] = (char)(i / 4096 + round * 17);
-			show_elsewhere(path);
-		}
+		two_rounds_shown(moved, size, 17, path);
 		if (munmap(moved, size))
 			die("munmap");
 		show_elsewhere(path);
 	} else if (!strcmp(m, "mmapsys")) {
-		if ((fd = open(path, O_RDWR)) < 0)
-			die(path);
-		char *p = (char *)syscall(SYS_mmap, NULL, (size_t)size, PROT_READ | PROT_WRITE,
-					  MAP_SHARED, fd, 0L);
-		if (p == MAP_FAILED)
-			die("SYS_mmap");
-		close(fd);
-		for (int round = 1; round <= 2; round++) {
-			for (uint64_t i = 0; i < size; i += 4096)
-				p[i] = (char)(i / 4096 + round * 11);
-			show_elsewhere(path);
-		}
+		char *p = map_rw(path, size, PROT_READ | PROT_WRITE, true);
+
+		two_rounds_shown(p, size, 11, path);
 		if (syscall(SYS_munmap, p, (size_t)size))
 			die("SYS_munmap");
 		show_elsewhere(path);
 	} else if (!strcmp(m, "mmapro")) {
-		if ((fd = open(path, O_RDWR)) < 0)
-			die(path);
-		char *p = mmap(NULL, size, PROT_READ, MAP_SHARED, fd, 0);
-		if (p == MAP_FAILED)
-			die("mmap");
-		close(fd);
+		char *p = map_rw(path, size, PROT_READ, false);
+
 		if (mprotect(p, size, PROT_READ | PROT_WRITE))
 			die("mprotect");
-		for (uint64_t i = 0; i < size; i += 4096)
-			p[i] = (char)(i / 4096 + 5);
+		store_pages(p, size, 5);
 		show_elsewhere(path);
 		if (munmap(p, size))
 			die("munmap");
@@ -360,28 +368,18 @@ int main(int argc, char **argv)
 			die("poke");
 		close(fd);
 	} else if (!strcmp(m, "mmaphold")) {
-		if ((fd = open(path, O_RDWR)) < 0)
-			die(path);
-		char *p = mmap(NULL, size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
-		if (p == MAP_FAILED)
-			die("mmap");
+		char *p = map_rw(path, size, PROT_READ | PROT_WRITE, false);
+
 		p[0] = 'x';
 		printf("mapped\n");
 		fflush(stdout);
 		for (;;)
 			pause();
 	} else if (!strcmp(m, "mmaplive")) {
-		if ((fd = open(path, O_RDWR)) < 0)
-			die(path);
-		char *p = mmap(NULL, size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
-		if (p == MAP_FAILED)
-			die("mmap");
-		close(fd);
-		for (int round = 1; round <= 2; round++) {
-			for (uint64_t i = 0; i < size; i += 4096)
-				p[i] = (char)(i / 4096 + round * 31);
-			show_elsewhere(path); /* no msync: O_DIRECT reads write dirty pages back */
-		}
+		char *p = map_rw(path, size, PROT_READ | PROT_WRITE, false);
+
+		/* No msync: O_DIRECT reads write dirty pages back. */
+		two_rounds_shown(p, size, 31, path);
 		if (munmap(p, size))
 			die("munmap");
 		show_elsewhere(path);
