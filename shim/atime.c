@@ -26,7 +26,8 @@
  * worker reads through the anchor, then puts its reference.  A program that closes every
  * descriptor with raw calls (a daemon's close loop, close_range) may be given the anchor's
  * number meanwhile: the worker acts on it only while it is still the file the job noted.  A
- * fork child forgets the queue (its anchors are anchor.c's to close).
+ * fork child forgets the queue (its anchors are anchor.c's to close).  At exit the jobs still
+ * queued run on the exiting thread (atime_at_exit).
  */
 #include <errno.h>
 #include <fcntl.h>
@@ -119,6 +120,35 @@ static void run(struct job *j, int fd)
 	kvs_anchor_put(fd);
 }
 
+/* Take job i if it is READY and, unless all, old enough (relatime's delay; *wait_ns: the least
+ * a young job still waits), and run it.  True when it ran. */
+static bool take_run(int i, uint64_t now, uint64_t *wait_ns, bool all)
+{
+	uint32_t ready = J_READY;
+
+	/* Pairs with the release store of J_READY in kvs_atime_note. */
+	if (atomic_load_explicit(&jobs[i].state, memory_order_acquire) != J_READY)
+		return false;
+	/* A young job waits (relatime: once a day, a moment late costs nothing): the read that
+	 * noted it may be a load from storage, which moves the atime itself, a moment later (a
+	 * cold pass).  strictatime's second is kept. */
+	uint64_t age = now - jobs[i].noted_ns;
+	if (!all && jobs[i].rule == KVS_ATIME_RELATIME && age < KVS_ATIME_DELAY_NS) {
+		if (!*wait_ns || KVS_ATIME_DELAY_NS - age < *wait_ns)
+			*wait_ns = KVS_ATIME_DELAY_NS - age;
+		return false;
+	}
+	if (!atomic_compare_exchange_strong(&jobs[i].state, &ready, J_TAKEN))
+		return false;
+	/* The descriptor is the taker's from here on: a fork child that finds the job TAKEN must
+	 * not close a number the worker may have closed and the program been given again. */
+	int fd = jobs[i].fd;
+	jobs[i].fd = -1;
+	run(&jobs[i], fd);
+	atomic_store_explicit(&jobs[i].state, J_FREE, memory_order_release);
+	return true;
+}
+
 static void *worker_main(void *arg)
 {
 	(void)arg;
@@ -127,36 +157,26 @@ static void *worker_main(void *arg)
 		uint64_t now = kvs_mono_ns(), wait_ns = 0;
 		bool any = false;
 
-		for (int i = 0; i < KVS_ATIME_JOBS; i++) {
-			uint32_t ready = J_READY;
-
-			/* Pairs with the release store of J_READY in kvs_atime_note. */
-			if (atomic_load_explicit(&jobs[i].state, memory_order_acquire) != J_READY)
-				continue;
-			/* A young job waits (relatime: once a day, a moment late costs nothing):
-			 * the read that noted it may be a load from storage, which moves the atime
-			 * itself, a moment later (a cold pass).  strictatime's second is kept. */
-			uint64_t age = now - jobs[i].noted_ns;
-			if (jobs[i].rule == KVS_ATIME_RELATIME && age < KVS_ATIME_DELAY_NS) {
-				if (!wait_ns || KVS_ATIME_DELAY_NS - age < wait_ns)
-					wait_ns = KVS_ATIME_DELAY_NS - age;
-				continue;
-			}
-			if (!atomic_compare_exchange_strong(&jobs[i].state, &ready, J_TAKEN))
-				continue;
-			/* The descriptor is the worker's from here on: a fork child that finds
-			 * the job TAKEN must not close a number the worker may have closed and
-			 * the program been given again. */
-			int fd = jobs[i].fd;
-			jobs[i].fd = -1;
-			run(&jobs[i], fd);
-			atomic_store_explicit(&jobs[i].state, J_FREE, memory_order_release);
-			any = true;
-		}
+		for (int i = 0; i < KVS_ATIME_JOBS; i++)
+			any |= take_run(i, now, &wait_ns, false);
 		if (!any)
 			kvs_futex_wait(&wake, seen, wait_ns, false);
 	}
 	return NULL;
+}
+
+/* At exit, the jobs still queued run on the exiting thread, young ones too: the process's
+ * reads kept the cache's bytes, and the atime they would have moved is moved before it is
+ * gone (a short-lived reader under strictatime otherwise left its hits unseen when it exited
+ * before the worker ran).  Each still checks that the atime is due.  Not at _exit or a kill. */
+__attribute__((destructor)) static void atime_at_exit(void)
+{
+	uint64_t wait_ns = 0;
+
+	if (atomic_load_explicit(&started, memory_order_acquire) != 1)
+		return;
+	for (int i = 0; i < KVS_ATIME_JOBS; i++)
+		take_run(i, kvs_mono_ns(), &wait_ns, true);
 }
 
 int kvs_atime_start(void)
