@@ -2,7 +2,7 @@
 # The libraries under the shim never call up into it: no object of base/, config/, cache/,
 # loader/ or gpu/, nor of the shim's internals (every shim/ file but the doors: hooks_*.c,
 # cufile*.c, dlsym*), names a function that the shim exports (the version script made from
-# shim/hooks.def: close, fcntl, mmap,
+# shim/exports.def: close, fcntl, mmap,
 # read, syscall, ...), and no object of the shim, doors included, calls one.  Inside
 # libkvshim.so such a call binds to the shim's own hook; they make their system calls through
 # base/raw.h instead, and reach libc through kvs_real.  Nor does the shim carry the tools' half of
@@ -56,10 +56,7 @@ while read -r o; do
 	done
 done < <(find "$objdir" -name '*.o' | sort)
 # Floors by folder: no object of the ground (shim/) names a symbol an object of api/ or hooks/
-# defines, and no object of api/ one that hooks/ defines.  The waivers, each a registration
-# or a door's own answer, are listed with their reason.
-#   attach.c kvs_fanout_register: init registers the fork fan-out (the one call up)
-floor_waivers="attach.c.o kvs_fanout_register"
+# defines, and no object of api/ one that hooks/ defines.
 defined_in() { # FOLDER: the global symbols the objects under it define
 	find "$objdir/$1" -name '*.o' -exec nm -g --defined-only {} + 2>/dev/null |
 		awk 'NF == 3 { print $3 }' | sort -u
@@ -73,11 +70,23 @@ while read -r o; do
 	case $f in hooks/*) continue ;; api/*) above=$hooks_defs ;; *) above=$(printf '%s\n%s' "$api_defs" "$hooks_defs") ;; esac
 	for name in $(nm -u "$o" | awk '{ sub(/@.*/, "", $NF); print $NF }'); do
 		grep -qxF "$name" <<<"$above" || continue
-		grep -qxF "$(basename "$o") $name" <<<"$floor_waivers" && continue
 		echo "check_layers: shim/$f names $name, defined a floor above it"
 		bad=1
 	done
 done < <(find "$objdir" -name '*.o' | sort)
+# No circle among the shim's objects: an object that names a symbol another defines stands
+# above it, and tsort(1) finds a loop of such pairs if there is one.
+edges=$(find "$objdir" -name '*.o' | sort | while read -r o; do
+	f=${o#"$objdir"/}
+	nm -g --defined-only "$o" | awk -v f="$f" 'NF == 3 { print "D", f, $3 }'
+	nm -u "$o" | awk -v f="$f" '{ sub(/@.*/, "", $NF); print "U", f, $NF }'
+done | awk '$1 == "D" { def[$3] = $2; next } { use[$2 " " $3] = 1 }
+	END { for (k in use) { split(k, p, " "); if ((p[2] in def) && def[p[2]] != p[1]) print p[1], def[p[2]] } }' | sort -u)
+if loop=$(tsort <<<"$edges" 2>&1 >/dev/null) && [ -z "$loop" ]; then :; else
+	echo "check_layers: the shim's objects call each other in a circle:"
+	sed 's/^tsort: /  /' <<<"$loop"
+	bad=1
+fi
 [ $internals -gt 0 ] || { echo "check_layers: no object of the shim's internals in $build" >&2; exit 2; }
 # The tools' half of config/ (printing, --explain, the sample file, name hints) stays out of
 # the shim: no function that config/libkvs_config_tools.a defines is in libkvshim.so.
@@ -92,5 +101,5 @@ for name in $(nm "$shim_so" | awk 'NF == 3 { print $3 }' | sort -u | comm -12 - 
 	echo "check_layers: libkvshim.so holds $name, tool-only code (config/kvs_config_tools)"
 	bad=1
 done
-[ $bad = 0 ] && echo "check_layers: no library under the shim, and no object of it, calls a name it exports; no floor of the shim names one above it; no tool-only code in it"
+[ $bad = 0 ] && echo "check_layers: no library under the shim, and no object of it, calls a name it exports; no floor of the shim names one above it, and no circle among its objects; no tool-only code in it"
 exit $bad

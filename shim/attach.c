@@ -16,14 +16,8 @@
  *                         written under attach_mu by the first cacheable read (attach) and by
  *                         the fork child handler (single-threaded then); read by hooks after
  *                         an acquire load of attached, which the attacher sets last (release).
- *   kvs_shim_guard        per thread: nonzero while the shim's own code runs, so a hook
- *                         entered meanwhile goes straight to the real function: a signal
- *                         handler that interrupts a served read and reads again (it gets the
- *                         real call, never a lock we hold), or a library the shim calls into
- *                         (libcufile, the CUDA driver) calling a hooked name.  The shim's own
- *                         code does not enter its hooks: its internals and the libraries under
- *                         it make their system calls through base/raw.h
- *                         (scripts/check_layers.sh keeps it so).
+ *   kvs_shim_guard        per thread (guard.c; guard.h says what it keeps out and the one
+ *                         pair that raises and lowers it).
  * The loader's threads call no hooked function (raw system calls only).
  *
  * Fork: hooks/fanout.c holds the one list of every module's rule; this file's own (the region's
@@ -42,14 +36,12 @@
 #include "cache.h"
 #include "cache_params.h"
 #include "config.h"
-#include "fanout.h"
 #include "fdinfo.h"
 #include "loader.h"
 #include "log.h"
 #include "observe.h"
 #include "raw.h"
 #include "real.h"
-#include "serve.h"
 #include "shim.h"
 #include "wthru.h"
 enum { ST_UNINIT, ST_INITING, ST_OFF, ST_ON };
@@ -59,8 +51,8 @@ struct kvs_config kvs_shim_cfg;
 uint64_t kvs_shim_min_read = UINT64_MAX;
 struct kvs_cache *kvs_shim_cache;
 struct kvs_loader *kvs_shim_loader;
-__thread int kvs_shim_guard __attribute__((tls_model("initial-exec")));
 static _Atomic int state = ST_UNINIT;
+static _Atomic bool refused; /* kvs_shim_refuse */
 static pthread_mutex_t attach_mu = PTHREAD_MUTEX_INITIALIZER;
 static _Atomic int attached = AT_NONE; /* the loader */
 static _Atomic int mapped = AT_NONE;   /* the region */
@@ -102,13 +94,13 @@ static void init(void)
 {
 	char msg[KVS_CONFIG_MSG_MAX];
 	int on = ST_OFF;
+	int saved = kvs_shim_in(); /* a hook that passes through must leave errno as libc would */
 
-	kvs_shim_guard++;
 	atomic_store(&owner_pid, kvs_syscall(SYS_getpid));
 	kvs_real_init();
-	/* First, whether the shim turns on or not: POSIX aio's table lock is taken by its writes
-	 * either way (api/paio.c), and a fork must not leave it held in the child. */
-	if (kvs_fanout_register()) /* the one call up: a registration */
+	/* The fork handlers are registered at load, whether the shim turns on or not: POSIX aio's
+	 * table lock is taken by its writes either way (api/paio.c). */
+	if (atomic_load(&refused))
 		goto out;
 	if (kvs_config_load(&kvs_shim_cfg, NULL, NULL, msg, sizeof(msg))) {
 		kvs_log_once(KVS_CAUSE_CONFIG, KVS_LOG_ERROR, "%s; the shim is off", msg);
@@ -141,49 +133,37 @@ static void init(void)
 		kvs_shim_cfg.files_write_through =
 		    false; /* a region of keys has no room for bytes */
 	kvs_wthru_configure(&kvs_shim_cfg);
-	kvs_serve_pos_init();
 	on = ST_ON;
 out:
 	atomic_store_explicit(&state, on, memory_order_release); /* pairs with kvs_shim_wants */
-	kvs_shim_guard--;
+	kvs_shim_out(saved);
 }
 
 bool kvs_shim_wants(size_t len)
 {
-	if (kvs_shim_guard)
+	if (kvs_shim_inside())
 		return false;
 	int st = atomic_load_explicit(&state, memory_order_acquire); /* pairs with init's store */
-	if (st == ST_UNINIT && atomic_compare_exchange_strong(&state, &st, ST_INITING)) {
-		int saved = errno; /* a hook that passes through must leave errno as libc would */
-
+	if (st == ST_UNINIT && atomic_compare_exchange_strong(&state, &st, ST_INITING))
 		init();
-		errno = saved;
-	}
 	return atomic_load_explicit(&state, memory_order_acquire) == ST_ON &&
 	       len >= kvs_shim_min_read;
 }
 
 bool kvs_shim_enter(int *saved_errno)
 {
-	if (kvs_shim_guard)
+	if (kvs_shim_inside())
 		return false;
 	kvs_shim_wants(0); /* the configuration, loaded once */
 	if (atomic_load_explicit(&state, memory_order_acquire) != ST_ON) /* pairs with init */
 		return false;
-	*saved_errno = errno;
-	kvs_shim_guard++;
+	*saved_errno = kvs_shim_in();
 	return true;
 }
 
-void kvs_shim_leave(int saved_errno)
+void kvs_shim_refuse(void)
 {
-	kvs_shim_guard--;
-	errno = saved_errno;
-}
-
-bool kvs_shim_inside(void)
-{
-	return kvs_shim_guard != 0;
+	atomic_store(&refused, true);
 }
 
 void kvs_shim_hold(void)

@@ -8,7 +8,8 @@
  *   kvs_shim_cache, kvs_shim_loader  the region and the loader: valid after kvs_shim_attach()
  *                                    returned true (kvs_shim_cache alone after
  *                                    kvs_shim_region or kvs_shim_is_mapped said so);
- *   kvs_shim_guard                   per thread: nonzero while the shim's own code runs.
+ *   kvs_shim_guard                   per thread: nonzero while the shim's own code runs
+ *                                    (guard.h, with the one pair that raises and lowers it).
  *
  * None of it is for the hooks (shim.h is their contract).
  */
@@ -21,6 +22,7 @@
 
 #include "cache.h"
 #include "config.h"
+#include "guard.h"
 #include "loader.h"
 
 /* Linux's MAX_RW_COUNT: INT_MAX rounded down to a page; the most one read or write moves. */
@@ -30,25 +32,6 @@ extern struct kvs_config kvs_shim_cfg;
 extern uint64_t kvs_shim_min_read;
 extern struct kvs_cache *kvs_shim_cache;
 extern struct kvs_loader *kvs_shim_loader;
-extern __thread int kvs_shim_guard __attribute__((tls_model("initial-exec")));
-
-/* Into the shim's own code on this thread: errno saved (returned), the guard raised;
- * kvs_shim_out(saved) lowers it and gives errno back.  Every internal entry point that
- * leaves errno as the program's brackets its work with the two. */
-static inline int kvs_shim_in(void)
-{
-	int saved = errno;
-
-	kvs_shim_guard++;
-	return saved;
-}
-
-static inline void kvs_shim_out(int saved_errno)
-{
-	kvs_shim_guard--;
-	errno = saved_errno;
-}
-
 /* Map the region and start the loader, once; a failure is final for this process.  True when
  * both are there.  Caller holds the guard. */
 bool kvs_shim_attach(void);
@@ -70,5 +53,9 @@ bool kvs_shim_in_owner(void);
 void kvs_shim_attach_atfork_prepare(void);
 void kvs_shim_attach_atfork_parent(void);
 void kvs_shim_attach_atfork_child(void);
+
+/* The fork handlers could not be registered (hooks/fanout.c, at load): the shim stays off,
+ * since a fork could leave a lock of its held in the child. */
+void kvs_shim_refuse(void);
 
 #endif

@@ -49,7 +49,7 @@
 
 #include "config.h"
 #include "fdinfo.h"
-#include "unseen.h"
+#include "unseen_marks.h"
 #include "log.h"
 #include "raw.h"
 #include "sys.h"

@@ -309,12 +309,12 @@ static FILE *freopen_late(const char *path, const char *mode, FILE *f)
 	return fn(path, mode, f);
 }
 
-/* Each pointer starts at its row's fallback (hooks.def): a raw system call, glibc's _IO_ alias
+/* Each pointer starts at its row's fallback (exports.def): a raw system call, glibc's _IO_ alias
  * for stdio, which has none, or freopen_late. */
 struct kvs_real kvs_real = {
 #define KVS_HOOK(field, symbol, ret, params, fallback) .field = fallback,
 #define KVS_DOOR(symbol)
-#include "hooks.def"
+#include "exports.def"
 #undef KVS_HOOK
 #undef KVS_DOOR
 };
@@ -356,7 +356,7 @@ static void resolve(void)
 		self.dli_fbase = NULL;
 #define KVS_HOOK(field, symbol, ret, params, fallback) RESOLVE(field, #symbol);
 #define KVS_DOOR(symbol)
-#include "hooks.def"
+#include "exports.def"
 #undef KVS_HOOK
 #undef KVS_DOOR
 }

@@ -1,5 +1,5 @@
 /*
- * real: the libc functions the shim interposes (hooks.def's KVS_HOOK rows), as the next object
+ * real: the libc functions the shim interposes (exports.def's KVS_HOOK rows), as the next object
  * in the lookup order provides them (dlsym(RTLD_NEXT)), resolved once.  A name that cannot be
  * resolved falls back to the raw system call where one exists, so a hook can always make "the
  * real call".
@@ -14,11 +14,11 @@
 #include <sys/types.h>
 #include <sys/uio.h>
 
-/* One function pointer per KVS_HOOK row of hooks.def. */
+/* One function pointer per KVS_HOOK row of exports.def. */
 struct kvs_real {
 #define KVS_HOOK(field, symbol, ret, params, fallback) ret(*field) params;
 #define KVS_DOOR(symbol)
-#include "hooks.def"
+#include "exports.def"
 #undef KVS_HOOK
 #undef KVS_DOOR
 };

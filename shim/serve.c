@@ -22,7 +22,6 @@
 #include "attach.h"
 #include "cache.h"
 #include "config.h"
-#include "cufile.h"
 #include "device.h"
 #include "fdinfo.h"
 #include "loader.h"
@@ -37,7 +36,7 @@
 #include "wthru.h"
 
 #define POS_LOCKS 64
-static pthread_mutex_t pos_mu[POS_LOCKS];
+static pthread_mutex_t pos_mu[POS_LOCKS] = {[0 ... POS_LOCKS - 1] = PTHREAD_MUTEX_INITIALIZER};
 
 void kvs_serve_pos_init(void)
 {
@@ -239,7 +238,7 @@ void kvs_serve_observe_posix(int fd, const struct kvs_fdinfo *fi, uint64_t off, 
 
 ssize_t kvs_shim_read(int fd, const struct iovec *iov, int iovcnt, off_t off, bool use_pos)
 {
-	int saved = errno, cancel_state, anchor;
+	int cancel_state, anchor;
 	pthread_mutex_t *pos_lock = NULL;
 	struct kvs_fdinfo fi;
 	struct kvs_read rd;
@@ -253,7 +252,7 @@ ssize_t kvs_shim_read(int fd, const struct iovec *iov, int iovcnt, off_t off, bo
 			return -1;
 		len += iov[i].iov_len;
 	}
-	kvs_shim_guard++;
+	int saved = kvs_shim_in();
 	pthread_setcancelstate(PTHREAD_CANCEL_DISABLE, &cancel_state);
 	/* The position of a read at it is not known yet: its bytes are counted from 0. */
 	if (!kvs_serve_admit(fd, kvs_fdinfo_get(fd, &fi), &fi, false, use_pos ? 0 : (uint64_t)off,
@@ -314,11 +313,10 @@ ssize_t kvs_shim_readv(int fd, const struct iovec *iov, int iovcnt, off_t off, b
 	const struct iovec *v = NULL;
 	struct kvs_fdinfo fi;
 	uint64_t len = 0;
-	int saved = errno;
 
-	if (kvs_shim_guard)
+	if (kvs_shim_inside())
 		return -1;
-	kvs_shim_guard++;
+	int saved = kvs_shim_in();
 	/* The array only for a KV file: every other descriptor's readv is the kernel's alone. */
 	int r = kvs_fdinfo_get(fd, &fi);
 	if (r == 0 && fi.kv)

@@ -18,8 +18,8 @@
 #include "loader.h"
 #include "shim.h"
 
-/* The position locks (serve.c), made anew: at init, and in a fork child (a parent's thread may
- * have held one). */
+/* The position locks (serve.c, initialised statically), made anew in a fork child (a parent's
+ * thread may have held one). */
 void kvs_serve_pos_init(void);
 
 /* Does a read path serve fd, which kvs_fdinfo_get described as fi with result r?  Says why not.

@@ -84,11 +84,11 @@ int kvs_serve_cufile_prepare(struct kvs_shim_async *a, int fd, uint64_t ptr, siz
 
 ssize_t kvs_shim_read_to(int fd, uint64_t ptr, size_t size, off_t off)
 {
-	int saved = errno, cancel_state;
+	int cancel_state;
 	struct kvs_shim_async a;
 	ssize_t ret = -1;
 
-	kvs_shim_guard++;
+	int saved = kvs_shim_in();
 	pthread_setcancelstate(PTHREAD_CANCEL_DISABLE, &cancel_state);
 	if (kvs_serve_cufile_prepare(&a, fd, ptr, size, off))
 		goto out;
@@ -161,9 +161,9 @@ static int start_async(struct kvs_shim_async *a)
 int kvs_shim_read_to_start(struct kvs_shim_async *a, int fd, uint64_t ptr, size_t size, off_t off,
 			   void (*done)(struct kvs_shim_async *a, int64_t result))
 {
-	int saved = errno, cancel_state, ret = -1;
+	int cancel_state, ret = -1;
 
-	kvs_shim_guard++;
+	int saved = kvs_shim_in();
 	pthread_setcancelstate(PTHREAD_CANCEL_DISABLE, &cancel_state);
 	a->done = done;
 	a->posix = false;
@@ -181,10 +181,10 @@ bool kvs_shim_observing(void)
 
 void kvs_shim_observe_to(int fd, uint64_t ptr, size_t size, off_t off)
 {
-	int saved = errno, cancel_state;
+	int cancel_state;
 	struct kvs_shim_async a;
 
-	kvs_shim_guard++;
+	int saved = kvs_shim_in();
 	pthread_setcancelstate(PTHREAD_CANCEL_DISABLE, &cancel_state);
 	memset(&a.tg, 0, sizeof(a.tg));
 	(void)kvs_serve_cufile_prepare(&a, fd, ptr, size,
@@ -196,7 +196,7 @@ void kvs_shim_observe_to(int fd, uint64_t ptr, size_t size, off_t off)
 int kvs_shim_read_start(struct kvs_shim_async *a, int fd, const struct iovec *iov, int iovcnt,
 			off_t off, void (*done)(struct kvs_shim_async *a, int64_t result))
 {
-	int saved = errno, cancel_state, ret = -1, anchor;
+	int cancel_state, ret = -1, anchor;
 	struct kvs_fdinfo fi;
 	uint64_t len = 0;
 
@@ -209,7 +209,7 @@ int kvs_shim_read_start(struct kvs_shim_async *a, int fd, const struct iovec *io
 	}
 	if (len == 0 || len > KVS_MAX_RW_COUNT)
 		return -1;
-	kvs_shim_guard++;
+	int saved = kvs_shim_in();
 	pthread_setcancelstate(PTHREAD_CANCEL_DISABLE, &cancel_state);
 	memset(&a->tg, 0, sizeof(a->tg));
 	a->done = done;

@@ -22,6 +22,7 @@
 #include <sys/uio.h>
 
 #include "device.h"
+#include "guard.h"
 #include "loader.h"
 #include "wthru.h"
 
@@ -244,13 +245,6 @@ bool kvs_shim_truncate_before(struct kvs_shim_change *ch, int fd, int64_t len);
 int kvs_shim_truncate_path_before(struct kvs_shim_change *ch, const char *path, int64_t len);
 void kvs_shim_truncate_path_after(struct kvs_shim_change *ch, int fd, int ret);
 void kvs_shim_truncated(struct wt_file *f, int fd, struct kvs_wtok *tok, int ret);
-
-/* What the shim sees but does not serve, counted (stat unserved_*) and said once at info:
- * a read shorter than files.min_read of a KV file (only in a process that has mapped the
- * region; one load for a descriptor known not to be one, one look at a descriptor not yet
- * classified); a mapping of fd (mmap hook).  None changes errno or fails. */
-void kvs_shim_note_small(int fd, size_t len);
-void kvs_shim_note_mmap(int fd, uint64_t len);
 /* mmap of len bytes of fd at off with prot and flags succeeded at addr: a KV file mapped
  * MAP_SHARED through a descriptor that can write keeps nothing of write-through while the
  * mapping lives (wthru.h, kvs_wthru_mapped), and is a write in flight on the node until it is
@@ -258,6 +252,13 @@ void kvs_shim_note_mmap(int fd, uint64_t len);
  * is a change of the file now (kvs_shim_change_now: its shards dropped, a write-once file that
  * held data there counted as rewritten).  Never changes errno. */
 void kvs_shim_mapped(const void *addr, int fd, int prot, int flags, int64_t off, uint64_t len);
+
+/* What the shim sees but does not serve, counted (stat unserved_*) and said once at info:
+ * a read shorter than files.min_read of a KV file (only in a process that has mapped the
+ * region; one load for a descriptor known not to be one, one look at a descriptor not yet
+ * classified); a mapping of fd (mmap hook).  None changes errno or fails. */
+void kvs_shim_note_small(int fd, size_t len);
+void kvs_shim_note_mmap(int fd, uint64_t len);
 /* An fread of len bytes of fd's stream that cannot be served (bytes to write, ungetc'd bytes,
  * wide): counted as unserved_stdio when fd is a KV file.  Never changes errno. */
 void kvs_shim_note_stdio(int fd, uint64_t len);
@@ -281,28 +282,15 @@ bool kvs_shim_wants(size_t len);
 /* Enter the shim's own code from a hook that does more than the real call: false (do nothing
  * more) when the shim is off or this thread is inside the shim already (a libc call of its
  * own, a signal handler that interrupted it); else errno is saved into *saved_errno and the
- * guard held until kvs_shim_leave(*saved_errno), which restores both. */
+ * guard raised (kvs_shim_in) until kvs_shim_out(*saved_errno), which restores both. */
 bool kvs_shim_enter(int *saved_errno);
-void kvs_shim_leave(int saved_errno);
 
 /* The region, mapped on first use without starting the loader (it takes a process-table
  * slot), created if absent when create; NULL when it cannot be mapped, or (create false) does
  * not exist.  The caller holds the guard (kvs_shim_enter). */
 struct kvs_cache *kvs_shim_region(bool create);
 
-/*
- * The recursion guard, for the hooks of other files.  kvs_shim_inside: is the shim's own code
- * running on this thread (a hook called by the shim itself, or a signal handler that
- * interrupted it)?  Then a hook makes the real call and nothing more.  Each hook of a function
- * POSIX lists as async-signal-safe (read, write, close, fsync, fdatasync, ftruncate, rename,
- * renameat, fcntl, aio_error, aio_return, aio_suspend) asks it at its first line, and every lock
- * such a hook may take beyond it is taken only between kvs_shim_hold and kvs_shim_drop, by
- * every thread: so a hook that is not inside never waits for a lock its own thread holds, and
- * none of them allocates or frees memory.  What is not async-signal-safe is said where it is
- * (the first attach and the first write-through of a process: docs/design.md, "Known
- * limitations").
- */
-bool kvs_shim_inside(void);
+/* The recursion guard: guard.h.  kvs_shim_hold and kvs_shim_drop: TEMPORARY. */
 void kvs_shim_hold(void);
 void kvs_shim_drop(void);
 

@@ -116,7 +116,7 @@ out:
 		kvs_sys_close(t->fd);
 		t->own_fd = false;
 	}
-	kvs_shim_leave(saved);
+	kvs_shim_out(saved);
 	return t->on;
 }
 
@@ -161,5 +161,5 @@ void kvs_touch_after(struct kvs_touch *t, int ret)
 		kvs_cache_count(t->c, KVS_CTR_touches_kept, 1);
 	if (t->own_fd)
 		kvs_sys_close(t->fd);
-	kvs_shim_leave(saved);
+	kvs_shim_out(saved);
 }

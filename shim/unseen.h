@@ -6,13 +6,13 @@
  * looked at, is counted (unserved_unseen), which `kvshim stat` and `kvshim check` name.
  *
  * A readable O_DIRECT open of a KV file marks its number (kvs_unseen_opened, from the open
- * hooks); any look of the shim at the number for a read or a write clears the mark
- * (kvs_unseen_looked, from fdinfo.c, and from unserved.c for a read too short to serve); a
- * close of a marked number counts it as pending (kvs_unseen_closed, from kvs_shim_fds_closing,
- * before the kernel closes: after, another thread's open may have the number; atomics only,
- * async-signal-safe).  At exit a process that read no KV file the shim saw (read_bytes 0)
- * moves its pending count into the region, mapping it; one that did read through the shim
- * opened those files for something else (runai's libaio_direct opens a spare descriptor per
+ * hooks; the marks are unseen_marks.h's); any look of the shim at the number for a read or a write
+ * clears the mark (kvs_unseen_looked, from fdinfo.c, and from unserved.c for a read too short to
+ * serve); a close of a marked number counts it as pending (kvs_unseen_closed, from
+ * kvs_shim_fds_closing, before the kernel closes: after, another thread's open may have the number;
+ * atomics only, async-signal-safe).  At exit a process that read no KV file the shim saw
+ * (read_bytes 0) moves its pending count into the region, mapping it; one that did read through the
+ * shim opened those files for something else (runai's libaio_direct opens a spare descriptor per
  * worker).  Not counted: a process killed, or ended by _exit.  A number reborn through an open
  * whose earlier close no hook saw, or duplicated (dup2, dup3, F_DUPFD: dd reads its input as
  * descriptor 0), is cleared without counting (kvs_unseen_forget); a dup() is not seen, and a
@@ -25,18 +25,5 @@
 
 /* The program opened fd with flags (any open door, after the real call; errno kept). */
 void kvs_unseen_opened(int fd, int flags);
-
-/* The shim looked at fd for a read or a write: not unseen.  One load when not marked. */
-void kvs_unseen_looked(int fd);
-
-/* The program closed fd, or every number of [lo, hi]: marked ones are counted. */
-void kvs_unseen_closed(unsigned int lo, unsigned int hi);
-
-/* fd is a new number whose earlier close was not seen, or fd is duplicated (its file lives on
- * under another number, whose reads are not fd's): its mark goes uncounted. */
-void kvs_unseen_forget(int fd);
-
-/* The fork child: the parent's opens are the parent's. */
-void kvs_unseen_atfork_child(void);
 
 #endif

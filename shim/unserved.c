@@ -3,26 +3,16 @@
  */
 
 #include <errno.h>
-#include <fcntl.h>
-#include <sys/mman.h>
 
-#include "anchor.h"
-#include "atime.h"
 #include "attach.h"
 #include "cache.h"
-#include "config.h"
 #include "fdinfo.h"
 #include "log.h"
 #include "observe.h"
-#include "raw.h"
-#include "serve.h"
 #include "shim.h"
-#include "shmap.h"
 #include "unserved.h"
-#include "unseen.h"
+#include "unseen_marks.h"
 #include "why.h"
-#include "wonce.h"
-#include "wthru.h"
 /* A KV file (fi, or NULL when it was not described) read at off for len bytes, or mapped, in a
  * way the shim passes through: count it with its bytes (observe.h), say so once at info, so
  * that an operator sees the shim loaded but out of the path, and why.  Caller holds guard. */
@@ -47,12 +37,11 @@ void kvs_shim_note_small(int fd, size_t len)
 	 * not to be a KV file; one look (statx, the path) the first time a descriptor is read
 	 * small before anything else classified it (a 12 KiB header read first), then its class
 	 * is known until its close. */
-	if (kvs_shim_guard || len == 0 || len >= kvs_shim_min_read || !kvs_shim_is_mapped() ||
+	if (kvs_shim_inside() || len == 0 || len >= kvs_shim_min_read || !kvs_shim_is_mapped() ||
 	    kvs_fdinfo_not_kv(fd))
 		return;
-	int saved = errno;
 	struct kvs_fdinfo fi;
-	kvs_shim_guard++;
+	int saved = kvs_shim_in();
 	fi.kv = false;
 	if (kvs_fdinfo_hint_kv(fd) || (kvs_fdinfo_get(fd, &fi) == 0 && fi.kv)) {
 		/* A descriptor known already is not looked at again: its root is not known. */
@@ -87,34 +76,6 @@ void kvs_shim_note_mmap(int fd, uint64_t len)
 	note_kv_unserved(fd, KVS_CTR_unserved_mmap, KVS_CAUSE_UNSERVED_MMAP,
 			 "a KV file mapped with mmap (its reads are page faults)", KVS_WHY_MMAP, 0,
 			 len);
-}
-
-void kvs_shim_mapped(const void *addr, int fd, int prot, int flags, int64_t off, uint64_t len)
-{
-	struct kvs_fdinfo fi;
-	struct kvs_cache *c;
-	bool kv = false;
-
-	if (kvs_shim_guard || fd < 0 || !(flags & MAP_SHARED) || (flags & MAP_ANONYMOUS) ||
-	    !kvs_shim_on())
-		return;
-	int saved = kvs_shim_in();
-	/* PROT_WRITE, or a descriptor that lets mprotect add it later. */
-	int fl = (prot & PROT_WRITE) ? O_RDWR : kvs_sys_fcntl(fd, F_GETFL);
-	if (fl >= 0 && (fl & O_ACCMODE) == O_RDWR && kvs_fdinfo_get(fd, &fi) == 0 && fi.kv) {
-		kv = true;
-		if (kvs_wthru_on())
-			kvs_wthru_mapped(fi.dev, fi.ino);
-		/* No load of the file is kept on the node until the mapping goes (shmap.h). */
-		if ((c = kvs_shim_region(true)))
-			kvs_shmap_begin(c, fi.dev, fi.ino, &fi.block, addr, (uint64_t)off,
-					(size_t)len);
-	}
-	kvs_shim_out(saved);
-	/* Stores through it change the file where no hook sees them: the range goes now, as a
-	 * write over it would (a write-once file that held data there counts as rewritten). */
-	if (kv && (prot & PROT_WRITE))
-		kvs_shim_change_now(fd, off, len);
 }
 
 void kvs_shim_note_stdio(int fd, uint64_t len)

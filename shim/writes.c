@@ -5,6 +5,7 @@
  */
 
 #include <errno.h>
+#include <sys/mman.h>
 #include <sys/stat.h>
 #include <fcntl.h>
 #include <sys/syscall.h>
@@ -21,9 +22,11 @@
 #include "raw.h"
 #include "serve.h"
 #include "shim.h"
+#include "shmap.h"
 #include "sys.h"
 #include "unserved.h"
 #include "unseen.h"
+#include "unseen_marks.h"
 #include "wonce.h"
 #include "wthru.h"
 /* Every write is looked at, whatever its size (a header patched after the blocks must be
@@ -61,7 +64,7 @@ const struct iovec *kvs_shim_write_iov(int fd, const struct iovec *iov, int iovc
 	const struct iovec *v = NULL;
 	struct kvs_fdinfo fi;
 
-	if (kvs_shim_guard || !kvs_shim_on() || (!kvs_wthru_on() && !kvs_shim_is_mapped()))
+	if (kvs_shim_inside() || !kvs_shim_on() || (!kvs_wthru_on() && !kvs_shim_is_mapped()))
 		return NULL;
 	int saved = kvs_shim_in();
 	if (kvs_fdinfo_get(fd, &fi) == 0 && fi.kv)
@@ -103,7 +106,7 @@ bool kvs_shim_write_before(struct kvs_wthru_op *op, int fd, const struct iovec *
 
 	op->f = NULL;
 	op->tok_only = false;
-	if (kvs_shim_guard || len == 0 || !kvs_shim_on())
+	if (kvs_shim_inside() || len == 0 || !kvs_shim_on())
 		return false;
 	/* The kernel moves at most MAX_RW_COUNT bytes in one call, whatever was asked. */
 	if (len > KVS_MAX_RW_COUNT)
@@ -144,7 +147,7 @@ bool kvs_shim_write_submitted(struct kvs_shim_wpend *p, int fd, const struct iov
 	p->op.f = NULL;
 	p->op.tok_only = false;
 	p->fd = fd;
-	if (kvs_shim_guard || !kvs_shim_on() || off > (uint64_t)INT64_MAX)
+	if (kvs_shim_inside() || !kvs_shim_on() || off > (uint64_t)INT64_MAX)
 		return false;
 	int saved = kvs_shim_in();
 	const struct iovec *v = kvs_shim_iov_read(iov, iovcnt, local, &len);
@@ -175,7 +178,7 @@ bool kvs_shim_change_before(struct kvs_shim_change *ch, int fd, int64_t off, con
 	ch->on = false;
 	ch->op.f = NULL;
 	ch->op.tok_only = false;
-	if (kvs_shim_guard || len == 0 || !kvs_shim_on())
+	if (kvs_shim_inside() || len == 0 || !kvs_shim_on())
 		return false;
 	int saved = kvs_shim_in();
 	struct kvs_cache *c =
@@ -216,9 +219,8 @@ void kvs_shim_change_after(struct kvs_shim_change *ch, ssize_t ret)
 
 	if (!ch->on)
 		return;
-	int saved = errno;
 	kvs_shim_write_after(&ch->op, ch->fd, ret);
-	kvs_shim_guard++;
+	int saved = kvs_shim_in();
 	if (ret >= 0) /* a rewrite of a write-once file counts once made */
 		kvs_wonce_made(kvs_shim_cache, ch->fd, &ch->fi);
 	if (kvs_fdinfo_get(ch->fd, &fi) == 0 && fi.kv)
@@ -291,6 +293,34 @@ void kvs_shim_change_now(int fd, int64_t off, uint64_t len)
 		kvs_shim_change_after(&ch, (ssize_t)len);
 }
 
+void kvs_shim_mapped(const void *addr, int fd, int prot, int flags, int64_t off, uint64_t len)
+{
+	struct kvs_fdinfo fi;
+	struct kvs_cache *c;
+	bool kv = false;
+
+	if (kvs_shim_inside() || fd < 0 || !(flags & MAP_SHARED) || (flags & MAP_ANONYMOUS) ||
+	    !kvs_shim_on())
+		return;
+	int saved = kvs_shim_in();
+	/* PROT_WRITE, or a descriptor that lets mprotect add it later. */
+	int fl = (prot & PROT_WRITE) ? O_RDWR : kvs_sys_fcntl(fd, F_GETFL);
+	if (fl >= 0 && (fl & O_ACCMODE) == O_RDWR && kvs_fdinfo_get(fd, &fi) == 0 && fi.kv) {
+		kv = true;
+		if (kvs_wthru_on())
+			kvs_wthru_mapped(fi.dev, fi.ino);
+		/* No load of the file is kept on the node until the mapping goes (shmap.h). */
+		if ((c = kvs_shim_region(true)))
+			kvs_shmap_begin(c, fi.dev, fi.ino, &fi.block, addr, (uint64_t)off,
+					(size_t)len);
+	}
+	kvs_shim_out(saved);
+	/* Stores through it change the file where no hook sees them: the range goes now, as a
+	 * write over it would (a write-once file that held data there counts as rewritten). */
+	if (kv && (prot & PROT_WRITE))
+		kvs_shim_change_now(fd, off, len);
+}
+
 static int device_src_copy(void *ctx, uint64_t pos, void *dst, size_t n)
 {
 	return kvs_device_copy_to_host(ctx, pos, dst, n);
@@ -303,8 +333,8 @@ bool kvs_shim_cufile_write_before(struct kvs_shim_cfwrite *w, int fd, uint64_t p
 	bool r = false;
 
 	w->op.f = NULL;
-	if (kvs_shim_guard || off < 0 || size == 0 || size > KVS_MAX_RW_COUNT || ptr + size < ptr ||
-	    !kvs_shim_on() || !kvs_wthru_on())
+	if (kvs_shim_inside() || off < 0 || size == 0 || size > KVS_MAX_RW_COUNT ||
+	    ptr + size < ptr || !kvs_shim_on() || !kvs_wthru_on())
 		return false;
 	int saved = kvs_shim_in();
 	struct kvs_cache *c = kvs_fdinfo_get(fd, &fi) == 0 && fi.kv ? kvs_shim_region(true) : NULL;
@@ -331,7 +361,7 @@ struct wt_file *kvs_shim_closing(int fd)
 {
 	struct wt_file *f;
 
-	if (kvs_shim_guard || !kvs_wthru_busy() || !kvs_shim_is_mapped())
+	if (kvs_shim_inside() || !kvs_wthru_busy() || !kvs_shim_is_mapped())
 		return NULL;
 	int saved = kvs_shim_in();
 	f = kvs_wthru_closing(kvs_shim_cache, fd, KVS_WT_CLOSE);
@@ -344,7 +374,7 @@ struct wt_file *kvs_shim_fclosing(int fd, int64_t pos, int *dupfd)
 	struct wt_file *f;
 
 	*dupfd = -1;
-	if (fd < 0 || kvs_shim_guard || !kvs_wthru_busy() || !kvs_shim_is_mapped())
+	if (fd < 0 || kvs_shim_inside() || !kvs_wthru_busy() || !kvs_shim_is_mapped())
 		return NULL;
 	int saved = kvs_shim_in();
 	f = kvs_wthru_closing(kvs_shim_cache, fd, pos);
@@ -374,7 +404,7 @@ struct wt_file *kvs_shim_truncating(int fd, struct kvs_wtok *tok)
 {
 	struct wt_file *f;
 
-	if (kvs_shim_guard || !kvs_wthru_busy() || !kvs_shim_is_mapped())
+	if (kvs_shim_inside() || !kvs_wthru_busy() || !kvs_shim_is_mapped())
 		return NULL;
 	int saved = kvs_shim_in();
 	f = kvs_wthru_truncating(kvs_shim_cache, fd, tok);
@@ -392,7 +422,7 @@ void kvs_shim_truncated(struct wt_file *f, int fd, struct kvs_wtok *tok, int ret
 
 void kvs_shim_synced(int fd)
 {
-	if (kvs_shim_guard || !kvs_wthru_busy() || !kvs_shim_is_mapped())
+	if (kvs_shim_inside() || !kvs_wthru_busy() || !kvs_shim_is_mapped())
 		return;
 	int saved = kvs_shim_in();
 	kvs_wthru_synced(kvs_shim_cache, fd);
@@ -402,7 +432,7 @@ void kvs_shim_synced(int fd)
 void kvs_shim_renamed(int dirfd, const char *path)
 {
 	kvs_fdinfo_outside_forget();
-	if (kvs_shim_guard || !kvs_shim_is_mapped() || !kvs_wthru_on())
+	if (kvs_shim_inside() || !kvs_shim_is_mapped() || !kvs_wthru_on())
 		return;
 	int saved = kvs_shim_in();
 	kvs_wthru_renamed(kvs_shim_cache, dirfd, path);
@@ -423,7 +453,8 @@ void kvs_shim_opening(struct kvs_wonce_open *o, int dirfd, const char *path, int
 	 * shell's >), before which no root is known.  Only a truncation must be looked at before
 	 * the open (the file's size, which names its shards, is gone after it); every other open
 	 * is looked at after it (kvs_shim_opened), through the descriptor it gives. */
-	if (kvs_shim_guard || !(flags & O_TRUNC) || !kvs_shim_on() || !kvs_fdinfo_any_write_once())
+	if (kvs_shim_inside() || !(flags & O_TRUNC) || !kvs_shim_on() ||
+	    !kvs_fdinfo_any_write_once())
 		return;
 	int saved = kvs_shim_in();
 	kvs_wonce_opening(o, region_created, dirfd, path, flags);
@@ -437,7 +468,7 @@ void kvs_shim_opened(struct kvs_wonce_open *o, int fd, int flags)
 	if (fd < 0)
 		return;
 	kvs_shim_fd_born(fd); /* atomics: whatever the number was, it is this open's now */
-	if (kvs_shim_guard || !kvs_shim_on())
+	if (kvs_shim_inside() || !kvs_shim_on())
 		return;
 	int saved = kvs_shim_in();
 	bool writes = (flags & O_ACCMODE) != O_RDONLY;
@@ -465,7 +496,7 @@ bool kvs_shim_is_kv(int fd)
 {
 	struct kvs_fdinfo fi;
 
-	if (kvs_shim_guard || fd < 0 || !kvs_shim_on())
+	if (kvs_shim_inside() || fd < 0 || !kvs_shim_on())
 		return false;
 	int saved = kvs_shim_in();
 	bool kv = kvs_fdinfo_get(fd, &fi) == 0 && fi.kv;
@@ -487,12 +518,11 @@ void kvs_shim_fds_gone(unsigned int lo, unsigned int hi)
 
 void kvs_shim_invalidate(int fd, off_t off, size_t len, bool use_pos, off_t pos_delta)
 {
-	int saved = errno;
 	struct kvs_fdinfo fi;
 
-	if (kvs_shim_guard || len == 0 || kvs_fdinfo_not_kv(fd) || !kvs_shim_on())
+	if (kvs_shim_inside() || len == 0 || kvs_fdinfo_not_kv(fd) || !kvs_shim_on())
 		return;
-	kvs_shim_guard++;
+	int saved = kvs_shim_in();
 	if (kvs_fdinfo_get(fd, &fi) || !fi.kv)
 		goto out;
 	/* A file keyed by birth keeps its id through a write: the region must be mapped to drop

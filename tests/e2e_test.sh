@@ -384,12 +384,12 @@ else
 	fi
 fi
 
-# --- The shared object exports the hooked names and nothing else: the rows of shim/hooks.def,
+# --- The shared object exports the hooked names and nothing else: the rows of shim/exports.def,
 # the one list of them (its symbol column; the version script is made from it).
 exports=$(nm -D --defined-only "$1" | awk '{print $3}' | sort | tr '\n' ' ')
 want=$(sed -nE 's/^KVS_HOOK\([A-Za-z0-9_]+, *([A-Za-z0-9_]+),.*/\1/p; s/^KVS_DOOR\(([A-Za-z0-9_]+)\).*/\1/p' \
-	"$(dirname "$0")/../shim/hooks.def" | sort | tr '\n' ' ')
-[ -n "$want" ] || fail "shim/hooks.def: no rows read"
+	"$(dirname "$0")/../shim/exports.def" | sort | tr '\n' ' ')
+[ -n "$want" ] || fail "shim/exports.def: no rows read"
 if [ "$exports" = "$want" ]; then
 	ok "libkvshim.so exports only the interposed names"
 else

@@ -29,7 +29,7 @@
 #include "serve.h"
 #include "shim.h"
 #include "shmap.h"
-#include "unseen.h"
+#include "unseen_marks.h"
 #include "uring.h"
 #include "wonce.h"
 #include "wthru.h"
@@ -64,9 +64,15 @@ static void fork_child(void)
 	kvs_libaio_atfork_child();
 }
 
-int kvs_fanout_register(void)
+/* At load, before the program's own code runs, whether the shim turns on or not: a fork must
+ * never leave a lock of the shim's held in the child, and POSIX aio's table lock is taken by its
+ * writes either way (api/paio.c).  A hooked call made by a library's constructor that runs
+ * before this one may turn the shim on before the handlers are there: a fork in that window,
+ * before the program's main, is made without them. */
+__attribute__((constructor)) static void fanout_register(void)
 {
-	return pthread_atfork(fork_prepare, fork_parent, fork_child);
+	if (pthread_atfork(fork_prepare, fork_parent, fork_child))
+		kvs_shim_refuse(); /* the shim stays off (attach.c's init) */
 }
 
 void kvs_shim_fds_closing(unsigned int lo, unsigned int hi)

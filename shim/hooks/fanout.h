@@ -1,15 +1,11 @@
 /*
  * fanout: the two events every module of the shim hears, each told to them in one written
  * order from one place: a fork (pthread_atfork's three handlers) and a close of descriptors.
- * Calling every module is calling down: nothing below includes this header but attach.c, for
- * the one registration (kvs_fanout_register, from its init).
+ * Calling every module is calling down: nothing below includes this header.  The fork
+ * handlers are registered by this module's constructor, at load.
  */
 #ifndef KVS_SHIM_FANOUT_H
 #define KVS_SHIM_FANOUT_H
-
-/* Register the fork handlers, once (attach.c's init, on or off).  0, or pthread_atfork's error:
- * the shim stays off. */
-int kvs_fanout_register(void);
 
 /* The program is about to close [lo, hi] (close, close_range, dup2 or dup3 onto newfd), before
  * the kernel does: the shim's own descriptors among those numbers move away or become the
