@@ -49,6 +49,12 @@
  * call into liburing, and across one kind of system call only: files_set fstats each file it
  * records (its identity), under the lock.  A submission's reads complete on the loader's
  * completion thread, which signals the batch's condition variable.
+ *
+ * Files (their shared state and calls: api/uring_int.h): this one holds the serving (the
+ * kernel's NOP probed, the pending entries read, served and rewritten, the changes followed)
+ * and the two submitting doors (kvs_uring_serve_liburing, kvs_uring_enter); api/uring_rings.c
+ * the ring and file tables (tables_mu, kvs_uring_files_set), the causes said once, and the
+ * syscall door's records (kvs_uring_setup_done, kvs_uring_mapped, kvs_uring_register).
  */
 #include <dlfcn.h>
 #include <errno.h>
@@ -72,6 +78,7 @@
 #include "dlsym.h"
 #include "elfsym.h"
 #include "uring.h"
+#include "uring_int.h"
 #include "config.h"
 #include "log.h"
 #include "raw.h"
@@ -89,207 +96,6 @@
 #ifndef IORING_ENTER_REGISTERED_RING
 #define IORING_ENTER_REGISTERED_RING (1U << 4)
 #endif
-
-#define MAX_RINGS  64
-#define MAX_FIXED  65536
-#define MAX_CALLER 16
-
-/* ------------------------------------------------------------------ tables */
-
-/* A registered file: the descriptor number it was registered from, and its identity then. */
-struct fixed {
-	int fd;
-	dev_t dev;
-	ino_t ino;
-};
-
-struct ring {
-	int fd; /* the ring's descriptor; -1: a free entry */
-	/* The syscall door: what io_uring_setup said, and the mappings the mmap hook saw. */
-	bool raw;
-	unsigned flags, entries, off_head, off_tail, off_mask, off_array;
-	char *sq_ring, *sqes;
-	/* A submission was seen through one of the doors; the ring was first met mapped. */
-	bool seen_submit, met_mapped;
-	/* Registered files (either door); unknown: the ring changed its table itself. */
-	struct fixed *files;
-	unsigned nfiles;
-	bool files_unknown;
-};
-
-static pthread_mutex_t tables_mu = PTHREAD_MUTEX_INITIALIZER;
-/* Some ring may have changed another's registered files (MSG_RING, a registration through a
- * registered ring descriptor): no recorded table is trusted any more. */
-static _Atomic bool fixed_untrusted;
-static struct ring rings[MAX_RINGS]; /* under tables_mu */
-static _Atomic int nrings;	     /* entries in use, read without the lock as a hint */
-
-/* tables_mu is taken with the shim's guard held, by every thread: close (async-signal-safe)
- * forgets a ring under it, and a signal handler that interrupts a thread holding it finds the
- * guard set and makes the real call (shim.h, kvs_shim_inside). */
-static void lock_tables(void)
-{
-	kvs_shim_hold();
-	pthread_mutex_lock(&tables_mu);
-}
-
-static void unlock_tables(void)
-{
-	pthread_mutex_unlock(&tables_mu);
-	kvs_shim_drop();
-}
-
-/* The ring entry for fd, made if want_new.  Caller holds tables_mu. */
-static struct ring *ring_locked(int fd, bool want_new)
-{
-	struct ring *free_one = NULL;
-
-	if (fd < 0)
-		return NULL; /* liburing's REGISTERED_FD_ONLY rings: no descriptor to key them */
-
-	for (int i = 0; i < MAX_RINGS; i++) {
-		if (rings[i].fd == fd)
-			return &rings[i];
-		if (rings[i].fd < 0 && !free_one)
-			free_one = &rings[i];
-	}
-	if (!want_new || !free_one)
-		return NULL;
-	free(free_one->files);
-	*free_one = (struct ring){.fd = fd};
-	atomic_fetch_add_explicit(&nrings, 1, memory_order_relaxed);
-	return free_one;
-}
-
-enum cause { C_SQPOLL, C_NOP, C_REGRING, C_FIXED, C_UNSEEN, C_NCAUSES };
-
-static void unserved(enum cause c, int fd);
-
-/* fd is closed, or its ring is exited: forget the ring.  A ring mapped through libc's mmap
- * whose submissions no door saw (fio 3.33 sets up through syscall() but enters with an inline
- * system call; a static liburing) is said now: the program used it where the shim cannot
- * see (its memory is not read here: rings are often unmapped before they are closed). */
-void kvs_uring_ring_forget(int fd)
-{
-	if (!atomic_load_explicit(&nrings, memory_order_relaxed))
-		return;
-	bool unseen = false;
-	lock_tables();
-	struct ring *r = ring_locked(fd, false);
-	if (r) {
-		unseen = !r->seen_submit && (r->met_mapped || r->sq_ring);
-		/* Its file table is freed by the entry's next user (ring_locked): close, which
-		 * may run in a signal handler, frees nothing. */
-		*r = (struct ring){.fd = -1, .files = r->files};
-		atomic_fetch_sub_explicit(&nrings, 1, memory_order_relaxed);
-	}
-	unlock_tables();
-	if (unseen)
-		unserved(C_UNSEEN, -1);
-}
-
-/* A submission of fd's ring is being seen (once per ring it takes the lock). */
-static void ring_seen(int fd, bool *known)
-{
-	if (*known || !atomic_load_explicit(&nrings, memory_order_relaxed))
-		return;
-	lock_tables();
-	struct ring *r = ring_locked(fd, false);
-	if (r)
-		r->seen_submit = true;
-	unlock_tables();
-	*known = true;
-}
-
-__attribute__((constructor)) static void rings_init(void)
-{
-	for (int i = 0; i < MAX_RINGS; i++)
-		rings[i].fd = -1;
-}
-
-/* Replace [off, off+n) of fd's ring's registered files with fds (NULL: all empty). */
-void kvs_uring_files_set(int ring_fd, unsigned off, const int *fds, unsigned n, bool replace)
-{
-	if (n > MAX_FIXED || off > MAX_FIXED - n)
-		return;
-	lock_tables();
-	struct ring *r = ring_locked(ring_fd, true);
-	if (r && replace) {
-		free(r->files);
-		r->files = NULL;
-		r->nfiles = 0;
-		r->files_unknown = false;
-	}
-	if (r && off + n > r->nfiles) {
-		struct fixed *f = realloc(r->files, (off + n) * sizeof(*f));
-		if (!f) {
-			r->files_unknown = true;
-		} else {
-			for (unsigned i = r->nfiles; i < off + n; i++)
-				f[i] = (struct fixed){.fd = -1};
-			r->files = f;
-			r->nfiles = off + n;
-		}
-	}
-	for (unsigned i = 0; r && r->files && off + n <= r->nfiles && i < n; i++) {
-		struct stat st;
-		int fd = fds ? fds[i] : -1;
-
-		if (fd >= 0 && fstat(fd, &st) == 0)
-			r->files[off + i] = (struct fixed){fd, st.st_dev, st.st_ino};
-		else
-			r->files[off + i] = (struct fixed){.fd = -1};
-	}
-	unlock_tables();
-}
-
-void kvs_uring_files_drop(int ring_fd)
-{
-	if (!atomic_load_explicit(&nrings, memory_order_relaxed))
-		return;
-	lock_tables();
-	struct ring *r = ring_locked(ring_fd, false);
-	if (r) {
-		free(r->files);
-		r->files = NULL;
-		r->nfiles = 0;
-		r->files_unknown = false;
-	}
-	unlock_tables();
-}
-
-/* The program's descriptor for registered file idx of ring_fd, if the number still names the
- * file registered there; else -1. */
-static int fixed_fd(int ring_fd, unsigned idx)
-{
-	int fd = -1;
-	dev_t dev = 0;
-	ino_t ino = 0;
-	struct stat st;
-
-	if (atomic_load_explicit(&fixed_untrusted, memory_order_relaxed))
-		return -1;
-	lock_tables();
-	struct ring *r = ring_locked(ring_fd, false);
-	if (r && !r->files_unknown && idx < r->nfiles) {
-		fd = r->files[idx].fd;
-		dev = r->files[idx].dev;
-		ino = r->files[idx].ino;
-	}
-	unlock_tables();
-	if (fd >= 0 && (fstat(fd, &st) != 0 || st.st_dev != dev || st.st_ino != ino))
-		fd = -1; /* closed and reused since: the table's file is not this number's */
-	return fd;
-}
-
-void kvs_uring_files_unknown(int ring_fd)
-{
-	lock_tables();
-	struct ring *r = ring_locked(ring_fd, true);
-	if (r)
-		r->files_unknown = true;
-	unlock_tables();
-}
 
 /* ------------------------------------------------------------------ the kernel's NOP */
 
@@ -384,28 +190,6 @@ struct cand {
 	int64_t result;
 };
 
-static void unserved(enum cause c, int fd)
-{
-	static const char *const what[C_NCAUSES] = {
-	    "an io_uring with SQPOLL (the kernel takes its entries on its own thread)",
-	    "an io_uring on a kernel without IORING_NOP_INJECT_RESULT (Linux 6.10)",
-	    "io_uring_enter through a registered ring descriptor",
-	    "a registered file of an io_uring whose file table the ring changed itself",
-	    "an io_uring whose submissions the shim could not see (its system calls are not "
-	    "libc's, nor its calls liburing's through the PLT)",
-	};
-	static const enum kvs_cause cause[C_NCAUSES] = {
-	    KVS_CAUSE_URING_SQPOLL, KVS_CAUSE_URING_NOP,    KVS_CAUSE_URING_REGRING,
-	    KVS_CAUSE_URING_FIXED,  KVS_CAUSE_URING_UNSEEN,
-	};
-
-	kvs_shim_note_uring_unserved(fd, 0, 0);
-	kvs_log_once(cause[c], KVS_LOG_INFO,
-		     "%s: reads of KV files through it are not served (counted in "
-		     "unserved_io_uring)",
-		     what[c]);
-}
-
 static void cand_done(struct kvs_shim_async *a, int64_t result)
 {
 	struct cand *c = (struct cand *)((char *)a - offsetof(struct cand, a));
@@ -452,9 +236,9 @@ static int read_of(const struct view *v, const struct io_uring_sqe *sqe, struct 
 	}
 	if (!(sqe->flags & IOSQE_FIXED_FILE))
 		return sqe->fd;
-	int fd = fixed_fd(v->ring_fd, (unsigned)sqe->fd);
+	int fd = uring_fixed_fd(v->ring_fd, (unsigned)sqe->fd);
 	if (fd < 0)
-		unserved(C_FIXED, -1);
+		uring_unserved(C_FIXED, -1);
 	return fd;
 }
 
@@ -462,7 +246,8 @@ static int read_of(const struct view *v, const struct io_uring_sqe *sqe, struct 
 static bool changes_files(const struct io_uring_sqe *sqe)
 {
 	if (sqe->opcode == IORING_OP_MSG_RING) {
-		atomic_store(&fixed_untrusted, true); /* it may install a file in another ring */
+		/* it may install a file in another ring */
+		atomic_store(&uring_fixed_untrusted, true);
 		return true;
 	}
 	if (sqe->opcode >= IORING_OP_LAST)
@@ -534,10 +319,11 @@ static void invalidate_if_write(const struct view *v, const struct io_uring_sqe 
 	} else {
 		return;
 	}
-	fd = (sqe->flags & IOSQE_FIXED_FILE) ? fixed_fd(v->ring_fd, (unsigned)sqe->fd) : sqe->fd;
+	fd = (sqe->flags & IOSQE_FIXED_FILE) ? uring_fixed_fd(v->ring_fd, (unsigned)sqe->fd)
+					     : sqe->fd;
 	if (fd < 0) {
 		if (sqe->flags & IOSQE_FIXED_FILE)
-			unserved(C_FIXED, -1); /* a change the shim cannot name: said */
+			uring_unserved(C_FIXED, -1); /* a change the shim cannot name: said */
 		return;
 	}
 	if (sqe->opcode == KVS_IORING_OP_FTRUNCATE) {
@@ -560,8 +346,8 @@ static void declined(const struct view *v, const struct io_uring_sqe *sqe)
 	if (sqe->opcode != IORING_OP_READ && sqe->opcode != IORING_OP_READV &&
 	    sqe->opcode != IORING_OP_READ_FIXED)
 		return;
-	int fd =
-	    (sqe->flags & IOSQE_FIXED_FILE) ? fixed_fd(v->ring_fd, (unsigned)sqe->fd) : sqe->fd;
+	int fd = (sqe->flags & IOSQE_FIXED_FILE) ? uring_fixed_fd(v->ring_fd, (unsigned)sqe->fd)
+						 : sqe->fd;
 	if (fd < 0)
 		return;
 	/* READ and READ_FIXED name their bytes; a READV's iovecs are not read again for it. */
@@ -704,7 +490,7 @@ static void pass_all(const struct view *v, enum cause why)
 		    (sqe->opcode == IORING_OP_READ || sqe->opcode == IORING_OP_READV ||
 		     sqe->opcode == IORING_OP_READ_FIXED) &&
 		    !(sqe->flags & IOSQE_FIXED_FILE))
-			unserved(why, sqe->fd);
+			uring_unserved(why, sqe->fd);
 	}
 }
 
@@ -731,7 +517,7 @@ void kvs_uring_serve_liburing(struct io_uring *ring, bool flushed_only, unsigned
 	}
 	static __thread int last_seen = -1;
 	bool known = last_seen == ring->ring_fd;
-	ring_seen(ring->ring_fd, &known);
+	uring_ring_seen(ring->ring_fd, &known);
 	last_seen = ring->ring_fd;
 	if (v.tail != v.head) {
 		if (ring->flags & IORING_SETUP_SQPOLL)
@@ -746,76 +532,19 @@ void kvs_uring_serve_liburing(struct io_uring *ring, bool flushed_only, unsigned
 
 /* ------------------------------------------------------------------ the syscall door */
 
-void kvs_uring_setup_done(int fd, const void *params)
-{
-	const struct io_uring_params *p = params;
-
-	if (fd < 0 || !p)
-		return;
-	lock_tables();
-	struct ring *r = ring_locked(fd, true);
-	if (r) {
-		free(r->files);
-		*r = (struct ring){.fd = fd,
-				   .raw = true,
-				   .flags = p->flags,
-				   .entries = p->sq_entries,
-				   .off_head = p->sq_off.head,
-				   .off_tail = p->sq_off.tail,
-				   .off_mask = p->sq_off.ring_mask,
-				   .off_array = p->sq_off.array};
-	}
-	unlock_tables();
-}
-
-void kvs_uring_mapped(int fd, long off, void *addr)
-{
-	if (fd < 0 || addr == MAP_FAILED || (off != IORING_OFF_SQ_RING && off != IORING_OFF_SQES))
-		return;
-	bool known = false;
-	if (atomic_load_explicit(&nrings, memory_order_relaxed)) {
-		lock_tables();
-		struct ring *r = ring_locked(fd, false);
-		if (r && r->raw) {
-			known = true;
-			if (off == IORING_OFF_SQ_RING)
-				r->sq_ring = addr;
-			else
-				r->sqes = addr;
-		}
-		unlock_tables();
-	}
-	if (known || off != IORING_OFF_SQ_RING)
-		return;
-	/* A ring the shim has not seen set up (liburing makes its system calls itself): noted,
-	 * and said at its close if no submission of it was ever seen (ring_forget). */
-	char link[64], path[32];
-	int saved = errno;
-	snprintf(path, sizeof(path), "/proc/self/fd/%d", fd);
-	ssize_t n = readlink(path, link, sizeof(link) - 1);
-	if (n > 0 && (link[n] = '\0', strcmp(link, "anon_inode:[io_uring]") == 0)) {
-		lock_tables();
-		struct ring *r = ring_locked(fd, true);
-		if (r && !r->raw)
-			r->met_mapped = true;
-		unlock_tables();
-	}
-	errno = saved;
-}
-
 void kvs_uring_enter(int fd, unsigned to_submit, unsigned flags)
 {
-	if (to_submit == 0 || !atomic_load_explicit(&nrings, memory_order_relaxed))
+	if (to_submit == 0 || !atomic_load_explicit(&uring_nrings, memory_order_relaxed))
 		return;
 	if (flags & IORING_ENTER_REGISTERED_RING) {
-		unserved(C_REGRING, -1);
+		uring_unserved(C_REGRING, -1);
 		return;
 	}
 	struct view v = {.ring_fd = fd};
 	bool sqpoll = false, ok = false;
 
-	lock_tables();
-	struct ring *r = ring_locked(fd, false);
+	uring_lock_tables();
+	struct ring *r = uring_ring_locked(fd, false);
 	if (r)
 		r->seen_submit = true;
 	if (r && r->raw && r->sq_ring && r->sqes && !(r->flags & IORING_SETUP_NO_MMAP)) {
@@ -831,7 +560,7 @@ void kvs_uring_enter(int fd, unsigned to_submit, unsigned flags)
 		sqpoll = r->flags & IORING_SETUP_SQPOLL;
 		ok = true;
 	}
-	unlock_tables();
+	uring_unlock_tables();
 	if (!ok)
 		return;
 	if (v.tail - v.head > to_submit)
@@ -842,67 +571,4 @@ void kvs_uring_enter(int fd, unsigned to_submit, unsigned flags)
 		pass_all(&v, C_NOP);
 	else
 		serve(&v);
-}
-
-void kvs_uring_register(int fd, unsigned opcode, const void *arg, unsigned nr, long result)
-{
-	enum {
-		REGISTER_FILES = 2,
-		UNREGISTER_FILES = 3,
-		REGISTER_FILES_UPDATE = 6,
-		REGISTER_FILES2 = 13,
-		REGISTER_FILES_UPDATE2 = 14,
-	};
-	if (result < 0)
-		return;
-	if (opcode & (1U << 31)) { /* IORING_REGISTER_USE_REGISTERED_RING: fd is not a ring's */
-		atomic_store(&fixed_untrusted, true);
-		return;
-	}
-	switch (opcode) {
-	case REGISTER_FILES:
-		kvs_uring_files_set(fd, 0, arg, nr, true);
-		break;
-	case UNREGISTER_FILES:
-		kvs_uring_files_drop(fd);
-		break;
-	case REGISTER_FILES_UPDATE: {
-		const struct io_uring_files_update *u = arg;
-		if (u && (unsigned)result == nr)
-			kvs_uring_files_set(fd, u->offset, (const int *)(uintptr_t)u->fds, nr,
-					    false);
-		else
-			kvs_uring_files_unknown(fd);
-		break;
-	}
-	case REGISTER_FILES2: {
-		const struct io_uring_rsrc_register *rr = arg;
-		if (rr && nr == sizeof(*rr))
-			kvs_uring_files_set(fd, 0, (const int *)(uintptr_t)rr->data, rr->nr, true);
-		else
-			kvs_uring_files_unknown(fd);
-		break;
-	}
-	case REGISTER_FILES_UPDATE2: {
-		const struct io_uring_rsrc_update2 *u = arg;
-		if (u && nr == sizeof(*u) && (unsigned)result == u->nr)
-			kvs_uring_files_set(fd, u->offset, (const int *)(uintptr_t)u->data, u->nr,
-					    false);
-		else
-			kvs_uring_files_unknown(fd);
-		break;
-	}
-	default:
-		break;
-	}
-}
-
-void kvs_uring_closed(int fd)
-{
-	kvs_uring_ring_forget(fd);
-}
-
-void kvs_uring_atfork_child(void)
-{
-	pthread_mutex_init(&tables_mu, NULL);
 }
