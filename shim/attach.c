@@ -166,16 +166,6 @@ void kvs_shim_refuse(void)
 	atomic_store(&refused, true);
 }
 
-void kvs_shim_hold(void)
-{
-	kvs_shim_guard++;
-}
-
-void kvs_shim_drop(void)
-{
-	kvs_shim_guard--;
-}
-
 /* Map the region, once (a failure is final for this process); with create false, only one
  * that exists (its absence is no failure: a later call may create it).  Caller holds
  * attach_mu. */

@@ -70,7 +70,7 @@ static bool settler_running;			      /* under settle_mu */
 static void *settler(void *arg)
 {
 	(void)arg;
-	kvs_shim_guard++; /* the shim's own thread: any hooked call it makes is the real one */
+	(void)kvs_shim_in(); /* the shim's own thread, inside for its life */
 	for (;;) {
 		pthread_mutex_lock(&settle_mu);
 		while (!settle_head)
@@ -227,7 +227,7 @@ int kvs_shim_read_to_stream(int fd, uint64_t ptr, size_t size, off_t off, ssize_
 
 	if (!sr || !bytes_read)
 		goto out_free;
-	kvs_shim_guard++;
+	(void)kvs_shim_in(); /* errno is kept from the entry, before calloc */
 	pthread_setcancelstate(PTHREAD_CANCEL_DISABLE, &cancel_state);
 	if (kvs_serve_cufile_prepare(&sr->a, fd, ptr, size, off))
 		goto out;
@@ -298,7 +298,7 @@ int kvs_shim_read_to_stream(int fd, uint64_t ptr, size_t size, off_t off, ssize_
 out:
 	kvs_anchor_put(anchor);
 	pthread_setcancelstate(cancel_state, NULL);
-	kvs_shim_guard--;
+	kvs_shim_out(saved);
 out_free:
 	free(sr);
 	errno = saved;

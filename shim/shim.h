@@ -290,9 +290,7 @@ bool kvs_shim_enter(int *saved_errno);
  * not exist.  The caller holds the guard (kvs_shim_enter). */
 struct kvs_cache *kvs_shim_region(bool create);
 
-/* The recursion guard: guard.h.  kvs_shim_hold and kvs_shim_drop: TEMPORARY. */
-void kvs_shim_hold(void);
-void kvs_shim_drop(void);
+/* The recursion guard: guard.h. */
 
 /* Copy n bytes of the program's memory at src to dst as the kernel reads it (process_vm_readv
  * on this process): false where the kernel would answer EFAULT, dst then undefined.  One

@@ -74,7 +74,7 @@ struct wreq {
 extern struct wreq *paio_wtable[NBUCKETS];
 extern _Atomic unsigned paio_wpending;
 
-/* paio_mu, taken and released with the shim's guard held around it (kvs_shim_hold). */
+/* paio_mu, taken and released with the shim's guard raised around it (guard.h). */
 void paio_lock(void);
 void paio_unlock(void);
 /* A free entry of the pool, or NULL (it cannot be mapped, or is spent); back to it.  Caller

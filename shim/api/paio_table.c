@@ -5,6 +5,7 @@
  * api/paio.c ("Locks").
  */
 #include <aio.h>
+#include <errno.h>
 #include <pthread.h>
 #include <sched.h>
 #include <stdatomic.h>
@@ -33,17 +34,17 @@ static struct wreq *wpool, *wfree;
 static bool wpool_failed;
 
 /* paio_mu is taken with the shim's guard held, by every thread: a signal handler that interrupts a
- * thread holding it finds the guard set and makes the real call (shim.h, kvs_shim_inside). */
+ * thread holding it finds the guard set and makes the real call (guard.h). */
 void paio_lock(void)
 {
-	kvs_shim_hold();
+	(void)kvs_shim_in(); /* errno is the caller's business here: kept as it goes */
 	pthread_mutex_lock(&paio_mu);
 }
 
 void paio_unlock(void)
 {
 	pthread_mutex_unlock(&paio_mu);
-	kvs_shim_drop();
+	kvs_shim_out(errno);
 }
 
 /* Every entry of the pool free.  Caller holds paio_mu, or is the only thread (fork child). */

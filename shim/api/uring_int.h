@@ -41,7 +41,7 @@ extern _Atomic bool uring_fixed_untrusted;
 /* Ring entries in use, read without the lock as a hint (relaxed). */
 extern _Atomic int uring_nrings;
 
-/* tables_mu, taken and released with the shim's guard held around it (kvs_shim_hold). */
+/* tables_mu, taken and released with the shim's guard raised around it (guard.h). */
 void uring_lock_tables(void);
 void uring_unlock_tables(void);
 /* The ring entry for fd, made if want_new; NULL if none (or no room).  Caller holds

@@ -37,17 +37,17 @@ _Atomic int uring_nrings;	     /* entries in use, read without the lock as a hin
 
 /* tables_mu is taken with the shim's guard held, by every thread: close (async-signal-safe)
  * forgets a ring under it, and a signal handler that interrupts a thread holding it finds the
- * guard set and makes the real call (shim.h, kvs_shim_inside). */
+ * guard set and makes the real call (guard.h). */
 void uring_lock_tables(void)
 {
-	kvs_shim_hold();
+	(void)kvs_shim_in(); /* errno is the caller's business here: kept as it goes */
 	pthread_mutex_lock(&tables_mu);
 }
 
 void uring_unlock_tables(void)
 {
 	pthread_mutex_unlock(&tables_mu);
-	kvs_shim_drop();
+	kvs_shim_out(errno);
 }
 
 /* The ring entry for fd, made if want_new.  Caller holds tables_mu. */

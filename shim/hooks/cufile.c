@@ -345,9 +345,9 @@ KVS_EXPORT ssize_t cuFileWrite(kvs_cufile_handle_t fh, const void *buf, size_t s
 					 size, file_offset);
 	/* The real write as the shim's own call: the pwrite or syscall() libcufile makes inside it
 	 * (compatibility mode) is this write, followed already, not another one. */
-	kvs_shim_hold();
+	(void)kvs_shim_in();
 	n = fn(fh, buf, size, file_offset, buf_offset);
-	kvs_shim_drop();
+	kvs_shim_out(errno); /* the real write's errno, as it left it */
 	if (staged)
 		kvs_shim_cufile_write_after(&w, fd, n);
 	if (fd >= 0 && file_offset >= 0) /* after the write: a negative pos_delta says so */

@@ -36,7 +36,7 @@
  * through), and retires the descriptor's anchor (anchor.h); a load or two when there is
  * neither.  close is async-signal-safe: inside the shim (its own close, or a handler that
  * interrupted it) it is the real call alone; else it takes only the shim's own locks, under
- * its guard, and allocates nothing (shim.h, kvs_shim_inside). */
+ * its guard, and allocates nothing (guard.h, kvs_shim_inside). */
 KVS_EXPORT int close(int fd)
 {
 	kvs_shim_fd_gone(fd); /* before: a racing look must not keep the old file's class */

@@ -10,7 +10,7 @@
 
 /* The first line of the hook of a function POSIX lists as async-signal-safe: inside the shim
  * (its own call, or a signal handler that interrupted it), the real call and nothing more
- * (shim.h, kvs_shim_inside). */
+ * (guard.h, kvs_shim_inside). */
 #define REAL_IF_INSIDE(call)                                                                       \
 	do {                                                                                       \
 		if (kvs_shim_inside()) {                                                           \
