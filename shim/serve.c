@@ -22,7 +22,6 @@
 #include "attach.h"
 #include "cache.h"
 #include "config.h"
-#include "cufile.h"
 #include "device.h"
 #include "fdinfo.h"
 #include "loader.h"
