@@ -147,10 +147,35 @@ static void *loaded_symbol(const char *name)
 	return f.found;
 }
 
+/* fn in cuda.cufile_library, opened by the shim (lib, unless another thread's lib came first),
+ * or NULL, said once. */
+static void *own_library_symbol(enum kvs_cufile_fn fn)
+{
+	const char *path = kvs_shim_cufile_library();
+	void *h, *none = NULL, *p = NULL;
+
+	h = dlopen(path, RTLD_NOW | RTLD_LOCAL | RTLD_NOLOAD);
+	if (!h)
+		h = dlopen(path, RTLD_NOW | RTLD_LOCAL);
+	if (h && !atomic_compare_exchange_strong(&lib, &none, h)) {
+		kvs_dlclose_real(h);
+		h = none;
+	} else if (h) {
+		atomic_store(&lib_ours, true);
+	}
+	if (h)
+		p = not_shim(kvs_dlsym_real(h, names[fn]));
+	if (!p)
+		kvs_log_once(KVS_CAUSE_CUFILE, KVS_LOG_WARN,
+			     "no real libcufile has %s (cuda.cufile_library = %s)", names[fn],
+			     path);
+	return p;
+}
+
 void *kvs_cufile_real(enum kvs_cufile_fn fn)
 {
 	void *p = atomic_load_explicit(&real[fn], memory_order_relaxed);
-	void *h, *none = NULL;
+	void *h;
 
 	if (p)
 		return p;
@@ -161,25 +186,8 @@ void *kvs_cufile_real(enum kvs_cufile_fn fn)
 		p = not_shim(kvs_dlsym_real(RTLD_NEXT, names[fn]));
 	if (!p)
 		p = loaded_symbol(names[fn]);
-	if (!p && !h) {
-		const char *path = kvs_shim_cufile_library();
-
-		h = dlopen(path, RTLD_NOW | RTLD_LOCAL | RTLD_NOLOAD);
-		if (!h)
-			h = dlopen(path, RTLD_NOW | RTLD_LOCAL);
-		if (h && !atomic_compare_exchange_strong(&lib, &none, h)) {
-			kvs_dlclose_real(h);
-			h = none;
-		} else if (h) {
-			atomic_store(&lib_ours, true);
-		}
-		if (h)
-			p = not_shim(kvs_dlsym_real(h, names[fn]));
-		if (!p)
-			kvs_log_once(KVS_CAUSE_CUFILE, KVS_LOG_WARN,
-				     "no real libcufile has %s (cuda.cufile_library = %s)",
-				     names[fn], path);
-	}
+	if (!p && !h)
+		p = own_library_symbol(fn);
 	if (p)
 		remember(fn, p);
 	return p;
@@ -451,6 +459,23 @@ static void *loaded_real(enum kvs_cufile_fn fn)
 	return p;
 }
 
+/* dlsym(RTLD_DEFAULT, name), fn's name: glibc would find the shim's export first.  Answer as if
+ * the shim were not there: NULL while no libcufile is loaded (a probe sees none), the real
+ * function when the shim is off (on false), the hook otherwise. */
+static void *default_answer(enum kvs_cufile_fn fn, const char *name, bool on)
+{
+	void *p = kvs_dlsym_real(RTLD_DEFAULT, name);
+
+	if (!p || !kvs_dlsym_in_shim(p))
+		return NULL;
+	void *r = loaded_real(fn);
+	if (!r) {
+		kvs_dlsym_real(RTLD_NEXT, name); /* fails, and sets dlerror as glibc would */
+		return KVS_DLSYM_NULL;
+	}
+	return on ? NULL : r;
+}
+
 void *kvs_cufile_answer(void *handle, const char *name, const char *version,
 			void *const hooks[KVS_CF_N])
 {
@@ -463,21 +488,8 @@ void *kvs_cufile_answer(void *handle, const char *name, const char *version,
 	if (fn < 0 || !hooks[fn] || handle == RTLD_NEXT)
 		return NULL;
 	bool on = kvs_shim_wants(SIZE_MAX);
-	if (handle == RTLD_DEFAULT) {
-		/* glibc would find the shim's export first.  Answer as if the shim were not
-		 * there: NULL while no libcufile is loaded (a probe sees none), the real
-		 * function when the shim is off, the hook otherwise. */
-		p = kvs_dlsym_real(RTLD_DEFAULT, name);
-		if (!p || !kvs_dlsym_in_shim(p))
-			return NULL;
-		void *r = loaded_real(fn);
-		if (!r) {
-			kvs_dlsym_real(RTLD_NEXT,
-				       name); /* fails, and sets dlerror as glibc would */
-			return KVS_DLSYM_NULL;
-		}
-		return on ? NULL : r;
-	}
+	if (handle == RTLD_DEFAULT)
+		return default_answer(fn, name, on);
 	if (!on || !is_cufile(handle))
 		return NULL;
 	p = version && *version ? kvs_dlvsym_real(handle, name, version)

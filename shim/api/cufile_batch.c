@@ -193,48 +193,41 @@ static int free_slot(struct batch *b, unsigned from)
 	return -1;
 }
 
-kvs_cufile_error_t kvs_cufile_batch_submit(kvs_cufile_batch_handle_t batch_idp, unsigned nr,
-					   kvs_cufile_io_params_t *iocbp, unsigned int flags)
+/* shim.mode = observe: each read the cache would serve is keyed and counted, and the batch
+ * goes whole to the real Submit, as without the shim. */
+static kvs_cufile_error_t submit_observed(kvs_cufile_batch_submit_fn fn, struct batch *b,
+					  kvs_cufile_batch_handle_t batch_idp, unsigned nr,
+					  kvs_cufile_io_params_t *iocbp, unsigned int flags)
 {
-	kvs_cufile_batch_submit_fn fn = REAL_FN(kvs_cufile_batch_submit_fn, cuFileBatchIOSubmit);
-	struct batch *b = find(batch_idp, false);
-	kvs_cufile_io_params_t *rest = NULL;
-	int *fds = NULL, *slot = NULL;
-	unsigned nrest = 0, nserve = 0;
-	kvs_cufile_error_t e = ok;
+	kvs_cufile_error_t e;
 
-	if (!fn)
-		return no_library;
-	if (!b || !iocbp || nr == 0 || nr > b->max)
-		return fn(batch_idp, nr, iocbp, flags);
-	if (kvs_shim_observing()) { /* keyed and counted; the batch goes whole, as without us */
-		for (unsigned i = 0; i < nr; i++) {
-			int fd = servable(&iocbp[i]);
+	for (unsigned i = 0; i < nr; i++) {
+		int fd = servable(&iocbp[i]);
 
-			if (fd >= 0)
-				kvs_shim_observe_to(
-				    fd,
-				    (uint64_t)(uintptr_t)iocbp[i].u.batch.devPtr_base +
-					(uint64_t)iocbp[i].u.batch.devPtr_offset,
-				    iocbp[i].u.batch.size, iocbp[i].u.batch.file_offset);
-		}
-		e = fn(batch_idp, nr, iocbp, flags);
-		if (e.err == KVS_CU_FILE_SUCCESS) {
-			pthread_mutex_lock(&b->mu);
-			b->real_pending += nr; /* GetStatus asks the real batch for them */
-			pthread_mutex_unlock(&b->mu);
-		}
-		return e;
+		if (fd >= 0)
+			kvs_shim_observe_to(fd,
+					    (uint64_t)(uintptr_t)iocbp[i].u.batch.devPtr_base +
+						(uint64_t)iocbp[i].u.batch.devPtr_offset,
+					    iocbp[i].u.batch.size, iocbp[i].u.batch.file_offset);
 	}
-	rest = malloc(nr * sizeof(*rest));
-	fds = malloc(nr * sizeof(*fds));
-	slot = malloc(nr * sizeof(*slot));
-	if (!rest || !fds || !slot) {
-		e = fn(batch_idp, nr, iocbp, flags);
-		goto out;
+	e = fn(batch_idp, nr, iocbp, flags);
+	if (e.err == KVS_CU_FILE_SUCCESS) {
+		pthread_mutex_lock(&b->mu);
+		b->real_pending += nr; /* GetStatus asks the real batch for them */
+		pthread_mutex_unlock(&b->mu);
 	}
-	/* Split: a served entry needs a free slot, reserved now so that a concurrent Submit on
-	 * the same batch cannot take it. */
+	return e;
+}
+
+/* Split the nr entries of iocbp: a served entry needs a free slot, reserved now so that a
+ * concurrent Submit on the same batch cannot take it (its fd in fds[i], its slot in slot[i]);
+ * every other one (slot[i] -1) is copied to rest, *nrest of them.  Returns how many are
+ * served. */
+static unsigned reserve_slots(struct batch *b, unsigned nr, const kvs_cufile_io_params_t *iocbp,
+			      int *fds, int *slot, kvs_cufile_io_params_t *rest, unsigned *nrest)
+{
+	unsigned nserve = 0;
+
 	pthread_mutex_lock(&b->mu);
 	for (unsigned i = 0, from = 0; i < nr; i++) {
 		int s = -1;
@@ -248,26 +241,43 @@ kvs_cufile_error_t kvs_cufile_batch_submit(kvs_cufile_batch_handle_t batch_idp, 
 			from = (unsigned)s + 1;
 			nserve++;
 		} else {
-			rest[nrest++] = iocbp[i];
+			rest[(*nrest)++] = iocbp[i];
 		}
 	}
 	pthread_mutex_unlock(&b->mu);
+	return nserve;
+}
 
-	if (nrest) {
-		e = fn(batch_idp, nrest, rest, flags);
-		if (e.err != KVS_CU_FILE_SUCCESS) {
-			pthread_mutex_lock(&b->mu);
-			for (unsigned i = 0; i < nr; i++)
-				if (slot[i] >= 0)
-					b->e[slot[i]].state = E_FREE;
-			pthread_mutex_unlock(&b->mu);
-			goto out;
-		}
+/* The entries not served, in one real Submit before any served entry starts: refused, it gives
+ * the reserved slots back, so that it leaves nothing behind. */
+static kvs_cufile_error_t submit_rest(kvs_cufile_batch_submit_fn fn, struct batch *b,
+				      kvs_cufile_batch_handle_t batch_idp, unsigned nr,
+				      const int *slot, kvs_cufile_io_params_t *rest, unsigned nrest,
+				      unsigned int flags)
+{
+	kvs_cufile_error_t e = fn(batch_idp, nrest, rest, flags);
+
+	if (e.err != KVS_CU_FILE_SUCCESS) {
 		pthread_mutex_lock(&b->mu);
-		b->real_pending += nrest;
+		for (unsigned i = 0; i < nr; i++)
+			if (slot[i] >= 0)
+				b->e[slot[i]].state = E_FREE;
 		pthread_mutex_unlock(&b->mu);
+		return e;
 	}
-	for (unsigned i = 0; i < nr && nserve; i++) {
+	pthread_mutex_lock(&b->mu);
+	b->real_pending += nrest;
+	pthread_mutex_unlock(&b->mu);
+	return e;
+}
+
+/* Start each entry reserved a slot (slot[i] >= 0). */
+static void start_reserved(kvs_cufile_batch_submit_fn fn, struct batch *b,
+			   kvs_cufile_batch_handle_t batch_idp, unsigned nr,
+			   kvs_cufile_io_params_t *iocbp, unsigned int flags, const int *fds,
+			   const int *slot)
+{
+	for (unsigned i = 0; i < nr; i++) {
 		if (slot[i] < 0 || start(b, (unsigned)slot[i], fds[i], &iocbp[i]))
 			continue;
 		/* The loader would not take it: the real batch reads it after all.  Its slot is
@@ -287,6 +297,39 @@ kvs_cufile_error_t kvs_cufile_batch_submit(kvs_cufile_batch_handle_t batch_idp, 
 			pthread_mutex_unlock(&b->mu);
 		}
 	}
+}
+
+kvs_cufile_error_t kvs_cufile_batch_submit(kvs_cufile_batch_handle_t batch_idp, unsigned nr,
+					   kvs_cufile_io_params_t *iocbp, unsigned int flags)
+{
+	kvs_cufile_batch_submit_fn fn = REAL_FN(kvs_cufile_batch_submit_fn, cuFileBatchIOSubmit);
+	struct batch *b = find(batch_idp, false);
+	kvs_cufile_io_params_t *rest = NULL;
+	int *fds = NULL, *slot = NULL;
+	unsigned nrest = 0, nserve;
+	kvs_cufile_error_t e = ok;
+
+	if (!fn)
+		return no_library;
+	if (!b || !iocbp || nr == 0 || nr > b->max)
+		return fn(batch_idp, nr, iocbp, flags);
+	if (kvs_shim_observing())
+		return submit_observed(fn, b, batch_idp, nr, iocbp, flags);
+	rest = malloc(nr * sizeof(*rest));
+	fds = malloc(nr * sizeof(*fds));
+	slot = malloc(nr * sizeof(*slot));
+	if (!rest || !fds || !slot) {
+		e = fn(batch_idp, nr, iocbp, flags);
+		goto out;
+	}
+	nserve = reserve_slots(b, nr, iocbp, fds, slot, rest, &nrest);
+	if (nrest) {
+		e = submit_rest(fn, b, batch_idp, nr, slot, rest, nrest, flags);
+		if (e.err != KVS_CU_FILE_SUCCESS)
+			goto out;
+	}
+	if (nserve)
+		start_reserved(fn, b, batch_idp, nr, iocbp, flags, fds, slot);
 out:
 	free(rest);
 	free(fds);
@@ -311,6 +354,18 @@ static unsigned harvest(struct batch *b, kvs_cufile_io_events_t *ev, unsigned ro
 		n++;
 	}
 	return n;
+}
+
+/* What is left until deadline of the caller's timeout, in *left; NULL (wait for ever) when the
+ * caller gave none. */
+static struct timespec *time_left(const struct timespec *timeout, uint64_t deadline,
+				  struct timespec *left)
+{
+	if (!timeout)
+		return NULL;
+	uint64_t t = kvs_mono_ns();
+	*left = kvs_ns_ts(deadline > t ? deadline - t : 0);
+	return left;
 }
 
 kvs_cufile_error_t kvs_cufile_batch_get_status(kvs_cufile_batch_handle_t batch_idp, unsigned min_nr,
@@ -346,15 +401,7 @@ kvs_cufile_error_t kvs_cufile_batch_get_status(kvs_cufile_batch_handle_t batch_i
 			if (!served_left) {
 				if (want > pending)
 					want = pending;
-				ts = timeout;
-				if (timeout) {
-					uint64_t t = kvs_mono_ns(),
-						 l = deadline > t ? deadline - t : 0;
-
-					left = (struct timespec){(time_t)(l / 1000000000ull),
-								 (long)(l % 1000000000ull)};
-					ts = &left;
-				}
+				ts = time_left(timeout, deadline, &left);
 			} else {
 				want = 0;
 			}
