@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # The libraries under the shim never call up into it: no object of base/, config/, cache/,
-# loader/ or gpu/, nor of the shim's internals (every shim/ file but the doors: hooks_*.c,
-# cufile*.c, dlsym*), names a function that the shim exports (the version script made from
-# shim/exports.def: close, fcntl, mmap,
+# loader/ or gpu/, nor of the shim's internals (every shim/ file but the doors, shim/hooks/),
+# names a function that the shim exports (the version script made from shim/exports.def: close,
+# fcntl, mmap,
 # read, syscall, ...), and no object of the shim, doors included, calls one.  Inside
 # libkvshim.so such a call binds to the shim's own hook; they make their system calls through
 # base/raw.h instead, and reach libc through kvs_real.  Nor does the shim carry the tools' half of

@@ -75,7 +75,7 @@ bool kvs_fdinfo_outside_known(uint64_t dev, uint64_t ino);
 void kvs_fdinfo_outside_note(uint64_t dev, uint64_t ino);
 void kvs_fdinfo_outside_forget(void);
 
-/* Descriptor numbers a cuFile handle registered through the shim names (hooks/cufile.c counts them,
+/* Descriptor numbers a cuFile handle registered through the shim names (api/cufile.c counts them,
  * under its handles' lock; one relaxed load to ask; a number that had 255 handles at once
  * stays registered).  In observe mode a POSIX read of such a descriptor is libcufile's own,
  * moving the bytes of a cuFile read already observed (compatibility mode), and is not

@@ -1,6 +1,6 @@
 /*
- * shim: what the hooks call.  The hooks (hooks_*.c, cufile*.c) are thin wrappers over this
- * contract: the read decision, "serve this read from the cache or make the real call"
+ * shim: what the hooks call.  The doors (hooks/) and the engines below them (api/) are built on
+ * this contract: the read decision, "serve this read from the cache or make the real call"
  * (kvs_shim_read and kvs_shim_readv in serve.c; the asynchronous and cuFile forms in
  * serve_async.c and serve_stream.c), the notes of what is passed through (unserved.c), and
  * the write side: writes, changes, closes and renames (writes.c).

@@ -8,8 +8,8 @@
 #include <stdbool.h>
 #include <stddef.h>
 
-#include "cufile.h"
 #include "dlsym.h"
+#include "hooks_cufile.h"
 
 /* Does name start with "cuFile"?  No libc: see the top of elfsym.c (this file is built without
  * sanitizers for the same reason). */
