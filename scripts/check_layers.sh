@@ -79,6 +79,46 @@ while read -r o; do
 	done
 done < <(find "$objdir" -name '*.o' | sort)
 [ $internals -gt 0 ] || { echo "check_layers: no object of the shim's internals in $build" >&2; exit 2; }
+# Write-through's files are a stack (shim/wthru_int.h): no wthru object names a symbol that a
+# wthru object of its own floor or one above defines, and none calls into a shim object that
+# names a symbol a wthru object defines (a circle through it).  Floors, bottom first:
+wthru_floors=("wthru_state.c.o" "wthru_copy.c.o wthru_map.c.o" "wthru.c.o wthru_publish.c.o")
+wthru_all=$(printf '%s\n' "${wthru_floors[@]}" | tr ' ' '\n' | sort)
+[ "$wthru_all" = "$(find "$objdir" -maxdepth 1 -name 'wthru*.o' -printf '%P\n' | sort)" ] ||
+	{ echo "check_layers: shim/wthru*.c and this script's wthru_floors differ (give a new file its floor)"; bad=1; }
+wobj=$(cd "$objdir" && pwd)
+defs_of() { # OBJECT...: the global symbols they define (named under $wobj)
+	(cd "$wobj" && nm -g --defined-only "$@" 2>/dev/null) | awk 'NF == 3 { print $3 }' | sort -u
+}
+mapfile -t wthru_objs <<<"$wthru_all"
+wthru_defs=$(defs_of "${wthru_objs[@]}")
+# OBJECT SYMBOL: what each other shim object that names a wthru symbol defines.
+back_defs=$(cd "$wobj" && find . -name '*.o' -not -name 'wthru*' -printf '%P\n' | sort |
+	while read -r other; do
+		names=$(nm -u "$other" | awk '{ sub(/@.*/, "", $NF); print $NF }')
+		grep -qxF "$wthru_defs" <<<"$names" || continue
+		defs_of "$other" | sed "s|^|$other |"
+	done)
+for ((i = 0; i < ${#wthru_floors[@]}; i++)); do
+	for o in ${wthru_floors[$i]}; do
+		up=""
+		for ((j = i; j < ${#wthru_floors[@]}; j++)); do
+			for p in ${wthru_floors[$j]}; do
+				[ "$p" = "$o" ] || up+="$(defs_of "$p")"$'\n'
+			done
+		done
+		for name in $(nm -u "$objdir/$o" | awk '{ sub(/@.*/, "", $NF); print $NF }'); do
+			if grep -qxF "$name" <<<"$up"; then
+				echo "check_layers: shim/${o%.o} names $name, defined by write-through's floor or one above it"
+				bad=1
+			fi
+			other=$(awk -v n="$name" '$2 == n { print $1 }' <<<"$back_defs")
+			[ -z "$other" ] && continue
+			echo "check_layers: shim/${o%.o} calls $name (shim/${other%.o}), which calls write-through back"
+			bad=1
+		done
+	done
+done
 # The tools' half of config/ (printing, --explain, the sample file, name hints) stays out of
 # the shim: no function that config/libkvs_config_tools.a defines is in libkvshim.so.
 tools_lib=$build/config/libkvs_config_tools.a
@@ -92,5 +132,5 @@ for name in $(nm "$shim_so" | awk 'NF == 3 { print $3 }' | sort -u | comm -12 - 
 	echo "check_layers: libkvshim.so holds $name, tool-only code (config/kvs_config_tools)"
 	bad=1
 done
-[ $bad = 0 ] && echo "check_layers: no library under the shim, and no object of it, calls a name it exports; no floor of the shim names one above it; no tool-only code in it"
+[ $bad = 0 ] && echo "check_layers: no library under the shim, and no object of it, calls a name it exports; no floor of the shim names one above it; write-through's files a stack; no tool-only code in it"
 exit $bad
