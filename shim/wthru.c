@@ -1,7 +1,12 @@
 /*
- * wthru: write-through (see wthru.h): the configuration, the pools, the staged files and the
- * writes.  The copies are wthru_copy.c, the shared mappings wthru_map.c, the publication
- * wthru_publish.c; what they share, wthru_int.h.
+ * wthru: write-through (see wthru.h): the writes, from kvs_wthru_before or kvs_wthru_change to
+ * kvs_wthru_after, the truncations, and the fork rule.  The files of write-through form a
+ * stack, each calling only the ones below it: wthru_state.c (the configuration, wt_mu, the
+ * pools, the staged files and their primitives) at the bottom; on it wthru_copy.c (the copies
+ * and the copier thread) and wthru_map.c (the files mapped shared and writable); on those the
+ * operations: this file and wthru_publish.c (publication at close, fsync and rename), which do
+ * not call each other.  What they share is wthru_int.h; who writes which field under which
+ * lock, at the top of each file that holds it.
  *
  * DESIGN
  *
@@ -43,240 +48,30 @@
  * without the shim; its result and errno are the caller's.
  *
  * Threads and memory.  wt_mu guards the staged files (the list, each file's fields and
- * shard entries), the pools and the recent publications; it is never held across the real
- * write or a copy, and only while the shim's guard is set (so a signal handler on the same
- * thread goes to the real call, never to this lock).  Shard entries live in chunks that never
- * move, so a copy in flight keeps its destinations while other writes add shards.  A file
- * with a write in flight (refs) is never published or freed: a close that races a write marks
- * the file and the last write drops it.  Memory comes from pools mapped once (no malloc on
- * the write path).  The copier thread takes ops from a list under copy_mu and marks each done
- * with a release store that the writer's acquire (futex) wait pairs with.
+ * shard entries), the pools and the recent publications (wthru_state.c), and the records of
+ * shared mappings (wthru_map.c); it is never held across the real write or a copy, and only
+ * while the shim's guard is set (so a signal handler on the same thread goes to the real call,
+ * never to this lock).  Shard entries live in chunks that never move, so a copy in flight
+ * keeps its destinations while other writes add shards.  A file with a write in flight (refs)
+ * is never published or freed: a close that races a write marks the file and the last write
+ * drops it.  Memory comes from pools mapped once (no malloc on the write path).  The copier
+ * thread takes ops from a list under copy_mu and marks each done with a release store that the
+ * writer's acquire (futex) wait pairs with (wthru_copy.c).
  *
- * Fork: the child forgets everything (its parent's slots are its parent's) without freeing.
+ * Fork: the child forgets its parent's staged files, pools, recent publications and copier
+ * (its parent's slots are its parent's) without freeing; the records of shared mappings stay,
+ * as the mappings do.
  */
-#include <errno.h>
-#include <fcntl.h>
 #include <pthread.h>
 #include <stdatomic.h>
 #include <string.h>
-#include <sys/mman.h>
 #include <sys/stat.h>
-#include <sys/syscall.h>
-#include <sys/sysmacros.h>
 #include <unistd.h>
 
-#include "atomics.h"
-#include "config.h"
-#include "copy.h"
-#include "raw.h"
 #include "sys.h"
 #include "wthru_int.h"
 
-bool wt_on;
-uint64_t wt_revalidate_ns;
-kvs_copy_fn wt_copy_fn;
-
-pthread_mutex_t wt_mu = PTHREAD_MUTEX_INITIALIZER;
-struct wt_file *wt_files;
-_Atomic uint32_t wt_nfiles;
-uint64_t wt_staged_slots;
-struct wt_recent wt_recents[KVS_WT_RECENT];
-
-/* Pools (under wt_mu): mapped at first use, free lists through next. */
-static struct wt_file *file_pool, *free_files;
-static struct wt_chunk *chunk_pool;
-struct wt_chunk *wt_free_chunks;
-static bool pools_failed;
-
-void kvs_wthru_configure(const struct kvs_config *cfg)
-{
-	wt_on = cfg->files_write_through;
-	wt_revalidate_ns = cfg->files_revalidate * 1000000ull;
-	wt_copy_fn = kvs_copy_pick(cfg->loader_copy);
-}
-
-bool kvs_wthru_on(void)
-{
-	return wt_on;
-}
-
-bool kvs_wthru_busy(void)
-{
-	return load_relaxed(&wt_nfiles) != 0;
-}
-
-/* ------------------------------------------------------------------ pools */
-
-static bool pools_locked(void)
-{
-	if (file_pool || pools_failed)
-		return !pools_failed;
-	size_t fl = KVS_WT_FILES * sizeof(struct wt_file);
-	size_t cl = KVS_WT_CHUNKS * sizeof(struct wt_chunk);
-	char *p =
-	    kvs_sys_mmap(NULL, fl + cl, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-
-	if (p == MAP_FAILED) {
-		pools_failed = true;
-		return false;
-	}
-	file_pool = (struct wt_file *)p;
-	chunk_pool = (struct wt_chunk *)(p + fl);
-	for (int i = KVS_WT_FILES - 1; i >= 0; i--) {
-		file_pool[i].next = free_files;
-		free_files = &file_pool[i];
-	}
-	for (int i = KVS_WT_CHUNKS - 1; i >= 0; i--) {
-		chunk_pool[i].next = wt_free_chunks;
-		wt_free_chunks = &chunk_pool[i];
-	}
-	return true;
-}
-
-/* ------------------------------------------------------------------ identities */
-
-void wt_ident_of(const struct stat *st, struct wt_ident *id)
-{
-	*id = (struct wt_ident){(uint64_t)st->st_dev,	       (uint64_t)st->st_ino,
-				(uint64_t)st->st_size,	       (uint64_t)st->st_mtim.tv_sec,
-				(uint64_t)st->st_mtim.tv_nsec, (uint64_t)st->st_ctim.tv_sec,
-				(uint64_t)st->st_ctim.tv_nsec};
-}
-
-bool wt_ident_eq(const struct wt_ident *a, const struct wt_ident *b)
-{
-	return !memcmp(a, b, sizeof(*a));
-}
-
-/* f's identity after this process's last write.  Caller holds wt_mu. */
-void wt_set_after_locked(struct wt_file *f, const struct stat *st)
-{
-	wt_ident_of(st, &f->after);
-	f->after_gen++;
-}
-
-/* ------------------------------------------------------------------ staged files */
-
-struct wt_file *wt_find_locked(uint64_t dev, uint64_t ino)
-{
-	for (struct wt_file *f = wt_files; f; f = f->next)
-		if (f->dev == dev && f->ino == ino)
-			return f;
-	return NULL;
-}
-
-/* The entry of shard sh, created (with its chunk) if absent and create; NULL if none. */
-struct wt_shard *wt_shard_locked(struct wt_file *f, uint64_t sh, bool create)
-{
-	uint64_t first = sh - sh % KVS_WT_CHUNK;
-	struct wt_chunk *k;
-
-	for (k = f->chunks; k; k = k->next)
-		if (k->first == first)
-			return &k->e[sh - first];
-	if (!create || !wt_free_chunks)
-		return NULL;
-	k = wt_free_chunks;
-	wt_free_chunks = k->next;
-	k->next = f->chunks;
-	k->first = first;
-	for (int i = 0; i < KVS_WT_CHUNK; i++)
-		k->e[i] = (struct wt_shard){.slot = KVS_WT_NIL};
-	f->chunks = k;
-	return &k->e[sh - first];
-}
-
-/* Free every staged slot of f that is still staged, and its chunks (publish took the others). */
-static void drop_shards_locked(struct kvs_cache *c, struct wt_file *f)
-{
-	while (f->chunks) {
-		struct wt_chunk *k = f->chunks;
-
-		f->chunks = k->next;
-		for (int i = 0; i < KVS_WT_CHUNK; i++) {
-			if (k->e[i].slot != KVS_WT_NIL) {
-				kvs_cache_stage_drop(c, k->e[i].slot);
-				wt_staged_slots--;
-			}
-		}
-		k->next = wt_free_chunks;
-		wt_free_chunks = k;
-	}
-	kvs_cache_stage_count(c, (uint32_t)wt_staged_slots); /* for the node's bound */
-}
-
-void wt_unlink_locked(struct wt_file *f)
-{
-	for (struct wt_file **pp = &wt_files; *pp; pp = &(*pp)->next) {
-		if (*pp == f) {
-			*pp = f->next;
-			store_relaxed(&wt_nfiles, load_relaxed(&wt_nfiles) - 1);
-			return;
-		}
-	}
-}
-
-void wt_free_file_locked(struct kvs_cache *c, struct wt_file *f)
-{
-	drop_shards_locked(c, f);
-	f->next = free_files;
-	free_files = f;
-}
-
-/* The index of fd among f's descriptors, or -1. */
-int wt_fd_index(const struct wt_file *f, int fd)
-{
-	for (int i = 0; i < f->nfds; i++)
-		if (f->fds[i] == fd)
-			return i;
-	return -1;
-}
-
-bool wt_has_fd(const struct wt_file *f, int fd)
-{
-	return wt_fd_index(f, fd) >= 0;
-}
-
-/* The staged file of (dev, ino) with fd among its descriptors, made if need be; NULL if the
- * pools are spent. */
-static struct wt_file *file_for_locked(const struct kvs_fdinfo *fi, int fd)
-{
-	struct wt_file *f = wt_find_locked(fi->dev, fi->ino);
-
-	if (!f) {
-		if (!pools_locked() || !free_files)
-			return NULL;
-		f = free_files;
-		free_files = f->next;
-		*f = (struct wt_file){.dev = fi->dev,
-				      .ino = fi->ino,
-				      .settle_ns = fi->settle_ns,
-				      .write_once = fi->write_once};
-		f->next = wt_files;
-		wt_files = f;
-		store_relaxed(&wt_nfiles, load_relaxed(&wt_nfiles) + 1);
-	}
-	if (!wt_has_fd(f, fd)) {
-		if (f->nfds == KVS_WT_FDS) {
-			f->poisoned = true; /* cannot tell when it is done: keep nothing */
-		} else {
-			f->spos[f->nfds] = KVS_WT_NO_STREAM;
-			f->fds[f->nfds++] = fd;
-		}
-	}
-	return f;
-}
-
 /* ------------------------------------------------------------------ writes */
-
-/* The most slots one process keeps staged: a quarter of the region (the node's writers
- * together stage no more: kvs_cache_stage_claim). */
-uint64_t wt_slot_cap(struct kvs_cache *c)
-{
-	uint64_t n = kvs_cache_slots(c) / 4;
-
-	return n ? n : 1;
-}
 
 /* The end of op's range, [off, end): everything from 0 for a write whose place is known only
  * afterwards (late) or never (whole); len UINT64_MAX: to any end. */
@@ -347,7 +142,7 @@ static bool follow(struct kvs_cache *c, struct kvs_wthru_op *op, int fd,
 		   const struct kvs_fdinfo *fi, bool named)
 {
 	pthread_mutex_lock(&wt_mu);
-	struct wt_file *f = named ? file_for_locked(fi, fd) : wt_find_locked(fi->dev, fi->ino);
+	struct wt_file *f = named ? wt_file_for_locked(fi, fd) : wt_find_locked(fi->dev, fi->ino);
 	if (!f) {
 		pthread_mutex_unlock(&wt_mu);
 		return false;
@@ -642,18 +437,8 @@ void kvs_wthru_truncated(struct kvs_cache *c, struct wt_file *f, int fd, struct 
 
 void kvs_wthru_atfork_child(void)
 {
-	/* The parent's threads do not exist here; its slots are its own.  Forget, free nothing
-	 * of the region's. */
-	pthread_mutex_init(&wt_mu, NULL);
+	/* The parent's threads do not exist here: its staged files, pools and copier are
+	 * forgotten, nothing of the region's freed. */
+	wt_state_atfork_child();
 	wt_copy_atfork_child();
-	if (file_pool)
-		kvs_sys_munmap(file_pool, KVS_WT_FILES * sizeof(struct wt_file) +
-					      KVS_WT_CHUNKS * sizeof(struct wt_chunk));
-	file_pool = free_files = NULL;
-	chunk_pool = wt_free_chunks = NULL;
-	pools_failed = false;
-	wt_files = NULL;
-	store_relaxed(&wt_nfiles, 0);
-	wt_staged_slots = 0;
-	memset(wt_recents, 0, sizeof(wt_recents));
 }

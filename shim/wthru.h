@@ -136,7 +136,7 @@ void kvs_wthru_renamed(struct kvs_cache *c, int dirfd, const char *path);
 
 /* The program mapped (dev, ino), a KV file, MAP_SHARED through a descriptor that can write
  * (the mmap hook): stores through the mapping change it unseen, so it keeps nothing while the
- * mapping lives (the essay at "shared mappings" in wthru.c).  Not async-signal-safe (mmap is
+ * mapping lives (the essay at "shared mappings" in wthru_map.c).  Not async-signal-safe (mmap is
  * not): it reads /proc/self/maps. */
 void kvs_wthru_mapped(uint64_t dev, uint64_t ino);
 

@@ -1,5 +1,20 @@
 /*
- * wthru_copy: the copies of a write's bytes into its staged slots (see wthru.c, DESIGN).
+ * wthru_copy: the copies of a write's bytes into its staged slots (see wthru.c, DESIGN),
+ * inline or on the copier thread.  It sits on wthru_state.c (wt_mu, the shard entries, the
+ * count of staged slots and its cap, wt_copy_fn) and is called by the writes (wthru.c); it
+ * calls nothing above it.
+ *
+ * STATE
+ *
+ * copy_mu guards the copier's list (copy_head, copy_tail), copier_started, copier_failed and
+ * copy_cache; it is never held with wt_mu, nor across a copy.  copy_cache is set before the
+ * copier starts and not changed while it runs, so the copier reads it without the lock.  An op
+ * on the list is the copier's from wt_copy_async until its release store to op->copied, which
+ * the writer's acquire in wt_wait_copied pairs with.  A shard's slot is staged, and its entry
+ * read, under wt_mu (shard_slot); the bytes are copied into the slot without it (the slot is
+ * CLAIMED by this process and its entry stays while the op holds a reference).  wt_pvr_off
+ * only goes from false to true, by whichever thread is refused process_vm_readv; relaxed loads
+ * (a thread that still sees false is refused again, the same way).
  */
 #include <errno.h>
 #include <fcntl.h>
@@ -17,7 +32,7 @@
 #include "sys.h"
 #include "wthru_int.h"
 
-/* The copier (copy_mu guards the list, started, stop). */
+/* The copier (STATE above). */
 static pthread_mutex_t copy_mu = PTHREAD_MUTEX_INITIALIZER;
 static pthread_cond_t copy_cond = PTHREAD_COND_INITIALIZER;
 static struct kvs_wthru_op *copy_head, *copy_tail;

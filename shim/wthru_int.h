@@ -1,6 +1,14 @@
 /*
- * wthru_int: what the files of write-through share (wthru.c, wthru_copy.c, wthru_map.c,
- * wthru_publish.c), and nothing else includes.  The protocol is the DESIGN comment of wthru.c.
+ * wthru_int: what the files of write-through share, and nothing else includes.  The protocol
+ * is the DESIGN comment of wthru.c.  The files form a stack: each calls only what the files of
+ * the floors below it declare here, never a file of its own floor or one above
+ * (scripts/check_layers.sh fails a build whose objects do):
+ *   wthru.c, wthru_publish.c    the writes and truncations; publication at close, fsync, rename
+ *   wthru_copy.c, wthru_map.c   the copies; the files mapped shared and writable
+ *   wthru_state.c               the configuration, wt_mu, the staged files and their primitives
+ * wthru.h's entry points are defined where their work is: kvs_wthru_configure, _on and _busy
+ * in wthru_state.c, kvs_wthru_mapped in wthru_map.c, the others on the top floor.  Who writes
+ * each field, under which lock, is said at the top of the file that defines it.
  */
 #ifndef KVS_SHIM_WTHRU_INT_H
 #define KVS_SHIM_WTHRU_INT_H
@@ -87,8 +95,11 @@ struct wt_recent {
 	uint64_t first, last;
 };
 
-/* wthru.c: the configuration, and the staged files (under wt_mu, but wt_on and the read-only
- * configuration; wt_nfiles is also read without it). */
+/* wthru_state.c: the configuration (written once by kvs_wthru_configure, read without a
+ * lock), and under wt_mu the staged files, their shard entries, the pools, the count of staged
+ * slots and the recent publications; wt_nfiles is also read without it (kvs_wthru_busy).  The
+ * functions named _locked, and wt_fd_index and wt_has_fd (they read a file's fields), are
+ * called with wt_mu held; none of them takes a lock. */
 extern bool wt_on;
 extern uint64_t wt_revalidate_ns;
 extern kvs_copy_fn wt_copy_fn; /* for copies of bytes the kernel has read already */
@@ -100,6 +111,7 @@ extern struct wt_recent wt_recents[KVS_WT_RECENT]; /* publications a rename may 
 extern struct wt_chunk *wt_free_chunks;
 
 struct wt_file *wt_find_locked(uint64_t dev, uint64_t ino);
+struct wt_file *wt_file_for_locked(const struct kvs_fdinfo *fi, int fd);
 struct wt_shard *wt_shard_locked(struct wt_file *f, uint64_t sh, bool create);
 int wt_fd_index(const struct wt_file *f, int fd);
 bool wt_has_fd(const struct wt_file *f, int fd);
@@ -109,9 +121,12 @@ void wt_ident_of(const struct stat *st, struct wt_ident *id);
 bool wt_ident_eq(const struct wt_ident *a, const struct wt_ident *b);
 void wt_set_after_locked(struct wt_file *f, const struct stat *st);
 uint64_t wt_slot_cap(struct kvs_cache *c);
+void wt_state_atfork_child(void); /* the fork child's part of kvs_wthru_atfork_child */
 
 /* wthru_copy.c: the copies of a write's bytes into staged slots, inline or on the copier
- * thread.  wt_pvr_off: process_vm_readv is refused here (the copy checks pages instead). */
+ * thread; called without wt_mu (a copy takes it to stage each shard).  wt_pvr_off:
+ * process_vm_readv is refused here (the copies are made after the write then, of the bytes the
+ * kernel has read). */
 extern _Atomic bool wt_pvr_off;
 void wt_copy_op(struct kvs_cache *c, struct kvs_wthru_op *op, uint64_t to);
 bool wt_copy_async(struct kvs_cache *c, struct kvs_wthru_op *op);

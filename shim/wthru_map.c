@@ -1,5 +1,18 @@
 /*
- * wthru_map: files this process maps shared and writable, for write-through (see wthru.c).
+ * wthru_map: files this process maps shared and writable, for write-through (see wthru.c,
+ * DESIGN, and "shared mappings" below).  It sits on wthru_state.c (wt_on, wt_mu, the staged
+ * files) and is called by the mmap hook (kvs_wthru_mapped), the writes (wthru.c:
+ * wt_mapped_locked) and the publication (wthru_publish.c: wt_mapped_now); it calls nothing
+ * above it.
+ *
+ * STATE
+ *
+ * maps, nmaps and maps_full are written and read under wt_mu, by any thread (the mmap hook,
+ * the writes, the publications).  maps_hint (nmaps + maps_full) is written under wt_mu, read
+ * under it by wt_mapped_locked and without it by wt_mapped_now (one relaxed load, so that a
+ * process that maps nothing shared and writable neither takes the lock nor reads
+ * /proc/self/maps at publication; a record made after that load is not seen by that
+ * publication).  /proc/self/maps is read without wt_mu.
  */
 #include <errno.h>
 #include <fcntl.h>

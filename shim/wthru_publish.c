@@ -1,5 +1,14 @@
 /*
- * wthru_publish: publication of staged files at close, fsync and rename (see wthru.c, DESIGN).
+ * wthru_publish: publication of staged files at close, fsync and rename (see wthru.c, DESIGN),
+ * one of the operations on top of the write-through files: it calls wthru_state.c (the staged
+ * files, the recent publications) and wthru_map.c (wt_mapped_now), and never wthru.c.
+ *
+ * STATE
+ *
+ * recent_next, the next of wt_recents to reuse, is written and read under wt_mu, as the
+ * recents themselves (wthru_state.c).  A file kvs_wthru_closing takes off the list is its
+ * caller's until kvs_wthru_closed or kvs_wthru_stream_closed publishes and frees it, under
+ * wt_mu.
  */
 #include <errno.h>
 #include <fcntl.h>
