@@ -224,6 +224,64 @@ bool kvs_serve_direct_fits(int fd, const struct kvs_fdinfo *fi, const struct iov
 	return false;
 }
 
+/* A cuFile read of fd into memory the shim cannot copy to: counted and said.  Caller holds
+ * guard. */
+static void device_unserved(int fd, const struct kvs_fdinfo *fi, uint64_t off, uint64_t len)
+{
+	kvs_unserved(KVS_CTR_unserved_device, KVS_CAUSE_UNSERVED_DEVICE,
+		     "a cuFile read of a KV file into memory the shim cannot copy to", fi, off,
+		     len);
+	kvs_unserved_pass(fd, fi, KVS_WHY_DEVICE, 0);
+}
+
+/*
+ * A cuFile read's common part: fd a KV file (O_DIRECT or not: cuFile reads are served either
+ * way), the destination classified and ready, the region attached, the anchor taken (in
+ * a->rd.fd: the caller puts it once the read is over).  Fills *rd and a->tg.  Returns 0, or -1
+ * to pass through (nothing held).  Caller holds guard.
+ */
+int kvs_serve_cufile_prepare(struct kvs_shim_async *a, int fd, uint64_t ptr, size_t size, off_t off)
+{
+	struct kvs_fdinfo fi;
+	int anchor;
+
+	if (off < 0 || size == 0 || size > KVS_MAX_RW_COUNT || ptr + size < ptr)
+		return -1;
+	if (!kvs_serve_admit(fd, kvs_fdinfo_get(fd, &fi), &fi, true, (uint64_t)off, size))
+		return -1;
+	if (kvs_device_target(&kvs_shim_cfg, ptr, size, &a->tg)) {
+		device_unserved(fd, &fi, (uint64_t)off, size);
+		return -1;
+	}
+	if (a->tg.host && !kvs_observe_on() &&
+	    !kvs_serve_buffers_fit(fd, &fi, &a->tg.iov, 1, (uint64_t)off, size))
+		return -1;
+	if (kvs_observe_on()) { /* keyed and counted; the real library reads it */
+		struct kvs_cache *c = kvs_shim_region(true);
+
+		if (c)
+			kvs_observe_read(c, &fi, (uint64_t)off, size);
+		return -1;
+	}
+	anchor = kvs_serve_attach_anchor(fd, &fi, (uint64_t)off, size);
+	if (anchor < 0)
+		return -1;
+	if (kvs_device_begin(&a->tg, kvs_shim_cache, &kvs_shim_cfg)) {
+		kvs_anchor_put(anchor);
+		device_unserved(fd, &fi, (uint64_t)off, size);
+		return -1;
+	}
+	a->fd = fd;
+	a->rd = kvs_serve_make_read(&fi, anchor, (uint64_t)off, size);
+	if (a->tg.host) {
+		a->rd.iov = &a->tg.iov;
+		a->rd.iovcnt = 1;
+	} else {
+		a->rd.dest = &a->tg.dest;
+	}
+	return 0;
+}
+
 /* shim.mode = observe: a POSIX read of fd (described as fi) that would be served, keyed and
  * counted, unless fd is the descriptor of a cuFile handle: then it is libcufile's own read of
  * a cuFile read observed already (compatibility mode).  The caller then makes the real call.

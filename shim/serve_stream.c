@@ -34,7 +34,6 @@
 #include <unistd.h>
 
 #include "anchor.h"
-#include "atime.h"
 #include "attach.h"
 #include "cache.h"
 #include "config.h"
@@ -48,8 +47,6 @@
 #include "shim.h"
 #include "sys.h"
 #include "unserved.h"
-#include "wonce.h"
-#include "wthru.h"
 
 /* A read on the program's stream: lives from the enqueue until stream_done. */
 struct stream_read {

@@ -22,9 +22,10 @@
 #include <sys/uio.h>
 
 #include "device.h"
+#include "fdinfo.h"
 #include "guard.h"
 #include "loader.h"
-#include "wthru.h"
+#include "wthru_op.h"
 
 #define KVS_EXPORT __attribute__((visibility("default")))
 

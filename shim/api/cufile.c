@@ -35,6 +35,7 @@
 #include "cufile.h"
 #include "dlsym.h"
 #include "elfsym.h"
+#include "fdinfo.h"
 #include "log.h"
 #include "shim.h"
 

@@ -83,6 +83,7 @@
 #include "log.h"
 #include "raw.h"
 #include "shim.h"
+#include "wthru.h"
 
 #ifndef IORING_NOP_INJECT_RESULT
 #define IORING_NOP_INJECT_RESULT (1U << 0)

@@ -6,7 +6,8 @@
  * kvs_shim_read(); anything it declines goes to the real function, which then sets errno and
  * the file position exactly as it always would.  Write hooks invalidate first, stage the bytes
  * for write-through, then write; close, fsync, fdatasync and the renames (hooks/posix_fd.c)
- * publish what was staged (wthru.h).  fread's and fwrite's stdio work is stream.c's.
+ * publish what was staged (wthru.h).  fread and fwrite work on glibc's FILE under its lock
+ * (stream_read, stream_write).
  */
 #include <errno.h>
 #include <fcntl.h>
@@ -30,7 +31,6 @@
 #include "real.h"
 #include "shim.h"
 #include "shmap.h"
-#include "stream.h"
 #include "uring.h"
 #include "wonce.h"
 #include "wthru.h"
@@ -173,8 +173,115 @@ KVS_EXPORT ssize_t __pread64_chk(int fd, void *buf, size_t count, off64_t off, s
 	return kvs_real.pread64_chk(fd, buf, count, off, buflen);
 }
 
+/*
+ * glibc's fread reads through its own buffer, not through read().  A large fread is served
+ * around it, as glibc would read: the bytes buffered already ([_IO_read_ptr, _IO_read_end))
+ * are copied out and consumed, the rest is served from the descriptor's position (glibc keeps
+ * it at the end of what it buffered), and the stream is moved there with fseeko (which drops
+ * the buffer and keeps glibc's offset right).  A short count (end of file) or a read the cache
+ * refuses lets the real fread go on from there, so the EOF and error flags are set as usual.
+ * Not served, and counted (unserved_stdio): a stream with bytes waiting to be written, one
+ * reading back ungetc'd bytes (glibc's backup area), a wide-oriented one.  A read that the
+ * buffer holds, or whose rest is below files.min_read, is glibc's own.
+ */
+#define KVS_IO_IN_BACKUP 0x100 /* glibc's _IO_IN_BACKUP (libio.h): reading ungetc'd bytes */
+
+/* The part of a read of total bytes of f that the buffer does not hold, served from the
+ * descriptor's position after the buffered bytes are copied to ptr and consumed (*done of
+ * them); the stream moved past what was served.  The count served, or -1 (with *done as far as
+ * the copy went): the real fread goes on.  Caller holds the stream's lock. */
+static ssize_t read_around(void *ptr, size_t total, FILE *f, size_t *done)
+{
+	size_t have =
+	    f->_IO_read_end > f->_IO_read_ptr ? (size_t)(f->_IO_read_end - f->_IO_read_ptr) : 0;
+	ssize_t n = -1;
+
+	if (f->_IO_write_ptr > f->_IO_write_base || (f->_flags & KVS_IO_IN_BACKUP) ||
+	    f->_mode > 0) {
+		kvs_shim_note_stdio(fileno_unlocked(f), total);
+	} else if (have < total && kvs_shim_wants(total - have)) {
+		int fd = fileno_unlocked(f), saved = errno;
+		off_t pos = fd >= 0 ? lseek(fd, 0, SEEK_CUR) : -1;
+
+		errno = saved; /* a pipe's ESPIPE is not the program's */
+		if (pos >= 0) {
+			struct iovec v = {(char *)ptr + have, total - have};
+
+			if (have) { /* a stream that has read nothing yet has no buffer at all */
+				memcpy(ptr, f->_IO_read_ptr, have);
+				f->_IO_read_ptr =
+				    f->_IO_read_end; /* consumed, as glibc's copy would */
+			}
+			*done = have;
+			n = kvs_shim_read(fd, &v, 1, pos, false);
+			if (n >= 0 && fseeko(f, pos + n, SEEK_SET) != 0)
+				n = -1; /* cannot happen; the real call rereads the rest */
+		}
+	}
+	return n;
+}
+
+static size_t stream_read(void *ptr, size_t size, size_t total, FILE *f)
+{
+	size_t done = 0;
+
+	flockfile(f);
+	ssize_t n = read_around(ptr, total, f, &done);
+	if (n < 0) {
+		/* From where the copy above left the stream: its buffer is consumed, the
+		 * descriptor's position is the next byte. */
+		done += kvs_real.fread((char *)ptr + done, 1, total - done, f);
+		funlockfile(f);
+		return done / size;
+	}
+	done += (size_t)n;
+	if (done < total)
+		done += kvs_real.fread((char *)ptr + done, 1, total - done, f);
+	funlockfile(f);
+	return done / size;
+}
+
+/*
+ * fwrite puts bytes in the stream's buffer; they reach the file at the stream's position when
+ * it flushes.  For write-through they are staged at that position (ftello, under the stream's
+ * lock) and kept once fclose has flushed them (hooks/posix.c, fclose).  A stream in append mode
+ * (O_APPEND on its descriptor) keeps nothing: its position is not where the bytes go.  A stream
+ * found elsewhere than the last fwrite left it, here or at fclose, keeps nothing either: stdio
+ * calls the shim does not hook (fputc, fprintf, fwrite_unlocked, putc_unlocked) wrote or moved it.
+ */
+static size_t stream_write(const void *ptr, size_t size, size_t nmemb, size_t total, FILE *f)
+{
+	size_t done;
+	struct kvs_wthru_op op;
+	bool staged = false;
+
+	flockfile(f);
+	int fd = fileno_unlocked(f), saved = errno;
+	off_t pos = fd >= 0 ? ftello(f) : -1;
+	errno = saved; /* a pipe's ESPIPE is not the program's */
+	struct iovec v = {(void *)ptr, total};
+	if (pos >= 0) {
+		kvs_shim_invalidate(fd, pos, total, false, 0);
+		staged = kvs_shim_write_before(&op, fd, &v, 1, total, pos, true);
+	}
+	done = kvs_real.fwrite(ptr, size, nmemb, f);
+	if (pos >= 0 && done > 0) { /* taken by the stream: a rewrite counts now */
+		saved = errno;
+		kvs_shim_invalidate(fd, pos, done * size, false, -(off_t)(done * size));
+		errno = saved;
+	}
+	if (staged) {
+		saved = errno;
+		/* Short: the stream has an error now, and fclose will say so. */
+		kvs_shim_write_after(&op, fd, done == nmemb ? (ssize_t)total : -1);
+		errno = saved;
+	}
+	funlockfile(f);
+	return done;
+}
+
 /* glibc's fread reads through its own buffer: a large one of a candidate is served around it
- * (stream.c, kvs_stream_read). */
+ * (stream_read). */
 KVS_EXPORT size_t fread(void *ptr, size_t size, size_t nmemb, FILE *f)
 {
 	size_t total;
@@ -183,11 +290,11 @@ KVS_EXPORT size_t fread(void *ptr, size_t size, size_t nmemb, FILE *f)
 	if (!f || size == 0 || nmemb == 0 || __builtin_mul_overflow(size, nmemb, &total) ||
 	    !kvs_shim_wants(total))
 		return kvs_real.fread(ptr, size, nmemb, f);
-	return kvs_stream_read(ptr, size, total, f);
+	return stream_read(ptr, size, total, f);
 }
 
 /* fwrite's bytes reach the file when the stream flushes: staged at the stream's position for
- * write-through and kept once fclose has flushed them (stream.c, kvs_stream_write). */
+ * write-through and kept once fclose has flushed them (stream_write). */
 KVS_EXPORT size_t fwrite(const void *ptr, size_t size, size_t nmemb, FILE *f)
 {
 	size_t total;
@@ -202,7 +309,7 @@ KVS_EXPORT size_t fwrite(const void *ptr, size_t size, size_t nmemb, FILE *f)
 	    (!kvs_wthru_on() && !kvs_fdinfo_any_write_once()) ||
 	    !kvs_shim_is_kv(fileno_unlocked(f)))
 		return kvs_real.fwrite(ptr, size, nmemb, f);
-	return kvs_stream_write(ptr, size, nmemb, total, f);
+	return stream_write(ptr, size, nmemb, total, f);
 }
 
 KVS_EXPORT int fclose(FILE *f)
