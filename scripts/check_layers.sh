@@ -82,6 +82,7 @@ edges=$(find "$objdir" -name '*.o' | sort | while read -r o; do
 	nm -u "$o" | awk -v f="$f" '{ sub(/@.*/, "", $NF); print "U", f, $NF }'
 done | awk '$1 == "D" { def[$3] = $2; next } { use[$2 " " $3] = 1 }
 	END { for (k in use) { split(k, p, " "); if ((p[2] in def) && def[p[2]] != p[1]) print p[1], def[p[2]] } }' | sort -u)
+[ -n "$edges" ] || { echo "check_layers: no object of the shim names another's symbol: nm read nothing in $objdir" >&2; exit 2; }
 if loop=$(tsort <<<"$edges" 2>&1 >/dev/null) && [ -z "$loop" ]; then :; else
 	echo "check_layers: the shim's objects call each other in a circle:"
 	sed 's/^tsort: /  /' <<<"$loop"

@@ -99,7 +99,7 @@ static void init(void)
 	atomic_store(&owner_pid, kvs_syscall(SYS_getpid));
 	kvs_real_init();
 	/* The fork handlers are registered at load, whether the shim turns on or not: POSIX aio's
-	 * table lock is taken by its writes either way (api/paio.c). */
+	 * table lock is taken by its writes either way (api/paio_write.c). */
 	if (atomic_load(&refused))
 		goto out;
 	if (kvs_config_load(&kvs_shim_cfg, NULL, NULL, msg, sizeof(msg))) {

@@ -67,7 +67,7 @@ void kvs_serve_zero_tail(const struct iovec *iov, int iovcnt, uint64_t pos);
  * observed already).  The caller then makes the real call. */
 void kvs_serve_observe_posix(int fd, const struct kvs_fdinfo *fi, uint64_t off, uint64_t len);
 
-/* A cuFile read's common part (serve_async.c, for serve_stream.c too): fd a KV file (O_DIRECT
+/* A cuFile read's common part (for serve_async.c and serve_stream.c): fd a KV file (O_DIRECT
  * or not: cuFile reads are served either way), the destination classified and ready, the region
  * attached, the anchor taken (in a->rd.fd: the caller puts it once the read is over).  Fills
  * a->rd and a->tg.  Returns 0, or -1 to pass through (nothing held). */

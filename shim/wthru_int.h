@@ -1,8 +1,8 @@
 /*
  * wthru_int: what the files of write-through share, and nothing else includes.  The protocol
  * is the DESIGN comment of wthru.c.  The files form a stack: each calls only what the files of
- * the floors below it declare here, never a file of its own floor or one above
- * (scripts/check_layers.sh fails a build whose objects do):
+ * the floors below it declare here, never a file of its own floor or one above (a call back
+ * up would make a circle, which scripts/check_layers.sh fails for every object of the shim):
  *   wthru.c, wthru_publish.c    the writes and truncations; publication at close, fsync, rename
  *   wthru_copy.c, wthru_map.c   the copies; the files mapped shared and writable
  *   wthru_state.c               the configuration, wt_mu, the staged files and their primitives

@@ -66,13 +66,14 @@ static void fork_child(void)
 
 /* At load, before the program's own code runs, whether the shim turns on or not: a fork must
  * never leave a lock of the shim's held in the child, and POSIX aio's table lock is taken by its
- * writes either way (api/paio.c).  A hooked call made by a library's constructor that runs
- * before this one may turn the shim on before the handlers are there: a fork in that window,
- * before the program's main, is made without them. */
+ * writes either way (api/paio_write.c).  A hooked call made by a library's constructor that
+ * runs before this one may turn the shim on before the handlers are there: a fork in that
+ * window, before the program's main, is made without them; and should the registration then
+ * fail (no memory at load), the shim stays on without them. */
 __attribute__((constructor)) static void fanout_register(void)
 {
 	if (pthread_atfork(fork_prepare, fork_parent, fork_child))
-		kvs_shim_refuse(); /* the shim stays off (attach.c's init) */
+		kvs_shim_refuse(); /* an init still to come leaves the shim off (attach.c) */
 }
 
 void kvs_shim_fds_closing(unsigned int lo, unsigned int hi)

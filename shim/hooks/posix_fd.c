@@ -360,7 +360,7 @@ KVS_EXPORT int renameat2(int fromdir, const char *from, int todir, const char *t
 /* Mappings are not served (the kernel's page faults read the file), but one of a KV file is
  * counted and said once, so that an operator sees why the cache stays cold; one shared and
  * writable keeps the file out of write-through, and is a write in flight on the node, while it
- * lives (until munmap: shmap.h); an io_uring's rings mapped are noted (api/uring.c). */
+ * lives (until munmap: shmap.h); an io_uring's rings mapped are noted (api/uring_rings.c). */
 static void mapped(void *p, size_t len, int prot, int flags, int fd, off64_t off)
 {
 	if (fd < 0 || (flags & MAP_ANONYMOUS) || p == MAP_FAILED)
