@@ -11,7 +11,8 @@
 #   image     the .deb the Dockerfile copies is the name cpack gives this version; the paths its
 #             ENV line names are installed ones, and its KVSHIM_CONFIG is the file it copies.
 #   pod       every container mounts a memory emptyDir with a size limit at /dev/shm and the
-#             configMap at the folder of KVSHIM_CONFIG; LD_PRELOAD names the installed library;
+#             configMap at the folder of KVSHIM_CONFIG; LD_PRELOAD names the installed library
+#             (an init container's command, the installed kvshim);
 #             every KVSHIM_* value it sets is one `kvshim check` accepts; one UID for all.
 #
 #   bash examples_test.sh BUILD_DIR OPERATIONS_MD
@@ -156,15 +157,21 @@ problems = []
 ctx = spec.get("securityContext", {})
 if "runAsUser" not in ctx:
     problems.append("no pod-wide runAsUser: ranks of several UIDs get several regions")
-for c in spec["containers"]:
+inits = spec.get("initContainers", [])
+for c in spec["containers"] + inits:
     env = {e["name"]: e.get("value") for e in c.get("env", [])}
     mounts = {m["mountPath"]: vols.get(m["name"], {}) for m in c.get("volumeMounts", [])}
     shm = mounts.get("/dev/shm", {}).get("emptyDir")
     if not shm or shm.get("medium") != "Memory" or "sizeLimit" not in shm:
         problems.append("%s: /dev/shm is not a memory emptyDir with a sizeLimit" % c["name"])
-    lib = env.get("LD_PRELOAD", "")
-    if not os.path.isfile(root + lib):
-        problems.append("%s: LD_PRELOAD %r is not installed" % (c["name"], lib))
+    if c in inits:  # kvshim itself (prefetch, prepare): the installed program
+        prog = (c.get("command") or [""])[0]
+        if not os.path.isfile(root + prog):
+            problems.append("%s: its command %r is not installed" % (c["name"], prog))
+    else:
+        lib = env.get("LD_PRELOAD", "")
+        if not os.path.isfile(root + lib):
+            problems.append("%s: LD_PRELOAD %r is not installed" % (c["name"], lib))
     cfg = env.get("KVSHIM_CONFIG", "")
     if "configMap" not in mounts.get(os.path.dirname(cfg), {}):
         problems.append("%s: KVSHIM_CONFIG %r is not in a mounted configMap" % (c["name"], cfg))

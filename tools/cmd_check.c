@@ -454,7 +454,7 @@ static void sample_dir(int dirfd, const char *path, int depth, uint64_t once_ns,
 }
 
 /* Is path under one of the colon-separated directories of list (as written, and canonical)? */
-static bool listed_under(const char *list, const char *path)
+bool tool_listed_under(const char *list, const char *path)
 {
 	char dir[PATH_MAX], real[PATH_MAX];
 	const char *p = list;
@@ -508,8 +508,8 @@ static void check_store(struct check *ck, const struct kvs_config *cfg)
 			dir[n] = '\0';
 			if (!realpath(dir, real))
 				goto next;
-			bool declared = listed_under(cfg->files_write_once, real);
-			if (l == 1 && !listed_under(cfg->files_roots, real)) {
+			bool declared = tool_listed_under(cfg->files_write_once, real);
+			if (l == 1 && !tool_listed_under(cfg->files_roots, real)) {
 				warning(
 				    ck,
 				    "files.write_once: %s is not within files.roots: it changes "

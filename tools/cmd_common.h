@@ -37,6 +37,7 @@ int cmd_ls(int argc, char **argv);
 int cmd_evict(int argc, char **argv);
 int cmd_exporter(int argc, char **argv);
 int cmd_prepare(int argc, char **argv);
+int cmd_prefetch(int argc, char **argv);
 
 /*
  * The checks of `kvshim check` (cmd_check.c): the KVSHIM_* environment, the configuration,
@@ -45,6 +46,11 @@ int cmd_prepare(int argc, char **argv);
  * *config_ok when the configuration loads.  Returns the number of problems.
  */
 int tool_check(bool quiet, bool check_library, bool *config_ok);
+
+/* Is path (a real path) one of the colon-separated list's directories (files.roots,
+ * files.write_once), or under one?  Each listed directory is taken by its real path
+ * (cmd_check.c). */
+bool tool_listed_under(const char *list, const char *path);
 
 /* The shim's file name, as installed and as built. */
 #define SHIM_NAME "libkvshim.so"

@@ -55,6 +55,9 @@ static const char usage[] =
     "  prepare [--config FILE] [--threads N]\n"
     "                      create the region and give all its slots their memory now, before\n"
     "                      the engines start (stops at cache.shm_headroom)\n"
+    "  prefetch [--config FILE] [--max BYTES] PATH...\n"
+    "                      load files and directories under files.roots into the region\n"
+    "                      before the engines ask, at background priority\n"
     "  reset [--force]     remove the shared cache region (refused while processes are attached)\n"
     "  ls [--all] [--json] list the regions in cache.dir: size, age, processes, state\n"
     "  evict PATH...       drop the cached shards of each file\n"
@@ -72,9 +75,10 @@ static const struct {
 	const char *name;
 	int (*fn)(int argc, char **argv);
 } commands[] = {
-    {"run", cmd_run},	  {"stat", cmd_stat},	      {"config", cmd_config},
-    {"reset", cmd_reset}, {"check", cmd_check},	      {"ls", cmd_ls},
-    {"evict", cmd_evict}, {"exporter", cmd_exporter}, {"prepare", cmd_prepare},
+    {"run", cmd_run},		{"stat", cmd_stat},	    {"config", cmd_config},
+    {"reset", cmd_reset},	{"check", cmd_check},	    {"ls", cmd_ls},
+    {"evict", cmd_evict},	{"exporter", cmd_exporter}, {"prepare", cmd_prepare},
+    {"prefetch", cmd_prefetch},
 };
 
 void tool_err(const char *fmt, ...)
