@@ -26,8 +26,16 @@
 
 #include "cache.h"
 
+/* KVS_LAYOUT_BUMP (cmake -DKVS_LAYOUT_BUMP=ON): a build whose layout version is one more, and
+ * nothing else changed: what tests/upgrade_test.sh builds to stand for the next release. */
+#ifdef KVS_LAYOUT_BUMP
+#define KVS_LAYOUT_BUMPED 1u
+#else
+#define KVS_LAYOUT_BUMPED 0u
+#endif
+
 #define KVS_MAGIC	   0x3130594b4d485356ULL /* "VSHMKY01" little-endian */
-#define KVS_LAYOUT_VERSION 7u
+#define KVS_LAYOUT_VERSION (7u + KVS_LAYOUT_BUMPED)
 #define KVS_CACHELINE	   64u
 #define KVS_PAGE	   4096u
 #define KVS_NIL		   UINT32_MAX

@@ -48,7 +48,19 @@
  * file, builds the new region unnamed as above, links it to a random name and renames that
  * over the path.  A process of the old configuration that attaches to the old file between
  * the liveness check and the rename keeps that file, now nameless, until it detaches, as
- * after `kvshim reset --force`.  Every index read from shared memory is checked against its bound
+ * after `kvshim reset --force`.
+ *
+ * Upgrades.  A creating attacher that refused the region for its layout version, when that is
+ * an older layout whose hand-over contract it knows (handover.h), replaces it whatever is
+ * attached: flock of the old file as a rebuilder (another upgrader waits up to a minute for its
+ * publication), the path checked again, its region built unnamed, this process attached to it
+ * (its liveness lock is on the new file from the start), filled from the old file mapped
+ * read-only (no lock of the old region is taken, nothing of it is written), and only then
+ * renamed over the path.  The old processes keep the old file, nameless, until they detach.  An
+ * upgrader that dies before the rename leaves nothing behind but its unnamed file, which the
+ * kernel frees, and its flock, which its death releases: the next upgrader starts again.
+ *
+ * Every index read from shared memory is checked against its bound
  * before use; a chain walk stops after nslots steps.  Corruption yields -EUCLEAN, never an access
  * out of bounds.
  *
@@ -150,6 +162,7 @@
 
 #include "config.h"
 #include "geometry.h"
+#include "handover.h"
 #include "internal.h"
 #include "raw.h"
 #include "shmfile.h"
@@ -159,6 +172,8 @@
 unsigned kvs_region_test_publish_ms;
 
 /* The wall clock in nanoseconds: when a region was created, as `stat` shows it. */
+#define KVS_UPGRADE_WAITS 3000 /* 20 ms naps while another process upgrades: a minute */
+
 static uint64_t wall_ns(void)
 {
 	struct timespec ts;
@@ -353,7 +368,8 @@ static bool lock_creators(int dirfd)
  * the region there, whose reclaim bytes it frees.  Returns the descriptor of the published
  * region, -EEXIST when another process published first, or -errno. */
 static int create(struct kvs_cache *c, struct dims *d, const struct kvs_cache_params *cfg,
-		  bool replace, uint64_t reclaim, char *msg, size_t msglen)
+		  bool replace, uint64_t reclaim, int from, struct kvs_handover *ho, char *msg,
+		  size_t msglen)
 {
 	char dir[sizeof(c->path)], name[sizeof(c->path) + 64];
 	const char *slash = strrchr(c->path, '/'), *base = slash ? slash + 1 : c->path;
@@ -423,6 +439,21 @@ static int create(struct kvs_cache *c, struct dims *d, const struct kvs_cache_pa
 		snprintf(msg, msglen, "cannot initialise %s: %s", c->path, strerror(-r));
 		goto err_unmap;
 	}
+	/* An upgrade: this process attaches to the region before anyone can see it, and fills
+	 * it from the older release's (handover.c); publication then shows it full. */
+	if (from >= 0) {
+		struct stat fst;
+
+		kvs_ownfd_set(&c->own, fd);
+		if (fstat(fd, &fst) == 0) { /* what kvs_ownfd_* check (base/sys.h) */
+			c->own.dev = (uint64_t)fst.st_dev;
+			c->own.ino = (uint64_t)fst.st_ino;
+		}
+		if (kvs_proc_attach(c) != 0)
+			ho->stopped = "this process could not attach to its new region";
+		else if (kvs_handover_fill(c, from, ho) != 0)
+			ho->stopped = "the older region could not be mapped";
+	}
 	if (kvs_region_test_publish_ms) /* a creator slow to publish what it reserved */
 		nap_ms((long)kvs_region_test_publish_ms);
 	r = kvs_shm_publish(fd, name, c->path, replace);
@@ -437,9 +468,12 @@ static int create(struct kvs_cache *c, struct dims *d, const struct kvs_cache_pa
 err_unmap:
 	kvs_sys_munmap(c->base, c->map_len);
 	c->base = NULL;
+	c->self = -1; /* attached to a region nobody else saw (an upgrade's): gone with it */
+	c->me = NULL;
 err_close:
 	if (*name)
 		unlink(name);
+	kvs_ownfd_set(&c->own, -1);
 	kvs_sys_close(fd);
 out_dir:
 	c->note[0] = '\0'; /* nothing was built: nothing to say but msg */
@@ -604,13 +638,56 @@ static int rebuild(struct kvs_cache *c, struct dims *d, const struct kvs_cache_p
 				 c->path, strerror(-n));
 		goto out;
 	}
-	r = create(c, d, cfg, true, (uint64_t)was.st_blocks * 512, msg, msglen);
+	r = create(c, d, cfg, true, (uint64_t)was.st_blocks * 512, -1, NULL, msg, msglen);
 	if (r >= 0)
 		snprintf(
 		    msg, msglen,
 		    "cache.on_mismatch = rebuild: replaced %s, which no process was attached to "
 		    "(%s)",
 		    c->path, why);
+out:
+	flock(old, LOCK_UN);
+	return r;
+}
+
+/*
+ * An upgrade (see the essay, and handover.h): the region at c->path, open as old and refused with
+ * the reason in msg, is of an older layout whose hand-over contract this build knows.  Build a
+ * region for cfg, fill it from old's READY shards, and give it the name over old's, whatever
+ * processes are attached to old: they keep that file, nameless, until the last of them
+ * detaches, as after `kvshim reset --force`.  Both count against the file system's room
+ * (nothing is reclaimed). Returns the new region's descriptor with a line saying what it did in
+ * msg; -EPROTO (msg untouched) when old is no source; -EAGAIN when another process is upgrading
+ * it now or the path names another file by now (attach again); or -errno with msg.
+ */
+static int upgrade(struct kvs_cache *c, struct dims *d, const struct kvs_cache_params *cfg, int old,
+		   char *msg, size_t msglen)
+{
+	struct kvs_handover h;
+	struct stat was, now;
+	int r;
+
+	if (kvs_handover_source(old, &h))
+		return -EPROTO;
+	if (fstat(old, &was) < 0)
+		return -errno;
+	if (flock(old, LOCK_EX | LOCK_NB) < 0) /* released below, or when old is closed */
+		return errno == EWOULDBLOCK ? -EAGAIN : -errno;
+	if (lstat(c->path, &now) < 0 || now.st_dev != was.st_dev || now.st_ino != was.st_ino) {
+		r = -EAGAIN;
+		goto out;
+	}
+	r = create(c, d, cfg, true, 0, old, &h, msg, msglen);
+	if (r >= 0)
+		snprintf(
+		    msg, msglen,
+		    "kvshim upgraded: %s of layout %u replaced by one of layout %u, filled with "
+		    "%" PRIu64 " shards (%" PRIu64 " bytes) of the old one in %.2f s, none read "
+		    "from storage%s%s; processes of the older release keep the old one until "
+		    "they exit",
+		    c->path, h.version, KVS_LAYOUT_VERSION, h.shards, h.bytes,
+		    (double)h.took_ns / 1e9, h.stopped ? ", stopped: " : "",
+		    h.stopped ? h.stopped : "");
 out:
 	flock(old, LOCK_UN);
 	return r;
@@ -660,6 +737,32 @@ int kvs_cache_open(const struct kvs_cache_params *cfg, int flags, struct kvs_cac
 
 	for (int tries = 0, busy = 0; tries < 8; tries++) {
 		r = attach(c, &d, cfg, !cfg->capacity, msg, msglen);
+		if (r == -EPROTO && (flags & KVS_OPEN_CREATE) && !c->watch) {
+			int u = upgrade(c, &d, cfg, c->mismatch_fd, msg, msglen);
+
+			if (u >= 0) {
+				kvs_ownfd_set(&c->own, kvs_fd_move_high(u));
+				r = 0;
+				rebuilt = true;
+				break;
+			}
+			/* Another process is filling its region: wait for it to publish (a minute
+			 * at most, a copy of tens of GiB), then attach to that. */
+			if (u == -EAGAIN && busy++ < KVS_UPGRADE_WAITS) {
+				nap_ms(20);
+				tries--;
+				continue;
+			}
+			if (u == -EAGAIN) {
+				snprintf(msg, msglen, "%s is being upgraded by another process",
+					 c->path);
+				continue;
+			}
+			if (u != -EPROTO) {
+				r = u;
+				break;
+			}
+		}
 		if (r == -EPROTO && (flags & KVS_OPEN_CREATE) && !c->watch &&
 		    cfg->on_mismatch == KVS_MISMATCH_REBUILD) {
 			r = rebuild(c, &d, cfg, c->mismatch_fd, msg, msglen);
@@ -684,7 +787,7 @@ int kvs_cache_open(const struct kvs_cache_params *cfg, int flags, struct kvs_cac
 		}
 		if (r != -ENOENT || !(flags & KVS_OPEN_CREATE))
 			break;
-		r = create(c, &d, cfg, false, 0, msg, msglen);
+		r = create(c, &d, cfg, false, 0, -1, NULL, msg, msglen);
 		if (r >= 0) {
 			kvs_ownfd_set(&c->own, kvs_fd_move_high(r));
 			r = 0;
@@ -709,7 +812,7 @@ int kvs_cache_open(const struct kvs_cache_params *cfg, int flags, struct kvs_cac
 		kvs_populate_start(c);
 		if (cfg->prefault && !c->keys_only)
 			kvs_memory_prefault_start(c);
-		r = kvs_proc_attach(c);
+		r = c->self >= 0 ? 0 : kvs_proc_attach(c); /* an upgrader attached to fill it */
 		if (r) {
 			snprintf(msg, msglen, "cannot attach to %s: %s", c->path,
 				 r == -EUSERS ? "the process table is full" : strerror(-r));

@@ -1,0 +1,211 @@
+#!/usr/bin/env bash
+# An upgrade of kvshim keeps the warm cache (issue 38): this checkout built twice, the second
+# time with its region layout version raised by one (cmake -DKVS_LAYOUT_BUMP=ON) to stand for
+# the next release.
+#   upgrade_test.sh LIBKVSHIM KVSHIM SOURCE_DIR
+# Storage is the kernel's count (the ranks' /proc/self/io read_bytes); every byte the ranks
+# read is checked (tests/kv_ranks.py).
+#  1. The old release's 8 ranks warm a region of 128 MiB and one old process stays attached;
+#     the new release's 8 ranks, started together, load the same files reading at most 5% of
+#     the unique bytes from storage; one of them says the upgrade, once; the new region counts
+#     what it was given (handover_bytes); the old process's next reads, of its old region,
+#     are right and read nothing from storage.
+#  2. The old process is loading and hitting when the new release's first process starts, and
+#     is SIGKILLed 30 ms later: the new ranks still read at most 5%, every byte right.
+#  3. The first process of the new release is SIGKILLed while it fills its region: nothing is
+#     published (the old region keeps the name), and the next new ranks hand over as in 1.
+#  4. A region of a layout newer than the build's (a downgrade) is not handed over: the old
+#     build runs uncached and says why, and the newer region is left as it was.
+set -uo pipefail
+PREFIX=upgrade
+source "$(dirname "$0")/preload_lib.sh" # lib (sanitizer runtime first), work, name, ok, fail
+ranks_py="$(dirname "$0")/kv_ranks.py"
+src=${3:?usage: upgrade_test.sh LIBKVSHIM KVSHIM SOURCE_DIR}
+MiB=1048576
+
+python3 -c 'import numpy' 2>/dev/null || {
+	echo "SKIP: numpy is missing (python3 -m pip install numpy)"
+	exit 77
+}
+mkdir -p "$work/kv"
+if ! dd if=/dev/zero of="$work/kv/probe" bs=4096 count=1 oflag=direct status=none 2>/dev/null; then
+	echo "SKIP: O_DIRECT does not work in $work"
+	exit 77
+fi
+rm -f "$work/kv/probe"
+
+# The next release: this source, its layout version one more (plain build, seconds).
+if ! { cmake -S "$src" -B "$work/next" -DCMAKE_BUILD_TYPE=RelWithDebInfo -DKVS_LAYOUT_BUMP=ON &&
+	cmake --build "$work/next" -j"$(nproc)" --target kvshim kvshim-cli; } >"$work/build.log" 2>&1; then
+	fail "building the next release: $(tail -5 "$work/build.log")"
+	exit 1
+fi
+next=${KVS_E2E_PRELOAD:+$KVS_E2E_PRELOAD:}$work/next/shim/libkvshim.so
+kvshim_next=$work/next/tools/kvshim
+
+while read -r v; do unset "$v"; done < <(compgen -e | grep '^KVSHIM_')
+export KVSHIM_CONFIG=
+export KVSHIM_FILES_ROOTS=$work/kv
+export KVSHIM_CACHE_NAME=$name
+export KVSHIM_CACHE_CAPACITY=512M
+export KVSHIM_CACHE_SHARD_SIZE=1M
+
+n=32 size=$((4 * MiB))
+unique=$((n * size))
+storage_of() { sed -n 's/.*storage \([0-9]*\).*/\1/p' <<<"$1"; }
+at_most() { python3 -c "import sys; sys.exit(0 if $1 <= $2 else 1)"; }
+old_ranks() { LD_PRELOAD=$lib python3 "$ranks_py" load "$work/kv" $n $size --gen 1 --ranks 8; }
+new_ranks() { LD_PRELOAD=$next python3 "$ranks_py" load "$work/kv" $n $size --gen 1 --ranks 8; }
+new_total() { # COUNTER: of the new release's region
+	"$kvshim_next" stat --json 2>/dev/null | python3 -c 'import json,sys
+try: print(json.load(sys.stdin)["totals"][sys.argv[1]])
+except Exception: print(0)' "$1"
+}
+# A process of the old release that reads file 0 (attaching), then, for each line on its stdin,
+# reads every file again and checks it: "reread ok storage S" (or "reread BAD ...").
+cat >"$work/holder.py" <<'PY'
+import importlib.util, os, sys
+spec = importlib.util.spec_from_file_location("kv_ranks", sys.argv[1])
+kv = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(kv)
+class A: pass
+a = A()
+a.dir, a.nfiles, a.size = sys.argv[2], int(sys.argv[3]), int(sys.argv[4])
+a.gen, a.prefix, a.chunk, a.skew, a.buffered = 1, "blk", 0, 0, False
+a.stagger, a.threads, a.repeat, a.ranks = 0.0, 0, 1, 1
+fd = os.open(os.path.join(a.dir, "blk0"), os.O_RDONLY | os.O_DIRECT)
+buf = kv.aligned(a.size)
+kv.read_range(fd, buf, 0, a.size, True)
+os.close(fd)
+print("attached", flush=True)
+for line in sys.stdin:
+    if line.strip() == "loop":
+        while True:
+            kv.load_rank(a, 0, [1])
+    b0 = kv.storage_bytes()
+    try:
+        kv.load_rank(a, 0, [1])
+        print(f"reread ok storage {kv.storage_bytes() - b0}", flush=True)
+    except SystemExit as e:
+        print(f"reread BAD {e}", flush=True)
+PY
+holder() { LD_PRELOAD=$lib exec python3 -u "$work/holder.py" "$ranks_py" "$work/kv" $n $size; }
+
+# Until a process of the new release is filling its region: it holds flock on the old region
+# for the whole fill (cache/region.c, upgrade).  0 once seen, 1 after 10 s without.
+region_path=/dev/shm/kvshim.$(id -u).$name
+wait_filling() {
+	local i
+	for ((i = 0; i < 10000; i++)); do
+		flock -n -E 99 "$region_path" true 2>/dev/null
+		[ $? = 99 ] && return 0
+		sleep 0.001
+	done
+	return 1
+}
+
+python3 "$ranks_py" write "$work/kv" $n $size --gen 1
+sleep 2.5 # settled: kept for good once loaded
+
+# 1. An old process attached through the upgrade.
+reset_region
+if ! out=$(old_ranks 2>"$work/err"); then
+	fail "the old release's ranks: $(head -c 300 "$work/err")"
+fi
+coproc HOLD { holder 2>"$work/hold.err"; }
+read -r -t 30 line <&"${HOLD[0]}"
+if [ "${line:-}" != attached ]; then
+	fail "the old process did not attach: ${line:-nothing} $(head -c 300 "$work/hold.err")"
+elif ! out=$(new_ranks 2>"$work/err"); then
+	fail "the new release's ranks: $(head -c 300 "$work/err")"
+else
+	st=$(storage_of "$out")
+	said=$(grep -c 'kvshim upgraded' "$work/err")
+	given=$(new_total handover_bytes)
+	echo reread >&"${HOLD[1]}"
+	read -r -t 60 back <&"${HOLD[0]}"
+	# The old region: nameless now, held by the old process alone, freed when it goes.
+	held=$(grep -c "$region_path (deleted)" "/proc/$HOLD_PID/maps" 2>/dev/null)
+	if ! at_most "$st" "$unique * 0.05"; then
+		fail "upgrade: the new ranks read $st bytes from storage for $unique unique ($(head -c 300 "$work/err"))"
+	elif [ "$said" != 1 ] || [ "$given" -lt $((unique / 2)) ]; then
+		fail "upgrade: said $said times, handover_bytes $given: $(head -c 400 "$work/err")"
+	elif [ "${held:-0}" = 0 ]; then
+		fail "upgrade: the old process does not map the old region, nameless ($(grep kvshim "/proc/$HOLD_PID/maps" | head -3))"
+	elif [[ "${back:-}" != "reread ok storage 0" ]]; then
+		fail "upgrade: the old process's reads after it: ${back:-nothing} $(head -c 300 "$work/hold.err")"
+	else
+		ok "upgrade with an old process attached: the new 8 ranks read $st bytes from storage for $unique, every byte right; handed over $given bytes; the old process, mapping the old region nameless, reread its files right, 0 from storage ($(grep -o 'filled with.*in [0-9.]* s' "$work/err"))"
+	fi
+fi
+kill "$HOLD_PID" 2>/dev/null
+wait "$HOLD_PID" 2>/dev/null
+
+# 2. The old process SIGKILLed while the new release's first process hands over.
+reset_region
+"$kvshim_next" reset --force >/dev/null 2>&1
+old_ranks >/dev/null 2>"$work/err" || fail "case 2: the old ranks: $(head -c 300 "$work/err")"
+coproc HOLD { holder 2>"$work/hold.err"; }
+read -r -t 30 line <&"${HOLD[0]}"
+echo loop >&"${HOLD[1]}"
+sleep 0.2
+new_ranks >"$work/out" 2>"$work/err" &
+ranks_pid=$!
+if wait_filling; then mid="while the new release filled its region"; else mid="(no fill seen)"; fi
+kill -KILL "$HOLD_PID" 2>/dev/null
+wait "$HOLD_PID" 2>/dev/null
+if ! wait "$ranks_pid"; then
+	fail "old process killed mid-hand-over: the new ranks: $(head -c 300 "$work/err")"
+elif [ "$mid" = "(no fill seen)" ]; then
+	fail "old process killed mid-hand-over: no fill was seen to kill it in"
+else
+	st=$(storage_of "$(cat "$work/out")")
+	if at_most "$st" "$unique * 0.05"; then
+		ok "the old process, reading, SIGKILLed $mid: the new ranks read $st bytes from storage for $unique, every byte right"
+	else
+		fail "the old process SIGKILLed mid-hand-over: the new ranks read $st bytes from storage for $unique"
+	fi
+fi
+
+# 3. The upgrader SIGKILLed while it fills.
+"$kvshim_next" reset --force >/dev/null 2>&1
+reset_region
+old_ranks >/dev/null 2>"$work/err" || fail "case 3: the old ranks: $(head -c 300 "$work/err")"
+LD_PRELOAD=$next python3 "$ranks_py" load "$work/kv" $n $size --gen 1 --ranks 1 >/dev/null 2>&1 &
+first=$!
+seen=0
+wait_filling && seen=1
+pkill -KILL -P "$first" 2>/dev/null # its rank, the process that fills
+kill -KILL "$first" 2>/dev/null
+wait "$first" 2>/dev/null
+still=$("$kvshim" stat --json 2>/dev/null | python3 -c 'import json,sys
+try: print(json.load(sys.stdin)["region"]["slots_ready"])
+except Exception: print("none")')
+if [ "$seen" = 0 ]; then
+	fail "upgrader killed: no fill was seen to kill it in"
+elif [ "$still" = none ] || [ "$still" -lt $((n * size / MiB)) ]; then
+	fail "upgrader killed mid-fill: the old region is not at the path with its shards ($still ready)"
+elif ! out=$(new_ranks 2>"$work/err"); then
+	fail "upgrader killed: the next ranks: $(head -c 300 "$work/err")"
+else
+	st=$(storage_of "$out")
+	if at_most "$st" "$unique * 0.05"; then
+		ok "the first upgrader SIGKILLed while it filled: nothing published (the old region at the path, $still shards ready), then the next 8 ranks read $st bytes from storage for $unique, every byte right"
+	else
+		fail "the first upgrader SIGKILLed: the next 8 ranks read $st bytes from storage for $unique: $(head -c 300 "$work/err")"
+	fi
+fi
+
+# 4. A newer release's region is not handed over to an older one.
+if ! out=$(old_ranks 2>"$work/err"); then
+	fail "downgrade: the old ranks failed: $(head -c 300 "$work/err")"
+elif grep -q 'kvshim upgraded' "$work/err" || ! grep -q 'layout version' "$work/err"; then
+	fail "downgrade: $(head -c 400 "$work/err")"
+elif [ "$(new_total handover_bytes)" = 0 ]; then
+	fail "downgrade: the newer region was changed (handover_bytes 0)"
+else
+	ok "a newer release's region left to it: the older build runs without the cache and says why ($(grep -o 'layout version[^(]*' "$work/err" | head -1))"
+fi
+
+"$kvshim_next" reset --force >/dev/null 2>&1
+[ "$fails" -eq 0 ] || exit 1
