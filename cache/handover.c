@@ -8,14 +8,18 @@
  *            shard_size u64 @32, nslots u32 @40 (data frames), off_slots u64 @96,
  *            off_data u64 @112, per_frame u32 @1032 (slot records per frame), keys_only u32
  *            @1052 (nonzero: no data, nothing to hand over)
- *   records  nslots * per_frame slot records of 128 bytes from off_slots; record r belongs to
- *            frame r / per_frame.  In a record: the state word u32 @0 (low byte 3: READY; bits
- *            8-30 zero when READY; bit 31 a waiters flag), length u32 @84 (valid bytes),
+ *   records  nslots * per_frame slot records of 128 bytes from off_slots (64-byte aligned);
+ *            record r belongs to frame r / per_frame.  In a record: the state word u32 @0 (low
+ *            byte 3: READY; bits 8-30 zero when READY; bit 31 a waiters flag), bucket u32 @68
+ *            (0xffffffff or bit 31 set: unhashed, or invalidated while pinned: not kept, so
+ *            never copied), length u32 @84 (valid bytes),
  *            key u64[3] @88 (block_lo, block_hi, shard, as cache/key.c makes them), at u32
  *            @112 and room u32 @116 (the bytes lie from 4 KiB page `at` of the frame, `room`
  *            pages), expires u64 @120 (the node's clock, kvs_node_ns, after which the bytes are
  *            not served; 0: for good)
- *   data     frame f's bytes at off_data + f * shard_size
+ *   data     frame f's bytes at off_data (4 KiB aligned) + f * shard_size; a key's shard is
+ *            shard_size bytes of its file, so nothing is copied between regions whose shard
+ *            sizes differ
  *   writers  a READY record's length, key, at, room and bytes are written before its state
  *            becomes READY (release); they change only after it leaves READY
  *
@@ -65,6 +69,7 @@
 
 #define REC_BYTES  128u
 #define REC_STATE  0u
+#define REC_BUCKET 68u
 #define REC_LENGTH 84u
 #define REC_KEY	   88u
 #define REC_AT	   112u
@@ -84,6 +89,8 @@ _Static_assert(offsetof(struct kvs_hdr, keys_only) == HDR_KEYS_ONLY, "contract 1
 _Static_assert(sizeof(struct kvs_hdr) >= HDR_READ, "contract 1: the header it reads");
 _Static_assert(sizeof(struct kvs_slot) == REC_BYTES, "contract 1: record size");
 _Static_assert(offsetof(struct kvs_slot, state) == REC_STATE, "contract 1: state");
+_Static_assert(offsetof(struct kvs_slot, bucket) == REC_BUCKET, "contract 1: bucket");
+_Static_assert(KVS_NIL == 0xffffffffu && KVS_ORPHAN == 0x80000000u, "contract 1: unhashed");
 _Static_assert(offsetof(struct kvs_slot, length) == REC_LENGTH, "contract 1: length");
 _Static_assert(offsetof(struct kvs_slot, key) == REC_KEY, "contract 1: key");
 _Static_assert(offsetof(struct kvs_slot, at) == REC_AT, "contract 1: at");
@@ -155,8 +162,8 @@ static int read_old(int fd, struct old *o)
 	if (o->total != (uint64_t)st.st_size || !o->nslots || !o->per_frame ||
 	    o->per_frame > KVS_MAX_PER_FRAME || (o->per_frame & (o->per_frame - 1)) ||
 	    !o->shard_size || o->shard_size % KVS_PAGE || o->shard_size > (1ull << 30) ||
-	    o->off_slots < HDR_READ || o->off_slots > o->total ||
-	    nrec > (o->total - o->off_slots) / REC_BYTES ||
+	    o->off_slots < HDR_READ || o->off_slots > o->total || o->off_slots % 64 ||
+	    o->off_data % KVS_PAGE || nrec > (o->total - o->off_slots) / REC_BYTES ||
 	    (!o->keys_only &&
 	     (o->off_data > o->total || o->nslots > (o->total - o->off_data) / o->shard_size)))
 		return -EPROTO;
@@ -177,7 +184,7 @@ int kvs_handover_source(int fd, struct kvs_handover *h)
 
 /* One READY record's fields, as read. */
 struct rec {
-	uint32_t word, length, at, room;
+	uint32_t word, bucket, length, at, room;
 	struct kvs_key key;
 	uint64_t expires;
 };
@@ -188,6 +195,8 @@ static void read_rec(const unsigned char *r, struct rec *x)
 	x->word =
 	    atomic_load_explicit((const _Atomic uint32_t *)(r + REC_STATE), memory_order_acquire) &
 	    ~KVS_ST_WAITERS;
+	x->bucket =
+	    atomic_load_explicit((const _Atomic uint32_t *)(r + REC_BUCKET), memory_order_relaxed);
 	x->length =
 	    atomic_load_explicit((const _Atomic uint32_t *)(r + REC_LENGTH), memory_order_relaxed);
 	x->key.block_lo =
@@ -205,8 +214,8 @@ static void read_rec(const unsigned char *r, struct rec *x)
 
 static bool same(const struct rec *a, const struct rec *b)
 {
-	return a->word == b->word && a->length == b->length && a->at == b->at &&
-	       a->room == b->room && a->key.block_lo == b->key.block_lo &&
+	return a->word == b->word && a->bucket == b->bucket && a->length == b->length &&
+	       a->at == b->at && a->room == b->room && a->key.block_lo == b->key.block_lo &&
 	       a->key.block_hi == b->key.block_hi && a->key.shard == b->key.shard;
 }
 
@@ -260,6 +269,15 @@ int kvs_handover_fill(struct kvs_cache *c, int fd, struct kvs_handover *h)
 	if (r)
 		return r;
 	h->version = o.version;
+	if (o.keys_only || c->keys_only) {
+		h->stopped = "a region of keys only holds no bytes";
+		return 0;
+	}
+	if (o.shard_size != c->shard_size) {
+		h->stopped =
+		    "the shard sizes differ (a key's shard is that many bytes of its file)";
+		return 0;
+	}
 	const unsigned char *base = kvs_sys_mmap(NULL, o.total, PROT_READ, MAP_SHARED, fd, 0);
 	if (base == MAP_FAILED)
 		return -errno;
@@ -269,8 +287,8 @@ int kvs_handover_fill(struct kvs_cache *c, int fd, struct kvs_handover *h)
 		struct rec x;
 
 		read_rec(rec, &x);
-		if (x.word != REC_READY)
-			continue;
+		if (x.word != REC_READY || x.bucket == KVS_NIL || (x.bucket & KVS_ORPHAN))
+			continue; /* not READY, or READY for its pins only: not kept */
 		if ((x.expires && x.expires <= now) || !x.length || x.at >= pages ||
 		    x.room > pages - x.at || x.length > (uint64_t)x.room * KVS_PAGE) {
 			h->skipped++;

@@ -442,17 +442,28 @@ static int create(struct kvs_cache *c, struct dims *d, const struct kvs_cache_pa
 	/* An upgrade: this process attaches to the region before anyone can see it, and fills
 	 * it from the older release's (handover.c); publication then shows it full. */
 	if (from >= 0) {
-		struct stat fst;
+		struct stat fst, was, now;
 
 		kvs_ownfd_set(&c->own, fd);
 		if (fstat(fd, &fst) == 0) { /* what kvs_ownfd_* check (base/sys.h) */
 			c->own.dev = (uint64_t)fst.st_dev;
 			c->own.ino = (uint64_t)fst.st_ino;
 		}
-		if (kvs_proc_attach(c) != 0)
-			ho->stopped = "this process could not attach to its new region";
-		else if (kvs_handover_fill(c, from, ho) != 0)
-			ho->stopped = "the older region could not be mapped";
+		r = kvs_proc_attach(c);
+		if (!r)
+			r = kvs_handover_fill(c, from, ho);
+		if (r) { /* the old region stays at the path, as warm as it was */
+			snprintf(msg, msglen, "the hand-over to a new region failed: %s",
+				 strerror(-r));
+			goto err_unmap;
+		}
+		/* Still the old file at the path, after a fill that may have taken seconds: a
+		 * `kvshim reset` and a fresh creator meanwhile keep their region. */
+		if (fstat(from, &was) < 0 || lstat(c->path, &now) < 0 || now.st_dev != was.st_dev ||
+		    now.st_ino != was.st_ino) {
+			r = -EAGAIN;
+			goto err_unmap;
+		}
 	}
 	if (kvs_region_test_publish_ms) /* a creator slow to publish what it reserved */
 		nap_ms((long)kvs_region_test_publish_ms);
@@ -677,7 +688,11 @@ static int upgrade(struct kvs_cache *c, struct dims *d, const struct kvs_cache_p
 		r = -EAGAIN;
 		goto out;
 	}
-	r = create(c, d, cfg, true, 0, old, &h, msg, msglen);
+	/* Sized as if the old region were gone (its blocks counted free), as a rebuild is: its
+	 * pages come as the fill and the loads need them, within cache.shm_headroom, so that
+	 * while the old processes live the fill stops where memory does, and the region grows
+	 * to its size once they are gone (with capacity = auto, the size the node allows). */
+	r = create(c, d, cfg, true, (uint64_t)was.st_blocks * 512, old, &h, msg, msglen);
 	if (r >= 0)
 		snprintf(
 		    msg, msglen,
@@ -735,9 +750,12 @@ int kvs_cache_open(const struct kvs_cache_params *cfg, int flags, struct kvs_cac
 	if (r)
 		goto err_free;
 
-	for (int tries = 0, busy = 0; tries < 8; tries++) {
+	for (int tries = 0, busy = 0, upgrading = 0; tries < 8; tries++) {
 		r = attach(c, &d, cfg, !cfg->capacity, msg, msglen);
 		if (r == -EPROTO && (flags & KVS_OPEN_CREATE) && !c->watch) {
+			char refused[512];
+
+			snprintf(refused, sizeof(refused), "%s", msg);
 			int u = upgrade(c, &d, cfg, c->mismatch_fd, msg, msglen);
 
 			if (u >= 0) {
@@ -748,7 +766,7 @@ int kvs_cache_open(const struct kvs_cache_params *cfg, int flags, struct kvs_cac
 			}
 			/* Another process is filling its region: wait for it to publish (a minute
 			 * at most, a copy of tens of GiB), then attach to that. */
-			if (u == -EAGAIN && busy++ < KVS_UPGRADE_WAITS) {
+			if (u == -EAGAIN && upgrading++ < KVS_UPGRADE_WAITS) {
 				nap_ms(20);
 				tries--;
 				continue;
@@ -758,9 +776,16 @@ int kvs_cache_open(const struct kvs_cache_params *cfg, int flags, struct kvs_cac
 					 c->path);
 				continue;
 			}
-			if (u != -EPROTO) {
-				r = u;
-				break;
+			if (u != -EPROTO) { /* no hand-over: refused as before, or rebuilt */
+				char why[256];
+
+				snprintf(why, sizeof(why), "%s", msg);
+				snprintf(msg, msglen, "%s; no hand-over: %s", refused, why);
+				if (cfg->on_mismatch != KVS_MISMATCH_REBUILD) {
+					r = -EPROTO;
+					break;
+				}
+				snprintf(msg, msglen, "%s", refused);
 			}
 		}
 		if (r == -EPROTO && (flags & KVS_OPEN_CREATE) && !c->watch &&

@@ -91,17 +91,24 @@ for line in sys.stdin:
 PY
 holder() { LD_PRELOAD=$lib exec python3 -u "$work/holder.py" "$ranks_py" "$work/kv" $n $size; }
 
-# Until a process of the new release is filling its region: it holds flock on the old region
-# for the whole fill (cache/region.c, upgrade).  0 once seen, 1 after 10 s without.
+# kill_when_filling PID: SIGKILL PID as soon as a process of the new release is filling its
+# region (it holds flock on the old region for the whole fill: cache/region.c, upgrade), seen
+# by a loop of non-blocking flocks on the old file; status 0 when it was, 1 after 20 s without.
 region_path=/dev/shm/kvshim.$(id -u).$name
-wait_filling() {
-	local i
-	for ((i = 0; i < 10000; i++)); do
-		flock -n -E 99 "$region_path" true 2>/dev/null
-		[ $? = 99 ] && return 0
-		sleep 0.001
-	done
-	return 1
+kill_when_filling() {
+	python3 - "$region_path" "$1" <<'PY'
+import fcntl, os, signal, sys, time
+path, pid = sys.argv[1], int(sys.argv[2])
+fd, end = os.open(path, os.O_RDONLY), time.monotonic() + 20
+while time.monotonic() < end:
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        fcntl.flock(fd, fcntl.LOCK_UN)
+    except BlockingIOError:
+        os.kill(pid, signal.SIGKILL)
+        sys.exit(0)
+sys.exit(1)
+PY
 }
 
 python3 "$ranks_py" write "$work/kv" $n $size --gen 1
@@ -151,7 +158,7 @@ echo loop >&"${HOLD[1]}"
 sleep 0.2
 new_ranks >"$work/out" 2>"$work/err" &
 ranks_pid=$!
-if wait_filling; then mid="while the new release filled its region"; else mid="(no fill seen)"; fi
+if kill_when_filling "$HOLD_PID"; then mid="while the new release filled its region"; else mid="(no fill seen)"; fi
 kill -KILL "$HOLD_PID" 2>/dev/null
 wait "$HOLD_PID" 2>/dev/null
 if ! wait "$ranks_pid"; then
@@ -171,12 +178,12 @@ fi
 "$kvshim_next" reset --force >/dev/null 2>&1
 reset_region
 old_ranks >/dev/null 2>"$work/err" || fail "case 3: the old ranks: $(head -c 300 "$work/err")"
-LD_PRELOAD=$next python3 "$ranks_py" load "$work/kv" $n $size --gen 1 --ranks 1 >/dev/null 2>&1 &
+# One process that reads the files through the new release (C: it starts in milliseconds).
+LD_PRELOAD=$next "$(dirname "$kvshim")/kvshim-bench-read" read --direct --passes 1 \
+	"$work/kv"/blk* >/dev/null 2>&1 &
 first=$!
 seen=0
-wait_filling && seen=1
-pkill -KILL -P "$first" 2>/dev/null # its rank, the process that fills
-kill -KILL "$first" 2>/dev/null
+kill_when_filling "$first" && seen=1
 wait "$first" 2>/dev/null
 still=$("$kvshim" stat --json 2>/dev/null | python3 -c 'import json,sys
 try: print(json.load(sys.stdin)["region"]["slots_ready"])
@@ -206,6 +213,36 @@ elif [ "$(new_total handover_bytes)" = 0 ]; then
 else
 	ok "a newer release's region left to it: the older build runs without the cache and says why ($(grep -o 'layout version[^(]*' "$work/err" | head -1))"
 fi
+
+# 5. The new release with another shard size: a key's shard is that many bytes of its file,
+#    so nothing is handed over, and every byte is still right.
+"$kvshim_next" reset --force >/dev/null 2>&1
+reset_region
+old_ranks >/dev/null 2>"$work/err" || fail "case 5: the old ranks: $(head -c 300 "$work/err")"
+if ! out=$(KVSHIM_CACHE_SHARD_SIZE=2M new_ranks 2>"$work/err"); then
+	fail "another shard size: the new ranks: $(head -c 300 "$work/err")"
+elif ! grep -q 'the shard sizes differ' "$work/err"; then
+	fail "another shard size: not said: $(head -c 300 "$work/err")"
+elif [ "$(KVSHIM_CACHE_SHARD_SIZE=2M new_total handover_bytes)" != 0 ]; then
+	fail "another shard size: handover_bytes $(KVSHIM_CACHE_SHARD_SIZE=2M new_total handover_bytes)"
+else
+	ok "the new release with 2 MiB shards over a region of 1 MiB ones: nothing handed over, said, every byte right (storage $(storage_of "$out"))"
+fi
+
+# 6. shim.mode = observe on both sides: an old region of keys only holds no bytes to hand
+#    over; the new release's ranks read right.
+"$kvshim_next" reset --force >/dev/null 2>&1
+KVSHIM_SHIM_MODE=observe reset_region
+KVSHIM_SHIM_MODE=observe old_ranks >/dev/null 2>"$work/err" ||
+	fail "case 6: the old ranks: $(head -c 300 "$work/err")"
+if ! out=$(KVSHIM_SHIM_MODE=observe new_ranks 2>"$work/err"); then
+	fail "observe mode: the new ranks: $(head -c 300 "$work/err")"
+elif grep -q 'kvshim upgraded' "$work/err"; then
+	fail "observe mode: a region of keys only was handed over: $(head -c 300 "$work/err")"
+else
+	ok "observe mode on both sides: the old region of keys only is not handed over, every byte right"
+fi
+KVSHIM_SHIM_MODE=observe reset_region
 
 "$kvshim_next" reset --force >/dev/null 2>&1
 [ "$fails" -eq 0 ] || exit 1
