@@ -11,6 +11,8 @@
 #  4. A prefetch of more than the region holds, by default, evicts nothing: the shards the
 #     ranks hit just before are still there (no storage read when they load again), and the
 #     summary says what did not fit.
+#  5. A prefetch into a region left full by that loads nothing and evicts nothing.
+#  6. 6000 files, their paths and their answers more than a pipe holds: every one answered.
 set -uo pipefail
 PREFIX=prefetch
 source "$(dirname "$0")/preload_lib.sh" # lib (sanitizer runtime first), work, name, ok, fail
@@ -122,5 +124,35 @@ else
 		fi
 	fi
 fi
+
+# 5. A full region (the prefetch above took the room there was): nothing more is loaded.
+before=$(totals evictions)
+if ! prefetch "$work/kv/store"; then
+	fail "a full region: status $?: $(head -c 300 "$work/err")"
+elif [ "$read" -gt $((64 * 1024)) ] || [ "$(totals evictions)" != "$before" ]; then
+	fail "a prefetch into a full region read $read bytes, evictions $before -> $(totals evictions): $said"
+else
+	ok "a prefetch into a full region read $read bytes and evicted nothing ($said)"
+fi
+
+# 6. Many files (their paths and the answers more than a pipe holds): all answered, no deadlock.
+export KVSHIM_FILES_MIN_READ=4K
+python3 - "$work/kv/many" <<'PY'
+import os, sys
+d = sys.argv[1]
+os.makedirs(d)
+for i in range(6000):
+    with open(os.path.join(d, "a-file-name-long-enough-to-fill-a-pipe-with-paths-%05d" % i), "wb") as f:
+        f.write(os.urandom(4096))
+PY
+reset_region
+if ! timeout 120 "$kvshim" prefetch "$work/kv/many" >"$work/out" 2>"$work/err"; then
+	fail "6000 files: status $?: $(head -c 300 "$work/err")"
+elif ! grep -q "^prefetch: 6000 files (23.4 MiB), 23.4 MiB loaded" "$work/out"; then
+	fail "6000 files: $(cat "$work/out")"
+else
+	ok "6000 files, 600 KB of paths, 70 KB of answers: $(cat "$work/out")"
+fi
+unset KVSHIM_FILES_MIN_READ
 
 [ "$fails" -eq 0 ] || exit 1

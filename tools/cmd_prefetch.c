@@ -7,20 +7,21 @@
  * it whole in 8 MiB preads.  The shim serves them as any rank's: each shard is keyed as an
  * engine's read would key it (files.roots, files.write_once, files.settle: the same code, not a
  * copy of it), a shard already READY is copied and not read, a missing one is loaded by the
- * rotated-order loader and kept as a load of that file is kept.  The worker runs at nice 19 and
- * in the idle I/O class (background priority), and owns its shards as a rank would: a rank that
- * asks for a shard the worker is loading waits for it, and one whose shard the worker has not
- * reached yet loads it itself.
+ * rotated-order loader and kept as a load of that file is kept.  The worker runs at nice 19
+ * (background priority; not the idle I/O class, behind which ranks waiting for its shards would
+ * starve), and owns its shards as a rank would: a rank that asks for a shard the worker is loading
+ * waits for it, and one whose shard the worker has not reached yet loads it itself.
  *
  * What it costs.  The worker's storage reads are the kernel's count (/proc/self/io
  * read_bytes, its loader's threads included) taken around each read: what a read found READY
  * costs nothing, so a prefetch of what is already there reads nothing and the budget counts
- * only what is loaded.  The budget (--max; by default the region's room not holding data now:
- * its capacity less its reserve and its READY, loading and staged slots) is checked before each
- * read: the prefetch stops where the next read could take more, so that by default it evicts
- * no shard, recently hit or not.  A file it cannot serve is skipped and said: smaller than
- * files.min_read (the shim passes such reads through), or on a file system that refuses
- * O_DIRECT.
+ * only what is loaded (on a file system the kernel does not count there, FUSE, NFS, Ceph and
+ * the like, every byte read counts as loaded).  The budget (--max; by default the region's
+ * room not holding data now: its capacity less its reserve and its READY, loading and staged
+ * slots) is checked before each read: the prefetch stops where the next read could take more, so
+ * that by default it evicts no shard, recently hit or not.  A file it cannot serve is skipped and
+ * said: smaller than files.min_read (the shim passes such reads through), or on a file system that
+ * refuses O_DIRECT.
  *
  * Paths.  Each PATH, and each file under a directory (symbolic links followed to a regular
  * file), is taken by its real path; one outside files.roots is refused by name (exit status 1,
@@ -45,6 +46,7 @@
 #include <string.h>
 #include <sys/resource.h>
 #include <sys/stat.h>
+#include <sys/vfs.h>
 #include <sys/syscall.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -55,10 +57,8 @@
 #include "sys.h"
 #include "value.h"
 
-#define CHUNK	      (8u << 20) /* one pread of the worker */
-#define PROGRESS_NS   2000000000ull
-#define IOPRIO_IDLE   (3 << 13) /* IOPRIO_PRIO_VALUE(IOPRIO_CLASS_IDLE, 0) */
-#define IOPRIO_OF_PID 1		/* IOPRIO_WHO_PROCESS */
+#define CHUNK	    (8u << 20) /* one pread of the worker */
+#define PROGRESS_NS 2000000000ull
 
 static const char usage[] =
     "usage: kvshim prefetch [--config FILE] [--max BYTES] PATH...\n"
@@ -102,6 +102,30 @@ static int on_opt(void *arg, int opt, const char *optarg)
 
 /* ------------------------------------------------------------------ the worker */
 
+/* File systems whose reads the kernel does not count in read_bytes (no block layer under them):
+ * there every byte read counts as loaded, so that the budget still bounds what is evicted. */
+static bool uncounted(int fd)
+{
+	static const long kinds[] = {
+	    0x65735546,	      /* FUSE (GlusterFS, 3FS, s3fs, ...) */
+	    0x6969,	      /* NFS */
+	    (long)0xff534d42, /* CIFS */
+	    (long)0xfe534d42, /* SMB2 */
+	    0x00c36400,	      /* Ceph */
+	    0x01021997,	      /* 9P */
+	    0x0bd00bd0,	      /* Lustre */
+	    0x47504653,	      /* GPFS */
+	};
+	struct statfs sf;
+
+	if (fstatfs(fd, &sf) < 0)
+		return true;
+	for (size_t i = 0; i < sizeof(kinds) / sizeof(kinds[0]); i++)
+		if ((long)sf.f_type == kinds[i])
+			return true;
+	return false;
+}
+
 /* The kernel's count of what this process read from storage (threads included). */
 static uint64_t storage_read(void)
 {
@@ -136,6 +160,7 @@ static enum outcome load_file(const char *path, char *buf, const struct kvs_conf
 		close(fd);
 		return SMALL;
 	}
+	bool all = uncounted(fd);
 	for (uint64_t off = 0; off < (uint64_t)st.st_size;) {
 		/* Whole shards, as many as the budget may still take: a shard is loaded whole. */
 		uint64_t S = cfg->cache_shard_size;
@@ -158,7 +183,7 @@ static enum outcome load_file(const char *path, char *buf, const struct kvs_conf
 			out = n == 0 ? DONE : FAILED;
 			break;
 		}
-		uint64_t got = (uint64_t)n, read = storage_read() - before;
+		uint64_t got = (uint64_t)n, read = all ? got : storage_read() - before;
 		*loaded += read;
 		*present += got > read ? got - read : 0;
 		off += got;
@@ -167,32 +192,48 @@ static enum outcome load_file(const char *path, char *buf, const struct kvs_conf
 	return out;
 }
 
-/* The worker: paths on stdin, NUL-separated; for each, "OUTCOME LOADED PRESENT\n" on stdout. */
+/* The worker: paths on stdin, NUL-separated, all read before the first answer (the parent
+ * writes them all before it reads: answering sooner could fill both pipes); for each, in
+ * order, "OUTCOME LOADED PRESENT\n" on stdout. */
 static int worker(uint64_t budget)
 {
 	struct kvs_config *cfg;
-	char *path = NULL, *buf;
-	size_t cap = 0;
+	char *list = NULL, *buf;
+	size_t len = 0;
 	uint64_t loaded = 0;
+	FILE *in = open_memstream(&list, &len);
+	char chunk[4096];
+	size_t n;
 
-	if (tool_load_config(&cfg))
+	if (!in)
 		return KVS_EXIT_FAIL;
+	while ((n = fread(chunk, 1, sizeof(chunk), stdin)) > 0)
+		fwrite(chunk, 1, n, in);
+	if (fclose(in)) {
+		free(list);
+		return KVS_EXIT_FAIL;
+	}
+	if (tool_load_config(&cfg)) {
+		free(list);
+		return KVS_EXIT_FAIL;
+	}
 	buf = aligned_alloc(4096, CHUNK);
 	if (!buf) {
 		tool_err("prefetch: out of memory");
 		free(cfg);
+		free(list);
 		return KVS_EXIT_FAIL;
 	}
-	while (getdelim(&path, &cap, '\0', stdin) > 0) {
+	for (size_t at = 0; at < len; at += strlen(list + at) + 1) {
 		uint64_t l = 0, p = 0;
 		enum outcome o =
-		    load_file(path, buf, cfg, budget > loaded ? budget - loaded : 0, &l, &p);
+		    load_file(list + at, buf, cfg, budget > loaded ? budget - loaded : 0, &l, &p);
 
 		loaded += l;
 		printf("%s %" PRIu64 " %" PRIu64 "\n", outcome_word[o], l, p);
 		fflush(stdout);
 	}
-	free(path);
+	free(list);
 	free(buf);
 	free(cfg);
 	return KVS_EXIT_OK;
@@ -204,29 +245,30 @@ struct file_list {
 	char **path;
 	dev_t *dev;
 	ino_t *ino;
+	uint64_t *size;
 	size_t n, cap;
 	uint64_t bytes;
 };
 
-/* Add real (a regular file's real path) unless the list has its file already. */
+/* Add real (a regular file's real path); a file reached twice is dropped by dedupe(). */
 static int add_file(struct file_list *l, const char *real, const struct stat *st)
 {
-	for (size_t i = 0; i < l->n; i++)
-		if (l->dev[i] == st->st_dev && l->ino[i] == st->st_ino)
-			return 0;
 	if (l->n == l->cap) {
 		size_t cap = l->cap ? 2 * l->cap : 64;
 		char **p = realloc(l->path, cap * sizeof(*p));
 		dev_t *d = p ? realloc(l->dev, cap * sizeof(*d)) : NULL;
 		ino_t *i = d ? realloc(l->ino, cap * sizeof(*i)) : NULL;
+		uint64_t *z = i ? realloc(l->size, cap * sizeof(*z)) : NULL;
 
 		if (p)
 			l->path = p;
 		if (d)
 			l->dev = d;
-		if (!i)
+		if (i)
+			l->ino = i;
+		if (!z)
 			return -ENOMEM;
-		l->ino = i;
+		l->size = z;
 		l->cap = cap;
 	}
 	l->path[l->n] = strdup(real);
@@ -234,8 +276,55 @@ static int add_file(struct file_list *l, const char *real, const struct stat *st
 		return -ENOMEM;
 	l->dev[l->n] = st->st_dev;
 	l->ino[l->n] = st->st_ino;
+	l->size[l->n] = (uint64_t)st->st_size;
 	l->n++;
-	l->bytes += (uint64_t)st->st_size;
+	return 0;
+}
+
+static const struct file_list *sorting;
+
+static int by_file(const void *a, const void *b)
+{
+	size_t i = *(const size_t *)a, j = *(const size_t *)b;
+	const struct file_list *l = sorting;
+
+	if (l->dev[i] != l->dev[j])
+		return l->dev[i] < l->dev[j] ? -1 : 1;
+	if (l->ino[i] != l->ino[j])
+		return l->ino[i] < l->ino[j] ? -1 : 1;
+	return i < j ? -1 : i > j;
+}
+
+/* Keep each file once, where it was first reached (a link, a directory named twice). */
+static int dedupe(struct file_list *l)
+{
+	size_t *order = malloc((l->n ? l->n : 1) * sizeof(*order)), k = 0;
+
+	if (!order)
+		return -ENOMEM;
+	for (size_t i = 0; i < l->n; i++)
+		order[i] = i;
+	sorting = l;
+	qsort(order, l->n, sizeof(*order), by_file);
+	for (size_t i = 1; i < l->n; i++)
+		if (l->dev[order[i]] == l->dev[order[i - 1]] &&
+		    l->ino[order[i]] == l->ino[order[i - 1]]) {
+			free(l->path[order[i]]);
+			l->path[order[i]] = NULL;
+		}
+	free(order);
+	l->bytes = 0;
+	for (size_t i = 0; i < l->n; i++) {
+		if (!l->path[i])
+			continue;
+		l->path[k] = l->path[i];
+		l->dev[k] = l->dev[i];
+		l->ino[k] = l->ino[i];
+		l->size[k] = l->size[i];
+		l->bytes += l->size[k];
+		k++;
+	}
+	l->n = k;
 	return 0;
 }
 
@@ -243,6 +332,7 @@ struct walk {
 	const struct kvs_config *cfg;
 	struct file_list *files;
 	unsigned refused, unreadable;
+	struct file_list dirs; /* the directories walked: a link back to one is not walked again */
 };
 
 /* path, named by the operator or found under a directory they named: a regular file is
@@ -267,6 +357,11 @@ static int take_path(struct walk *w, const char *path, int depth)
 		return add_file(w->files, real, &st);
 	if (!S_ISDIR(st.st_mode) || depth > 64)
 		return 0;
+	for (size_t i = 0; i < w->dirs.n; i++)
+		if (w->dirs.dev[i] == st.st_dev && w->dirs.ino[i] == st.st_ino)
+			return 0; /* walked already: a link to an ancestor, or named twice */
+	if (add_file(&w->dirs, real, &st))
+		return -ENOMEM;
 	DIR *d = opendir(real);
 	struct dirent *e;
 	int r = 0;
@@ -293,7 +388,8 @@ static int take_path(struct walk *w, const char *path, int depth)
 
 /* The region's room not holding data now: its capacity less its reserve (slots normal loads
  * never take) and its READY, loading and staged slots; the configuration's capacity where
- * there is no region yet (nothing to evict). */
+ * there is no region yet (nothing to evict; UINT64_MAX with cache.capacity = auto, which the
+ * first process sizes); 0, said, where the region cannot be read. */
 static uint64_t room_of(const struct kvs_config *cfg)
 {
 	struct tool_snapshot s = {0};
@@ -309,7 +405,10 @@ static uint64_t room_of(const struct kvs_config *cfg)
 
 		room = i->capacity_bytes > busy ? i->capacity_bytes - busy : 0;
 	} else if (s.err == -ENOENT && tool_region_of(cfg, &region) == 0) {
-		room = region.params.capacity; /* 0: auto, sized by the first process */
+		room = region.params.capacity ? region.params.capacity : UINT64_MAX;
+	} else {
+		tool_err("prefetch: %s: nothing is loaded without --max",
+			 s.msg[0] ? s.msg : "the region cannot be read");
 	}
 	tool_snapshot_free(&s);
 	return room;
@@ -361,9 +460,10 @@ static pid_t start_worker(const char *lib, uint64_t budget, int *to, int *from)
 	if (pid == 0) {
 		dup2(in[0], 0);
 		dup2(out[1], 1);
-		/* Background priority, inherited by the loader's threads. */
+		/* Background priority, inherited by the loader's threads: nice 19, which BFQ maps
+		 * to the lowest best-effort I/O priority.  Not the idle class: a rank that waits
+		 * for a shard this process loads must not wait behind starved I/O. */
 		(void)setpriority(PRIO_PROCESS, 0, 19);
-		(void)syscall(SYS_ioprio_set, IOPRIO_OF_PID, 0, IOPRIO_IDLE);
 		if (preload_after(lib) < 0)
 			_exit(KVS_EXIT_FAIL);
 		/* It reads every shard of each file in order: a slot taken ahead of the next read
@@ -466,6 +566,7 @@ static void free_list(struct file_list *l)
 	free(l->path);
 	free(l->dev);
 	free(l->ino);
+	free(l->size);
 }
 
 /* Run the worker over the list; 0 when it answered for every file and exited 0. */
@@ -517,6 +618,7 @@ int cmd_prefetch(int argc, char **argv)
 					.arg = &o,
 					.need = "no path named"};
 	struct file_list files = {0};
+	struct walk w = {0};
 	struct tally t = {0};
 	struct kvs_config *cfg = NULL;
 	char lib[PATH_MAX], why[KVS_CONFIG_MSG_MAX];
@@ -543,15 +645,18 @@ int cmd_prefetch(int argc, char **argv)
 		tool_err("%s", why);
 		goto out;
 	}
-	struct walk w = {.cfg = cfg, .files = &files};
+	w.cfg = cfg;
+	w.files = &files;
 	for (int i = optind; i < argc; i++)
 		if (take_path(&w, argv[i], 0)) {
 			tool_err("prefetch: out of memory");
 			goto out;
 		}
+	if (dedupe(&files)) {
+		tool_err("prefetch: out of memory");
+		goto out;
+	}
 	uint64_t budget = o.has_max ? o.max : room_of(cfg);
-	if (!o.has_max && !budget) /* cache.capacity = auto, no region yet: the worker sizes it */
-		budget = UINT64_MAX;
 	signal(SIGPIPE, SIG_IGN);
 	if (files.n && run_worker(lib, &files, budget, &t))
 		goto out;
@@ -559,6 +664,7 @@ int cmd_prefetch(int argc, char **argv)
 	status = (w.refused || w.unreadable || t.files[FAILED]) ? KVS_EXIT_FAIL : KVS_EXIT_OK;
 out:
 	free_list(&files);
+	free_list(&w.dirs);
 	free(cfg);
 	return status;
 }
