@@ -100,9 +100,9 @@ case_dir() {
 	[ -f "$path" ] && [ ! -e "/dev/shm/kvshim.$(id -u).$name" ] ||
 		fail "dir: prepare did not build the region in $dir"
 	[ "$(region path)" = "$path" ] || fail "dir: stat --json: path $(region path)"
-	"$kvshim" stat | grep -q "^populated .*; $dir has .* free$" ||
+	grep -q "^populated .*; $dir has .* free$" <<<"$("$kvshim" stat)" ||
 		fail "dir: stat: $("$kvshim" stat | grep populated)"
-	"$kvshim" ls | grep -q "^kvshim.$(id -u).$name " || fail "dir: ls: $("$kvshim" ls)"
+	grep -q "^kvshim.$(id -u).$name " <<<"$("$kvshim" ls)" || fail "dir: ls: $("$kvshim" ls)"
 	load dir || return
 	local ready before
 	before=$(region slots_ready)
