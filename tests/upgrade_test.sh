@@ -16,6 +16,10 @@
 #     published (the old region keeps the name), and the next new ranks hand over as in 1.
 #  4. A region of a layout newer than the build's (a downgrade) is not handed over: the old
 #     build runs uncached and says why, and the newer region is left as it was.
+#  5. The new release with another shard size: nothing handed over, every byte right.
+#  6. shim.mode = observe on both sides: a region of keys only is not handed over.
+#  7. Churn: upgrades while old processes evict and reuse the old region's frames; every byte
+#     the new ranks read is right.
 set -uo pipefail
 PREFIX=upgrade
 source "$(dirname "$0")/preload_lib.sh" # lib (sanitizer runtime first), work, name, ok, fail
@@ -120,6 +124,7 @@ if ! out=$(old_ranks 2>"$work/err"); then
 	fail "the old release's ranks: $(head -c 300 "$work/err")"
 fi
 coproc HOLD { holder 2>"$work/hold.err"; }
+hold=$HOLD_PID # bash forgets HOLD_PID once it reaps the process
 read -r -t 30 line <&"${HOLD[0]}"
 if [ "${line:-}" != attached ]; then
 	fail "the old process did not attach: ${line:-nothing} $(head -c 300 "$work/hold.err")"
@@ -132,35 +137,36 @@ else
 	echo reread >&"${HOLD[1]}"
 	read -r -t 60 back <&"${HOLD[0]}"
 	# The old region: nameless now, held by the old process alone, freed when it goes.
-	held=$(grep -c "$region_path (deleted)" "/proc/$HOLD_PID/maps" 2>/dev/null)
+	held=$(grep -c "$region_path (deleted)" "/proc/$hold/maps" 2>/dev/null)
 	if ! at_most "$st" "$unique * 0.05"; then
 		fail "upgrade: the new ranks read $st bytes from storage for $unique unique ($(head -c 300 "$work/err"))"
 	elif [ "$said" != 1 ] || [ "$given" -lt $((unique / 2)) ]; then
 		fail "upgrade: said $said times, handover_bytes $given: $(head -c 400 "$work/err")"
 	elif [ "${held:-0}" = 0 ]; then
-		fail "upgrade: the old process does not map the old region, nameless ($(grep kvshim "/proc/$HOLD_PID/maps" | head -3))"
+		fail "upgrade: the old process does not map the old region, nameless ($(grep kvshim "/proc/$hold/maps" | head -3))"
 	elif [[ "${back:-}" != "reread ok storage 0" ]]; then
 		fail "upgrade: the old process's reads after it: ${back:-nothing} $(head -c 300 "$work/hold.err")"
 	else
 		ok "upgrade with an old process attached: the new 8 ranks read $st bytes from storage for $unique, every byte right; handed over $given bytes; the old process, mapping the old region nameless, reread its files right, 0 from storage ($(grep -o 'filled with.*in [0-9.]* s' "$work/err"))"
 	fi
 fi
-kill "$HOLD_PID" 2>/dev/null
-wait "$HOLD_PID" 2>/dev/null
+kill "$hold" 2>/dev/null
+wait "$hold" 2>/dev/null
 
 # 2. The old process SIGKILLed while the new release's first process hands over.
 reset_region
 "$kvshim_next" reset --force >/dev/null 2>&1
 old_ranks >/dev/null 2>"$work/err" || fail "case 2: the old ranks: $(head -c 300 "$work/err")"
 coproc HOLD { holder 2>"$work/hold.err"; }
+hold=$HOLD_PID
 read -r -t 30 line <&"${HOLD[0]}"
 echo loop >&"${HOLD[1]}"
 sleep 0.2
 new_ranks >"$work/out" 2>"$work/err" &
 ranks_pid=$!
-if kill_when_filling "$HOLD_PID"; then mid="while the new release filled its region"; else mid="(no fill seen)"; fi
-kill -KILL "$HOLD_PID" 2>/dev/null
-wait "$HOLD_PID" 2>/dev/null
+if kill_when_filling "$hold"; then mid="while the new release filled its region"; else mid="(no fill seen)"; fi
+kill -KILL "$hold" 2>/dev/null
+wait "$hold" 2>/dev/null
 if ! wait "$ranks_pid"; then
 	fail "old process killed mid-hand-over: the new ranks: $(head -c 300 "$work/err")"
 elif [ "$mid" = "(no fill seen)" ]; then
@@ -243,6 +249,38 @@ else
 	ok "observe mode on both sides: the old region of keys only is not handed over, every byte right"
 fi
 KVSHIM_SHIM_MODE=observe reset_region
+
+# 7. Churn: two old processes read a set twice the size of the old region in a loop, so its
+#    frames are evicted and reused all through the fill; the new ranks then check every byte
+#    (a copy that raced a reuse must not be published).  Three rounds, each a new old region.
+export KVSHIM_CACHE_CAPACITY=8M
+given=0 bad=""
+for round in 1 2 3; do
+	"$kvshim_next" reset --force >/dev/null 2>&1
+	reset_region
+	coproc HOLD { holder 2>"$work/hold.err"; }
+	read -r -t 30 line <&"${HOLD[0]}"
+	echo loop >&"${HOLD[1]}"
+	hold1=$HOLD_PID
+	coproc HOLD2 { holder 2>"$work/hold2.err"; }
+	hold2=$HOLD2_PID
+	read -r -t 30 line2 <&"${HOLD2[0]}"
+	echo loop >&"${HOLD2[1]}"
+	sleep 0.5
+	out=$(LD_PRELOAD=$next python3 "$ranks_py" load "$work/kv" $n $size --gen 1 --ranks 2 \
+		2>"$work/err") || bad="round $round: $(head -c 300 "$work/err")"
+	given=$((given + $(new_total handover_bytes)))
+	kill -KILL "$hold1" "$hold2" 2>/dev/null
+	wait "$hold1" "$hold2" 2>/dev/null
+	[ -n "$bad" ] && break
+done
+if [ -n "$bad" ]; then
+	fail "churn: $bad"
+elif [ "$given" = 0 ]; then
+	fail "churn: nothing was handed over in 3 rounds"
+else
+	ok "churn: 3 upgrades while two old processes evicted and reused the old region's frames: $given bytes handed over, every byte the new ranks read right"
+fi
 
 "$kvshim_next" reset --force >/dev/null 2>&1
 [ "$fails" -eq 0 ] || exit 1
