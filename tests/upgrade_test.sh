@@ -6,7 +6,8 @@
 # Storage is the kernel's count (the ranks' /proc/self/io read_bytes); every byte the ranks
 # read is checked (tests/kv_ranks.py).
 #  1. The old release's 8 ranks warm a region of 128 MiB and one old process stays attached;
-#     the new release's 8 ranks, started together, load the same files reading at most 5% of
+#     the new release's `kvshim check` finds no problem (it notes the hand-over to come: `kvshim
+#     run` would otherwise start the engine with the shim off); its 8 ranks, started together, load the same files reading at most 5% of
 #     the unique bytes from storage; one of them says the upgrade, once; the new region counts
 #     what it was given (handover_bytes); the old process's next reads, of its old region,
 #     are right and read nothing from storage.
@@ -128,6 +129,10 @@ hold=$HOLD_PID # bash forgets HOLD_PID once it reaps the process
 read -r -t 30 line <&"${HOLD[0]}"
 if [ "${line:-}" != attached ]; then
 	fail "the old process did not attach: ${line:-nothing} $(head -c 300 "$work/hold.err")"
+elif ! "$kvshim_next" check >"$work/check" 2>&1 ||
+	! grep -q 'hands its cached shards over' "$work/check"; then
+	# `kvshim run` starts an engine with the shim off on a problem: an older region is none.
+	fail "the new release's check over the old region: $(grep -v '^ok' "$work/check" | head -c 400)"
 elif ! out=$(new_ranks 2>"$work/err"); then
 	fail "the new release's ranks: $(head -c 300 "$work/err")"
 else

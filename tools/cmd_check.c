@@ -53,6 +53,7 @@
 #include "cmd_common.h"
 #include "cache_params.h"
 #include "config.h"
+#include "handover.h"
 #include "hints.h"
 #include "snapshot.h"
 
@@ -804,6 +805,29 @@ static void check_pages(struct check *ck, const struct kvs_config *cfg)
 }
 
 /* The region: an existing one against the configuration, else room for a new one. */
+/* Is the region at path an older release's that this one hands over from (cache/handover.h)?
+ * Then it is no problem: the first engine process of this release fills a region of its own
+ * from it.  Said as a note. */
+static bool older_release(struct check *ck, const char *path, const struct kvs_config *cfg)
+{
+	char msg[KVS_CONFIG_MSG_MAX];
+	struct kvs_handover h;
+	int fd = kvs_cache_open_file(path, O_RDONLY, cfg->cache_mode, msg, sizeof(msg));
+	bool older;
+
+	if (fd < 0)
+		return false;
+	older = kvs_handover_source(fd, &h) == 0;
+	close(fd);
+	if (older)
+		ok(ck,
+		   "note region: %s was built by an older release of kvshim (layout %u): the first "
+		   "engine process of this one hands its cached shards over to a region of its own "
+		   "(docs/operations.md, \"Upgrading kvshim\")",
+		   path, h.version);
+	return older;
+}
+
 static void check_region(struct check *ck, const struct kvs_config *cfg)
 {
 	char path[PATH_MAX], msg[KVS_CONFIG_MSG_MAX], name[KVS_CONFIG_STR_MAX + 16];
@@ -847,6 +871,8 @@ static void check_region(struct check *ck, const struct kvs_config *cfg)
 			   cfg->cache_dir);
 		return;
 	}
+	if (r == -EPROTO && older_release(ck, path, cfg)) /* handed over at the first attach */
+		return;
 	problem(ck, "run `kvshim reset` to remove it (with no engine running)", "%s",
 		msg[0] ? msg : strerror(-r));
 }
