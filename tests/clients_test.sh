@@ -151,7 +151,7 @@ for client in "${clients[@]}"; do
 	fi
 	ok "$label: every reader exit 0, all bytes right"
 	for ((r = 0; r < nproc; r++)); do
-		if grep -v '^kvshim: [0-9T:.Z-]* pid [0-9]* info: attached' "$work/err.$r" | grep -q .; then
+		if [ "$(grep -v '^kvshim: [0-9T:.Z-]* pid [0-9]* info: attached' "$work/err.$r" | grep -c .)" != 0 ]; then
 			echo "note - $label: rank $r stderr: $(head -c 200 "$work/err.$r")"
 		fi
 	done

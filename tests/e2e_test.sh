@@ -43,7 +43,7 @@ run() {
 		fail "$label: output differs under the shim"
 		return
 	fi
-	if [ -s "$work/err" ] && grep -v '^kvshim: [0-9T:.Z-]* pid [0-9]* info: attached' "$work/err" | grep -q .; then
+	if [ -s "$work/err" ] && [ "$(grep -v '^kvshim: [0-9T:.Z-]* pid [0-9]* info: attached' "$work/err" | grep -c .)" != 0 ]; then
 		fail "$label: unexpected stderr: $(head -c 300 "$work/err")"
 		return
 	fi

@@ -276,7 +276,7 @@ case_fallback() {
 		sort | uniq -c | sort -rn | awk 'NR == 1 { print $1 }')
 	[ "$built" -eq 1 ] && [ "${most:-0}" -eq 1 ] && [ "$lines" -ge 1 ] ||
 		fail "fallback: $lines lines ($built from the creator, at most $most per process): $(head -c 600 "$work/err")"
-	! grep -v 'cache.huge_pages = on, but' "$work/err" | grep -q . ||
+	[ "$(grep -v 'cache.huge_pages = on, but' "$work/err" | grep -c .)" = 0 ] ||
 		fail "fallback: other lines on stderr: $(head -c 400 "$work/err")"
 	reset_region
 	unset KVSHIM_CACHE_DIR KVSHIM_CACHE_HUGE_PAGES

@@ -35,7 +35,7 @@ fake_sum() { # DIR PREFIX COUNTER: the counter summed over a fake library's stat
 	cat "$1/$2".* 2>/dev/null | awk -v k="$3" '$1 == k { s += $2 } END { print s + 0 }'
 }
 clean_err() { # FILE: nothing on it but the shim's info line saying it attached
-	! grep -v '^kvshim: [0-9T:.Z-]* pid [0-9]* info: attached' "$1" | grep -q .
+	[ "$(grep -v '^kvshim: [0-9T:.Z-]* pid [0-9]* info: attached' "$1" | grep -c .)" = 0 ]
 }
 
 # Storage by the kernel's count.  A process's /proc/PID/io read_bytes includes every child it
