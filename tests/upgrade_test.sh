@@ -11,8 +11,8 @@
 #     the unique bytes from storage; one of them says the upgrade, once; the new region counts
 #     what it was given (handover_bytes); the old process's next reads, of its old region,
 #     are right and read nothing from storage.
-#  2. The old process is loading and hitting when the new release's first process starts, and
-#     is SIGKILLed 30 ms later: the new ranks still read at most 5%, every byte right.
+#  2. The old process is reading in a loop when the new release's first process starts, and
+#     is SIGKILLed while that one fills: the new ranks still read at most 5%, every byte right.
 #  3. The first process of the new release is SIGKILLed while it fills its region: nothing is
 #     published (the old region keeps the name), and the next new ranks hand over as in 1.
 #  4. A region of a layout newer than the build's (a downgrade) is not handed over: the old
@@ -96,23 +96,30 @@ for line in sys.stdin:
 PY
 holder() { LD_PRELOAD=$lib exec python3 -u "$work/holder.py" "$ranks_py" "$work/kv" $n $size; }
 
-# kill_when_filling PID: SIGKILL PID as soon as a process of the new release is filling its
-# region (it holds flock on the old region for the whole fill: cache/region.c, upgrade), seen
-# by a loop of non-blocking flocks on the old file; status 0 when it was, 1 after 20 s without.
+# kill_when_filling VICTIM CMD...: open the old region, start CMD (its output to $work/out and
+# $work/err), and SIGKILL VICTIM (a pid, or "cmd" for CMD itself) as soon as a process of the
+# new release is filling its region: it holds flock on the old region for the whole fill
+# (cache/region.c, upgrade), seen by a loop of non-blocking flocks on the old file, which is
+# open before CMD starts.  Then wait for CMD.  Status 0 when the fill was seen and CMD
+# succeeded (or was the victim), 1 when no fill was seen in 20 s, 2 when CMD failed.
 region_path=/dev/shm/kvshim.$(id -u).$name
 kill_when_filling() {
-	python3 - "$region_path" "$1" <<'PY'
-import fcntl, os, signal, sys, time
-path, pid = sys.argv[1], int(sys.argv[2])
-fd, end = os.open(path, os.O_RDONLY), time.monotonic() + 20
-while time.monotonic() < end:
+	python3 - "$region_path" "$work" "$@" <<'PY'
+import fcntl, os, signal, subprocess, sys, time
+path, work, victim, cmd = sys.argv[1], sys.argv[2], sys.argv[3], sys.argv[4:]
+fd = os.open(path, os.O_RDONLY)
+with open(os.path.join(work, "out"), "w") as out, open(os.path.join(work, "err"), "w") as err:
+    child = subprocess.Popen(cmd, stdout=out, stderr=err)
+pid, seen, end = child.pid if victim == "cmd" else int(victim), False, time.monotonic() + 20
+while not seen and time.monotonic() < end and child.poll() is None:
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         fcntl.flock(fd, fcntl.LOCK_UN)
     except BlockingIOError:
         os.kill(pid, signal.SIGKILL)
-        sys.exit(0)
-sys.exit(1)
+        seen = True
+rc = child.wait()
+sys.exit(1 if not seen else 0 if victim == "cmd" or rc == 0 else 2)
 PY
 }
 
@@ -167,14 +174,15 @@ hold=$HOLD_PID
 read -r -t 30 line <&"${HOLD[0]}"
 echo loop >&"${HOLD[1]}"
 sleep 0.2
-new_ranks >"$work/out" 2>"$work/err" &
-ranks_pid=$!
-if kill_when_filling "$hold"; then mid="while the new release filled its region"; else mid="(no fill seen)"; fi
+kill_when_filling "$hold" env LD_PRELOAD="$next" python3 "$ranks_py" load "$work/kv" $n $size \
+	--gen 1 --ranks 8
+st=$?
 kill -KILL "$hold" 2>/dev/null
 wait "$hold" 2>/dev/null
-if ! wait "$ranks_pid"; then
+mid="while the new release filled its region"
+if [ $st = 2 ]; then
 	fail "old process killed mid-hand-over: the new ranks: $(head -c 300 "$work/err")"
-elif [ "$mid" = "(no fill seen)" ]; then
+elif [ $st = 1 ]; then
 	fail "old process killed mid-hand-over: no fill was seen to kill it in"
 else
 	st=$(storage_of "$(cat "$work/out")")
@@ -189,13 +197,10 @@ fi
 "$kvshim_next" reset --force >/dev/null 2>&1
 reset_region
 old_ranks >/dev/null 2>"$work/err" || fail "case 3: the old ranks: $(head -c 300 "$work/err")"
-# One process that reads the files through the new release (C: it starts in milliseconds).
-LD_PRELOAD=$next "$(dirname "$kvshim")/kvshim-bench-read" read --direct --passes 1 \
-	"$work/kv"/blk* >/dev/null 2>&1 &
-first=$!
+# One process (the one that fills: not a parent of it) reads the files through the new release.
 seen=0
-kill_when_filling "$first" && seen=1
-wait "$first" 2>/dev/null
+kill_when_filling cmd env LD_PRELOAD="$next" "$(dirname "$kvshim")/kvshim-bench-read" read \
+	--direct --passes 1 "$work/kv"/blk* && seen=1
 still=$("$kvshim" stat --json 2>/dev/null | python3 -c 'import json,sys
 try: print(json.load(sys.stdin)["region"]["slots_ready"])
 except Exception: print("none")')
@@ -267,7 +272,9 @@ for round in 1 2 3; do
 	read -r -t 30 line <&"${HOLD[0]}"
 	echo loop >&"${HOLD[1]}"
 	hold1=$HOLD_PID
+	exec {keep}>&2 2>/dev/null # bash warns of a second coproc beside the first: that is meant
 	coproc HOLD2 { holder 2>"$work/hold2.err"; }
+	exec 2>&"$keep" {keep}>&-
 	hold2=$HOLD2_PID
 	read -r -t 30 line2 <&"${HOLD2[0]}"
 	echo loop >&"${HOLD2[1]}"
