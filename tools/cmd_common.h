@@ -60,6 +60,10 @@ bool tool_listed_under(const char *list, const char *path);
  * why (library.c). */
 int tool_find_library(char *lib, char *why, size_t whylen);
 
+/* Put lib in LD_PRELOAD, first (an engine's: its hooks win) or last (a sanitizer's runtime, and
+ * whatever else is there, stays ahead), dropping any earlier copy of it; 0 or -errno, said
+ * (library.c). */
+int tool_set_preload(const char *lib, bool first);
 /* Canonicalise a readable file's path into out (PATH_MAX); 0 or -errno (library.c). */
 int tool_usable_file(const char *path, char *out);
 

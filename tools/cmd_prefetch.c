@@ -414,31 +414,6 @@ static uint64_t room_of(const struct kvs_config *cfg)
 	return room;
 }
 
-/* LD_PRELOAD for the worker: what is there (a sanitizer's runtime must stay first), then lib.
- * It is this program: nothing it loads itself needs to come after the shim. */
-static int preload_after(const char *lib)
-{
-	const char *old = getenv("LD_PRELOAD");
-	size_t cap = strlen(lib) + (old ? strlen(old) : 0) + 2, len = strlen(lib);
-	char *val = malloc(cap), *p = val;
-
-	if (!val)
-		return -1;
-	while (old && *old) {
-		size_t w = strcspn(old, ": \t");
-
-		if (w && !(w == len && !memcmp(old, lib, len))) {
-			memcpy(p, old, w);
-			p += w;
-			*p++ = ':';
-		}
-		old += w;
-		old += strspn(old, ": \t");
-	}
-	strcpy(p, lib);
-	return setenv("LD_PRELOAD", val, 1);
-}
-
 /* Start the worker with the shim preloaded: its stdin *to, its stdout *from.  Its pid, or -1
  * having said why. */
 static pid_t start_worker(const char *lib, uint64_t budget, int *to, int *from)
@@ -464,7 +439,9 @@ static pid_t start_worker(const char *lib, uint64_t budget, int *to, int *from)
 		 * to the lowest best-effort I/O priority.  Not the idle class: a rank that waits
 		 * for a shard this process loads must not wait behind starved I/O. */
 		(void)setpriority(PRIO_PROCESS, 0, 19);
-		if (preload_after(lib) < 0)
+		/* After what is there: a sanitizer's runtime must stay first, and the worker is
+		 * this program, which loads nothing that must come after the shim. */
+		if (tool_set_preload(lib, false))
 			_exit(KVS_EXIT_FAIL);
 		/* It reads every shard of each file in order: a slot taken ahead of the next read
 		 * (loader.prefetch) is one more than the budget counts. */

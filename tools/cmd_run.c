@@ -36,46 +36,6 @@ static const char usage[] =
     "The shim library is $KVSHIM_LIBRARY, else " SHIM_NAME " in this program's folder,\n"
     "in ../lib or in ../shim relative to it.\n";
 
-/* Set LD_PRELOAD to lib followed by the entries already there other than lib; 0 or -errno. */
-static int prepend_preload(const char *lib)
-{
-	const char *old = getenv("LD_PRELOAD");
-	size_t len = strlen(lib), cap = len + (old ? strlen(old) : 0) + 2;
-	char *val, *p;
-	int r = 0;
-
-	/* The dynamic loader splits LD_PRELOAD at colons and spaces. */
-	if (strpbrk(lib, ": \t")) {
-		tool_err("%s: a path in LD_PRELOAD cannot hold a colon or a space", lib);
-		return -EINVAL;
-	}
-	val = malloc(cap);
-	if (!val) {
-		tool_err("out of memory");
-		return -ENOMEM;
-	}
-	memcpy(val, lib, len + 1);
-	p = val + len;
-	while (old && *old) {
-		size_t w = strcspn(old, ": \t");
-
-		if (w && !(w == len && !memcmp(old, lib, len))) {
-			*p++ = ':';
-			memcpy(p, old, w);
-			p += w;
-		}
-		old += w;
-		old += strspn(old, ": \t");
-	}
-	*p = '\0';
-	if (setenv("LD_PRELOAD", val, 1) < 0) {
-		r = -errno;
-		tool_err("cannot set LD_PRELOAD: %s", strerror(-r));
-	}
-	free(val);
-	return r;
-}
-
 struct run_opts {
 	const char *config;
 	bool strict;
@@ -151,7 +111,7 @@ int cmd_run(int argc, char **argv)
 			return KVS_EXIT_FAIL;
 		}
 	}
-	if (config_ok && prepend_preload(lib))
+	if (config_ok && tool_set_preload(lib, true))
 		return KVS_EXIT_FAIL;
 	fflush(stdout);
 	execvp(argv[optind], argv + optind);

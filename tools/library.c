@@ -57,3 +57,52 @@ int tool_find_library(char *lib, char *why, size_t whylen)
 		 self, self, self);
 	return -ENOENT;
 }
+
+int tool_set_preload(const char *lib, bool first)
+{
+	const char *old = getenv("LD_PRELOAD");
+	size_t len = strlen(lib), cap = len + (old ? strlen(old) : 0) + 2;
+	char *val, *p;
+	int r = 0;
+
+	/* The dynamic loader splits LD_PRELOAD at colons and spaces. */
+	if (strpbrk(lib, ": \t")) {
+		tool_err("%s: a path in LD_PRELOAD cannot hold a colon or a space", lib);
+		return -EINVAL;
+	}
+	val = malloc(cap);
+	if (!val) {
+		tool_err("out of memory");
+		return -ENOMEM;
+	}
+	p = val;
+	if (first) {
+		memcpy(p, lib, len);
+		p += len;
+	}
+	while (old && *old) {
+		size_t w = strcspn(old, ": \t");
+
+		if (w && !(w == len && !memcmp(old, lib, len))) {
+			if (p != val)
+				*p++ = ':';
+			memcpy(p, old, w);
+			p += w;
+		}
+		old += w;
+		old += strspn(old, ": \t");
+	}
+	if (!first) {
+		if (p != val)
+			*p++ = ':';
+		memcpy(p, lib, len);
+		p += len;
+	}
+	*p = '\0';
+	if (setenv("LD_PRELOAD", val, 1) < 0) {
+		r = -errno;
+		tool_err("cannot set LD_PRELOAD: %s", strerror(-r));
+	}
+	free(val);
+	return r;
+}
