@@ -37,6 +37,7 @@ enum kvs_on_mismatch { KVS_MISMATCH_REFUSE, KVS_MISMATCH_REBUILD };
 enum kvs_huge_pages { KVS_HUGE_AUTO, KVS_HUGE_ON, KVS_HUGE_OFF };
 enum kvs_numa { KVS_NUMA_OFF, KVS_NUMA_INTERLEAVE, KVS_NUMA_LOCAL };
 enum kvs_shim_mode { KVS_MODE_SERVE, KVS_MODE_OBSERVE };
+enum kvs_remote_kind { KVS_REMOTE_NONE, KVS_REMOTE_MOONCAKE };
 
 /* Where a key's effective value came from. */
 enum kvs_source { KVS_SRC_DEFAULT, KVS_SRC_FILE, KVS_SRC_ENV };
@@ -67,6 +68,7 @@ typedef char kvs_config_str[KVS_CONFIG_STR_MAX];
 #define KVS_CTYPE_ENUM_HUGE	int
 #define KVS_CTYPE_ENUM_NUMA	int
 #define KVS_CTYPE_ENUM_MODE	int
+#define KVS_CTYPE_ENUM_REMOTE	int
 
 enum kvs_key_id {
 #define KVS_KEY(sec, key, type, field, def, min, max, help) KVS_KEY_##field,

@@ -43,6 +43,7 @@ enum kvs_key_type {
 	KT_ENUM_HUGE,
 	KT_ENUM_NUMA,
 	KT_ENUM_MODE,
+	KT_ENUM_REMOTE,
 };
 
 /* One row of keys.def: off is the field's offset in struct kvs_config, def its default as it

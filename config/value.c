@@ -103,6 +103,11 @@ static const struct kvs_word numa_words[] = {
     {"off", KVS_NUMA_OFF},
     {NULL, 0},
 };
+static const struct kvs_word remote_words[] = {
+    {"none", KVS_REMOTE_NONE},
+    {"mooncake", KVS_REMOTE_MOONCAKE},
+    {NULL, 0},
+};
 static const struct kvs_word mode_words[] = {
     {"serve", KVS_MODE_SERVE},
     {"observe", KVS_MODE_OBSERVE},
@@ -287,6 +292,8 @@ const struct kvs_word *kvs_key_words(enum kvs_key_type t)
 		return numa_words;
 	case KT_ENUM_MODE:
 		return mode_words;
+	case KT_ENUM_REMOTE:
+		return remote_words;
 	default:
 		return no_words;
 	}

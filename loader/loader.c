@@ -50,6 +50,8 @@
 #include "loader.h"
 #include "prefetch.h"
 #include "publish.h"
+#include "remote.h"
+#include "ring.h"
 #include "sys.h"
 
 #define KVS_PAGE_SZ 4096u
@@ -74,6 +76,7 @@ struct kvs_loader {
 	uint64_t wait_timeout_ns;
 	kvs_copy_fn copy; /* loader.copy: into host buffers */
 	struct kvs_prefetcher pf;
+	struct kvs_remote *rm; /* remote.kind: NULL for none */
 
 	/* The asynchronous queue and its thread. */
 	pthread_mutex_t mu;
@@ -162,7 +165,8 @@ static bool copies_sync(const struct kvs_read *rd)
 static void owner_read_done(struct kvs_bio *bio)
 {
 	struct kvs_op *op = (struct kvs_op *)((char *)bio - offsetof(struct kvs_op, bio));
-	struct kvs_cache *c = bio->arg;
+	struct kvs_loader *ld = bio->arg;
+	struct kvs_cache *c = ld->c;
 
 	kvs_cache_count(c, KVS_CTR_backend_reads, 1);
 	kvs_cache_count(c, KVS_CTR_storage_ns, kvs_mono_ns() - op->t_submit);
@@ -173,10 +177,15 @@ static void owner_read_done(struct kvs_bio *bio)
 		kvs_cache_count(c, KVS_CTR_shards_loaded, 1);
 		kvs_cache_tally_add(c, rd->tally, KVS_TALLY_storage_bytes, op->size);
 		kvs_cache_tally_add(c, rd->tally, KVS_TALLY_unique_bytes, op->size);
-		kvs_publish_loaded(
-		    c, &op->pin,
-		    kvs_check_file(bio->fd, rd->dev, rd->ino, rd->write_once, &rd->block), op->size,
-		    op->keep);
+		enum kvs_verdict v =
+		    kvs_check_file(bio->fd, rd->dev, rd->ino, rd->write_once, &rd->block);
+		struct kvs_key key = kvs_shard_key(&rd->block, op->shard);
+
+		kvs_publish_loaded(c, &op->pin, v, op->size, op->keep);
+		/* Offered only when kept for good; the helper takes it only while it is READY
+		 * under its key (a load handed out unkept is not). */
+		if (op->rid && v == KVS_V_KEEP && op->keep->until == 0)
+			kvs_remote_offer(ld->rm, op->rid, &key, op->size);
 	} else {
 		kvs_cache_count(c, KVS_CTR_failures, 1);
 		kvs_cache_mark_failed(c, &op->pin, bio->result < 0 ? (int)-bio->result : EIO);
@@ -212,7 +221,7 @@ static void submit_owned(struct kvs_loader *ld, const struct kvs_read *rd, struc
 	if (bio->len > kvs_cache_room(ld->c, &op->pin))
 		bio->len = kvs_cache_room(ld->c, &op->pin); /* a slot of another size: short */
 	bio->done = owner_read_done;
-	bio->arg = ld->c;
+	bio->arg = ld;
 	store_relaxed(&op->io_done, 0);
 	op->t_submit = kvs_mono_ns();
 	kvs_backend_submit(ld->be, bio);
@@ -309,9 +318,10 @@ static bool copy_pinned(struct kvs_loader *ld, const struct kvs_read *rd, struct
 }
 
 /* Pin op's shard to load it, and start its storage read when the pin makes us its owner (its
- * load kept as keep says).  Sets op->kind; returns kvs_cache_pin_load's result. */
+ * load kept as keep says), unless defer: own_loads() starts it.  Sets op->kind; returns
+ * kvs_cache_pin_load's result. */
 static int pin_for_load(struct kvs_loader *ld, const struct kvs_read *rd, struct kvs_op *op,
-			const struct kvs_keep *keep)
+			const struct kvs_keep *keep, bool defer)
 {
 	struct kvs_key key = kvs_shard_key(&rd->block, op->shard);
 	int st = kvs_cache_lookup(ld->c, &key);
@@ -323,6 +333,7 @@ static int pin_for_load(struct kvs_loader *ld, const struct kvs_read *rd, struct
 		kvs_backend_wait_room(ld->be);
 	uint64_t t0 = kvs_mono_ns();
 	op->keep = keep;
+	op->rid = NULL;
 	int r = kvs_cache_pin_load(ld->c, &key, KVS_ALLOC_LOAD, op->size, keep->until, &op->pin);
 
 	kvs_cache_count(ld->c, KVS_CTR_pin_ns, kvs_mono_ns() - t0);
@@ -330,9 +341,96 @@ static int pin_for_load(struct kvs_loader *ld, const struct kvs_read *rd, struct
 		   : r == KVS_PIN_OWNER ? OP_OWNER
 		   : r == KVS_PIN_WAIT	? OP_WAIT
 					: OP_SELF;
-	if (op->kind == OP_OWNER)
+	if (op->kind == OP_OWNER && !defer)
 		submit_owned(ld, rd, op);
 	return r;
+}
+
+/* ------------------------------------------------------------------ the remote pool */
+
+/* May t's owned loads ask the pool?  Then pin_for_load defers their storage reads. */
+static bool pool_may_serve(const struct kvs_loader *ld, const struct kvs_task *t)
+{
+	return ld->rm && t->rd->write_once && !ld->backend_only;
+}
+
+/* A shard the pool gave: into op's slot, then published as a storage load would be (the file
+ * checked again: kvs_check_file), which wakes its waiters.  op is its own again at once. */
+static void place_pooled(struct kvs_loader *ld, const struct kvs_read *rd, struct kvs_op *op,
+			 const void *src)
+{
+	struct kvs_cache *c = ld->c;
+
+	ld->copy(kvs_cache_data(c, &op->pin), src, op->size);
+	kvs_cache_count(c, KVS_CTR_remote_hits, 1);
+	kvs_cache_count(c, KVS_CTR_remote_bytes, op->size);
+	kvs_publish_loaded(c, &op->pin,
+			   kvs_check_file(rd->fd, rd->dev, rd->ino, rd->write_once, &rd->block),
+			   op->size, op->keep);
+	store_release(&op->io_done, 1);
+}
+
+/*
+ * Start the loads of t's owned shards whose storage reads pin_for_load deferred: first ask the
+ * pool for each (in the piece's order), waiting at most remote.timeout_ms for all; a shard it
+ * gives is published at once, the others are read from storage as usual.  A shard that may be
+ * shared is offered to the pool after its storage load (op->rid).
+ */
+static void own_loads(struct kvs_loader *ld, struct kvs_task *t)
+{
+	const struct kvs_read *rd = t->rd;
+	struct kvs_ring_ticket tk[KVS_TASK_OPS];
+	struct kvs_ring *ring = NULL;
+	bool owned = false, shared;
+	char key[KVS_RING_KEY_MAX];
+
+	for (uint32_t i = 0; i < t->nops; i++)
+		owned |= t->ops[i].kind == OP_OWNER;
+	if (!owned)
+		return;
+	shared = kvs_remote_ident(ld->rm, rd, &t->rid);
+	if (shared)
+		ring = kvs_remote_ring(ld->rm);
+	for (uint32_t i = 0; i < t->nops; i++) {
+		struct kvs_op *op = &t->ops[i];
+
+		tk[i].entry = UINT32_MAX;
+		if (op->kind != OP_OWNER)
+			continue;
+		op->rid = shared && t->keep.until == 0 ? &t->rid : NULL;
+		if (!ring)
+			continue;
+		kvs_remote_key(ld->rm, &t->rid, op->shard, key, sizeof(key));
+		if (kvs_ring_get(ring, key, op->size, &tk[i]) != 0)
+			tk[i].entry = UINT32_MAX; /* the ring is full: storage */
+	}
+	uint64_t t0 = kvs_mono_ns(), deadline = t0 + kvs_remote_timeout_ns(ld->rm);
+	for (uint32_t k = 0; k < t->nops; k++) {
+		uint32_t i = t->order[k];
+		struct kvs_op *op = &t->ops[i];
+		const void *src;
+
+		if (op->kind != OP_OWNER)
+			continue;
+		if (tk[i].entry != UINT32_MAX) {
+			int a = kvs_ring_wait(ring, &tk[i], deadline, &src);
+
+			if (a == KVS_RING_HIT && kvs_cache_room(ld->c, &op->pin) >= op->size) {
+				place_pooled(ld, rd, op, src);
+				kvs_ring_release(ring, &tk[i]);
+				op->rid = NULL; /* it came from the pool: nothing to offer */
+				continue;
+			}
+			if (a == KVS_RING_HIT)
+				kvs_ring_release(ring, &tk[i]);
+			kvs_cache_count(
+			    ld->c,
+			    a == KVS_RING_MISS ? KVS_CTR_remote_misses : KVS_CTR_remote_errors, 1);
+		}
+		submit_owned(ld, rd, op);
+	}
+	if (ring)
+		kvs_cache_count(ld->c, KVS_CTR_remote_ns, kvs_mono_ns() - t0);
 }
 
 /* The first half of a piece, step one: lay it out and serve every shard that is READY now
@@ -369,12 +467,16 @@ static void pin_rest(struct kvs_loader *ld, struct kvs_task *t)
 	order_ops(ld, t);
 	/* Before any storage read of the piece starts: the expiry argument of publish.c. */
 	t->keep = kvs_keep_for(ld->c, &rd->block, &rd->fresh, rd->dev, rd->ino);
+	bool defer = pool_may_serve(ld, t);
+
 	for (uint32_t k = 0; k < t->nops; k++) {
 		struct kvs_op *op = &t->ops[t->order[k]];
 
 		if (op->kind == OP_NONE)
-			pin_for_load(ld, rd, op, &t->keep);
+			pin_for_load(ld, rd, op, &t->keep, defer);
 	}
+	if (defer)
+		own_loads(ld, t);
 	kvs_prefetch_note(&ld->pf, rd, t->ops[t->nops - 1].shard);
 	kvs_cache_reap_maybe(ld->c); /* dead ranks' pins come back while we are busy */
 }
@@ -764,15 +866,21 @@ int kvs_loader_pin(struct kvs_loader *ld, struct kvs_task *t, const struct kvs_r
 	plan_piece(ld, t);
 	order_ops(ld, t);
 	t->keep = kvs_keep_for(ld->c, &rd->block, &rd->fresh, rd->dev, rd->ino);
+	bool defer = pool_may_serve(ld, t);
 	for (uint32_t k = 0; k < t->nops; k++) {
 		struct kvs_op *op = &t->ops[t->order[k]];
-		int r = pin_for_load(ld, rd, op, &t->keep);
+		int r = pin_for_load(ld, rd, op, &t->keep, defer);
 
 		if (op->kind == OP_SELF) {
+			if (defer)
+				own_loads(ld,
+					  t); /* the owned ones are started: unpin waits for them */
 			kvs_loader_unpin(ld, t);
 			return r < 0 ? r : -ENOSPC;
 		}
 	}
+	if (defer)
+		own_loads(ld, t);
 	kvs_cache_count(ld->c, KVS_CTR_requests, 1);
 	kvs_cache_reap_maybe(ld->c);
 	return 0;
@@ -906,6 +1014,7 @@ int kvs_loader_create(struct kvs_cache *c, const struct kvs_config *cfg, struct 
 	r = kvs_prefetch_start(&ld->pf, c, ld->be, cfg->loader_prefetch, ld->shard_size);
 	if (r)
 		goto err;
+	ld->rm = kvs_remote_create(cfg, c);
 	*out = ld;
 	return 0;
 err:
@@ -925,6 +1034,7 @@ void kvs_loader_destroy(struct kvs_loader *ld)
 		pthread_join(ld->completer, NULL);
 	kvs_prefetch_stop(&ld->pf);
 	kvs_backend_destroy(ld->be); /* waits for read-aheads in flight */
+	kvs_remote_destroy(ld->rm);
 	for (int i = 0; i < BOUNCE; i++)
 		free(ld->bounce[i]);
 	pthread_cond_destroy(&ld->bounce_cond);

@@ -60,6 +60,11 @@ struct kvs_keep {
 	bool marked; /* false: a write of the file was in flight: nothing is kept */
 };
 
+/* A file's identity on every node that sees it (remote.h, kvs_remote_ident). */
+struct kvs_rid {
+	uint64_t lo, hi;
+};
+
 /* One intercepted read, as the hook sees it. */
 struct kvs_read {
 	int fd;			/* a descriptor of the file the block id was taken from (the
@@ -97,6 +102,7 @@ struct kvs_op {
 	_Atomic uint32_t io_done;    /* owner: the backend is finished with bio and the op */
 	uint64_t t_submit;	     /* owner: when its storage read was submitted (storage_ns) */
 	const struct kvs_keep *keep; /* owner: its task's (kvs_task.keep) */
+	const struct kvs_rid *rid;   /* owner: offer the load to the remote pool (kvs_task.rid) */
 };
 
 /* A read in progress: storage the caller provides (on its stack, or with the request it
@@ -106,6 +112,7 @@ struct kvs_task {
 	uint64_t off, end; /* the piece being served, and the end of the whole read */
 	uint64_t piece_end;
 	struct kvs_keep keep; /* how long loads this task owns are kept */
+	struct kvs_rid rid;   /* its file's remote identity, when it may be shared */
 	uint32_t nops;
 	int64_t result;
 	void (*done)(struct kvs_task *t, int64_t result);

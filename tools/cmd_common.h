@@ -38,6 +38,7 @@ int cmd_evict(int argc, char **argv);
 int cmd_exporter(int argc, char **argv);
 int cmd_prepare(int argc, char **argv);
 int cmd_prefetch(int argc, char **argv);
+int cmd_remote(int argc, char **argv);
 
 /*
  * The checks of `kvshim check` (cmd_check.c): the KVSHIM_* environment, the configuration,

@@ -63,6 +63,9 @@ static const char usage[] =
     "  evict PATH...       drop the cached shards of each file\n"
     "  exporter --listen ADDR:PORT [--region NAME]...\n"
     "                      serve the regions' figures to Prometheus over HTTP (GET /metrics)\n"
+    "  remote [--config FILE]\n"
+    "                      run the node's remote helper (remote.kind = mooncake): misses ask\n"
+    "                      a Mooncake Store pool before storage, loads are published there\n"
     "\n"
     "  -h, --help          print this help; `kvshim COMMAND --help` describes one command\n"
     "  -V, --version       print the version of kvshim\n"
@@ -78,7 +81,7 @@ static const struct {
     {"run", cmd_run},		{"stat", cmd_stat},	    {"config", cmd_config},
     {"reset", cmd_reset},	{"check", cmd_check},	    {"ls", cmd_ls},
     {"evict", cmd_evict},	{"exporter", cmd_exporter}, {"prepare", cmd_prepare},
-    {"prefetch", cmd_prefetch},
+    {"prefetch", cmd_prefetch}, {"remote", cmd_remote},
 };
 
 void tool_err(const char *fmt, ...)

@@ -1,0 +1,68 @@
+/*
+ * remote: the engine's side of the remote tier (remote.kind, docs/design.md "Beyond one
+ * node"): which loads may ask the node's helper, under what key, and the ring to ask it
+ * through (remote/ring.h).  The loader calls it only for shards it owns, after a miss: the hit
+ * path never comes here.
+ *
+ * Which files.  Only files of a files.write_once root: they are complete at their final name
+ * and never rewritten in place, so a name, a size and stamps the file system gives every
+ * node name one content.  Files of other roots are keyed by change on each node (st_dev, ctime,
+ * a node-local settle), and a node cannot tell from them that another node read the same bytes;
+ * they never ask the pool and are never offered to it.
+ *
+ * The remote key: "kvshim/1/<remote.namespace>/<id>/<log2 shard size>/<shard>", id the hex of
+ * XXH3-128 over
+ *   - the last component of the write-once root the file lies under (its name on every node,
+ *     wherever each node mounts it),
+ *   - the path below that root,
+ *   - st_size,
+ *   - the modification time (s, ns) and the birth time (s, ns; 0 where statx gives none), as
+ *     the file system reports them: on a shared file system every node sees the server's.
+ * Not st_dev (each node's mount has its own), not st_ino (cluster-wide only on some file
+ * systems, and FUSE numbers its own), not ctime (a touch moves it, and UCM touches every
+ * lookup).  A file written again under the same name gets a new mtime (and a new birth time
+ * when it is replaced by a rename): another key.  Two files with one name below two roots of
+ * one last component are told apart by size and stamps only; remote.namespace separates
+ * stores.
+ *
+ * Every call is lock-free and allocation-free except kvs_remote_create.
+ */
+#ifndef KVS_LOADER_REMOTE_H
+#define KVS_LOADER_REMOTE_H
+
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "cache.h"
+#include "loader.h"
+
+struct kvs_config;
+struct kvs_remote;
+struct kvs_ring;
+
+/* The remote tier of a loader over region c at region_path, or NULL (remote.kind = none, or
+ * nothing usable: said once).  */
+struct kvs_remote *kvs_remote_create(const struct kvs_config *cfg, struct kvs_cache *c);
+void kvs_remote_destroy(struct kvs_remote *rm);
+
+/* The ring to ask, when the node's helper beats there and routes misses to the pool now (or
+ * this miss is the probe of a pool routed around); NULL otherwise.  Maps the ring the first
+ * time, and again when a helper of other dimensions replaced it. */
+struct kvs_ring *kvs_remote_ring(struct kvs_remote *rm);
+
+/* The remote identity of rd's file, if it may be shared: a write-once file whose statx now
+ * matches rd (size).  false: ask nothing, offer nothing. */
+bool kvs_remote_ident(struct kvs_remote *rm, const struct kvs_read *rd, struct kvs_rid *out);
+
+/* The remote key of shard `shard` of the file id names, NUL-terminated in out. */
+void kvs_remote_key(const struct kvs_remote *rm, const struct kvs_rid *id, uint64_t shard,
+		    char *out, size_t len);
+
+/* remote.timeout_ms in ns: how long a load waits for the pool. */
+uint64_t kvs_remote_timeout_ns(const struct kvs_remote *rm);
+
+/* Offer shard key, just loaded from storage and kept for good, to the pool (remote.publish). */
+void kvs_remote_offer(struct kvs_remote *rm, const struct kvs_rid *id, const struct kvs_key *key,
+		      uint32_t len);
+
+#endif

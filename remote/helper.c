@@ -1,0 +1,255 @@
+/*
+ * helper: the C side of a node's remote helper (`kvshim remote`), built as
+ * libkvshim_remote.so for the Python program that holds the node's Mooncake client
+ * (kvshim_remote.py, through ctypes).  Everything that touches the region or the ring is here;
+ * the Python side moves bytes between staging and the pool and decides routes.
+ *
+ * kvr_open loads the configuration (KVSHIM_CONFIG, as every kvshim process), attaches to the
+ * region as an ordinary process (created if it is not there yet, as an engine would; its pins
+ * are reclaimed if the helper dies), takes the helper's lock, builds or takes over the ring, and
+ * starts the heartbeat thread (kvs_ring_beat every KVS_RING_BEAT_NS).  The helper never forks.
+ *
+ * A put is prepared here before Python sees it: the shard is pinned if it is still READY under
+ * its key (kvs_cache_pin_ready: an evicted, reloaded or unkept shard is not), copied into the
+ * entry's staging buffer, and unpinned.  The region itself is never registered with the pool,
+ * so no peer can read or write it: only staging is.
+ *
+ * Functions return 0 or -errno unless said; none prints (the Python side says what failed, with
+ * the message kvr_open fills).
+ */
+#include <errno.h>
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "cache.h"
+#include "cache_params.h"
+#include "config.h"
+#include "ring.h"
+#include "sys.h"
+
+#define KVR_API __attribute__((visibility("default")))
+
+struct kvr {
+	struct kvs_config *cfg;
+	struct kvs_cache *c;
+	struct kvs_ring *ring;
+	char path[4096];
+	int lock_fd;
+	pthread_t beat;
+	_Atomic bool stop;
+	bool beating;
+};
+
+/* One job as Python sees it (ctypes.Structure of the same fields). */
+struct kvr_job {
+	uint32_t entry;
+	uint32_t len;
+	uint64_t staging; /* the address of the entry's buffer */
+	char key[KVS_RING_KEY_MAX];
+};
+
+static void *beat_main(void *arg)
+{
+	struct kvr *h = arg;
+
+	while (!atomic_load(&h->stop)) {
+		kvs_ring_beat(h->ring);
+		kvs_cache_reap_maybe(h->c);
+		struct timespec ts = {0, (long)KVS_RING_BEAT_NS};
+		nanosleep(&ts, NULL);
+	}
+	return NULL;
+}
+
+KVR_API void kvr_close(struct kvr *h)
+{
+	if (!h)
+		return;
+	if (h->beating) {
+		atomic_store(&h->stop, true);
+		pthread_join(h->beat, NULL);
+	}
+	if (h->ring)
+		kvs_ring_leave(h->ring);
+	if (h->c)
+		kvs_cache_close(h->c);
+	if (h->lock_fd >= 0)
+		close(h->lock_fd);
+	free(h->cfg);
+	free(h);
+}
+
+KVR_API struct kvr *kvr_open(char *msg, size_t msglen)
+{
+	struct kvr *h = calloc(1, sizeof(*h));
+	int r;
+
+	msg[0] = 0;
+	if (!h || !(h->cfg = calloc(1, sizeof(*h->cfg)))) {
+		snprintf(msg, msglen, "out of memory");
+		free(h);
+		return NULL;
+	}
+	h->lock_fd = -1;
+	if (kvs_config_load(h->cfg, NULL, NULL, msg, msglen) != 0)
+		goto fail;
+	if (h->cfg->remote_kind == KVS_REMOTE_NONE) {
+		snprintf(msg, msglen, "remote.kind is none: there is nothing for a helper to do");
+		goto fail;
+	}
+	struct kvs_cache_params params = kvs_cache_params_of(h->cfg);
+	if (kvs_cache_path(&params, h->path, sizeof(h->path) - 16) != 0) {
+		snprintf(msg, msglen, "cache.dir and cache.name make too long a path");
+		goto fail;
+	}
+	strcat(h->path, ".remote");
+	r = kvs_ring_lock(h->path, (uint32_t)h->cfg->cache_mode);
+	if (r < 0) {
+		snprintf(msg, msglen, "%s.lock: %s", h->path,
+			 r == -EWOULDBLOCK ? "another helper serves this region" : strerror(-r));
+		goto fail;
+	}
+	h->lock_fd = r;
+	r = kvs_cache_open(&params, KVS_OPEN_CREATE, &h->c, msg, msglen);
+	if (r) {
+		if (!msg[0])
+			snprintf(msg, msglen, "cannot attach to the region: %s", strerror(-r));
+		goto fail;
+	}
+	r = kvs_ring_create(h->path, (uint32_t)h->cfg->remote_entries, kvs_cache_shard_size(h->c),
+			    (uint32_t)h->cfg->cache_mode, &h->ring, msg, msglen);
+	if (r)
+		goto fail;
+	kvs_ring_beat(h->ring); /* engines may ask from now on */
+	if (pthread_create(&h->beat, NULL, beat_main, h) != 0) {
+		snprintf(msg, msglen, "cannot start the heartbeat thread");
+		goto fail;
+	}
+	h->beating = true;
+	return h;
+fail:
+	kvr_close(h);
+	return NULL;
+}
+
+/* The value of configuration key "section.key" as text (what `kvshim config` prints), for
+ * the few the Python side needs. */
+KVR_API int kvr_setting(struct kvr *h, const char *name, char *out, size_t len)
+{
+	const struct kvs_config *c = h->cfg;
+
+	if (!strcmp(name, "remote.master"))
+		snprintf(out, len, "%s", c->remote_master);
+	else if (!strcmp(name, "remote.metadata"))
+		snprintf(out, len, "%s", c->remote_metadata);
+	else if (!strcmp(name, "remote.host"))
+		snprintf(out, len, "%s", c->remote_host);
+	else if (!strcmp(name, "remote.segment"))
+		snprintf(out, len, "%llu", (unsigned long long)c->remote_segment);
+	else if (!strcmp(name, "remote.timeout_ms"))
+		snprintf(out, len, "%llu", (unsigned long long)c->remote_timeout_ms);
+	else if (!strcmp(name, "remote.publish"))
+		snprintf(out, len, "%d", c->remote_publish);
+	else if (!strcmp(name, "cache.name"))
+		snprintf(out, len, "%s", c->cache_name);
+	else if (!strcmp(name, "ring"))
+		snprintf(out, len, "%s", h->path);
+	else
+		return -ENOENT;
+	return 0;
+}
+
+KVR_API void kvr_staging(struct kvr *h, uint64_t *base, uint64_t *len)
+{
+	void *b;
+	size_t n;
+
+	kvs_ring_staging(h->ring, &b, &n);
+	*base = (uint64_t)(uintptr_t)b;
+	*len = n;
+}
+
+KVR_API uint32_t kvr_entries(struct kvr *h)
+{
+	return kvs_ring_entries(h->ring);
+}
+
+/* Copy a put's shard into its staging, if it is still READY under its key with all its bytes.
+ * Returns true when it is there. */
+static bool stage_put(struct kvr *h, const struct kvs_ring_job *j)
+{
+	struct kvs_pin pin;
+	bool ok = false;
+
+	if (kvs_cache_pin_ready(h->c, &j->key, &pin) != KVS_PIN_HIT)
+		return false;
+	if (kvs_cache_length(h->c, &pin) == j->len) {
+		memcpy(j->staging, kvs_cache_data(h->c, &pin), j->len);
+		ok = true;
+	}
+	kvs_cache_release(h->c, &pin);
+	return ok;
+}
+
+/*
+ * Take up to n posted requests of op (1 get, 2 put), waiting up to timeout_ms for one.  Puts
+ * come back staged; one that could not be staged is dropped and counted here.  Returns the
+ * count of jobs filled.  Call with the GIL released (ctypes does).
+ */
+KVR_API int kvr_take(struct kvr *h, int op, struct kvr_job *jobs, int n, uint32_t timeout_ms)
+{
+	struct kvs_ring_job j[64];
+	int got, out = 0;
+
+	if (n > 64)
+		n = 64;
+	got = kvs_ring_take(h->ring, (unsigned)op, j, n, timeout_ms * 1000000ull);
+	for (int i = 0; i < got; i++) {
+		if (op == KVS_RING_PUT && !stage_put(h, &j[i])) {
+			kvs_cache_count(h->c, KVS_CTR_remote_dropped, 1);
+			kvs_ring_done(h->ring, j[i].entry, 0);
+			continue;
+		}
+		jobs[out].entry = j[i].entry;
+		jobs[out].len = j[i].len;
+		jobs[out].staging = (uint64_t)(uintptr_t)j[i].staging;
+		memcpy(jobs[out].key, j[i].rkey, KVS_RING_KEY_MAX);
+		out++;
+	}
+	return out;
+}
+
+/* Answer entry: a get's bytes (or -errno; -ENOENT: the pool does not hold it); a put's
+ * outcome, counted: the bytes put, 0 (the pool had the key already) or < 0 (dropped). */
+KVR_API void kvr_done(struct kvr *h, int op, uint32_t entry, int64_t result)
+{
+	if (op == KVS_RING_PUT && result > 0)
+		kvs_cache_count(h->c, KVS_CTR_remote_published_bytes, (uint64_t)result);
+	else if (op == KVS_RING_PUT && result < 0)
+		kvs_cache_count(h->c, KVS_CTR_remote_dropped, 1);
+	kvs_ring_done(h->ring, entry, result);
+}
+
+KVR_API void kvr_route(struct kvr *h, int route)
+{
+	kvs_ring_set_route(h->ring, route);
+}
+
+/* The node's storage loads so far (every process's, the region's totals): bytes and the
+ * nanoseconds they took, to compare with the pool's. */
+KVR_API int kvr_storage(struct kvr *h, uint64_t *bytes, uint64_t *ns)
+{
+	struct kvs_region_info info;
+	struct kvs_counters tot;
+	int r = kvs_cache_stat(h->c, &info, &tot, NULL, 0);
+
+	if (r < 0)
+		return r;
+	*bytes = tot.v[KVS_CTR_backend_bytes];
+	*ns = tot.v[KVS_CTR_storage_ns];
+	return 0;
+}

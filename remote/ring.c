@@ -1,0 +1,568 @@
+/*
+ * The request ring: how engine processes ask the node's remote helper, and what happens when
+ * either dies.
+ *
+ * The file.  <region path>.remote, in cache.dir beside the region, mode cache.mode, owned by
+ * the euid: one header page, nent entries of 256 bytes, then nent staging buffers of
+ * shard_size bytes each (entry i owns buffer i).  The helper builds it (a new file renamed into
+ * place) and holds <region path>.remote.lock (flock) for its life: one helper per region.
+ * Engines map it read-write when they first own a miss, and again when the helper that
+ * answers there has stopped beating and the path names another file.
+ *
+ * The header.  Written once by the helper before the rename (magic, version, dimensions,
+ * born), except three words: beat (the node's clock, kvs_node_ns, stored by the helper every
+ * KVS_RING_BEAT_NS; 0 when it left), route (enum kvs_ring_route, the helper's) and the bells
+ * (one per op, incremented by an engine after each post, futex-woken; the helper sleeps on
+ * them).  Engines ask only while the beat is younger than KVS_RING_DEAD_NS.
+ *
+ * An entry's word: the tid of the engine thread that owns the request, shifted left 4, or'd
+ * with its state.  Every change of state is one atomic on the word, and which side makes it is
+ * fixed:
+ *
+ *	FREE      --engine, CAS------------> CLAIMED   (the engine fills op, len, keys)
+ *	CLAIMED   --engine, store----------> POSTED    (release: the fields are visible)
+ *	POSTED    --helper, CAS------------> BUSY      (the helper's until it answers)
+ *	POSTED    --engine, CAS (deadline)-> FREE      (never taken)
+ *	BUSY      --helper, CAS------------> DONE      (a get: result stored first)
+ *	BUSY      --engine, CAS (deadline)-> ABANDONED
+ *	BUSY      --helper, store----------> FREE      (a put: the engine does not wait)
+ *	ABANDONED --helper, CAS------------> FREE      (when its late answer comes)
+ *	DONE      --engine, store----------> FREE      (after copying staging out)
+ *
+ * Staging buffer i is written only by the helper, and only while entry i is BUSY; it is read
+ * by the engine only while the entry is DONE under its own tid (a get), or by the helper while
+ * BUSY (a put: the helper copied the shard there itself).  An abandoned get's transfer may
+ * still land in staging after its engine went back to storage: nobody reads it, and the entry
+ * is not free until the helper has answered.  The bytes in a region slot are only ever written
+ * by the slot's owner (the engine), so a late transfer can never land in a slot that was
+ * reused.  That is why gets land in staging and not in the region, also when a future
+ * zero-copy mode registers the region: it would have to keep this rule by pinning.
+ *
+ * The tid makes each word unique to one thread's request: an engine that gave up and finds the
+ * word changed (another thread's request, a helper's restart) walks away without touching it.
+ *
+ * Crashes.
+ *  - An engine thread dies with its entry CLAIMED, POSTED or DONE: the helper's beat finds the
+ *    tid gone (kill(tid, 0): ESRCH) and CASes the word it saw to FREE.  POSTED of a dead tid
+ *    may be taken first: its answer turns it DONE, the next beat frees it.  A tid reused by a
+ *    new thread before a beat (the kernel's pid space wrapped) keeps the entry until that
+ *    thread dies: one entry lost for a while, nothing wrong.
+ *  - An engine dies while copying staging out (DONE): its copy was into its own slot, which
+ *    the region's dead-process reaping turns FAILED; the entry is freed by a beat.
+ *  - The helper dies: the flock is released, the beat stops.  Engines waiting time out at
+ *    their deadline (BUSY -> ABANDONED) and stop asking within KVS_RING_DEAD_NS.  The next
+ *    helper that takes the file over (same dimensions) answers every BUSY get with -EIO
+ *    (DONE), frees every BUSY put and every ABANDONED entry, before its first beat.  A dead
+ *    helper's transfer cannot land after its death: its sockets and registrations die with it.
+ *  - The helper is stopped (SIGSTOP): the same for engines; on SIGCONT it answers late, into
+ *    abandoned entries, which it frees.
+ *  - A helper starts with other dimensions: it builds a new file and renames it over; engines
+ *    of the old mapping see no beat there and map the new file (kvs_ring_replaced).  The old
+ *    mapping is kept (a thread may still wait on it) until the process exits: one per change of
+ *    dimensions.
+ *
+ * Memory order: the engine's fields are published by the release store of POSTED and read
+ * after the helper's acquire CAS; result by the helper's release CAS to DONE and the engine's
+ * acquire load.
+ */
+#include "ring.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <limits.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <string.h>
+#include <sys/file.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "atomics.h"
+#include "raw.h"
+#include "sys.h"
+
+enum {
+	ST_FREE = 0,
+	ST_CLAIMED = 1,
+	ST_POSTED = 2,
+	ST_BUSY = 3,
+	ST_DONE = 4,
+	ST_ABANDONED = 5,
+	ST_MASK = 15,
+};
+
+struct ring_head {
+	uint64_t magic;
+	uint32_t version;
+	uint32_t nent;
+	uint64_t shard_size; /* bytes of each staging buffer */
+	uint64_t off_ent, off_stage, size;
+	uint64_t born; /* the node's clock at the build: which file this is */
+	_Atomic uint64_t beat;
+	_Atomic uint32_t route;
+	int32_t helper_pid;
+	_Atomic uint32_t bell[3]; /* by enum kvs_ring_op */
+};
+
+struct ring_ent {
+	_Atomic uint32_t word;
+	uint32_t op, len;
+	int32_t pid;
+	_Atomic int64_t result;
+	struct kvs_key key;
+	char rkey[KVS_RING_KEY_MAX];
+	char pad[256 - 4 * 4 - 8 - sizeof(struct kvs_key) - KVS_RING_KEY_MAX];
+};
+_Static_assert(sizeof(struct ring_ent) == 256, "an entry is 256 bytes");
+_Static_assert(sizeof(struct ring_head) <= 4096, "the header fits its page");
+
+struct kvs_ring {
+	struct ring_head *h;
+	struct ring_ent *ent;
+	char *stage;
+	size_t size;
+	uint64_t dev, ino;
+	_Atomic uint32_t probe; /* misses seen while routed to storage */
+};
+
+static uint32_t word_of(uint32_t tid, uint32_t st)
+{
+	return tid << 4 | st;
+}
+
+static uint32_t my_tid(void)
+{
+	return (uint32_t)kvs_syscall(SYS_gettid);
+}
+
+static bool dims_ok(const struct ring_head *h, uint64_t size)
+{
+	return h->magic == KVS_RING_MAGIC && h->version == KVS_RING_VERSION && h->nent > 0 &&
+	       h->nent <= 4096 && h->off_ent == 4096 &&
+	       h->off_stage == h->off_ent + (uint64_t)h->nent * sizeof(struct ring_ent) &&
+	       h->size == h->off_stage + (uint64_t)h->nent * h->shard_size && h->size <= size;
+}
+
+/* ------------------------------------------------------------------ engines */
+
+/* Map the ring fd opens, if it is one of shard_size staging buffers (any, 0). */
+static int map_fd(int fd, uint64_t shard_size, struct kvs_ring *r)
+{
+	struct stat st;
+	struct ring_head peek;
+
+	if (kvs_syscall(SYS_fstat, fd, &st) != 0)
+		return -errno;
+	if ((uint64_t)st.st_size < 4096 ||
+	    kvs_sys_pread(fd, &peek, sizeof(peek), 0) != (ssize_t)sizeof(peek))
+		return -EPROTO;
+	if (!dims_ok(&peek, (uint64_t)st.st_size) || (shard_size && peek.shard_size != shard_size))
+		return -EPROTO;
+	void *p = kvs_sys_mmap(NULL, peek.size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+	if (p == MAP_FAILED)
+		return -errno;
+	r->h = p;
+	r->ent = (struct ring_ent *)((char *)p + peek.off_ent);
+	r->stage = (char *)p + peek.off_stage;
+	r->size = peek.size;
+	r->dev = st.st_dev;
+	r->ino = st.st_ino;
+	if (!dims_ok(r->h, r->size)) { /* rebuilt between the read and the map: not ours */
+		kvs_sys_munmap(p, r->size);
+		return -EPROTO;
+	}
+	return 0;
+}
+
+int kvs_ring_map(const char *path, uint64_t shard_size, uint32_t mode, struct kvs_ring **out)
+{
+	char msg[160];
+	static struct kvs_ring pool[8]; /* no allocation on a read's path: a few maps per process */
+	static _Atomic uint32_t used;
+	int fd = kvs_cache_open_file(path, O_RDWR, mode, msg, sizeof(msg));
+
+	if (fd < 0)
+		return fd;
+	uint32_t i = atomic_fetch_add(&used, 1);
+	if (i >= sizeof(pool) / sizeof(pool[0])) {
+		kvs_sys_close(fd);
+		return -ENOSPC;
+	}
+	int r = map_fd(fd, shard_size, &pool[i]);
+	kvs_sys_close(fd);
+	if (r == 0)
+		*out = &pool[i];
+	return r;
+}
+
+void kvs_ring_unmap(struct kvs_ring *r)
+{
+	if (r && r->h)
+		kvs_sys_munmap(r->h, r->size);
+	if (r)
+		r->h = NULL;
+}
+
+bool kvs_ring_alive(const struct kvs_ring *r)
+{
+	uint64_t beat = atomic_load_explicit(&r->h->beat, memory_order_acquire);
+
+	return beat && kvs_node_ns() - beat < KVS_RING_DEAD_NS;
+}
+
+int kvs_ring_route(const struct kvs_ring *r)
+{
+	return (int)atomic_load_explicit(&r->h->route, memory_order_relaxed);
+}
+
+bool kvs_ring_replaced(const struct kvs_ring *r, const char *path)
+{
+	struct stat st;
+
+	if (kvs_syscall(SYS_newfstatat, AT_FDCWD, path, &st, AT_SYMLINK_NOFOLLOW) != 0)
+		return false;
+	return st.st_dev != r->dev || st.st_ino != r->ino;
+}
+
+/* Claim a free entry for this thread, starting at a place of its own.  UINT32_MAX: none. */
+static uint32_t claim(struct kvs_ring *r, uint32_t tid)
+{
+	uint32_t n = r->h->nent;
+
+	for (uint32_t k = 0; k < n; k++) {
+		uint32_t i = (tid + k) % n;
+		uint32_t w = ST_FREE;
+
+		if (atomic_load_explicit(&r->ent[i].word, memory_order_relaxed) == ST_FREE &&
+		    atomic_compare_exchange_strong_explicit(
+			&r->ent[i].word, &w, word_of(tid, ST_CLAIMED), memory_order_acquire,
+			memory_order_relaxed))
+			return i;
+	}
+	return UINT32_MAX;
+}
+
+static void post(struct kvs_ring *r, uint32_t i, uint32_t tid, uint32_t op)
+{
+	atomic_store_explicit(&r->ent[i].word, word_of(tid, ST_POSTED), memory_order_release);
+	atomic_fetch_add_explicit(&r->h->bell[op], 1, memory_order_release);
+	kvs_futex_wake(&r->h->bell[op], INT_MAX, true);
+}
+
+static void fill_key(struct ring_ent *e, const char *key)
+{
+	size_t n = strnlen(key, KVS_RING_KEY_MAX - 1);
+
+	memcpy(e->rkey, key, n);
+	e->rkey[n] = 0;
+}
+
+int kvs_ring_get(struct kvs_ring *r, const char *key, uint32_t len, struct kvs_ring_ticket *t)
+{
+	uint32_t tid = my_tid();
+
+	t->entry = UINT32_MAX;
+	if (len == 0 || len > r->h->shard_size)
+		return -EINVAL;
+	uint32_t i = claim(r, tid);
+	if (i == UINT32_MAX)
+		return -EBUSY;
+	struct ring_ent *e = &r->ent[i];
+	e->op = KVS_RING_GET;
+	e->len = len;
+	e->pid = (int32_t)getpid();
+	atomic_store_explicit(&e->result, 0, memory_order_relaxed);
+	fill_key(e, key);
+	post(r, i, tid, KVS_RING_GET);
+	*t = (struct kvs_ring_ticket){.entry = i, .word = word_of(tid, ST_POSTED), .len = len};
+	return 0;
+}
+
+int kvs_ring_wait(struct kvs_ring *r, struct kvs_ring_ticket *t, uint64_t deadline_ns,
+		  const void **staging)
+{
+	struct ring_ent *e = &r->ent[t->entry];
+	uint32_t tid = t->word >> 4;
+
+	for (;;) {
+		uint32_t w = atomic_load_explicit(&e->word, memory_order_acquire);
+
+		if (w == word_of(tid, ST_DONE)) {
+			int64_t res = atomic_load_explicit(&e->result, memory_order_relaxed);
+
+			if (res == (int64_t)t->len) {
+				*staging = r->stage + (size_t)t->entry * r->h->shard_size;
+				return KVS_RING_HIT;
+			}
+			atomic_store_explicit(&e->word, ST_FREE, memory_order_release);
+			return res == -ENOENT ? KVS_RING_MISS : KVS_RING_ERROR;
+		}
+		if (w != word_of(tid, ST_POSTED) && w != word_of(tid, ST_BUSY))
+			return KVS_RING_ERROR; /* not ours any more (a beat thought us dead) */
+		uint64_t now = kvs_mono_ns();
+		if (now >= deadline_ns) {
+			uint32_t to =
+			    (w & ST_MASK) == ST_POSTED ? ST_FREE : word_of(tid, ST_ABANDONED);
+
+			if (atomic_compare_exchange_strong_explicit(
+				&e->word, &w, to, memory_order_acq_rel, memory_order_relaxed))
+				return KVS_RING_TIMEOUT;
+			continue; /* taken or answered meanwhile: look again */
+		}
+		kvs_futex_wait(&e->word, w, deadline_ns - now, true);
+	}
+}
+
+void kvs_ring_release(struct kvs_ring *r, const struct kvs_ring_ticket *t)
+{
+	atomic_store_explicit(&r->ent[t->entry].word, ST_FREE, memory_order_release);
+}
+
+int kvs_ring_put(struct kvs_ring *r, const char *rkey, const struct kvs_key *key, uint32_t len)
+{
+	uint32_t tid = my_tid();
+
+	if (len == 0 || len > r->h->shard_size)
+		return -EINVAL;
+	uint32_t i = claim(r, tid);
+	if (i == UINT32_MAX)
+		return -EBUSY;
+	struct ring_ent *e = &r->ent[i];
+	e->op = KVS_RING_PUT;
+	e->len = len;
+	e->pid = (int32_t)getpid();
+	e->key = *key;
+	fill_key(e, rkey);
+	post(r, i, tid, KVS_RING_PUT);
+	return 0;
+}
+
+/* ------------------------------------------------------------------ the helper */
+
+int kvs_ring_lock(const char *path, uint32_t mode)
+{
+	char lp[PATH_MAX];
+	char msg[160];
+
+	if (snprintf(lp, sizeof(lp), "%s.lock", path) >= (int)sizeof(lp))
+		return -ENAMETOOLONG;
+	int fd = kvs_sys_open(lp, O_RDWR | O_CREAT | O_NOFOLLOW | O_CLOEXEC, mode & 0666);
+	if (fd < 0)
+		return -errno;
+	kvs_sys_close(fd);
+	fd = kvs_cache_open_file(lp, O_RDWR, mode, msg, sizeof(msg)); /* trusted as the region is */
+	if (fd < 0)
+		return fd;
+	if (kvs_syscall(SYS_flock, fd, LOCK_EX | LOCK_NB) != 0) {
+		int e = errno;
+		kvs_sys_close(fd);
+		return e == EWOULDBLOCK ? -EWOULDBLOCK : -e;
+	}
+	return fd;
+}
+
+/* Take over a ring a dead helper left: answer what it had taken, free what was abandoned. */
+static void take_over(struct kvs_ring *r)
+{
+	for (uint32_t i = 0; i < r->h->nent; i++) {
+		struct ring_ent *e = &r->ent[i];
+		uint32_t w = atomic_load_explicit(&e->word, memory_order_acquire);
+
+		for (;;) {
+			uint32_t st = w & ST_MASK, to;
+
+			if (st == ST_BUSY && e->op == KVS_RING_GET) {
+				atomic_store_explicit(&e->result, -EIO, memory_order_relaxed);
+				to = (w & ~(uint32_t)ST_MASK) | ST_DONE;
+			} else if (st == ST_BUSY || st == ST_ABANDONED) {
+				to = ST_FREE;
+			} else {
+				break;
+			}
+			if (atomic_compare_exchange_strong_explicit(
+				&e->word, &w, to, memory_order_acq_rel, memory_order_acquire)) {
+				kvs_futex_wake(&e->word, INT_MAX, true);
+				break;
+			}
+		}
+	}
+}
+
+int kvs_ring_create(const char *path, uint32_t nent, uint64_t shard_size, uint32_t mode,
+		    struct kvs_ring **out, char *msg, size_t msglen)
+{
+	static struct kvs_ring ring;
+	uint64_t off_stage = 4096 + (uint64_t)nent * sizeof(struct ring_ent);
+	uint64_t size = off_stage + (uint64_t)nent * shard_size;
+	char tmp[PATH_MAX];
+	int fd = kvs_cache_open_file(path, O_RDWR, mode, msg, msglen);
+
+	if (fd >= 0) { /* a ring of the same dimensions is taken over, with what waits in it */
+		int r = map_fd(fd, shard_size, &ring);
+		kvs_sys_close(fd);
+		if (r == 0 && ring.h->nent == nent) {
+			take_over(&ring);
+			kvs_ring_set_route(&ring, KVS_ROUTE_ASK);
+			ring.h->helper_pid = (int32_t)getpid();
+			*out = &ring;
+			return 0;
+		}
+		if (r == 0)
+			kvs_ring_unmap(&ring);
+	}
+	if (snprintf(tmp, sizeof(tmp), "%s.%d", path, (int)getpid()) >= (int)sizeof(tmp))
+		return -ENAMETOOLONG;
+	kvs_syscall(SYS_unlink, tmp);
+	fd = kvs_sys_open(tmp, O_RDWR | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, mode & 0666);
+	if (fd < 0) {
+		snprintf(msg, msglen, "cannot create %s: %s", tmp, strerror(errno));
+		return -errno;
+	}
+	kvs_syscall(SYS_fchmod, fd, mode & 0666); /* the umask narrowed it */
+	if (kvs_sys_ftruncate(fd, (off_t)size) != 0) {
+		int e = errno;
+		snprintf(msg, msglen, "cannot size %s to %llu bytes: %s", tmp,
+			 (unsigned long long)size, strerror(e));
+		kvs_sys_close(fd);
+		kvs_syscall(SYS_unlink, tmp);
+		return -e;
+	}
+	void *p = kvs_sys_mmap(NULL, size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+	struct stat st;
+	int e = p == MAP_FAILED ? errno : 0;
+	if (!e && kvs_syscall(SYS_fstat, fd, &st) != 0)
+		e = errno;
+	kvs_sys_close(fd);
+	if (e) {
+		snprintf(msg, msglen, "cannot map %s: %s", tmp, strerror(e));
+		kvs_syscall(SYS_unlink, tmp);
+		return -e;
+	}
+	struct ring_head *h = p;
+	h->magic = KVS_RING_MAGIC;
+	h->version = KVS_RING_VERSION;
+	h->nent = nent;
+	h->shard_size = shard_size;
+	h->off_ent = 4096;
+	h->off_stage = off_stage;
+	h->size = size;
+	h->born = kvs_node_ns();
+	h->helper_pid = (int32_t)getpid();
+	if (kvs_syscall(SYS_rename, tmp, path) != 0) {
+		e = errno;
+		snprintf(msg, msglen, "cannot rename %s over %s: %s", tmp, path, strerror(e));
+		kvs_sys_munmap(p, size);
+		kvs_syscall(SYS_unlink, tmp);
+		return -e;
+	}
+	ring = (struct kvs_ring){.h = h,
+				 .ent = (struct ring_ent *)((char *)p + 4096),
+				 .stage = (char *)p + off_stage,
+				 .size = size,
+				 .dev = st.st_dev,
+				 .ino = st.st_ino};
+	*out = &ring;
+	return 0;
+}
+
+int kvs_ring_beat(struct kvs_ring *r)
+{
+	int freed = 0;
+
+	atomic_store_explicit(&r->h->beat, kvs_node_ns(), memory_order_release);
+	for (uint32_t i = 0; i < r->h->nent; i++) {
+		struct ring_ent *e = &r->ent[i];
+		uint32_t w = atomic_load_explicit(&e->word, memory_order_acquire);
+		uint32_t st = w & ST_MASK;
+
+		if (st != ST_CLAIMED && st != ST_POSTED && st != ST_DONE)
+			continue;
+		if (kvs_syscall(SYS_kill, w >> 4, 0) == 0 || errno != ESRCH)
+			continue;
+		if (atomic_compare_exchange_strong_explicit(
+			&e->word, &w, ST_FREE, memory_order_acq_rel, memory_order_relaxed))
+			freed++;
+	}
+	return freed;
+}
+
+void kvs_ring_leave(struct kvs_ring *r)
+{
+	atomic_store_explicit(&r->h->beat, 0, memory_order_release);
+}
+
+void kvs_ring_set_route(struct kvs_ring *r, int route)
+{
+	atomic_store_explicit(&r->h->route, (uint32_t)route, memory_order_relaxed);
+}
+
+int kvs_ring_take(struct kvs_ring *r, unsigned op, struct kvs_ring_job *jobs, int n,
+		  uint64_t timeout_ns)
+{
+	_Atomic uint32_t *bell = &r->h->bell[op];
+	uint64_t end = kvs_mono_ns() + timeout_ns;
+
+	for (;;) {
+		uint32_t b = atomic_load_explicit(bell, memory_order_acquire);
+		int got = 0;
+
+		for (uint32_t i = 0; i < r->h->nent && got < n; i++) {
+			struct ring_ent *e = &r->ent[i];
+			uint32_t w = atomic_load_explicit(&e->word, memory_order_acquire);
+
+			if ((w & ST_MASK) != ST_POSTED || e->op != op)
+				continue;
+			if (!atomic_compare_exchange_strong_explicit(
+				&e->word, &w, (w & ~(uint32_t)ST_MASK) | ST_BUSY,
+				memory_order_acq_rel, memory_order_relaxed))
+				continue;
+			struct kvs_ring_job *j = &jobs[got++];
+			j->entry = i;
+			j->op = e->op;
+			j->len = e->len;
+			j->key = e->key;
+			memcpy(j->rkey, e->rkey, KVS_RING_KEY_MAX);
+			j->rkey[KVS_RING_KEY_MAX - 1] = 0;
+			j->staging = r->stage + (size_t)i * r->h->shard_size;
+		}
+		uint64_t now = kvs_mono_ns();
+		if (got || now >= end)
+			return got;
+		kvs_futex_wait(bell, b, end - now, true);
+	}
+}
+
+void kvs_ring_done(struct kvs_ring *r, uint32_t entry, int64_t result)
+{
+	struct ring_ent *e = &r->ent[entry];
+	uint32_t w = atomic_load_explicit(&e->word, memory_order_acquire);
+
+	if (e->op == KVS_RING_PUT) {
+		atomic_store_explicit(&e->word, ST_FREE, memory_order_release);
+		return;
+	}
+	atomic_store_explicit(&e->result, result, memory_order_relaxed);
+	for (;;) {
+		uint32_t st = w & ST_MASK;
+		uint32_t to = st == ST_BUSY ? (w & ~(uint32_t)ST_MASK) | ST_DONE : ST_FREE;
+
+		if (st != ST_BUSY && st != ST_ABANDONED)
+			return; /* not the helper's (cannot happen while it holds the lock) */
+		if (atomic_compare_exchange_strong_explicit(&e->word, &w, to, memory_order_acq_rel,
+							    memory_order_acquire))
+			break;
+	}
+	kvs_futex_wake(&e->word, INT_MAX, true);
+}
+
+void kvs_ring_staging(const struct kvs_ring *r, void **base, size_t *len)
+{
+	*base = r->stage;
+	*len = (size_t)r->h->nent * r->h->shard_size;
+}
+
+uint32_t kvs_ring_entries(const struct kvs_ring *r)
+{
+	return r->h->nent;
+}
