@@ -351,6 +351,12 @@ bool kvs_cache_outgrown(const struct kvs_cache *c);
 
 /* This process's process-table slot, or -1 for a watcher. */
 int kvs_cache_self(const struct kvs_cache *c);
+/* Which process this is, in a form any process of the region can check, whatever its PID
+ * namespace: its table slot and the moment it attached there (false before it attached). */
+bool kvs_cache_whoami(const struct kvs_cache *c, uint32_t *slot, uint64_t *at);
+/* Is the process kvs_cache_whoami named still attached (its slot's liveness lock held, and
+ * the slot not taken since by another)?  One F_OFD_GETLK; true when it cannot tell. */
+bool kvs_cache_still(struct kvs_cache *c, uint32_t slot, uint64_t at);
 
 /* Dense rank among processes attached now, and their number (for loader.local_rank auto). */
 void kvs_cache_ranks(struct kvs_cache *c, uint32_t *rank, uint32_t *nranks);

@@ -50,6 +50,26 @@ bool kvs_proc_alive(struct kvs_cache *c, uint32_t p)
 	return seen != F_UNLCK;
 }
 
+bool kvs_cache_whoami(const struct kvs_cache *c, uint32_t *slot, uint64_t *at)
+{
+	if (c->self < 0)
+		return false;
+	*slot = (uint32_t)c->self;
+	*at = proc_at((struct kvs_cache *)c, (uint32_t)c->self)->attach_ns;
+	return true;
+}
+
+bool kvs_cache_still(struct kvs_cache *c, uint32_t slot, uint64_t at)
+{
+	if (slot >= c->nprocs)
+		return false;
+	/* attach_ns is written under proc_lock by the attacher; a torn or stale read here can
+	 * only make a live owner look gone if the slot was retaken, which is the answer then. */
+	if (__atomic_load_n(&proc_at(c, slot)->attach_ns, __ATOMIC_RELAXED) != at)
+		return false;
+	return kvs_proc_alive(c, slot);
+}
+
 int kvs_proc_attach(struct kvs_cache *c)
 {
 	struct timespec ts;

@@ -348,10 +348,11 @@ static int pin_for_load(struct kvs_loader *ld, const struct kvs_read *rd, struct
 
 /* ------------------------------------------------------------------ the remote pool */
 
-/* May t's owned loads ask the pool?  Then pin_for_load defers their storage reads. */
+/* May t's owned loads ask the pool?  Only loads kept for good (remote.h, "Which files"); then
+ * pin_for_load defers their storage reads. */
 static bool pool_may_serve(const struct kvs_loader *ld, const struct kvs_task *t)
 {
-	return ld->rm && t->rd->write_once && !ld->backend_only;
+	return ld->rm && !ld->backend_only && t->keep.until == 0 && t->keep.marked;
 }
 
 /* A shard the pool gave: into op's slot, then published as a storage load would be (the file
@@ -388,8 +389,9 @@ static void own_loads(struct kvs_loader *ld, struct kvs_task *t)
 		owned |= t->ops[i].kind == OP_OWNER;
 	if (!owned)
 		return;
+	struct kvs_ring_owner me;
 	shared = kvs_remote_ident(ld->rm, rd, &t->rid);
-	if (shared)
+	if (shared && kvs_cache_whoami(ld->c, &me.slot, &me.at))
 		ring = kvs_remote_ring(ld->rm);
 	for (uint32_t i = 0; i < t->nops; i++) {
 		struct kvs_op *op = &t->ops[i];
@@ -397,11 +399,11 @@ static void own_loads(struct kvs_loader *ld, struct kvs_task *t)
 		tk[i].entry = UINT32_MAX;
 		if (op->kind != OP_OWNER)
 			continue;
-		op->rid = shared && t->keep.until == 0 ? &t->rid : NULL;
+		op->rid = shared ? &t->rid : NULL;
 		if (!ring)
 			continue;
 		kvs_remote_key(ld->rm, &t->rid, op->shard, key, sizeof(key));
-		if (kvs_ring_get(ring, key, op->size, &tk[i]) != 0)
+		if (kvs_ring_get(ring, &me, key, op->size, &tk[i]) != 0)
 			tk[i].entry = UINT32_MAX; /* the ring is full: storage */
 	}
 	uint64_t t0 = kvs_mono_ns(), deadline = t0 + kvs_remote_timeout_ns(ld->rm);

@@ -177,8 +177,6 @@ bool kvs_remote_ident(struct kvs_remote *rm, const struct kvs_read *rd, struct k
 {
 	char link[40], path[PATH_MAX];
 
-	if (!rd->write_once)
-		return false;
 	memcpy(link, "/proc/self/fd/", 14);
 	*put_num(link + 14, (uint64_t)rd->fd, 0) = 0;
 	long n = kvs_syscall(SYS_readlinkat, AT_FDCWD, link, path, sizeof(path) - 1);
@@ -260,7 +258,10 @@ void kvs_remote_offer(struct kvs_remote *rm, const struct kvs_rid *id, const str
 	r = atomic_load_explicit(&rm->ring, memory_order_acquire);
 	if (!r || !kvs_ring_alive(r) || kvs_ring_route(r) == KVS_ROUTE_BROKEN)
 		return; /* no helper: nothing to offer to, nothing dropped */
+	struct kvs_ring_owner o;
+	if (!kvs_cache_whoami(rm->c, &o.slot, &o.at))
+		return;
 	kvs_remote_key(rm, id, key->shard, rkey, sizeof(rkey));
-	if (kvs_ring_put(r, rkey, key, len) != 0)
+	if (kvs_ring_put(r, &o, rkey, key, len) != 0)
 		kvs_cache_count(rm->c, KVS_CTR_remote_dropped, 1);
 }

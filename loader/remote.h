@@ -4,11 +4,15 @@
  * through (remote/ring.h).  The loader calls it only for shards it owns, after a miss: the hit
  * path never comes here.
  *
- * Which files.  Only files of a files.write_once root: they are complete at their final name
- * and never rewritten in place, so a name, a size and stamps the file system gives every
- * node name one content.  Files of other roots are keyed by change on each node (st_dev, ctime,
- * a node-local settle), and a node cannot tell from them that another node read the same bytes;
- * they never ask the pool and are never offered to it.
+ * Which files.  Only files that lie under a files.write_once root, and only loads this node
+ * keeps for good (struct kvs_keep: until 0, marked): by birth where the file system gives an
+ * inode generation, else once the file has settled (files.settle), as the node keeps them
+ * (network and FUSE file systems give none: that is where a pool pays).  Such a file is
+ * complete at its final name and never rewritten in place, so a name, a size and stamps the
+ * file system gives every node name one content.  Files of other roots are rewritten in place
+ * by contract, keyed by change on each node (st_dev, ctime, a node-local settle); a node cannot
+ * tell from them that another node read the same bytes.  They never ask the pool and are never
+ * offered to it.
  *
  * The remote key: "kvshim/1/<remote.namespace>/<id>/<log2 shard size>/<shard>", id the hex of
  * XXH3-128 over
@@ -50,8 +54,9 @@ void kvs_remote_destroy(struct kvs_remote *rm);
  * time, and again when a helper of other dimensions replaced it. */
 struct kvs_ring *kvs_remote_ring(struct kvs_remote *rm);
 
-/* The remote identity of rd's file, if it may be shared: a write-once file whose statx now
- * matches rd (size).  false: ask nothing, offer nothing. */
+/* The remote identity of rd's file, if it may be shared: a file under a write-once root whose
+ * statx now matches rd (size).  false: ask nothing, offer nothing.  The caller has decided
+ * that the load is kept for good. */
 bool kvs_remote_ident(struct kvs_remote *rm, const struct kvs_read *rd, struct kvs_rid *out);
 
 /* The remote key of shard `shard` of the file id names, NUL-terminated in out. */

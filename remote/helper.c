@@ -52,12 +52,17 @@ struct kvr_job {
 	char key[KVS_RING_KEY_MAX];
 };
 
+static bool still(void *arg, const struct kvs_ring_owner *o)
+{
+	return kvs_cache_still(arg, o->slot, o->at);
+}
+
 static void *beat_main(void *arg)
 {
 	struct kvr *h = arg;
 
 	while (!atomic_load(&h->stop)) {
-		kvs_ring_beat(h->ring);
+		kvs_ring_beat(h->ring, still, h->c);
 		kvs_cache_reap_maybe(h->c);
 		struct timespec ts = {0, (long)KVS_RING_BEAT_NS};
 		nanosleep(&ts, NULL);
@@ -124,7 +129,7 @@ KVR_API struct kvr *kvr_open(char *msg, size_t msglen)
 			    (uint32_t)h->cfg->cache_mode, &h->ring, msg, msglen);
 	if (r)
 		goto fail;
-	kvs_ring_beat(h->ring); /* engines may ask from now on */
+	kvs_ring_beat(h->ring, still, h->c); /* engines may ask from now on */
 	if (pthread_create(&h->beat, NULL, beat_main, h) != 0) {
 		snprintf(msg, msglen, "cannot start the heartbeat thread");
 		goto fail;

@@ -42,11 +42,15 @@
  * word changed (another thread's request, a helper's restart) walks away without touching it.
  *
  * Crashes.
- *  - An engine thread dies with its entry CLAIMED, POSTED or DONE: the helper's beat finds the
- *    tid gone (kill(tid, 0): ESRCH) and CASes the word it saw to FREE.  POSTED of a dead tid
- *    may be taken first: its answer turns it DONE, the next beat frees it.  A tid reused by a
- *    new thread before a beat (the kernel's pid space wrapped) keeps the entry until that
- *    thread dies: one entry lost for a while, nothing wrong.
+ *  - An engine process dies with an entry CLAIMED, POSTED or DONE: the helper's beat finds its
+ *    owner gone (the entry's owner: the region's process-table slot and attach time of the
+ *    process, whose liveness lock every PID namespace sees alike; kvs_cache_still) and CASes
+ *    the word it saw to FREE.  POSTED of a dead owner may be taken first: its answer turns it
+ *    DONE, the next beat frees it.  Liveness is by process, not thread: the loader's thread
+ *    that posts always waits for its answer or abandons it, and is never cancelled there.
+ *    The word's tid only tells one waiter's request from another's: two engines in two PID
+ *    namespaces may share a tid, but an entry has one owner from claim to free, and nobody
+ *    frees a live owner's entry.
  *  - An engine dies while copying staging out (DONE): its copy was into its own slot, which
  *    the region's dead-process reaping turns FAILED; the entry is freed by a beat.
  *  - The helper dies: the flock is released, the beat stops.  Engines waiting time out at
@@ -108,11 +112,12 @@ struct ring_head {
 struct ring_ent {
 	_Atomic uint32_t word;
 	uint32_t op, len;
-	int32_t pid;
+	uint32_t pad0;
+	struct kvs_ring_owner owner; /* 16 bytes */
 	_Atomic int64_t result;
 	struct kvs_key key;
 	char rkey[KVS_RING_KEY_MAX];
-	char pad[256 - 4 * 4 - 8 - sizeof(struct kvs_key) - KVS_RING_KEY_MAX];
+	char pad[256 - 4 * 4 - 16 - 8 - sizeof(struct kvs_key) - KVS_RING_KEY_MAX];
 };
 _Static_assert(sizeof(struct ring_ent) == 256, "an entry is 256 bytes");
 _Static_assert(sizeof(struct ring_head) <= 4096, "the header fits its page");
@@ -180,20 +185,28 @@ int kvs_ring_map(const char *path, uint64_t shard_size, uint32_t mode, struct kv
 	char msg[160];
 	static struct kvs_ring pool[8]; /* no allocation on a read's path: a few maps per process */
 	static _Atomic uint32_t used;
+	struct kvs_ring m = {0};
 	int fd = kvs_cache_open_file(path, O_RDWR, mode, msg, sizeof(msg));
 
 	if (fd < 0)
 		return fd;
+	int r = map_fd(fd, shard_size, &m); /* a refused map takes no place in the pool */
+	kvs_sys_close(fd);
+	if (r)
+		return r;
 	uint32_t i = atomic_fetch_add(&used, 1);
 	if (i >= sizeof(pool) / sizeof(pool[0])) {
-		kvs_sys_close(fd);
+		kvs_sys_munmap(m.h, m.size);
 		return -ENOSPC;
 	}
-	int r = map_fd(fd, shard_size, &pool[i]);
-	kvs_sys_close(fd);
-	if (r == 0)
-		*out = &pool[i];
-	return r;
+	pool[i].h = m.h;
+	pool[i].ent = m.ent;
+	pool[i].stage = m.stage;
+	pool[i].size = m.size;
+	pool[i].dev = m.dev;
+	pool[i].ino = m.ino;
+	*out = &pool[i];
+	return 0;
 }
 
 void kvs_ring_unmap(struct kvs_ring *r)
@@ -258,7 +271,8 @@ static void fill_key(struct ring_ent *e, const char *key)
 	e->rkey[n] = 0;
 }
 
-int kvs_ring_get(struct kvs_ring *r, const char *key, uint32_t len, struct kvs_ring_ticket *t)
+int kvs_ring_get(struct kvs_ring *r, const struct kvs_ring_owner *o, const char *key, uint32_t len,
+		 struct kvs_ring_ticket *t)
 {
 	uint32_t tid = my_tid();
 
@@ -271,7 +285,7 @@ int kvs_ring_get(struct kvs_ring *r, const char *key, uint32_t len, struct kvs_r
 	struct ring_ent *e = &r->ent[i];
 	e->op = KVS_RING_GET;
 	e->len = len;
-	e->pid = (int32_t)getpid();
+	e->owner = *o;
 	atomic_store_explicit(&e->result, 0, memory_order_relaxed);
 	fill_key(e, key);
 	post(r, i, tid, KVS_RING_GET);
@@ -319,7 +333,8 @@ void kvs_ring_release(struct kvs_ring *r, const struct kvs_ring_ticket *t)
 	atomic_store_explicit(&r->ent[t->entry].word, ST_FREE, memory_order_release);
 }
 
-int kvs_ring_put(struct kvs_ring *r, const char *rkey, const struct kvs_key *key, uint32_t len)
+int kvs_ring_put(struct kvs_ring *r, const struct kvs_ring_owner *o, const char *rkey,
+		 const struct kvs_key *key, uint32_t len)
 {
 	uint32_t tid = my_tid();
 
@@ -331,7 +346,7 @@ int kvs_ring_put(struct kvs_ring *r, const char *rkey, const struct kvs_key *key
 	struct ring_ent *e = &r->ent[i];
 	e->op = KVS_RING_PUT;
 	e->len = len;
-	e->pid = (int32_t)getpid();
+	e->owner = *o;
 	e->key = *key;
 	fill_key(e, rkey);
 	post(r, i, tid, KVS_RING_PUT);
@@ -466,7 +481,7 @@ int kvs_ring_create(const char *path, uint32_t nent, uint64_t shard_size, uint32
 	return 0;
 }
 
-int kvs_ring_beat(struct kvs_ring *r)
+int kvs_ring_beat(struct kvs_ring *r, kvs_ring_still_fn still, void *arg)
 {
 	int freed = 0;
 
@@ -478,7 +493,9 @@ int kvs_ring_beat(struct kvs_ring *r)
 
 		if (st != ST_CLAIMED && st != ST_POSTED && st != ST_DONE)
 			continue;
-		if (kvs_syscall(SYS_kill, w >> 4, 0) == 0 || errno != ESRCH)
+		struct kvs_ring_owner o = r->ent[i].owner; /* written before the word left FREE */
+
+		if (still(arg, &o))
 			continue;
 		if (atomic_compare_exchange_strong_explicit(
 			&e->word, &w, ST_FREE, memory_order_acq_rel, memory_order_relaxed))

@@ -49,6 +49,20 @@ enum kvs_ring_answer {
 
 struct kvs_ring;
 
+/*
+ * Who posted an entry, in a form the helper can check whatever PID namespace either runs in
+ * (kvs_cache_whoami: a process-table slot of the region and when its process attached).  A
+ * thread id would not do: an engine in a pod's namespace and a helper in the node's see
+ * different numbers for the same thread.
+ */
+struct kvs_ring_owner {
+	uint32_t slot;
+	uint64_t at;
+};
+
+/* Is the owner still there (kvs_cache_still)?  The helper's beat asks; true when unsure. */
+typedef bool (*kvs_ring_still_fn)(void *arg, const struct kvs_ring_owner *o);
+
 /* One posted get, as the engine keeps it between kvs_ring_get and kvs_ring_wait. */
 struct kvs_ring_ticket {
 	uint32_t entry; /* UINT32_MAX: none */
@@ -80,7 +94,8 @@ bool kvs_ring_replaced(const struct kvs_ring *r, const char *path);
  * Post a get of key (len bytes, at most the ring's shard size) and ring the bell.  Returns 0
  * with *t filled, or -EBUSY when every entry is taken (the caller reads storage).
  */
-int kvs_ring_get(struct kvs_ring *r, const char *key, uint32_t len, struct kvs_ring_ticket *t);
+int kvs_ring_get(struct kvs_ring *r, const struct kvs_ring_owner *o, const char *key, uint32_t len,
+		 struct kvs_ring_ticket *t);
 
 /*
  * Wait for t's answer until deadline_ns (kvs_mono_ns's clock).  On KVS_RING_HIT, *staging is
@@ -98,7 +113,8 @@ void kvs_ring_release(struct kvs_ring *r, const struct kvs_ring_ticket *t);
  * The engine does not wait: the helper copies the shard out if it is still READY under key.
  * Returns 0, or -EBUSY when no entry is free (the offer is dropped: the caller counts it).
  */
-int kvs_ring_put(struct kvs_ring *r, const char *rkey, const struct kvs_key *key, uint32_t len);
+int kvs_ring_put(struct kvs_ring *r, const struct kvs_ring_owner *o, const char *rkey,
+		 const struct kvs_key *key, uint32_t len);
 
 /* ------------------------------------------------------------------ the helper */
 
@@ -115,9 +131,9 @@ int kvs_ring_create(const char *path, uint32_t nent, uint64_t shard_size, uint32
  * life).  Returns the lock's descriptor, or -EWOULDBLOCK when another helper holds it. */
 int kvs_ring_lock(const char *path, uint32_t mode);
 
-/* Beat, and give back the entries of engine threads that died (ring.c, "Crashes").  The helper
- * calls it every KVS_RING_BEAT_NS.  Returns the entries given back. */
-int kvs_ring_beat(struct kvs_ring *r);
+/* Beat, and give back the entries of engine processes that are gone (still says so: ring.c,
+ * "Crashes").  The helper calls it every KVS_RING_BEAT_NS.  Returns the entries given back. */
+int kvs_ring_beat(struct kvs_ring *r, kvs_ring_still_fn still, void *arg);
 
 /* Say the helper is leaving: the beat is cleared, so engines stop asking at once. */
 void kvs_ring_leave(struct kvs_ring *r);
