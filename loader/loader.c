@@ -182,9 +182,9 @@ static void owner_read_done(struct kvs_bio *bio)
 		struct kvs_key key = kvs_shard_key(&rd->block, op->shard);
 
 		kvs_publish_loaded(c, &op->pin, v, op->size, op->keep);
-		/* Offered only when kept for good; the helper takes it only while it is READY
-		 * under its key (a load handed out unkept is not). */
-		if (op->rid && v == KVS_V_KEEP && op->keep->until == 0)
+		/* Offered only when the file is still what it was keyed as; the helper takes it
+		 * only while it is READY under its key (a load handed out unkept is not). */
+		if (op->rid && v == KVS_V_KEEP)
 			kvs_remote_offer(ld->rm, op->rid, &key, op->size);
 	} else {
 		kvs_cache_count(c, KVS_CTR_failures, 1);
@@ -348,11 +348,11 @@ static int pin_for_load(struct kvs_loader *ld, const struct kvs_read *rd, struct
 
 /* ------------------------------------------------------------------ the remote pool */
 
-/* May t's owned loads ask the pool?  Only loads kept for good (remote.h, "Which files"); then
- * pin_for_load defers their storage reads. */
+/* May t's owned loads ask the pool?  Not while a write of the file under the shim is in flight
+ * on this node (remote.h, "Which files"); then pin_for_load defers their storage reads. */
 static bool pool_may_serve(const struct kvs_loader *ld, const struct kvs_task *t)
 {
-	return ld->rm && !ld->backend_only && t->keep.until == 0 && t->keep.marked;
+	return ld->rm && !ld->backend_only && t->keep.marked;
 }
 
 /* A shard the pool gave: into op's slot, then published as a storage load would be (the file

@@ -4,15 +4,21 @@
  * through (remote/ring.h).  The loader calls it only for shards it owns, after a miss: the hit
  * path never comes here.
  *
- * Which files.  Only files that lie under a files.write_once root, and only loads this node
- * keeps for good (struct kvs_keep: until 0, marked): by birth where the file system gives an
- * inode generation, else once the file has settled (files.settle), as the node keeps them
- * (network and FUSE file systems give none: that is where a pool pays).  Such a file is
- * complete at its final name and never rewritten in place, so a name, a size and stamps the
- * file system gives every node name one content.  Files of other roots are rewritten in place
- * by contract, keyed by change on each node (st_dev, ctime, a node-local settle); a node cannot
- * tell from them that another node read the same bytes.  They never ask the pool and are never
- * offered to it.
+ * Which files.  Only files that lie under a files.write_once root, and only while no write of
+ * the file under the shim is in flight on this node (struct kvs_keep: marked).  Such a file is
+ * complete at its final name before any reader opens it and never rewritten in place (the
+ * root's contract), so its name, size and the stamps the file system gives every node name one
+ * content, whether or not this node keeps the file by birth: on file systems without an inode
+ * generation (FUSE, NFS: where a pool pays) the node keeps such files by change, with
+ * files.settle, because a file created anew on a reused inode could look old by (st_dev,
+ * st_ino, size); the remote key has no inode, and a file created anew has a new mtime.  A
+ * load is offered only if the file was still what it was keyed as after the read
+ * (kvs_check_file: KVS_V_KEEP).  Files of other roots are rewritten in place by contract,
+ * keyed by change on each node (st_dev, ctime, a node-local settle); a node cannot tell from
+ * them that another node read the same bytes.  They never ask the pool and are never offered
+ * to it.  The one case the key cannot tell: a file deleted and created again under its name,
+ * with the same size, within one tick of the file system's mtime and with no birth time; a
+ * content-addressed store never does that.
  *
  * The remote key: "kvshim/1/<remote.namespace>/<id>/<log2 shard size>/<shard>", id the hex of
  * XXH3-128 over
@@ -55,8 +61,7 @@ void kvs_remote_destroy(struct kvs_remote *rm);
 struct kvs_ring *kvs_remote_ring(struct kvs_remote *rm);
 
 /* The remote identity of rd's file, if it may be shared: a file under a write-once root whose
- * statx now matches rd (size).  false: ask nothing, offer nothing.  The caller has decided
- * that the load is kept for good. */
+ * statx now matches rd (size).  false: ask nothing, offer nothing. */
 bool kvs_remote_ident(struct kvs_remote *rm, const struct kvs_read *rd, struct kvs_rid *out);
 
 /* The remote key of shard `shard` of the file id names, NUL-terminated in out. */
