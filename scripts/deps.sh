@@ -90,6 +90,32 @@ pip_client kvikio kvikio-cu13 libkvikio-cu13 cuda-pathfinder rapids-logger numpy
 pip_client cufile cufile-python
 pip_client nixl_cu13 nixl-cu13
 
+# Mooncake Store's CPU wheel (mooncake-transfer-engine-non-cuda 0.3.13.post1, a cp311 manylinux wheel of
+# 46 MB, with mooncake_master) for the `remote` test and the remote helper (`kvshim remote`,
+# remote.python): a Python 3.11 venv of its own, KVS_MOONCAKE_VENV (default
+# ~/.cache/kvshim/mooncake-venv).  The test skips where it is missing.
+mc_venv=${KVS_MOONCAKE_VENV:-${XDG_CACHE_HOME:-$HOME/.cache}/kvshim/mooncake-venv}
+if ! "$mc_venv/bin/python" -c 'import mooncake.store' >/dev/null 2>&1; then
+	py311=""
+	for p in "$(command -v python3.11 || true)" \
+		"$(command -v pyenv >/dev/null && pyenv root 2>/dev/null)"/versions/3.11*/bin/python3.11 \
+		/usr/bin/python3.11 /usr/local/bin/python3.11; do
+		if [ -n "$p" ] && [ -x "$p" ] && "$p" -c 'import sys, venv; sys.exit(sys.version_info[:2] != (3, 11))' 2>/dev/null; then
+			py311=$p
+			break
+		fi
+	done
+	if [ -z "$py311" ]; then
+		echo "deps: no Python 3.11 (python3.11 or pyenv's 3.11); the remote test skips" >&2
+	else
+		echo "deps: installing mooncake-transfer-engine-non-cuda into $mc_venv ($py311)" >&2
+		{ "$py311" -m venv "$mc_venv" >/dev/null 2>&1 &&
+			"$mc_venv/bin/python" -m pip install --quiet mooncake-transfer-engine-non-cuda==0.3.13.post1 \
+				>/dev/null 2>&1; } ||
+			echo "deps: mooncake-transfer-engine-non-cuda did not install; the remote test skips" >&2
+	fi
+fi
+
 # UCM's own storage layer (PyPI's uc-manager-cuda-cu130 0.8.1, a cp312 wheel that needs only
 # wrapt) for the `ucm` test and scripts/bench_ucm.sh: a Python 3.12 virtual environment of its
 # own, KVS_UCM_VENV (default ~/.cache/kvshim/ucm-venv).  python3.12 is found on the PATH, else

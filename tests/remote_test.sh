@@ -65,6 +65,10 @@ cleanup() {
 trap cleanup EXIT
 export MC_TCP_BIND_ADDRESS=127.0.0.1 KVSHIM_SHIM_LOG=warn
 unset KVSHIM_CONFIG
+# A sanitizer build: its runtime first in the processes that load our libraries (the ranks
+# under the shim, the helper's Python with libkvshim_remote.so), not in Mooncake's master.
+san=${KVS_E2E_PRELOAD:-}
+[ -n "$san" ] && export ASAN_OPTIONS=${ASAN_OPTIONS:+$ASAN_OPTIONS:}verify_asan_link_order=0
 
 free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
 rpc=$(free_port)
@@ -113,7 +117,7 @@ EOF
 # helper NODE: start NODE's helper, wait until it serves; its pid in helper_NODE.
 helper() {
 	: >"$work/h$1.log"
-	KVSHIM_CONFIG="$work/$1.ini" "$kvshim" remote >>"$work/h$1.log" 2>&1 &
+	KVSHIM_CONFIG="$work/$1.ini" LD_PRELOAD=$san "$kvshim" remote >>"$work/h$1.log" 2>&1 &
 	eval "helper_$1=$!"
 	pids+=($!)
 	for _ in $(seq 1 150); do
@@ -134,7 +138,7 @@ stat() {
 # checked; prints kv_ranks.py's storage count (the kernel's).  Status: the load's.
 load() {
 	local out
-	out=$(KVSHIM_CONFIG="$work/$1.ini" timeout 120 "$kvshim" run -- \
+	out=$(KVSHIM_CONFIG="$work/$1.ini" LD_PRELOAD=$san timeout 120 "$kvshim" run -- \
 		python3 "$ranks_py" load "$2" $nfiles $size --gen "$3" --ranks "${4:-2}" 2>"$work/err")
 	local st=$?
 	echo "$out" | sed -n 's/.*storage \([0-9]*\).*/\1/p'
