@@ -334,6 +334,7 @@ static int pin_for_load(struct kvs_loader *ld, const struct kvs_read *rd, struct
 	uint64_t t0 = kvs_mono_ns();
 	op->keep = keep;
 	op->rid = NULL;
+	op->t_submit = 0; /* submit_owned sets it: this piece read storage (finish_piece) */
 	int r = kvs_cache_pin_load(ld->c, &key, KVS_ALLOC_LOAD, op->size, keep->until, &op->pin);
 
 	kvs_cache_count(ld->c, KVS_CTR_pin_ns, kvs_mono_ns() - t0);
@@ -672,6 +673,12 @@ static int finish_piece(struct kvs_loader *ld, struct kvs_task *t)
 {
 	const struct kvs_read *rd = t->rd;
 	int result = (int)t->result;
+	uint64_t first = 0; /* the piece's first owned storage read */
+
+	for (uint32_t i = 0; i < t->nops; i++)
+		if (t->ops[i].kind == OP_OWNER && t->ops[i].t_submit &&
+		    (!first || t->ops[i].t_submit < first))
+			first = t->ops[i].t_submit;
 
 	for (uint32_t k = 0; k < t->nops; k++) {
 		struct kvs_op *op = &t->ops[t->order[k]];
@@ -688,6 +695,10 @@ static int finish_piece(struct kvs_loader *ld, struct kvs_task *t)
 		if (!result)
 			result = read_self(ld, rd, op);
 	}
+	/* Storage as a load sees it: the piece's wall time, whatever ran in parallel (the
+	 * helper compares it with the pool's: remote_ns). */
+	if (first)
+		kvs_cache_count(ld->c, KVS_CTR_storage_wall_ns, kvs_mono_ns() - first);
 	if (!copies_sync(rd)) {
 		int r = rd->dest->fence(rd->dest->ctx);
 

@@ -244,9 +244,11 @@ KVR_API void kvr_route(struct kvr *h, int route)
 	kvs_ring_set_route(h->ring, route);
 }
 
-/* The node's storage loads so far (every process's, the region's totals): bytes and the
- * nanoseconds they took, to compare with the pool's. */
-KVR_API int kvr_storage(struct kvr *h, uint64_t *bytes, uint64_t *ns)
+/* What the node's loads saw so far (every process's, the region's totals): bytes from storage
+ * and the wall time of the pieces that read them (storage_wall_ns), bytes from the pool and
+ * the time owners waited for it (remote_ns): the two speeds the route compares. */
+KVR_API int kvr_speeds(struct kvr *h, uint64_t *bytes, uint64_t *ns, uint64_t *pool_bytes,
+		       uint64_t *pool_ns)
 {
 	struct kvs_region_info info;
 	struct kvs_counters tot;
@@ -255,6 +257,8 @@ KVR_API int kvr_storage(struct kvr *h, uint64_t *bytes, uint64_t *ns)
 	if (r < 0)
 		return r;
 	*bytes = tot.v[KVS_CTR_backend_bytes];
-	*ns = tot.v[KVS_CTR_storage_ns];
+	*ns = tot.v[KVS_CTR_storage_wall_ns];
+	*pool_bytes = tot.v[KVS_CTR_remote_bytes];
+	*pool_ns = tot.v[KVS_CTR_remote_ns];
 	return 0;
 }

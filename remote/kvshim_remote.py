@@ -13,9 +13,10 @@ buffers and the pool, and decides where the node's misses go (the ring's route w
   - puts: engines offer shards they loaded from storage that are kept for good; the C side
     stages the shard if it is still READY, this program asks whether the pool has the key
     (is_exist) and puts it into this node's own segment (put_from, preferred_segments).
-  - route: the pool's speed here (its gets' bytes over time) against storage's (the region's
-    backend_bytes over storage_ns, every process's), each second: misses go to the faster;
-    while routed to storage one miss in 16 still asks, so the pool's speed stays measured.
+  - route: the pool's speed here against storage's, as the node's loads saw them (the
+    region's remote_bytes over remote_ns, backend_bytes over storage_wall_ns, every
+    process's), each second: misses go to the faster; while routed to storage one miss in 16
+    still asks, so the pool's speed stays measured.
   - breaker: BREAK_ERRORS errors (not misses) within BREAK_WINDOW_S open it for BREAK_OPEN_S:
     engines stop asking, offers are dropped; then it closes on its own.
 
@@ -69,8 +70,7 @@ def load(path):
                              ctypes.c_uint32]
     lib.kvr_done.argtypes = [ctypes.c_void_p, ctypes.c_int, ctypes.c_uint32, ctypes.c_int64]
     lib.kvr_route.argtypes = [ctypes.c_void_p, ctypes.c_int]
-    lib.kvr_storage.argtypes = [ctypes.c_void_p, ctypes.POINTER(ctypes.c_uint64),
-                                ctypes.POINTER(ctypes.c_uint64)]
+    lib.kvr_speeds.argtypes = [ctypes.c_void_p] + [ctypes.POINTER(ctypes.c_uint64)] * 4
     return lib
 
 
@@ -101,9 +101,6 @@ class Helper:
         self.lib, self.h = lib, h
         self.stop = threading.Event()
         self.breaker = Breaker()
-        self.lock = threading.Lock()
-        self.pool_bytes = 0  # the pool's hits, this window
-        self.pool_ns = 0
         self.route = ROUTE_ASK
 
     def setting(self, name):
@@ -178,7 +175,6 @@ class Helper:
                     self.lib.kvr_done(self.h, GET, jobs[i].entry, -errno.EAGAIN)
                 continue
             keys = [jobs[i].key.decode() for i in range(n)]
-            t0 = time.monotonic_ns()
             try:
                 if n == 1:
                     res = [self.store.get_into(keys[0], jobs[0].staging, jobs[0].len)]
@@ -188,12 +184,9 @@ class Helper:
             except Exception as e:  # a binding error is an error of the pool, never a crash
                 say("exc", "a get raised %r" % e)
                 res = [-errno.EIO] * n
-            dt = time.monotonic_ns() - t0
-            got = 0
             for i in range(n):
                 r = res[i]
                 if r == jobs[i].len:
-                    got += r
                     self.lib.kvr_done(self.h, GET, jobs[i].entry, r)
                 elif r == OBJECT_NOT_FOUND:
                     self.lib.kvr_done(self.h, GET, jobs[i].entry, -errno.ENOENT)
@@ -204,57 +197,71 @@ class Helper:
                     else:
                         self.failed("a get", r)
                     self.lib.kvr_done(self.h, GET, jobs[i].entry, -errno.EIO)
-            if got:
-                with self.lock:
-                    self.pool_bytes += got
-                    self.pool_ns += dt
 
     def puts(self):
+        """Offers in batches: one is_exist and one put RPC round for all taken at once."""
         jobs = (Job * BATCH)()
         while not self.stop.is_set():
             n = self.lib.kvr_take(self.h, PUT, jobs, BATCH, 100)
+            if n <= 0:
+                continue
+            if self.breaker.is_open():
+                for i in range(n):
+                    self.lib.kvr_done(self.h, PUT, jobs[i].entry, -1)
+                continue
+            keys = [jobs[i].key.decode() for i in range(n)]
+            try:
+                there = self.store.batch_is_exist(keys)
+                todo = [i for i in range(n) if there[i] != 1]
+                res = self.store.batch_put_from([keys[i] for i in todo],
+                                                [jobs[i].staging for i in todo],
+                                                [jobs[i].len for i in todo], self.rcfg)
+            except Exception as e:
+                say("exc", "a put raised %r" % e)
+                todo, res = list(range(n)), [-errno.EIO] * n
+            put = dict(zip(todo, res))
             for i in range(n):
-                j = jobs[i]
-                if self.breaker.is_open():
-                    self.lib.kvr_done(self.h, PUT, j.entry, -1)
-                    continue
-                key = j.key.decode()
-                try:
-                    if self.store.is_exist(key) == 1:
-                        self.lib.kvr_done(self.h, PUT, j.entry, 0)  # there already
-                        continue
-                    r = self.store.put_from(key, j.staging, j.len, self.rcfg)
-                except Exception as e:
-                    say("exc", "a put raised %r" % e)
-                    r = -errno.EIO
-                if r != 0 and r != -200:  # -200: no room in the pool, an ordinary drop
+                r = put.get(i, 1)  # 1: the pool had it already
+                if r < 0 and r != -200:  # -200: no room in the pool, an ordinary drop
                     self.failed("a put", r)
-                self.lib.kvr_done(self.h, PUT, j.entry, j.len if r == 0 else -1)
+                self.lib.kvr_done(self.h, PUT, jobs[i].entry,
+                                  0 if r == 1 else jobs[i].len if r == 0 else -1)
 
-    def steer(self, last):
-        """Once a second: the breaker, then the faster of the pool and storage."""
+    def speeds(self):
+        v = [ctypes.c_uint64() for _ in range(4)]
+        if self.lib.kvr_speeds(self.h, *[ctypes.byref(x) for x in v]) != 0:
+            return None
+        return [x.value for x in v]
+
+    def steer(self, seen):
+        """Once a second: the breaker, then the faster of the pool and storage.
+
+        Both speeds as the node's loads saw them (the region's totals, every process's):
+        storage's bytes over the wall time of the pieces that read them (storage_wall_ns),
+        the pool's over the time owners waited for it (remote_ns).  Each is judged on at
+        least 4 MiB since it was last judged; one not measured lately keeps its last figure.
+        """
         if self.route == ROUTE_BROKEN:
             if self.breaker.is_open():
-                return last
+                return seen
             self.set_route(ROUTE_ASK)
-        sb, sn = ctypes.c_uint64(), ctypes.c_uint64()
-        if self.lib.kvr_storage(self.h, ctypes.byref(sb), ctypes.byref(sn)) != 0:
-            return last
-        with self.lock:
-            pb, pn = self.pool_bytes, self.pool_ns
-            self.pool_bytes = self.pool_ns = 0
-        db, dn = sb.value - last[0], sn.value - last[1]
-        # Both as ns per byte of one request's wait; judged only on enough of each.
-        if pb >= (4 << 20) and db >= (4 << 20):
-            pool, storage = pn / pb, dn / db
+        now = self.speeds()
+        if now is None:
+            return seen
+        for k in (0, 2):  # (bytes, ns) of storage, then of the pool
+            db, dn = now[k] - seen["at"][k], now[k + 1] - seen["at"][k + 1]
+            if db >= (4 << 20) and dn > 0:
+                seen["ns_per_byte"][k] = dn / db
+                seen["at"][k], seen["at"][k + 1] = now[k], now[k + 1]
+        storage, pool = seen["ns_per_byte"]
+        if storage and pool:
             route = ROUTE_STORAGE if pool > 1.25 * storage else ROUTE_ASK
             if route != self.route:
                 say("route%d" % route, "misses now go to %s: the pool %.2f GB/s, storage "
-                    "%.2f GB/s per request" % ("storage" if route else "the pool",
-                                               1 / pool, 1 / storage))
+                    "%.2f GB/s as loads see them" % ("storage" if route else "the pool",
+                                                     1 / pool, 1 / storage))
                 self.set_route(route)
-            return (sb.value, sn.value)
-        return last if db < (4 << 20) else (sb.value, sn.value)
+        return seen
 
 
 def main():
@@ -281,12 +288,9 @@ def main():
     print("kvshim: remote: serving %s for region %s through %s"
           % (helper.setting("ring"), helper.setting("cache.name"),
              helper.setting("remote.master")), file=sys.stderr, flush=True)
-    last = (0, 0)
-    sb, sn = ctypes.c_uint64(), ctypes.c_uint64()
-    if lib.kvr_storage(h, ctypes.byref(sb), ctypes.byref(sn)) == 0:
-        last = (sb.value, sn.value)
+    seen = {"at": helper.speeds() or [0, 0, 0, 0], "ns_per_byte": [0.0, 0.0]}
     while not stop.wait(1.0):
-        last = helper.steer(last)
+        seen = helper.steer(seen)
     lib.kvr_route(h, ROUTE_BROKEN)  # nobody asks from here on
     for t in threads:
         t.join(timeout=5)

@@ -224,6 +224,11 @@ bool kvs_ring_alive(const struct kvs_ring *r)
 	return beat && kvs_node_ns() - beat < KVS_RING_DEAD_NS;
 }
 
+int kvs_ring_helper_pid(const struct kvs_ring *r)
+{
+	return r->h->helper_pid;
+}
+
 int kvs_ring_route(const struct kvs_ring *r)
 {
 	return (int)atomic_load_explicit(&r->h->route, memory_order_relaxed);

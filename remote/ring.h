@@ -83,6 +83,9 @@ void kvs_ring_unmap(struct kvs_ring *r);
 /* Is a helper beating now (a beat younger than KVS_RING_DEAD_NS)?  One load and a clock read. */
 bool kvs_ring_alive(const struct kvs_ring *r);
 
+/* The pid of the helper that built or took over the ring, in its own PID namespace. */
+int kvs_ring_helper_pid(const struct kvs_ring *r);
+
 /* The helper's route for misses (enum kvs_ring_route).  One load. */
 int kvs_ring_route(const struct kvs_ring *r);
 

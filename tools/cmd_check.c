@@ -51,6 +51,7 @@
 
 #include "cache.h"
 #include "cmd_common.h"
+#include "ring.h"
 #include "cache_params.h"
 #include "config.h"
 #include "handover.h"
@@ -683,6 +684,39 @@ static void check_unseen(struct check *ck, const struct kvs_config *cfg)
 	free(s);
 }
 
+/* remote.kind = mooncake: the keys the helper needs, and a helper beating at the ring. */
+static void check_remote(struct check *ck, const struct kvs_config *cfg)
+{
+	struct kvs_cache_params params = kvs_cache_params_of(cfg);
+	char ring_path[PATH_MAX];
+	struct kvs_ring *r = NULL;
+
+	if (cfg->remote_kind == KVS_REMOTE_NONE)
+		return;
+	if (!cfg->files_write_once[0])
+		warning(ck, "remote.kind = mooncake with files.write_once empty: only files of "
+			    "write-once roots are shared between nodes, so nothing will be");
+	if (strlen(cfg->remote_namespace) > 64)
+		warning(ck,
+			"remote.namespace is longer than 64 bytes: the engines leave the remote "
+			"tier off");
+	if (!cfg->remote_master[0] || !cfg->remote_host[0])
+		warning(ck, "remote.%s is not set: `kvshim remote` refuses to start without it",
+			cfg->remote_master[0] ? "host" : "master");
+	if (kvs_cache_path(&params, ring_path, sizeof(ring_path) - 8))
+		return;
+	strcat(ring_path, ".remote");
+	if (kvs_ring_map(ring_path, 0, (uint32_t)cfg->cache_mode, &r) == 0 && kvs_ring_alive(r))
+		ok(ck, "ok   remote: a helper (pid %d) serves %s", kvs_ring_helper_pid(r),
+		   ring_path);
+	else
+		warning(ck,
+			"remote: no helper serves %s: misses read storage until `kvshim remote` "
+			"runs for this region",
+			ring_path);
+	kvs_ring_unmap(r);
+}
+
 /* A number from a sysfs file, 0 if it cannot be read. */
 static unsigned long long sysfs_u64(const char *dir, const char *name)
 {
@@ -913,6 +947,7 @@ int tool_check(bool quiet, bool check_library, bool *config_ok)
 		check_store(&ck, cfg);
 		check_violations(&ck, cfg);
 		check_unseen(&ck, cfg);
+		check_remote(&ck, cfg);
 		check_capacity(&ck, cfg);
 		check_pages(&ck, cfg);
 		check_region(&ck, cfg);

@@ -298,18 +298,19 @@ static void print_storage(FILE *f, const struct tool_figures *g)
 		fputs("nothing from storage\n", f);
 }
 
-/* Bytes per second of one request's wait: bytes over the nanoseconds they took. */
-static double per_request_gbs(uint64_t bytes, uint64_t ns)
+/* Bytes over the nanoseconds loads waited for them (GB/s). */
+static double per_load_gbs(uint64_t bytes, uint64_t ns)
 {
 	return ns ? (double)bytes / (double)ns : 0.0;
 }
 
 /* The remote tier (remote.kind), once it was asked or offered anything: what the pool gave,
- * and its speed here against storage's, per request, the figures the helper routes by. */
+ * and its speed here against storage's as loads see them, the figures the helper routes by. */
 static void print_remote(FILE *f, const struct tool_snapshot *s)
 {
 	const uint64_t *v = s->totals.v;
-	uint64_t asks = v[KVS_CTR_remote_hits] + v[KVS_CTR_remote_misses] + v[KVS_CTR_remote_errors];
+	uint64_t asks =
+	    v[KVS_CTR_remote_hits] + v[KVS_CTR_remote_misses] + v[KVS_CTR_remote_errors];
 	char a[32], b[32];
 
 	if (!asks && !v[KVS_CTR_remote_published_bytes] && !v[KVS_CTR_remote_dropped])
@@ -317,14 +318,14 @@ static void print_remote(FILE *f, const struct tool_snapshot *s)
 	fprintf(f,
 		"remote     %s from the pool: %" PRIu64 " of %" PRIu64 " shards asked (%" PRIu64
 		" not there, %" PRIu64 " errors); %s published, %" PRIu64 " dropped\n",
-		tool_human_bytes(v[KVS_CTR_remote_bytes], a, sizeof(a)), v[KVS_CTR_remote_hits], asks,
-		v[KVS_CTR_remote_misses], v[KVS_CTR_remote_errors],
+		tool_human_bytes(v[KVS_CTR_remote_bytes], a, sizeof(a)), v[KVS_CTR_remote_hits],
+		asks, v[KVS_CTR_remote_misses], v[KVS_CTR_remote_errors],
 		tool_human_bytes(v[KVS_CTR_remote_published_bytes], b, sizeof(b)),
 		v[KVS_CTR_remote_dropped]);
 	if (v[KVS_CTR_remote_bytes] && v[KVS_CTR_backend_bytes])
-		fprintf(f, "           per request: the pool %.2f GB/s, storage %.2f GB/s\n",
-			per_request_gbs(v[KVS_CTR_remote_bytes], v[KVS_CTR_remote_ns]),
-			per_request_gbs(v[KVS_CTR_backend_bytes], v[KVS_CTR_storage_ns]));
+		fprintf(f, "           as loads see them: the pool %.2f GB/s, storage %.2f GB/s\n",
+			per_load_gbs(v[KVS_CTR_remote_bytes], v[KVS_CTR_remote_ns]),
+			per_load_gbs(v[KVS_CTR_backend_bytes], v[KVS_CTR_storage_wall_ns]));
 }
 
 /* One line for each way KV reads went past the cache, with its bytes: a figure of 1.0x is
