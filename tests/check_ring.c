@@ -996,6 +996,94 @@ START_TEST(test_other_namespace_engine)
 }
 END_TEST
 
+static void *stall_page;
+
+/* A's owner lies on a PROT_NONE page: its first read faults, here, and waits for the parent. */
+static void stall(int sig, siginfo_t *si, void *uc)
+{
+	atomic_store(&sh->stage, 1);
+	while (!atomic_load(&sh->stop))
+		sleep_ns(MS);
+	mprotect(stall_page, 4096, PROT_READ | PROT_WRITE);
+}
+
+/*
+ * An engine off the CPU between its claim and the store of its owner (a preemption, a cgroup
+ * freeze, a SIGSTOP; made certain here by a fault on the page of its owner) holds the entry
+ * CLAIMED while the entry's owner field still names whoever used the entry before.  When that
+ * one is gone, a beat must not take the claim for a dead process's: the entry freed under the
+ * engine is claimed by another, and the two fill and post one entry (wrong bytes for one of
+ * them when the helper answers both into one staging buffer).
+ */
+START_TEST(test_claimed_stale_owner)
+{
+	pid_t h = spawn_helper(false);
+	struct kvs_ring *r = map_ok();
+	struct kvs_ring_ticket t[NENT];
+	const void *s;
+
+	pid_t d = fork(); /* D uses every entry and is gone: each owner field names it */
+	ck_assert_int_ge(d, 0);
+	if (d == 0) {
+		for (uint32_t i = 0; i < NENT; i++)
+			CHILD_CHECK(kvs_ring_get(r, me(), "k.d", 1, &t[i]) == 0);
+		for (uint32_t i = 0; i < NENT; i++)
+			CHILD_CHECK(kvs_ring_wait(r, &t[i], 0, &s) == KVS_RING_TIMEOUT);
+		_exit(0);
+	}
+	ck_assert_int_eq(reap(d, 10), 0);
+	for (uint32_t i = 0; i < NENT - 1; i++) /* all but one, posted by this live engine */
+		get_ok(r, "k.filler", 100, &t[i]);
+
+	pid_t a = fork();
+	ck_assert_int_ge(a, 0);
+	if (a == 0) {
+		struct sigaction sa = {.sa_sigaction = stall, .sa_flags = SA_SIGINFO};
+		struct kvs_ring_ticket ta;
+
+		prctl(PR_SET_PDEATHSIG, SIGKILL);
+		stall_page =
+		    mmap(NULL, 4096, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+		CHILD_CHECK(stall_page != MAP_FAILED);
+		struct kvs_ring_owner *o = stall_page;
+		*o = *me();
+		CHILD_CHECK(sigaction(SIGSEGV, &sa, NULL) == 0);
+		CHILD_CHECK(mprotect(stall_page, 4096, PROT_NONE) == 0);
+		CHILD_CHECK(kvs_ring_get(r, o, "k.A", 100, &ta) == 0);
+		CHILD_CHECK(kvs_ring_wait(r, &ta, kvs_mono_ns() + 5000 * MS, &s) == KVS_RING_HIT);
+		CHILD_CHECK(first_bad(s, 100, key_seed("k.A")) == 100);
+		kvs_ring_release(r, &ta);
+		_exit(0);
+	}
+	for (int i = 0; i < 5000 && !atomic_load(&sh->stage) && !sh->failed; i++)
+		sleep_ns(MS);
+	ck_assert_msg(atomic_load(&sh->stage) == 1, "A did not stall: %s", sh->why);
+	int freed = hcall(H_BEAT, 0, 0);
+	atomic_store(&sh->stop, 1); /* A writes its owner and posts */
+	ck_assert_msg(freed == 0,
+		      "a beat freed %d entry of a live engine caught between its claim and its "
+		      "owner store, judging the entry's previous owner (a dead process)",
+		      freed);
+	int got = hcall(H_TAKE, KVS_RING_GET, NENT);
+	ck_assert_int_eq(got, NENT);
+	for (int i = 0; i < got; i++) {
+		uint32_t e = sh->jobs[i].entry;
+
+		hcall(H_FILL, e, (int64_t)key_seed(sh->jobs[i].rkey));
+		hcall(H_DONE, e, 100);
+	}
+	for (uint32_t i = 0; i < NENT - 1; i++) {
+		ck_assert_int_eq(kvs_ring_wait(r, &t[i], kvs_mono_ns() + 5000 * MS, &s),
+				 KVS_RING_HIT);
+		kvs_ring_release(r, &t[i]);
+	}
+	int st = reap(a, 10);
+	ck_assert_msg(st == 0, "A: status %#x: %s", st, sh->why);
+	ck_assert_uint_eq(count_free(r), NENT);
+	end_helper(h);
+}
+END_TEST
+
 static Suite *ring_suite(void)
 {
 	Suite *s = suite_create("ring");
@@ -1011,6 +1099,7 @@ static Suite *ring_suite(void)
 	tcase_add_test(tc, test_engine_killed);
 	tcase_add_test(tc, test_helper_killed);
 	tcase_add_test(tc, test_other_namespace_engine);
+	tcase_add_test(tc, test_claimed_stale_owner);
 	tcase_add_checked_fixture(tc, setup, NULL);
 	tcase_set_timeout(tc, 60);
 	suite_add_tcase(s, tc);
