@@ -40,7 +40,8 @@ ROUTE_ASK, ROUTE_STORAGE, ROUTE_BROKEN = 0, 1, 2
 OBJECT_NOT_FOUND = -704  # Mooncake's ErrorCode for a key the pool does not hold
 BREAK_ERRORS, BREAK_WINDOW_S, BREAK_OPEN_S = 3, 2.0, 5.0
 KEY_MAX = 160
-BATCH = 16
+BATCH = 16  # gets: a piece of a read is at most 16 shards
+PUT_BATCH = 64  # offers: as many as wait, so that a load faster than the pool drops fewer
 
 _said = set()
 
@@ -200,9 +201,9 @@ class Helper:
 
     def puts(self):
         """Offers in batches: one is_exist and one put RPC round for all taken at once."""
-        jobs = (Job * BATCH)()
+        jobs = (Job * PUT_BATCH)()
         while not self.stop.is_set():
-            n = self.lib.kvr_take(self.h, PUT, jobs, BATCH, 100)
+            n = self.lib.kvr_take(self.h, PUT, jobs, PUT_BATCH, 100)
             if n <= 0:
                 continue
             if self.breaker.is_open():
@@ -251,7 +252,7 @@ class Helper:
         for k in (0, 2):  # (bytes, ns) of storage, then of the pool
             db, dn = now[k] - seen["at"][k], now[k + 1] - seen["at"][k + 1]
             if db >= (4 << 20) and dn > 0:
-                seen["ns_per_byte"][k] = dn / db
+                seen["ns_per_byte"][k // 2] = dn / db
                 seen["at"][k], seen["at"][k + 1] = now[k], now[k + 1]
         storage, pool = seen["ns_per_byte"]
         if storage and pool:

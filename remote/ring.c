@@ -42,10 +42,14 @@
  * word changed (another thread's request, a helper's restart) walks away without touching it.
  *
  * Crashes.
- *  - An engine process dies with an entry CLAIMED, POSTED or DONE: the helper's beat finds its
- *    owner gone (the entry's owner: the region's process-table slot and attach time of the
- *    process, whose liveness lock every PID namespace sees alike; kvs_cache_still) and CASes
- *    the word it saw to FREE.  POSTED of a dead owner may be taken first: its answer turns it
+ *  - An engine process dies with an entry POSTED or DONE: the helper's beat finds its owner
+ *    gone (the entry's owner: the region's process-table slot and attach time of the process,
+ *    whose liveness lock every PID namespace sees alike; kvs_cache_still) and CASes the word
+ *    it saw to FREE.  A CLAIMED entry is never judged: until its claimer has written the owner
+ *    field it names the entry's previous owner, and a dead previous owner would free a live
+ *    claim (another engine could then claim it, and one of the two would copy the other's
+ *    bytes).  An engine killed between its claim and its post, a few stores, leaves that one
+ *    entry CLAIMED until a helper builds the ring anew.  POSTED of a dead owner may be taken first: its answer turns it
  *    DONE, the next beat frees it.  Liveness is by process, not thread: the loader's thread
  *    that posts always waits for its answer or abandons it, and is never cancelled there.
  *    The word's tid only tells one waiter's request from another's: two engines in two PID
@@ -496,9 +500,11 @@ int kvs_ring_beat(struct kvs_ring *r, kvs_ring_still_fn still, void *arg)
 		uint32_t w = atomic_load_explicit(&e->word, memory_order_acquire);
 		uint32_t st = w & ST_MASK;
 
-		if (st != ST_CLAIMED && st != ST_POSTED && st != ST_DONE)
+		/* Not CLAIMED: its owner field may still name the entry's previous owner until
+		 * the claimer has written it, and a dead previous owner would free a live claim. */
+		if (st != ST_POSTED && st != ST_DONE)
 			continue;
-		struct kvs_ring_owner o = r->ent[i].owner; /* written before the word left FREE */
+		struct kvs_ring_owner o = r->ent[i].owner; /* published by the store of POSTED */
 
 		if (still(arg, &o))
 			continue;

@@ -246,6 +246,15 @@ else
 	fail "root keyed by change: status $st, published $p0 -> $(stat a remote_published_bytes), asks $q0 -> $q1"
 fi
 
+# Both helpers steer once a second from what the loads counted: still serving after seeing
+# both kinds of load.
+sleep 1.5
+if kill -0 "$helper_a" 2>/dev/null && kill -0 "$helper_b" 2>/dev/null; then
+	ok "both helpers still serve after the loads (their route judged on both speeds)"
+else
+	fail "a helper died: A: $(tail -c 300 "$work/ha.log"); B: $(tail -c 300 "$work/hb.log")"
+fi
+
 # Faults.  Node A loads gen 2 and publishes it; B is made cold before each case.
 p0=$(stat a remote_published_bytes)
 load a "$work/a/m/kv" 2 >/dev/null || fail "node A's load of gen 2: $(head -c 300 "$work/err")"
