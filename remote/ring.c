@@ -45,16 +45,17 @@
  *  - An engine process dies with an entry POSTED or DONE: the helper's beat finds its owner
  *    gone (the entry's owner: the region's process-table slot and attach time of the process,
  *    whose liveness lock every PID namespace sees alike; kvs_cache_still) and CASes the word
- *    it saw to FREE.  A CLAIMED entry is never judged: until its claimer has written the owner
- *    field it names the entry's previous owner, and a dead previous owner would free a live
- *    claim (another engine could then claim it, and one of the two would copy the other's
- *    bytes).  An engine killed between its claim and its post, a few stores, leaves that one
- *    entry CLAIMED until a helper builds the ring anew.  POSTED of a dead owner may be taken first: its answer turns it
- *    DONE, the next beat frees it.  Liveness is by process, not thread: the loader's thread
- *    that posts always waits for its answer or abandons it, and is never cancelled there.
- *    The word's tid only tells one waiter's request from another's: two engines in two PID
- *    namespaces may share a tid, but an entry has one owner from claim to free, and nobody
- *    frees a live owner's entry.
+ *    it saw to FREE.  POSTED of a dead owner may be taken first: its answer turns it DONE, the
+ *    next beat frees it.  A CLAIMED entry is never judged: until its claimer has written the
+ *    owner field it names the entry's previous owner, and a dead previous owner would free a
+ *    live claim (another engine could then claim it, and one of the two would copy the
+ *    other's bytes).  An engine killed between its claim and its post, a few stores, leaves
+ *    that one entry CLAIMED until the ring is built anew (a helper of other dimensions, or
+ *    the file removed).  Liveness is by process, not thread: the loader's thread that posts
+ *    always waits for its answer or abandons it, and is never cancelled there.  The word's
+ *    tid only tells one waiter's request from another's: two engines in two PID namespaces
+ *    may share a tid, but an entry has one owner from claim to free, and nobody frees a live
+ *    owner's entry.
  *  - An engine dies while copying staging out (DONE): its copy was into its own slot, which
  *    the region's dead-process reaping turns FAILED; the entry is freed by a beat.
  *  - The helper dies: the flock is released, the beat stops.  Engines waiting time out at
