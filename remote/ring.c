@@ -281,25 +281,37 @@ static void fill_key(struct ring_ent *e, const char *key)
 	e->rkey[n] = 0;
 }
 
-int kvs_ring_get(struct kvs_ring *r, const struct kvs_ring_owner *o, const char *key, uint32_t len,
-		 struct kvs_ring_ticket *t)
+/* Claim an entry for this thread and fill what every request says; the caller adds its own
+ * fields and posts.  The entry, or -EINVAL (len), or -EBUSY (none free). */
+static int64_t claim_for(struct kvs_ring *r, uint32_t tid, uint32_t op,
+			 const struct kvs_ring_owner *o, const char *rkey, uint32_t len)
 {
-	uint32_t tid = my_tid();
-
-	t->entry = UINT32_MAX;
 	if (len == 0 || len > r->h->shard_size)
 		return -EINVAL;
 	uint32_t i = claim(r, tid);
 	if (i == UINT32_MAX)
 		return -EBUSY;
 	struct ring_ent *e = &r->ent[i];
-	e->op = KVS_RING_GET;
+	e->op = op;
 	e->len = len;
 	e->owner = *o;
 	atomic_store_explicit(&e->result, 0, memory_order_relaxed);
-	fill_key(e, key);
-	post(r, i, tid, KVS_RING_GET);
-	*t = (struct kvs_ring_ticket){.entry = i, .word = word_of(tid, ST_POSTED), .len = len};
+	fill_key(e, rkey);
+	return i;
+}
+
+int kvs_ring_get(struct kvs_ring *r, const struct kvs_ring_owner *o, const char *key, uint32_t len,
+		 struct kvs_ring_ticket *t)
+{
+	uint32_t tid = my_tid();
+	int64_t i = claim_for(r, tid, KVS_RING_GET, o, key, len);
+
+	t->entry = UINT32_MAX;
+	if (i < 0)
+		return (int)i;
+	post(r, (uint32_t)i, tid, KVS_RING_GET);
+	*t = (struct kvs_ring_ticket){
+	    .entry = (uint32_t)i, .word = word_of(tid, ST_POSTED), .len = len};
 	return 0;
 }
 
@@ -347,19 +359,12 @@ int kvs_ring_put(struct kvs_ring *r, const struct kvs_ring_owner *o, const char 
 		 const struct kvs_key *key, uint32_t len)
 {
 	uint32_t tid = my_tid();
+	int64_t i = claim_for(r, tid, KVS_RING_PUT, o, rkey, len);
 
-	if (len == 0 || len > r->h->shard_size)
-		return -EINVAL;
-	uint32_t i = claim(r, tid);
-	if (i == UINT32_MAX)
-		return -EBUSY;
-	struct ring_ent *e = &r->ent[i];
-	e->op = KVS_RING_PUT;
-	e->len = len;
-	e->owner = *o;
-	e->key = *key;
-	fill_key(e, rkey);
-	post(r, i, tid, KVS_RING_PUT);
+	if (i < 0)
+		return (int)i;
+	r->ent[i].key = *key;
+	post(r, (uint32_t)i, tid, KVS_RING_PUT);
 	return 0;
 }
 

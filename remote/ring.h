@@ -1,7 +1,8 @@
 /*
  * ring: the request ring between a node's engine processes and its remote helper (`kvshim
  * remote`), a shared file beside the region.  The protocol, its states and its crash table are
- * the essay at the top of ring.c; docs/design.md, "Beyond one node", says why it is shaped so.
+ * the essay at the top of ring.c; docs/design.md, "Beyond one node: the remote tier", says why it
+ * is shaped so.
  *
  * An engine (the loader's owner of a shard) asks with kvs_ring_get and waits for the answer
  * with kvs_ring_wait; after a storage load it offers the shard with kvs_ring_put.  The helper

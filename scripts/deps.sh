@@ -90,58 +90,43 @@ pip_client kvikio kvikio-cu13 libkvikio-cu13 cuda-pathfinder rapids-logger numpy
 pip_client cufile cufile-python
 pip_client nixl_cu13 nixl-cu13
 
-# Mooncake Store's CPU wheel (mooncake-transfer-engine-non-cuda 0.3.13.post1, a cp311 manylinux wheel of
-# 46 MB, with mooncake_master) for the `remote` test and the remote helper (`kvshim remote`,
-# remote.python): a Python 3.11 venv of its own, KVS_MOONCAKE_VENV (default
-# ~/.cache/kvshim/mooncake-venv).  The test skips where it is missing.
-mc_venv=${KVS_MOONCAKE_VENV:-${XDG_CACHE_HOME:-$HOME/.cache}/kvshim/mooncake-venv}
-if ! "$mc_venv/bin/python" -c 'import mooncake.store' >/dev/null 2>&1; then
-	py311=""
-	for p in "$(command -v python3.11 || true)" \
-		"$(command -v pyenv >/dev/null && pyenv root 2>/dev/null)"/versions/3.11*/bin/python3.11 \
-		/usr/bin/python3.11 /usr/local/bin/python3.11; do
-		if [ -n "$p" ] && [ -x "$p" ] && "$p" -c 'import sys, venv; sys.exit(sys.version_info[:2] != (3, 11))' 2>/dev/null; then
-			py311=$p
+# A venv's Python 3.X (venv VERSION DIR PACKAGE TEST): python3.X found on the PATH, else among
+# pyenv's versions; PACKAGE installed into a new venv at DIR; says why where it cannot, as
+# the TEST that needs it skips then.  A failed install must not stop the build.
+venv() {
+	local ver=$1 dir=$2 pkg=$3 test=$4 py="" p
+	for p in "$(command -v python"$ver" || true)" \
+		"$(command -v pyenv >/dev/null && pyenv root 2>/dev/null)"/versions/"$ver"*/bin/python"$ver" \
+		/usr/bin/python"$ver" /usr/local/bin/python"$ver"; do
+		if [ -n "$p" ] && [ -x "$p" ] && "$p" -c "import sys, venv; sys.exit(sys.version_info[:2] != tuple(map(int, '$ver'.split('.'))))" 2>/dev/null; then
+			py=$p
 			break
 		fi
 	done
-	if [ -z "$py311" ]; then
-		echo "deps: no Python 3.11 (python3.11 or pyenv's 3.11); the remote test skips" >&2
-	else
-		echo "deps: installing mooncake-transfer-engine-non-cuda into $mc_venv ($py311)" >&2
-		{ "$py311" -m venv "$mc_venv" >/dev/null 2>&1 &&
-			"$mc_venv/bin/python" -m pip install --quiet mooncake-transfer-engine-non-cuda==0.3.13.post1 \
-				>/dev/null 2>&1; } ||
-			echo "deps: mooncake-transfer-engine-non-cuda did not install; the remote test skips" >&2
+	if [ -z "$py" ]; then
+		echo "deps: no Python $ver (python$ver or pyenv's $ver); the $test test skips" >&2
+		return 0
 	fi
-fi
+	echo "deps: installing $pkg into $dir ($py)" >&2
+	{ "$py" -m venv "$dir" >/dev/null 2>&1 &&
+		"$dir/bin/python" -m pip install --quiet "$pkg" >/dev/null 2>&1; } ||
+		echo "deps: $pkg did not install; the $test test skips" >&2
+}
+
+# Mooncake Store's CPU wheel (mooncake-transfer-engine-non-cuda 0.3.13.post1, a cp311 manylinux
+# wheel of 46 MB, with mooncake_master) for the `remote` test and the remote helper (`kvshim
+# remote`, remote.python): a Python 3.11 venv of its own, KVS_MOONCAKE_VENV (default
+# ~/.cache/kvshim/mooncake-venv).
+mc_venv=${KVS_MOONCAKE_VENV:-${XDG_CACHE_HOME:-$HOME/.cache}/kvshim/mooncake-venv}
+"$mc_venv/bin/python" -c 'import mooncake.store' >/dev/null 2>&1 ||
+	venv 3.11 "$mc_venv" mooncake-transfer-engine-non-cuda==0.3.13.post1 remote
 
 # UCM's own storage layer (PyPI's uc-manager-cuda-cu130 0.8.1, a cp312 wheel that needs only
 # wrapt) for the `ucm` test and scripts/bench_ucm.sh: a Python 3.12 virtual environment of its
-# own, KVS_UCM_VENV (default ~/.cache/kvshim/ucm-venv).  python3.12 is found on the PATH, else
-# among pyenv's versions.  The test skips where it is missing, so a failed install must not
-# stop the build.
+# own, KVS_UCM_VENV (default ~/.cache/kvshim/ucm-venv).
 ucm_venv=${KVS_UCM_VENV:-${XDG_CACHE_HOME:-$HOME/.cache}/kvshim/ucm-venv}
 ucm_import='import ucm, importlib, os, ctypes
 ctypes.CDLL(os.path.join(os.path.dirname(ucm.__file__), "shared/metrics/libmetrics.so"), mode=os.RTLD_NOW | os.RTLD_GLOBAL)
 importlib.import_module("ucm.store.pipeline.ucmpipelinestore")'
-if ! "$ucm_venv/bin/python" -c "$ucm_import" >/dev/null 2>&1; then
-	py312=""
-	for p in "$(command -v python3.12 || true)" \
-		"$(command -v pyenv >/dev/null && pyenv root 2>/dev/null)"/versions/3.12*/bin/python3.12 \
-		/usr/bin/python3.12 /usr/local/bin/python3.12; do
-		if [ -n "$p" ] && [ -x "$p" ] && "$p" -c 'import sys, venv; sys.exit(sys.version_info[:2] != (3, 12))' 2>/dev/null; then
-			py312=$p
-			break
-		fi
-	done
-	if [ -z "$py312" ]; then
-		echo "deps: no Python 3.12 (python3.12 or pyenv's 3.12); the ucm test skips" >&2
-	else
-		echo "deps: installing uc-manager-cuda-cu130 0.8.1 into $ucm_venv ($py312)" >&2
-		{ "$py312" -m venv "$ucm_venv" >/dev/null 2>&1 &&
-			"$ucm_venv/bin/python" -m pip install --quiet uc-manager-cuda-cu130==0.8.1 \
-				>/dev/null 2>&1; } ||
-			echo "deps: uc-manager-cuda-cu130 did not install; the ucm test skips" >&2
-	fi
-fi
+"$ucm_venv/bin/python" -c "$ucm_import" >/dev/null 2>&1 ||
+	venv 3.12 "$ucm_venv" uc-manager-cuda-cu130==0.8.1 ucm

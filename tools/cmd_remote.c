@@ -1,6 +1,7 @@
 /*
  * kvshim remote [--config FILE]: the node's remote helper, in the foreground until SIGTERM or
- * SIGINT (docs/operations.md, "Beyond one node"; docs/design.md, "Beyond one node").
+ * SIGINT (docs/operations.md, "Beyond one node"; docs/design.md, "Beyond one node: the remote
+ * tier").
  *
  * This command checks the configuration and then replaces itself (execvp, no fork) with
  * remote.python running kvshim_remote.py, which loads libkvshim_remote.so: both are found
