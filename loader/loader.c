@@ -391,9 +391,14 @@ static void own_loads(struct kvs_loader *ld, struct kvs_task *t)
 	if (!owned)
 		return;
 	struct kvs_ring_owner me;
-	shared = kvs_remote_ident(ld->rm, rd, &t->rid);
-	if (shared && kvs_cache_whoami(ld->c, &me.slot, &me.at))
-		ring = kvs_remote_ring(ld->rm);
+	bool ask = false;
+	/* The ring first: without a helper a miss costs no more than one look.  Offers go to a
+	 * helper that beats whatever its route; asks only where it routes misses to the pool. */
+	if (kvs_cache_whoami(ld->c, &me.slot, &me.at))
+		ring = kvs_remote_ring(ld->rm, &ask);
+	shared = ring && kvs_remote_ident(ld->rm, rd, &t->rid);
+	if (!shared || !ask)
+		ring = NULL;
 	for (uint32_t i = 0; i < t->nops; i++) {
 		struct kvs_op *op = &t->ops[i];
 
@@ -421,11 +426,13 @@ static void own_loads(struct kvs_loader *ld, struct kvs_task *t)
 			if (a == KVS_RING_HIT && kvs_cache_room(ld->c, &op->pin) >= op->size) {
 				place_pooled(ld, rd, op, src);
 				kvs_ring_release(ring, &tk[i]);
+				kvs_remote_answered(ld->rm, true);
 				op->rid = NULL; /* it came from the pool: nothing to offer */
 				continue;
 			}
 			if (a == KVS_RING_HIT)
 				kvs_ring_release(ring, &tk[i]);
+			kvs_remote_answered(ld->rm, a == KVS_RING_MISS);
 			kvs_cache_count(
 			    ld->c,
 			    a == KVS_RING_MISS ? KVS_CTR_remote_misses : KVS_CTR_remote_errors, 1);
@@ -673,12 +680,17 @@ static int finish_piece(struct kvs_loader *ld, struct kvs_task *t)
 {
 	const struct kvs_read *rd = t->rd;
 	int result = (int)t->result;
-	uint64_t first = 0; /* the piece's first owned storage read */
+	uint64_t first = 0, bytes = 0; /* the piece's first owned storage read, and their bytes */
 
-	for (uint32_t i = 0; i < t->nops; i++)
-		if (t->ops[i].kind == OP_OWNER && t->ops[i].t_submit &&
-		    (!first || t->ops[i].t_submit < first))
-			first = t->ops[i].t_submit;
+	for (uint32_t i = 0; i < t->nops; i++) {
+		const struct kvs_op *op = &t->ops[i];
+
+		if (op->kind != OP_OWNER || !op->t_submit)
+			continue;
+		bytes += op->size;
+		if (!first || op->t_submit < first)
+			first = op->t_submit;
+	}
 
 	for (uint32_t k = 0; k < t->nops; k++) {
 		struct kvs_op *op = &t->ops[t->order[k]];
@@ -697,8 +709,10 @@ static int finish_piece(struct kvs_loader *ld, struct kvs_task *t)
 	}
 	/* Storage as a load sees it: the piece's wall time, whatever ran in parallel (the
 	 * helper compares it with the pool's: remote_ns). */
-	if (first)
+	if (first) {
 		kvs_cache_count(ld->c, KVS_CTR_storage_wall_ns, kvs_mono_ns() - first);
+		kvs_cache_count(ld->c, KVS_CTR_storage_wall_bytes, bytes);
+	}
 	if (!copies_sync(rd)) {
 		int r = rd->dest->fence(rd->dest->ctx);
 

@@ -36,7 +36,6 @@ struct kvs_remote {
 	char ring_path[PATH_MAX];
 	uint64_t shard_size;
 	uint32_t mode;
-	uint32_t shard_log2;
 	uint64_t timeout_ns;
 	bool publish;
 	char ns[65];
@@ -48,6 +47,8 @@ struct kvs_remote {
 	_Atomic uint64_t looked; /* kvs_mono_ns of the last look for the ring */
 	_Atomic uint32_t looking;
 	_Atomic uint32_t probes;
+	_Atomic uint32_t failures;    /* asks in a row not answered */
+	_Atomic uint64_t quiet_until; /* kvs_mono_ns: ask nothing before then */
 };
 
 struct kvs_remote *kvs_remote_create(const struct kvs_config *cfg, struct kvs_cache *c)
@@ -61,8 +62,6 @@ struct kvs_remote *kvs_remote_create(const struct kvs_config *cfg, struct kvs_ca
 		return NULL;
 	rm->c = c;
 	rm->shard_size = kvs_cache_shard_size(c);
-	while ((1ull << rm->shard_log2) < rm->shard_size)
-		rm->shard_log2++;
 	rm->mode = (uint32_t)cfg->cache_mode;
 	rm->timeout_ns = cfg->remote_timeout_ms * 1000000ull;
 	rm->publish = cfg->remote_publish;
@@ -132,26 +131,44 @@ static struct kvs_ring *look(struct kvs_remote *rm, struct kvs_ring *old)
 	return old;
 }
 
-struct kvs_ring *kvs_remote_ring(struct kvs_remote *rm)
+void kvs_remote_answered(struct kvs_remote *rm, bool answered)
+{
+	if (answered) {
+		atomic_store_explicit(&rm->failures, 0, memory_order_relaxed);
+		return;
+	}
+	if (atomic_fetch_add_explicit(&rm->failures, 1, memory_order_relaxed) + 1 >=
+	    KVS_REMOTE_QUIET_AFTER) {
+		atomic_store_explicit(&rm->failures, 0, memory_order_relaxed);
+		atomic_store_explicit(&rm->quiet_until, kvs_mono_ns() + KVS_REMOTE_QUIET_NS,
+				      memory_order_relaxed);
+	}
+}
+
+struct kvs_ring *kvs_remote_ring(struct kvs_remote *rm, bool *ask)
 {
 	struct kvs_ring *r = atomic_load_explicit(&rm->ring, memory_order_acquire);
 
+	*ask = false;
 	if (!r || !kvs_ring_alive(r))
 		r = look(rm, r);
 	if (!r || !kvs_ring_alive(r))
 		return NULL;
+	if (kvs_mono_ns() < atomic_load_explicit(&rm->quiet_until, memory_order_relaxed))
+		return r;
 	switch (kvs_ring_route(r)) {
 	case KVS_ROUTE_ASK:
-		return r;
-	case KVS_ROUTE_STORAGE: /* keep measuring the pool: one miss in KVS_RING_PROBE asks */
-		return atomic_fetch_add_explicit(&rm->probes, 1, memory_order_relaxed) %
-				   KVS_RING_PROBE ==
-			       0
-			   ? r
-			   : NULL;
+		*ask = true;
+		break;
+	case KVS_ROUTE_STORAGE: /* keep measuring the pool: one piece in KVS_RING_PROBE asks */
+		*ask = atomic_fetch_add_explicit(&rm->probes, 1, memory_order_relaxed) %
+			   KVS_RING_PROBE ==
+		       0;
+		break;
 	default:
-		return NULL;
+		break;
 	}
+	return r;
 }
 
 /* Append the decimal (or, with width, zero-padded hex) form of v at p; returns the end. */
@@ -237,7 +254,7 @@ void kvs_remote_key(const struct kvs_remote *rm, const struct kvs_rid *id, uint6
 	p = put_num(p, id->hi, 16);
 	p = put_num(p, id->lo, 16);
 	*p++ = '/';
-	p = put_num(p, rm->shard_log2, 0);
+	p = put_num(p, rm->shard_size, 0); /* exact: 3M and 4M shards cut a file differently */
 	*p++ = '/';
 	p = put_num(p, shard, 0);
 	*p = 0;
@@ -256,8 +273,12 @@ void kvs_remote_offer(struct kvs_remote *rm, const struct kvs_rid *id, const str
 	if (!rm->publish)
 		return;
 	r = atomic_load_explicit(&rm->ring, memory_order_acquire);
-	if (!r || !kvs_ring_alive(r) || kvs_ring_route(r) == KVS_ROUTE_BROKEN)
+	if (!r || !kvs_ring_alive(r))
 		return; /* no helper: nothing to offer to, nothing dropped */
+	if (kvs_ring_route(r) == KVS_ROUTE_BROKEN) {
+		kvs_cache_count(rm->c, KVS_CTR_remote_dropped, 1); /* the helper would drop it */
+		return;
+	}
 	struct kvs_ring_owner o;
 	if (!kvs_cache_whoami(rm->c, &o.slot, &o.at))
 		return;

@@ -20,7 +20,7 @@
  * with the same size, within one tick of the file system's mtime and with no birth time; a
  * content-addressed store never does that.
  *
- * The remote key: "kvshim/1/<remote.namespace>/<id>/<log2 shard size>/<shard>", id the hex of
+ * The remote key: "kvshim/1/<remote.namespace>/<id>/<shard size>/<shard>", id the hex of
  * XXH3-128 over
  *   - the last component of the write-once root the file lies under (its name on every node,
  *     wherever each node mounts it),
@@ -55,10 +55,12 @@ struct kvs_ring;
 struct kvs_remote *kvs_remote_create(const struct kvs_config *cfg, struct kvs_cache *c);
 void kvs_remote_destroy(struct kvs_remote *rm);
 
-/* The ring to ask, when the node's helper beats there and routes misses to the pool now (or
- * this miss is the probe of a pool routed around); NULL otherwise.  Maps the ring the first
- * time, and again when a helper of other dimensions replaced it. */
-struct kvs_ring *kvs_remote_ring(struct kvs_remote *rm);
+/* The ring of the node's helper, when one beats there (NULL otherwise: nothing to ask, nothing
+ * to offer), and in *ask whether this piece's misses ask the pool: the helper routes misses to
+ * it now (or this piece is the probe of a pool routed around), and this process has not
+ * stopped asking after failures in a row (kvs_remote_answered).  Maps the ring the first time,
+ * and again when a helper of other dimensions replaced it. */
+struct kvs_ring *kvs_remote_ring(struct kvs_remote *rm, bool *ask);
 
 /* The remote identity of rd's file, if it may be shared: a file under a write-once root whose
  * statx now matches rd (size).  false: ask nothing, offer nothing. */
@@ -67,6 +69,14 @@ bool kvs_remote_ident(struct kvs_remote *rm, const struct kvs_read *rd, struct k
 /* The remote key of shard `shard` of the file id names, NUL-terminated in out. */
 void kvs_remote_key(const struct kvs_remote *rm, const struct kvs_rid *id, uint64_t shard,
 		    char *out, size_t len);
+
+/* How an ask ended: answered (a hit or a miss) or not (an error, the deadline).
+ * KVS_REMOTE_QUIET_AFTER failures in a row, whatever the helper says of itself, and this
+ * process asks nothing for KVS_REMOTE_QUIET_NS: a helper that beats but cannot answer costs a
+ * few deadlines, not one per piece. */
+#define KVS_REMOTE_QUIET_AFTER 3u
+#define KVS_REMOTE_QUIET_NS    2000000000ull
+void kvs_remote_answered(struct kvs_remote *rm, bool answered);
 
 /* remote.timeout_ms in ns: how long a load waits for the pool. */
 uint64_t kvs_remote_timeout_ns(const struct kvs_remote *rm);

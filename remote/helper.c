@@ -42,6 +42,8 @@ struct kvr {
 	pthread_t beat;
 	_Atomic bool stop;
 	bool beating;
+	uint64_t bound_ns;		  /* Mooncake's bound on a transfer or an RPC */
+	_Atomic uint64_t gets_busy_since; /* kvs_mono_ns when the gets thread left kvr_take */
 };
 
 /* One job as Python sees it (ctypes.Structure of the same fields). */
@@ -62,7 +64,14 @@ static void *beat_main(void *arg)
 	struct kvr *h = arg;
 
 	while (!atomic_load(&h->stop)) {
-		kvs_ring_beat(h->ring, still, h->c);
+		uint64_t busy = atomic_load(&h->gets_busy_since);
+
+		/* Gets stuck in the pool's client for longer than its own bounds (a connect to a
+		 * peer that drops packets): stop beating, so that engines stop asking. */
+		if (busy && kvs_mono_ns() - busy > 2 * h->bound_ns + KVS_RING_DEAD_NS)
+			kvs_ring_reclaim(h->ring, still, h->c);
+		else
+			kvs_ring_beat(h->ring, still, h->c);
 		kvs_cache_reap_maybe(h->c);
 		struct timespec ts = {0, (long)KVS_RING_BEAT_NS};
 		nanosleep(&ts, NULL);
@@ -129,6 +138,9 @@ KVR_API struct kvr *kvr_open(char *msg, size_t msglen)
 			    (uint32_t)h->cfg->cache_mode, &h->ring, msg, msglen);
 	if (r)
 		goto fail;
+	/* Mooncake's transfer and RPC bounds, as kvshim_remote.py sets them: whole seconds. */
+	h->bound_ns = ((h->cfg->remote_timeout_ms + 999) / 1000) * 1000000000ull;
+	kvs_ring_set_hold(h->ring, 2 * h->bound_ns + 1000000000ull);
 	kvs_ring_beat(h->ring, still, h->c); /* engines may ask from now on */
 	if (pthread_create(&h->beat, NULL, beat_main, h) != 0) {
 		snprintf(msg, msglen, "cannot start the heartbeat thread");
@@ -212,7 +224,11 @@ KVR_API int kvr_take(struct kvr *h, int op, struct kvr_job *jobs, int n, uint32_
 
 	if (n > 64)
 		n = 64;
+	if (op == KVS_RING_GET)
+		atomic_store(&h->gets_busy_since, 0);
 	got = kvs_ring_take(h->ring, (unsigned)op, j, n, timeout_ms * 1000000ull);
+	if (op == KVS_RING_GET && got)
+		atomic_store(&h->gets_busy_since, kvs_mono_ns());
 	for (int i = 0; i < got; i++) {
 		if (op == KVS_RING_PUT && !stage_put(h, &j[i])) {
 			kvs_cache_count(h->c, KVS_CTR_remote_dropped, 1);
@@ -244,8 +260,17 @@ KVR_API void kvr_route(struct kvr *h, int route)
 	kvs_ring_set_route(h->ring, route);
 }
 
-/* What the node's loads saw so far (every process's, the region's totals): bytes from storage
- * and the wall time of the pieces that read them (storage_wall_ns), bytes from the pool and
+/* The helper is leaving without closing anything (its threads may still be inside the pool's
+ * client): engines stop asking now; the lock goes with the process. */
+KVR_API void kvr_leave(struct kvr *h)
+{
+	kvs_ring_set_route(h->ring, KVS_ROUTE_BROKEN);
+	atomic_store(&h->stop, true);
+	kvs_ring_leave(h->ring);
+}
+
+/* What the node's loads saw so far (every process's, the region's totals): bytes of the pieces
+ * that read storage and their wall time (storage_wall_bytes, _ns), bytes from the pool and
  * the time owners waited for it (remote_ns): the two speeds the route compares. */
 KVR_API int kvr_speeds(struct kvr *h, uint64_t *bytes, uint64_t *ns, uint64_t *pool_bytes,
 		       uint64_t *pool_ns)
@@ -256,7 +281,7 @@ KVR_API int kvr_speeds(struct kvr *h, uint64_t *bytes, uint64_t *ns, uint64_t *p
 
 	if (r < 0)
 		return r;
-	*bytes = tot.v[KVS_CTR_backend_bytes];
+	*bytes = tot.v[KVS_CTR_storage_wall_bytes];
 	*ns = tot.v[KVS_CTR_storage_wall_ns];
 	*pool_bytes = tot.v[KVS_CTR_remote_bytes];
 	*pool_ns = tot.v[KVS_CTR_remote_ns];

@@ -38,6 +38,8 @@ import time
 GET, PUT = 1, 2
 ROUTE_ASK, ROUTE_STORAGE, ROUTE_BROKEN = 0, 1, 2
 OBJECT_NOT_FOUND = -704  # Mooncake's ErrorCode for a key the pool does not hold
+REPLICA_IS_NOT_READY = -703  # another node's put of the key is still in flight
+NO_AVAILABLE_HANDLE = -200  # no room in the pool (its eviction runs behind)
 BREAK_ERRORS, BREAK_WINDOW_S, BREAK_OPEN_S = 3, 2.0, 5.0
 KEY_MAX = 160
 BATCH = 16  # gets: a piece of a read is at most 16 shards
@@ -63,6 +65,7 @@ def load(path):
     lib.kvr_open.restype = ctypes.c_void_p
     lib.kvr_open.argtypes = [ctypes.c_char_p, ctypes.c_size_t]
     lib.kvr_close.argtypes = [ctypes.c_void_p]
+    lib.kvr_leave.argtypes = [ctypes.c_void_p]
     lib.kvr_setting.argtypes = [ctypes.c_void_p, ctypes.c_char_p, ctypes.c_char_p,
                                 ctypes.c_size_t]
     lib.kvr_staging.argtypes = [ctypes.c_void_p, ctypes.POINTER(ctypes.c_uint64),
@@ -165,68 +168,69 @@ class Helper:
         self.route = route
         self.lib.kvr_route(self.h, route)
 
-    def gets(self):
-        jobs = (Job * BATCH)()
-        while not self.stop.is_set():
-            n = self.lib.kvr_take(self.h, GET, jobs, BATCH, 100)
-            if n <= 0:
-                continue
-            if self.breaker.is_open():
-                for i in range(n):
-                    self.lib.kvr_done(self.h, GET, jobs[i].entry, -errno.EAGAIN)
-                continue
-            keys = [jobs[i].key.decode() for i in range(n)]
-            try:
-                if n == 1:
-                    res = [self.store.get_into(keys[0], jobs[0].staging, jobs[0].len)]
-                else:
-                    res = self.store.batch_get_into(keys, [jobs[i].staging for i in range(n)],
-                                                    [jobs[i].len for i in range(n)])
-            except Exception as e:  # a binding error is an error of the pool, never a crash
-                say("exc", "a get raised %r" % e)
-                res = [-errno.EIO] * n
-            for i in range(n):
-                r = res[i]
-                if r == jobs[i].len:
-                    self.lib.kvr_done(self.h, GET, jobs[i].entry, r)
-                elif r == OBJECT_NOT_FOUND:
-                    self.lib.kvr_done(self.h, GET, jobs[i].entry, -errno.ENOENT)
-                else:
-                    if r >= 0:
-                        say("len", "the pool gave %d bytes for %d of %s: not used"
-                            % (r, jobs[i].len, keys[i]))
-                    else:
-                        self.failed("a get", r)
-                    self.lib.kvr_done(self.h, GET, jobs[i].entry, -errno.EIO)
+    def serve(self, op, batch, work):
+        """Take batches of op and answer every entry taken, whatever work() raises.
 
-    def puts(self):
-        """Offers in batches: one is_exist and one put RPC round for all taken at once."""
-        jobs = (Job * PUT_BATCH)()
+        work(jobs, n, keys) returns one result per job: for a get the bytes got or -errno
+        (-ENOENT: not in the pool), for a put the bytes put, 0 (there already) or -1 (dropped).
+        An entry taken is always answered: an exception answers the batch with errors, so no
+        entry stays the helper's; a get answered with an error keeps its buffer out of use for
+        longer than the client's transfer bound (remote/ring.c), in case it still lands.
+        """
+        jobs = (Job * batch)()
         while not self.stop.is_set():
-            n = self.lib.kvr_take(self.h, PUT, jobs, PUT_BATCH, 100)
+            n = self.lib.kvr_take(self.h, op, jobs, batch, 100)
             if n <= 0:
                 continue
-            if self.breaker.is_open():
-                for i in range(n):
-                    self.lib.kvr_done(self.h, PUT, jobs[i].entry, -1)
-                continue
-            keys = [jobs[i].key.decode() for i in range(n)]
+            res = None
             try:
-                there = self.store.batch_is_exist(keys)
-                todo = [i for i in range(n) if there[i] != 1]
-                res = self.store.batch_put_from([keys[i] for i in todo],
-                                                [jobs[i].staging for i in todo],
-                                                [jobs[i].len for i in todo], self.rcfg)
-            except Exception as e:
-                say("exc", "a put raised %r" % e)
-                todo, res = list(range(n)), [-errno.EIO] * n
-            put = dict(zip(todo, res))
-            for i in range(n):
-                r = put.get(i, 1)  # 1: the pool had it already
-                if r < 0 and r != -200:  # -200: no room in the pool, an ordinary drop
-                    self.failed("a put", r)
-                self.lib.kvr_done(self.h, PUT, jobs[i].entry,
-                                  0 if r == 1 else jobs[i].len if r == 0 else -1)
+                if not self.breaker.is_open():
+                    res = work(jobs, n, [jobs[i].key.decode() for i in range(n)])
+            except Exception as e:  # an error of the pool or its binding, never a crash
+                say("exc%d" % op, "a %s raised %r" % ("get" if op == GET else "put", e))
+            finally:
+                for i in range(n):
+                    r = res[i] if res is not None and i < len(res) else \
+                        (-errno.EAGAIN if op == GET else -1)
+                    self.lib.kvr_done(self.h, op, jobs[i].entry, int(r))
+
+    def get_batch(self, jobs, n, keys):
+        if n == 1:
+            res = [self.store.get_into(keys[0], jobs[0].staging, jobs[0].len)]
+        else:
+            res = self.store.batch_get_into(keys, [jobs[i].staging for i in range(n)],
+                                            [jobs[i].len for i in range(n)])
+        out = []
+        for i in range(n):
+            r = int(res[i])
+            if r == jobs[i].len:
+                out.append(r)
+            elif r in (OBJECT_NOT_FOUND, REPLICA_IS_NOT_READY):
+                out.append(-errno.ENOENT)  # not there, or another node's put in flight
+            else:
+                if r >= 0:
+                    say("len", "the pool gave %d bytes for %d of %s: not used"
+                        % (r, jobs[i].len, keys[i]))
+                else:
+                    self.failed("a get", r)
+                out.append(-errno.EIO)
+        return out
+
+    def put_batch(self, jobs, n, keys):
+        """One is_exist and one put RPC round for all the offers taken at once."""
+        there = self.store.batch_is_exist(keys)
+        todo = [i for i in range(n) if there[i] != 1]
+        res = self.store.batch_put_from([keys[i] for i in todo],
+                                        [jobs[i].staging for i in todo],
+                                        [jobs[i].len for i in todo], self.rcfg) if todo else []
+        put = dict(zip(todo, res))
+        out = []
+        for i in range(n):
+            r = int(put.get(i, 1))  # 1: the pool had it already
+            if r < 0 and r != NO_AVAILABLE_HANDLE:  # a full pool is an ordinary drop
+                self.failed("a put", r)
+            out.append(0 if r == 1 else jobs[i].len if r == 0 else -1)
+        return out
 
     def speeds(self):
         v = [ctypes.c_uint64() for _ in range(4)]
@@ -240,7 +244,8 @@ class Helper:
         Both speeds as the node's loads saw them (the region's totals, every process's):
         storage's bytes over the wall time of the pieces that read them (storage_wall_ns),
         the pool's over the time owners waited for it (remote_ns).  Each is judged on at
-        least 4 MiB since it was last judged; one not measured lately keeps its last figure.
+        least 4 MiB since it was last judged (the pool also on a second of waiting, whatever
+        it gave); one not measured lately keeps its last figure.
         """
         if self.route == ROUTE_BROKEN:
             if self.breaker.is_open():
@@ -251,8 +256,10 @@ class Helper:
             return seen
         for k in (0, 2):  # (bytes, ns) of storage, then of the pool
             db, dn = now[k] - seen["at"][k], now[k + 1] - seen["at"][k + 1]
-            if db >= (4 << 20) and dn > 0:
-                seen["ns_per_byte"][k // 2] = dn / db
+            # Judged on 4 MiB, or for the pool on a second of waiting whatever it gave: a
+            # pool that only times out must look slow, not unmeasured.
+            if (db >= (4 << 20) or (k == 2 and dn >= 1000000000)) and dn > 0:
+                seen["ns_per_byte"][k // 2] = dn / max(db, 1 << 20)
                 seen["at"][k], seen["at"][k + 1] = now[k], now[k + 1]
         storage, pool = seen["ns_per_byte"]
         if storage and pool:
@@ -282,25 +289,32 @@ def main():
     if helper.connect() is None:
         lib.kvr_close(h)
         return 1
-    threads = [threading.Thread(target=helper.gets, name="gets", daemon=True),
-               threading.Thread(target=helper.puts, name="puts", daemon=True)]
+    threads = [threading.Thread(target=helper.serve, args=(GET, BATCH, helper.get_batch),
+                                name="gets", daemon=True),
+               threading.Thread(target=helper.serve, args=(PUT, PUT_BATCH, helper.put_batch),
+                                name="puts", daemon=True)]
     for t in threads:
         t.start()
     print("kvshim: remote: serving %s for region %s through %s"
           % (helper.setting("ring"), helper.setting("cache.name"),
              helper.setting("remote.master")), file=sys.stderr, flush=True)
     seen = {"at": helper.speeds() or [0, 0, 0, 0], "ns_per_byte": [0.0, 0.0]}
+    status = 0
     while not stop.wait(1.0):
+        if not all(t.is_alive() for t in threads):
+            say("thread", "a worker thread of the helper died: leaving (restart it)")
+            status = 1
+            break
         seen = helper.steer(seen)
-    lib.kvr_route(h, ROUTE_BROKEN)  # nobody asks from here on
+    # Engines stop asking now.  Nothing is closed: a thread may still be inside the pool's
+    # client, writing a staging buffer; the process's exit ends them all at once, and only
+    # then does the kernel drop the helper's lock, so no other helper can take the ring over
+    # while a transfer of this one could still land (remote/ring.c, "Crashes").
+    lib.kvr_leave(h)
     for t in threads:
-        t.join(timeout=5)
-    lib.kvr_close(h)  # the beat stops: engines that were asking go to storage
-    try:
-        helper.store.close()
-    except Exception:
-        pass
-    return 0
+        t.join(timeout=2)
+    sys.stderr.flush()
+    os._exit(status)
 
 
 if __name__ == "__main__":

@@ -29,12 +29,18 @@
  *	ABANDONED --helper, CAS------------> FREE      (when its late answer comes)
  *	DONE      --engine, store----------> FREE      (after copying staging out)
  *
+ *	DONE      --engine, store----------> ABANDONED (an error answered: see below)
+ *
  * Staging buffer i is written only by the helper, and only while entry i is BUSY; it is read
  * by the engine only while the entry is DONE under its own tid (a get), or by the helper while
  * BUSY (a put: the helper copied the shard there itself).  An abandoned get's transfer may
  * still land in staging after its engine went back to storage: nobody reads it, and the entry
- * is not free until the helper has answered.  The bytes in a region slot are only ever written
- * by the slot's owner (the engine), so a late transfer can never land in a slot that was
+ * is not free until the helper has answered.  A get that failed (an error, a short length: not
+ * a miss) may have left a transfer running that the pool's client gave up on, which could still
+ * write the buffer: the engine leaves such an entry ABANDONED instead of FREE, and the helper
+ * frees it only hold_ns after its answer (kvs_ring_set_hold: longer than the client's own
+ * transfer bound), in kvs_ring_done or a later beat.  The bytes in a region slot are only ever
+ *written by the slot's owner (the engine), so a late transfer can never land in a slot that was
  * reused.  That is why gets land in staging and not in the region, also when a future
  * zero-copy mode registers the region: it would have to keep this rule by pinning.
  *
@@ -81,6 +87,7 @@
 #include <limits.h>
 #include <stdatomic.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 #include <sys/file.h>
 #include <sys/mman.h>
@@ -129,6 +136,8 @@ _Static_assert(sizeof(struct ring_head) <= 4096, "the header fits its page");
 
 struct kvs_ring {
 	struct ring_head *h;
+	uint64_t *hold;	  /* the helper's: entry i is not freed before hold[i] (kvs_mono_ns) */
+	uint64_t hold_ns; /* how long after a failed get its buffer stays out of use */
 	struct ring_ent *ent;
 	char *stage;
 	size_t size;
@@ -191,7 +200,9 @@ int kvs_ring_map(const char *path, uint64_t shard_size, uint32_t mode, struct kv
 	static struct kvs_ring pool[8]; /* no allocation on a read's path: a few maps per process */
 	static _Atomic uint32_t used;
 	struct kvs_ring m = {0};
-	int fd = kvs_cache_open_file(path, O_RDWR, mode, msg, sizeof(msg));
+	/* Above the program's numbers: this runs on a read's path, and a program that closes
+	 * and reopens numbers meanwhile must not lose one to our close. */
+	int fd = kvs_fd_move_high(kvs_cache_open_file(path, O_RDWR, mode, msg, sizeof(msg)));
 
 	if (fd < 0)
 		return fd;
@@ -331,8 +342,14 @@ int kvs_ring_wait(struct kvs_ring *r, struct kvs_ring_ticket *t, uint64_t deadli
 				*staging = r->stage + (size_t)t->entry * r->h->shard_size;
 				return KVS_RING_HIT;
 			}
-			atomic_store_explicit(&e->word, ST_FREE, memory_order_release);
-			return res == -ENOENT ? KVS_RING_MISS : KVS_RING_ERROR;
+			if (res == -ENOENT) {
+				atomic_store_explicit(&e->word, ST_FREE, memory_order_release);
+				return KVS_RING_MISS;
+			}
+			/* A failed transfer may still write its buffer: the helper frees it. */
+			atomic_store_explicit(&e->word, word_of(tid, ST_ABANDONED),
+					      memory_order_release);
+			return KVS_RING_ERROR;
 		}
 		if (w != word_of(tid, ST_POSTED) && w != word_of(tid, ST_BUSY))
 			return KVS_RING_ERROR; /* not ours any more (a beat thought us dead) */
@@ -405,6 +422,8 @@ static void take_over(struct kvs_ring *r)
 			if (st == ST_BUSY && e->op == KVS_RING_GET) {
 				atomic_store_explicit(&e->result, -EIO, memory_order_relaxed);
 				to = (w & ~(uint32_t)ST_MASK) | ST_DONE;
+				r->hold[i] = 1; /* an error: its engine leaves it ABANDONED, for a
+						 * beat to free (its helper is dead: no hold) */
 			} else if (st == ST_BUSY || st == ST_ABANDONED) {
 				to = ST_FREE;
 			} else {
@@ -432,6 +451,11 @@ int kvs_ring_create(const char *path, uint32_t nent, uint64_t shard_size, uint32
 		int r = map_fd(fd, shard_size, &ring);
 		kvs_sys_close(fd);
 		if (r == 0 && ring.h->nent == nent) {
+			ring.hold = calloc(nent, sizeof(*ring.hold));
+			if (!ring.hold) {
+				kvs_ring_unmap(&ring);
+				return -ENOMEM;
+			}
 			take_over(&ring);
 			kvs_ring_set_route(&ring, KVS_ROUTE_ASK);
 			ring.h->helper_pid = (int32_t)getpid();
@@ -486,7 +510,13 @@ int kvs_ring_create(const char *path, uint32_t nent, uint64_t shard_size, uint32
 		kvs_syscall(SYS_unlink, tmp);
 		return -e;
 	}
+	uint64_t *hold = calloc(nent, sizeof(*hold));
+	if (!hold) {
+		kvs_sys_munmap(p, size);
+		return -ENOMEM;
+	}
 	ring = (struct kvs_ring){.h = h,
+				 .hold = hold,
 				 .ent = (struct ring_ent *)((char *)p + 4096),
 				 .stage = (char *)p + off_stage,
 				 .size = size,
@@ -498,14 +528,39 @@ int kvs_ring_create(const char *path, uint32_t nent, uint64_t shard_size, uint32
 
 int kvs_ring_beat(struct kvs_ring *r, kvs_ring_still_fn still, void *arg)
 {
-	int freed = 0;
-
 	atomic_store_explicit(&r->h->beat, kvs_node_ns(), memory_order_release);
+	return kvs_ring_reclaim(r, still, arg);
+}
+
+void kvs_ring_set_hold(struct kvs_ring *r, uint64_t ns)
+{
+	r->hold_ns = ns;
+}
+
+int kvs_ring_reclaim(struct kvs_ring *r, kvs_ring_still_fn still, void *arg)
+{
+	int freed = 0;
+	uint64_t now = kvs_mono_ns();
+
 	for (uint32_t i = 0; i < r->h->nent; i++) {
 		struct ring_ent *e = &r->ent[i];
 		uint32_t w = atomic_load_explicit(&e->word, memory_order_acquire);
 		uint32_t st = w & ST_MASK;
 
+		if (r->hold && r->hold[i]) { /* a failed get's buffer, out of use until then */
+			if (now < r->hold[i] || (st != ST_ABANDONED && st != ST_DONE))
+				continue;
+			/* ABANDONED: its engine left it to us.  DONE: its engine has not seen
+			 * the error yet; freed below only if the engine is gone. */
+			if (st == ST_ABANDONED) {
+				r->hold[i] = 0;
+				if (atomic_compare_exchange_strong_explicit(&e->word, &w, ST_FREE,
+									    memory_order_acq_rel,
+									    memory_order_relaxed))
+					freed++;
+				continue;
+			}
+		}
 		/* Not CLAIMED: its owner field may still name the entry's previous owner until
 		 * the claimer has written it, and a dead previous owner would free a live claim. */
 		if (st != ST_POSTED && st != ST_DONE)
@@ -515,8 +570,11 @@ int kvs_ring_beat(struct kvs_ring *r, kvs_ring_still_fn still, void *arg)
 		if (still(arg, &o))
 			continue;
 		if (atomic_compare_exchange_strong_explicit(
-			&e->word, &w, ST_FREE, memory_order_acq_rel, memory_order_relaxed))
+			&e->word, &w, ST_FREE, memory_order_acq_rel, memory_order_relaxed)) {
+			if (r->hold)
+				r->hold[i] = 0;
 			freed++;
+		}
 	}
 	return freed;
 }
@@ -552,6 +610,9 @@ int kvs_ring_take(struct kvs_ring *r, unsigned op, struct kvs_ring_job *jobs, in
 				memory_order_acq_rel, memory_order_relaxed))
 				continue;
 			struct kvs_ring_job *j = &jobs[got++];
+			if (r->hold)
+				r->hold[i] =
+				    0; /* a new request: any hold of the entry had passed */
 			j->entry = i;
 			j->op = e->op;
 			j->len = e->len;
@@ -576,11 +637,16 @@ void kvs_ring_done(struct kvs_ring *r, uint32_t entry, int64_t result)
 		atomic_store_explicit(&e->word, ST_FREE, memory_order_release);
 		return;
 	}
+	bool failed = result != -ENOENT && result != (int64_t)e->len;
+	if (failed && r->hold)
+		r->hold[entry] = kvs_mono_ns() + r->hold_ns; /* kvs_ring_reclaim frees it */
 	atomic_store_explicit(&e->result, result, memory_order_relaxed);
 	for (;;) {
 		uint32_t st = w & ST_MASK;
 		uint32_t to = st == ST_BUSY ? (w & ~(uint32_t)ST_MASK) | ST_DONE : ST_FREE;
 
+		if (st == ST_ABANDONED && failed && r->hold)
+			return; /* freed after the hold */
 		if (st != ST_BUSY && st != ST_ABANDONED)
 			return; /* not the helper's (cannot happen while it holds the lock) */
 		if (atomic_compare_exchange_strong_explicit(&e->word, &w, to, memory_order_acq_rel,

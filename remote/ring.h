@@ -139,6 +139,14 @@ int kvs_ring_lock(const char *path, uint32_t mode);
  * "Crashes").  The helper calls it every KVS_RING_BEAT_NS.  Returns the entries given back. */
 int kvs_ring_beat(struct kvs_ring *r, kvs_ring_still_fn still, void *arg);
 
+/* Give back what kvs_ring_beat gives back, without beating: for a helper whose gets are stuck
+ * (engines should stop asking), which still frees what dead engines left. */
+int kvs_ring_reclaim(struct kvs_ring *r, kvs_ring_still_fn still, void *arg);
+
+/* How long the buffer of a get answered with an error stays out of use (ring.c): longer than
+ * the pool client's own bound on a transfer.  0 until set. */
+void kvs_ring_set_hold(struct kvs_ring *r, uint64_t ns);
+
 /* Say the helper is leaving: the beat is cleared, so engines stop asking at once. */
 void kvs_ring_leave(struct kvs_ring *r);
 

@@ -322,10 +322,10 @@ static void print_remote(FILE *f, const struct tool_snapshot *s)
 		asks, v[KVS_CTR_remote_misses], v[KVS_CTR_remote_errors],
 		tool_human_bytes(v[KVS_CTR_remote_published_bytes], b, sizeof(b)),
 		v[KVS_CTR_remote_dropped]);
-	if (v[KVS_CTR_remote_bytes] && v[KVS_CTR_backend_bytes])
+	if (v[KVS_CTR_remote_bytes] && v[KVS_CTR_storage_wall_bytes])
 		fprintf(f, "           as loads see them: the pool %.2f GB/s, storage %.2f GB/s\n",
 			per_load_gbs(v[KVS_CTR_remote_bytes], v[KVS_CTR_remote_ns]),
-			per_load_gbs(v[KVS_CTR_backend_bytes], v[KVS_CTR_storage_wall_ns]));
+			per_load_gbs(v[KVS_CTR_storage_wall_bytes], v[KVS_CTR_storage_wall_ns]));
 }
 
 /* One line for each way KV reads went past the cache, with its bytes: a figure of 1.0x is
