@@ -283,6 +283,30 @@ int kvs_cache_pin_ready(struct kvs_cache *c, const struct kvs_key *key, struct k
 	return r;
 }
 
+int kvs_cache_pin_loading(struct kvs_cache *c, const struct kvs_key *key, uint32_t owner,
+			  struct kvs_pin *pin)
+{
+	uint32_t b, stripe;
+	int64_t i;
+	int r = -EAGAIN;
+
+	if (c->self < 0)
+		return -EPERM;
+	i = kvs_slot_lock_find(c, key, &b, &stripe);
+	if (i < 0)
+		return (int)i;
+	if (i != KVS_NIL) {
+		struct kvs_slot *s = &c->slots[i];
+
+		/* Owned and pinned (its owner's pin): pin_found_locked only counts us in. */
+		if (st_of(load_relaxed(&s->state)) == KVS_SLOT_LOADING &&
+		    load_relaxed(&s->owner) == owner && load_relaxed(&s->refs) > 0)
+			r = pin_found_locked(c, (uint32_t)i, 0, pin);
+	}
+	kvs_stripe_unlock(c, stripe);
+	return r;
+}
+
 int kvs_cache_prealloc(struct kvs_cache *c, const struct kvs_key *key, uint32_t bytes)
 {
 	return lookup_or_insert(c, key, KVS_ALLOC_PREFETCH, bytes, 0, NULL);

@@ -363,7 +363,8 @@ static void place_pooled(struct kvs_loader *ld, const struct kvs_read *rd, struc
 {
 	struct kvs_cache *c = ld->c;
 
-	ld->copy(kvs_cache_data(c, &op->pin), src, op->size);
+	if (src) /* NULL: remote.zero_copy, the helper got them into the slot itself */
+		ld->copy(kvs_cache_data(c, &op->pin), src, op->size);
 	kvs_cache_count(c, KVS_CTR_remote_hits, 1);
 	kvs_cache_count(c, KVS_CTR_remote_bytes, op->size);
 	kvs_publish_loaded(c, &op->pin,
@@ -408,8 +409,9 @@ static void own_loads(struct kvs_loader *ld, struct kvs_task *t)
 		op->rid = shared ? &t->rid : NULL;
 		if (!ring)
 			continue;
+		struct kvs_key shard = kvs_shard_key(&rd->block, op->shard);
 		kvs_remote_key(ld->rm, &t->rid, op->shard, key, sizeof(key));
-		if (kvs_ring_get(ring, &me, key, op->size, &tk[i]) != 0)
+		if (kvs_ring_get_for(ring, &me, key, &shard, op->size, &tk[i]) != 0)
 			tk[i].entry = UINT32_MAX; /* the ring is full: storage */
 	}
 	uint64_t t0 = kvs_mono_ns(), deadline = t0 + kvs_remote_timeout_ns(ld->rm);
@@ -424,7 +426,7 @@ static void own_loads(struct kvs_loader *ld, struct kvs_task *t)
 			int a = kvs_ring_wait(ring, &tk[i], deadline, &src);
 
 			if (a == KVS_RING_HIT && kvs_cache_room(ld->c, &op->pin) >= op->size) {
-				place_pooled(ld, rd, op, src);
+				place_pooled(ld, rd, op, kvs_ring_zero_copy(ring) ? NULL : src);
 				kvs_ring_release(ring, &tk[i]);
 				kvs_remote_answered(ld->rm, true);
 				op->rid = NULL; /* it came from the pool: nothing to offer */

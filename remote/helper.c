@@ -44,7 +44,23 @@ struct kvr {
 	bool beating;
 	uint64_t bound_ns;		  /* Mooncake's bound on a transfer or an RPC */
 	_Atomic uint64_t gets_busy_since; /* kvs_mono_ns when the gets thread left kvr_take */
+	uint64_t hold_ns;		  /* a failed get's target stays out of use that long */
+	/* remote.zero_copy: the pin on each get's slot (entry-indexed), held until its transfer
+	 * is over, or until hold_ns after it failed (zc_until; the beat thread lets go). */
+	bool zero_copy;
+	pthread_mutex_t zc_mu;
+	struct kvs_pin *zc_pin;
+	uint64_t *zc_until; /* 0: none held; UINT64_MAX: held, transfer running */
 };
+
+/* Let go of entry i's slot pin if it is due (now >= its time); zc_mu held. */
+static void zc_drop_locked(struct kvr *h, uint32_t i, uint64_t now)
+{
+	if (h->zc_until[i] && now >= h->zc_until[i]) {
+		kvs_cache_release(h->c, &h->zc_pin[i]);
+		h->zc_until[i] = 0;
+	}
+}
 
 /* One job as Python sees it (ctypes.Structure of the same fields). */
 struct kvr_job {
@@ -68,6 +84,14 @@ static void *beat_main(void *arg)
 
 		/* Gets stuck in the pool's client for longer than its own bounds (a connect to a
 		 * peer that drops packets): stop beating, so that engines stop asking. */
+		if (h->zero_copy) { /* before the reclaim, which may free the entries */
+			uint64_t now = kvs_mono_ns();
+
+			pthread_mutex_lock(&h->zc_mu);
+			for (uint32_t i = 0; i < kvs_ring_entries(h->ring); i++)
+				zc_drop_locked(h, i, now);
+			pthread_mutex_unlock(&h->zc_mu);
+		}
 		if (busy && kvs_mono_ns() - busy > 2 * h->bound_ns + KVS_RING_DEAD_NS)
 			kvs_ring_reclaim(h->ring, still, h->c);
 		else
@@ -140,7 +164,21 @@ KVR_API struct kvr *kvr_open(char *msg, size_t msglen)
 		goto fail;
 	/* Mooncake's transfer and RPC bounds, as kvshim_remote.py sets them: whole seconds. */
 	h->bound_ns = ((h->cfg->remote_timeout_ms + 999) / 1000) * 1000000000ull;
-	kvs_ring_set_hold(h->ring, 2 * h->bound_ns + 1000000000ull);
+	h->hold_ns = 2 * h->bound_ns + 1000000000ull;
+	kvs_ring_set_hold(h->ring, h->hold_ns);
+	h->zero_copy = h->cfg->remote_zero_copy;
+	if (h->zero_copy) {
+		uint32_t n = kvs_ring_entries(h->ring);
+
+		h->zc_pin = calloc(n, sizeof(*h->zc_pin));
+		h->zc_until = calloc(n, sizeof(*h->zc_until));
+		pthread_mutex_init(&h->zc_mu, NULL);
+		if (!h->zc_pin || !h->zc_until) {
+			snprintf(msg, msglen, "out of memory");
+			goto fail;
+		}
+	}
+	kvs_ring_set_zero_copy(h->ring, h->zero_copy);
 	kvs_ring_beat(h->ring, still, h->c); /* engines may ask from now on */
 	if (pthread_create(&h->beat, NULL, beat_main, h) != 0) {
 		snprintf(msg, msglen, "cannot start the heartbeat thread");
@@ -180,6 +218,18 @@ KVR_API int kvr_setting(struct kvr *h, const char *name, char *out, size_t len)
 	return 0;
 }
 
+/* The region's data frames, to register with the pool under remote.zero_copy (0 otherwise). */
+KVR_API void kvr_region(struct kvr *h, uint64_t *base, uint64_t *len)
+{
+	void *b = NULL;
+	size_t n = 0;
+
+	if (h->zero_copy)
+		kvs_cache_data_region(h->c, &b, &n);
+	*base = (uint64_t)(uintptr_t)b;
+	*len = n;
+}
+
 KVR_API void kvr_staging(struct kvr *h, uint64_t *base, uint64_t *len)
 {
 	void *b;
@@ -213,6 +263,34 @@ static bool stage_put(struct kvr *h, const struct kvs_ring_job *j)
 }
 
 /*
+ * remote.zero_copy: pin the get's slot while its owner still loads it, and aim the transfer
+ * there.  The pin keeps the slot from being reused under a transfer that lands late, whatever
+ * the owner does meanwhile (it may give up at its deadline and read storage into the same
+ * slot: the same key, the same bytes).  False: the owner is not loading it any more.
+ */
+static bool zc_target(struct kvr *h, struct kvs_ring_job *j)
+{
+	uint32_t e = j->entry;
+	struct kvs_pin pin;
+
+	if (kvs_cache_pin_loading(h->c, &j->key, j->owner.slot, &pin) != KVS_PIN_WAIT)
+		return false;
+	if (kvs_cache_room(h->c, &pin) < j->len) {
+		kvs_cache_release(h->c, &pin);
+		return false;
+	}
+	pthread_mutex_lock(&h->zc_mu);
+	/* The entry was freed after its last hold: a pin still held from then is due. */
+	if (h->zc_until[e])
+		zc_drop_locked(h, e, UINT64_MAX - 1);
+	h->zc_pin[e] = pin;
+	h->zc_until[e] = UINT64_MAX;
+	pthread_mutex_unlock(&h->zc_mu);
+	j->staging = kvs_cache_data(h->c, &pin);
+	return true;
+}
+
+/*
  * Take up to n posted requests of op (1 get, 2 put), waiting up to timeout_ms for one.  Puts
  * come back staged; one that could not be staged is dropped and counted here.  Returns the
  * count of jobs filled.  Call with the GIL released (ctypes does).
@@ -235,6 +313,10 @@ KVR_API int kvr_take(struct kvr *h, int op, struct kvr_job *jobs, int n, uint32_
 			kvs_ring_done(h->ring, j[i].entry, 0);
 			continue;
 		}
+		if (op == KVS_RING_GET && h->zero_copy && !zc_target(h, &j[i])) {
+			kvs_ring_done(h->ring, j[i].entry, -ENOENT); /* no transfer started */
+			continue;
+		}
 		jobs[out].entry = j[i].entry;
 		jobs[out].len = j[i].len;
 		jobs[out].staging = (uint64_t)(uintptr_t)j[i].staging;
@@ -252,6 +334,18 @@ KVR_API void kvr_done(struct kvr *h, int op, uint32_t entry, int64_t result)
 		kvs_cache_count(h->c, KVS_CTR_remote_published_bytes, (uint64_t)result);
 	else if (op == KVS_RING_PUT && result < 0)
 		kvs_cache_count(h->c, KVS_CTR_remote_dropped, 1);
+	if (op == KVS_RING_GET && h->zero_copy) {
+		uint32_t len = 0;
+		bool over =
+		    result == -ENOENT ||
+		    (result > 0 && kvs_ring_len(h->ring, entry, &len) && result == (int64_t)len);
+
+		pthread_mutex_lock(&h->zc_mu);
+		if (h->zc_until[entry] == UINT64_MAX) /* over: let go now; failed: after the hold */
+			h->zc_until[entry] = over ? 1 : kvs_mono_ns() + h->hold_ns;
+		zc_drop_locked(h, entry, kvs_mono_ns());
+		pthread_mutex_unlock(&h->zc_mu);
+	}
 	kvs_ring_done(h->ring, entry, result);
 }
 

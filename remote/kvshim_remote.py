@@ -70,6 +70,7 @@ def load(path):
                                 ctypes.c_size_t]
     lib.kvr_staging.argtypes = [ctypes.c_void_p, ctypes.POINTER(ctypes.c_uint64),
                                 ctypes.POINTER(ctypes.c_uint64)]
+    lib.kvr_region.argtypes = lib.kvr_staging.argtypes
     lib.kvr_take.argtypes = [ctypes.c_void_p, ctypes.c_int, ctypes.POINTER(Job), ctypes.c_int,
                              ctypes.c_uint32]
     lib.kvr_done.argtypes = [ctypes.c_void_p, ctypes.c_int, ctypes.c_uint32, ctypes.c_int64]
@@ -150,6 +151,14 @@ class Helper:
         if rc != 0:
             say("register", "cannot register the staging memory with Mooncake (%d)" % rc)
             return None
+        self.lib.kvr_region(self.h, ctypes.byref(base), ctypes.byref(length))
+        if length.value:  # remote.zero_copy: the region itself, readable and writable by peers
+            rc = store.register_buffer(base.value, length.value)
+            if rc != 0:
+                say("register", "cannot register the region with Mooncake (%d)" % rc)
+                return None
+            say("zero", "remote.zero_copy: the region is registered with the pool: every peer "
+                "of the fabric can read and write it")
         self.rcfg = ReplicateConfig()
         self.rcfg.replica_num = 1
         self.rcfg.preferred_segments = [store.get_hostname()]

@@ -39,10 +39,11 @@
  * a miss) may have left a transfer running that the pool's client gave up on, which could still
  * write the buffer: the engine leaves such an entry ABANDONED instead of FREE, and the helper
  * frees it only hold_ns after its answer (kvs_ring_set_hold: longer than the client's own
- * transfer bound), in kvs_ring_done or a later beat.  The bytes in a region slot are only ever
- *written by the slot's owner (the engine), so a late transfer can never land in a slot that was
- * reused.  That is why gets land in staging and not in the region, also when a future
- * zero-copy mode registers the region: it would have to keep this rule by pinning.
+ * transfer bound), in kvs_ring_done or a later beat.  By default the bytes in a region slot
+ * are only ever written by the slot's owner (the engine), so a late transfer can never land
+ * in a slot that was reused.  Under remote.zero_copy (the header's zero_copy) the helper gets
+ * into the owner's slot instead, and keeps the rule by pinning it (remote/helper.c,
+ * zc_target): while its owner loads it, until the transfer is over or its hold has passed.
  *
  * The tid makes each word unique to one thread's request: an engine that gave up and finds the
  * word changed (another thread's request, a helper's restart) walks away without touching it.
@@ -119,6 +120,7 @@ struct ring_head {
 	_Atomic uint32_t route;
 	int32_t helper_pid;
 	_Atomic uint32_t bell[3]; /* by enum kvs_ring_op */
+	uint32_t zero_copy;	  /* gets land in the owner's slot, not in staging */
 };
 
 struct ring_ent {
@@ -314,12 +316,21 @@ static int64_t claim_for(struct kvs_ring *r, uint32_t tid, uint32_t op,
 int kvs_ring_get(struct kvs_ring *r, const struct kvs_ring_owner *o, const char *key, uint32_t len,
 		 struct kvs_ring_ticket *t)
 {
+	static const struct kvs_key none;
+
+	return kvs_ring_get_for(r, o, key, &none, len, t);
+}
+
+int kvs_ring_get_for(struct kvs_ring *r, const struct kvs_ring_owner *o, const char *key,
+		     const struct kvs_key *shard, uint32_t len, struct kvs_ring_ticket *t)
+{
 	uint32_t tid = my_tid();
 	int64_t i = claim_for(r, tid, KVS_RING_GET, o, key, len);
 
 	t->entry = UINT32_MAX;
 	if (i < 0)
 		return (int)i;
+	r->ent[i].key = *shard;
 	post(r, (uint32_t)i, tid, KVS_RING_GET);
 	*t = (struct kvs_ring_ticket){
 	    .entry = (uint32_t)i, .word = word_of(tid, ST_POSTED), .len = len};
@@ -584,6 +595,16 @@ void kvs_ring_leave(struct kvs_ring *r)
 	atomic_store_explicit(&r->h->beat, 0, memory_order_release);
 }
 
+bool kvs_ring_zero_copy(const struct kvs_ring *r)
+{
+	return r->h->zero_copy != 0;
+}
+
+void kvs_ring_set_zero_copy(struct kvs_ring *r, bool on)
+{
+	r->h->zero_copy = on;
+}
+
 void kvs_ring_set_route(struct kvs_ring *r, int route)
 {
 	atomic_store_explicit(&r->h->route, (uint32_t)route, memory_order_relaxed);
@@ -614,6 +635,7 @@ int kvs_ring_take(struct kvs_ring *r, unsigned op, struct kvs_ring_job *jobs, in
 				r->hold[i] =
 				    0; /* a new request: any hold of the entry had passed */
 			j->entry = i;
+			j->owner = e->owner;
 			j->op = e->op;
 			j->len = e->len;
 			j->key = e->key;
@@ -660,6 +682,14 @@ void kvs_ring_staging(const struct kvs_ring *r, void **base, size_t *len)
 {
 	*base = r->stage;
 	*len = (size_t)r->h->nent * r->h->shard_size;
+}
+
+bool kvs_ring_len(const struct kvs_ring *r, uint32_t entry, uint32_t *len)
+{
+	if (entry >= r->h->nent)
+		return false;
+	*len = r->ent[entry].len;
+	return true;
 }
 
 uint32_t kvs_ring_entries(const struct kvs_ring *r)

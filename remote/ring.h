@@ -101,6 +101,16 @@ bool kvs_ring_replaced(const struct kvs_ring *r, const char *path);
 int kvs_ring_get(struct kvs_ring *r, const struct kvs_ring_owner *o, const char *key, uint32_t len,
 		 struct kvs_ring_ticket *t);
 
+/* kvs_ring_get with the region's key of the shard, for a helper that gets straight into the
+ * owner's slot (kvs_ring_zero_copy). */
+int kvs_ring_get_for(struct kvs_ring *r, const struct kvs_ring_owner *o, const char *key,
+		     const struct kvs_key *shard, uint32_t len, struct kvs_ring_ticket *t);
+
+/* Does the helper get into owners' slots (remote.zero_copy) rather than into staging?  Then a
+ * hit's bytes are in the slot already.  Set by the helper before its first beat. */
+bool kvs_ring_zero_copy(const struct kvs_ring *r);
+void kvs_ring_set_zero_copy(struct kvs_ring *r, bool on);
+
 /*
  * Wait for t's answer until deadline_ns (kvs_mono_ns's clock).  On KVS_RING_HIT, *staging is
  * the entry's buffer, holding the bytes, and stays the caller's until kvs_ring_release(t); on
@@ -157,7 +167,8 @@ struct kvs_ring_job {
 	uint32_t entry;
 	uint32_t op; /* enum kvs_ring_op */
 	uint32_t len;
-	struct kvs_key key; /* KVS_RING_PUT: the region's shard */
+	struct kvs_ring_owner owner;
+	struct kvs_key key; /* the region's shard (a get's: zero unless kvs_ring_get_for) */
 	char rkey[KVS_RING_KEY_MAX];
 	void *staging; /* the entry's buffer */
 };
@@ -178,5 +189,8 @@ void kvs_ring_done(struct kvs_ring *r, uint32_t entry, int64_t result);
 void kvs_ring_staging(const struct kvs_ring *r, void **base, size_t *len);
 
 uint32_t kvs_ring_entries(const struct kvs_ring *r);
+
+/* The length a taken entry asks for (the helper's). */
+bool kvs_ring_len(const struct kvs_ring *r, uint32_t entry, uint32_t *len);
 
 #endif

@@ -207,7 +207,9 @@ b_read=$(($(count "$work/count_b") - b0))
 hits=$(stat b remote_bytes)
 if [ $st -ne 0 ]; then
 	fail "node B's load from the pool: $(head -c 300 "$work/err")"
-elif [ "$b_read" -eq 0 ] && [ "$(stat b backend_bytes)" -eq 0 ] && [ "$hits" -eq $total ]; then
+# At least the whole set: FUSE gives no inode generation, so a shard this node first saw less
+# than files.settle ago is kept only that long, and a slow rank may load it again (from the pool).
+elif [ "$b_read" -eq 0 ] && [ "$(stat b backend_bytes)" -eq 0 ] && [ "$hits" -ge $total ]; then
 	ok "node B read 0 bytes from storage (slowfs' count, backend_bytes 0), $hits from the pool, every byte right, in $tb ms"
 else
 	fail "node B read $b_read bytes from storage (backend_bytes $(stat b backend_bytes)), $hits from the pool, for $total"
@@ -310,7 +312,7 @@ if wait_published a $((p0 + total)); then
 	evict b "$work/b/m/kv"
 	h0=$(stat b remote_bytes)
 	load b "$work/b/m/kv" 2 >/dev/null
-	if [ $? -eq 0 ] && [ $(($(stat b remote_bytes) - h0)) -eq $total ]; then
+	if [ $? -eq 0 ] && [ $(($(stat b remote_bytes) - h0)) -ge $total ]; then
 		ok "the master restarted: node A published again, node B read it all from the pool"
 	else
 		fail "after the master's restart node B got $(($(stat b remote_bytes) - h0)) bytes from the pool of $total"
@@ -324,6 +326,27 @@ evict b "$work/b/m/kv"
 killer=$!
 fault_load "node B's own helper killed mid-load" 15000
 wait $killer
+
+# 8. remote.zero_copy: B's helper registers B's region and gets straight into the slots.
+config bzc "$work/b/m" "$work/b/m/kv" mooncake false
+sed -i "s/name = ${tag}bzc/name = ${tag}b/; s/^python = /zero_copy = true\npython = /" "$work/bzc.ini"
+if helper bzc; then
+	evict b "$work/b/m/kv"
+	h0=$(stat b remote_bytes)
+	b0=$(count "$work/count_b")
+	load b "$work/b/m/kv" 2 >/dev/null
+	st=$?
+	got=$(($(stat b remote_bytes) - h0))
+	read_b=$(($(count "$work/count_b") - b0))
+	if [ $st -eq 0 ] && [ $got -ge $total ] && [ $read_b -eq 0 ] &&
+		grep -q "the region is registered with the pool" "$work/hbzc.log"; then
+		ok "remote.zero_copy: node B got all $got bytes straight into its slots, 0 from storage, every byte right"
+	else
+		fail "remote.zero_copy: status $st, $got of $total bytes from the pool, $read_b from storage: $(head -c 300 "$work/err") $(tail -c 300 "$work/hbzc.log")"
+	fi
+else
+	fail "remote.zero_copy: the helper did not start"
+fi
 
 # ---------------------------------------------------------------- the kernel's count
 img=$work/kv.img
