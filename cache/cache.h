@@ -265,12 +265,13 @@ int kvs_cache_pin_load(struct kvs_cache *c, const struct kvs_key *key, enum kvs_
  * or -EUCLEAN.  The calling-thread fast path of the loader. */
 int kvs_cache_pin_ready(struct kvs_cache *c, const struct kvs_key *key, struct kvs_pin *pin);
 
-/* Pin key only while it is LOADING under owner (a process-table slot: kvs_cache_whoami) and
- * pinned by it (KVS_PIN_WAIT); never allocates or elects.  -EAGAIN otherwise.  For the remote
- * helper's zero-copy gets: its pin keeps the slot from being reused under a transfer that
- * lands late, whatever its owner does meanwhile (remote/ring.c). */
+/* Pin slot `slot` only while it is key's, LOADING under owner (a process-table slot:
+ * kvs_cache_whoami) and pinned by it (KVS_PIN_WAIT); never allocates or elects.  -EAGAIN
+ * otherwise: another slot of key (the owner's expired and was loaded anew), another owner,
+ * another state.  For the remote helper's zero-copy gets: its pin keeps the slot from being
+ * reused under a transfer that lands late, whatever its owner does meanwhile (remote/ring.c). */
 int kvs_cache_pin_loading(struct kvs_cache *c, const struct kvs_key *key, uint32_t owner,
-			  struct kvs_pin *pin);
+			  uint32_t slot, struct kvs_pin *pin);
 
 /* Drop a pin.  The last pin of a FAILED slot sends it back to LOADING (the next pinner owns the
  * retry); the last pin of an invalidated slot frees it.  A release whose stripe lock is stuck

@@ -284,7 +284,7 @@ int kvs_cache_pin_ready(struct kvs_cache *c, const struct kvs_key *key, struct k
 }
 
 int kvs_cache_pin_loading(struct kvs_cache *c, const struct kvs_key *key, uint32_t owner,
-			  struct kvs_pin *pin)
+			  uint32_t slot, struct kvs_pin *pin)
 {
 	uint32_t b, stripe;
 	int64_t i;
@@ -295,7 +295,7 @@ int kvs_cache_pin_loading(struct kvs_cache *c, const struct kvs_key *key, uint32
 	i = kvs_slot_lock_find(c, key, &b, &stripe);
 	if (i < 0)
 		return (int)i;
-	if (i != KVS_NIL) {
+	if (i != KVS_NIL && (uint32_t)i == slot) {
 		struct kvs_slot *s = &c->slots[i];
 
 		/* Owned and pinned (its owner's pin): pin_found_locked only counts us in. */

@@ -411,10 +411,11 @@ static void own_loads(struct kvs_loader *ld, struct kvs_task *t)
 			continue;
 		struct kvs_key shard = kvs_shard_key(&rd->block, op->shard);
 		kvs_remote_key(ld->rm, &t->rid, op->shard, key, sizeof(key));
-		if (kvs_ring_get_for(ring, &me, key, &shard, op->size, &tk[i]) != 0)
+		if (kvs_ring_get_for(ring, &me, key, &shard, op->pin.slot, op->size, &tk[i]) != 0)
 			tk[i].entry = UINT32_MAX; /* the ring is full: storage */
 	}
 	uint64_t t0 = kvs_mono_ns(), deadline = t0 + kvs_remote_timeout_ns(ld->rm);
+	bool answered = false, asked_failed = false;
 	for (uint32_t k = 0; k < t->nops; k++) {
 		uint32_t i = t->order[k];
 		struct kvs_op *op = &t->ops[i];
@@ -428,13 +429,14 @@ static void own_loads(struct kvs_loader *ld, struct kvs_task *t)
 			if (a == KVS_RING_HIT && kvs_cache_room(ld->c, &op->pin) >= op->size) {
 				place_pooled(ld, rd, op, kvs_ring_zero_copy(ring) ? NULL : src);
 				kvs_ring_release(ring, &tk[i]);
-				kvs_remote_answered(ld->rm, true);
+				answered = true;
 				op->rid = NULL; /* it came from the pool: nothing to offer */
 				continue;
 			}
 			if (a == KVS_RING_HIT)
 				kvs_ring_release(ring, &tk[i]);
-			kvs_remote_answered(ld->rm, a == KVS_RING_MISS);
+			answered |= a == KVS_RING_HIT || a == KVS_RING_MISS;
+			asked_failed |= a != KVS_RING_HIT && a != KVS_RING_MISS;
 			kvs_cache_count(
 			    ld->c,
 			    a == KVS_RING_MISS ? KVS_CTR_remote_misses : KVS_CTR_remote_errors, 1);
@@ -443,6 +445,10 @@ static void own_loads(struct kvs_loader *ld, struct kvs_task *t)
 	}
 	if (ring)
 		kvs_cache_count(ld->c, KVS_CTR_remote_ns, kvs_mono_ns() - t0);
+	/* Once per piece: its shards share one deadline, and a piece that timed out is one
+	 * failure of the helper, not one per shard. */
+	if (answered || asked_failed)
+		kvs_remote_answered(ld->rm, answered);
 }
 
 /* The first half of a piece, step one: lay it out and serve every shard that is READY now

@@ -70,10 +70,10 @@ bool kvs_remote_ident(struct kvs_remote *rm, const struct kvs_read *rd, struct k
 void kvs_remote_key(const struct kvs_remote *rm, const struct kvs_rid *id, uint64_t shard,
 		    char *out, size_t len);
 
-/* How an ask ended: answered (a hit or a miss) or not (an error, the deadline).
- * KVS_REMOTE_QUIET_AFTER failures in a row, whatever the helper says of itself, and this
- * process asks nothing for KVS_REMOTE_QUIET_NS: a helper that beats but cannot answer costs a
- * few deadlines, not one per piece. */
+/* How a piece's asks ended: some answered (a hit or a miss), or none (errors, the deadline).
+ * KVS_REMOTE_QUIET_AFTER pieces in a row with none answered, whatever the helper says of
+ * itself, and this process asks nothing for KVS_REMOTE_QUIET_NS: a helper that beats but
+ * cannot answer costs a few deadlines, not one per piece. */
 #define KVS_REMOTE_QUIET_AFTER 3u
 #define KVS_REMOTE_QUIET_NS    2000000000ull
 void kvs_remote_answered(struct kvs_remote *rm, bool answered);

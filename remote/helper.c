@@ -273,7 +273,7 @@ static bool zc_target(struct kvr *h, struct kvs_ring_job *j)
 	uint32_t e = j->entry;
 	struct kvs_pin pin;
 
-	if (kvs_cache_pin_loading(h->c, &j->key, j->owner.slot, &pin) != KVS_PIN_WAIT)
+	if (kvs_cache_pin_loading(h->c, &j->key, j->owner.slot, j->slot, &pin) != KVS_PIN_WAIT)
 		return false;
 	if (kvs_cache_room(h->c, &pin) < j->len) {
 		kvs_cache_release(h->c, &pin);
@@ -314,7 +314,7 @@ KVR_API int kvr_take(struct kvr *h, int op, struct kvr_job *jobs, int n, uint32_
 			continue;
 		}
 		if (op == KVS_RING_GET && h->zero_copy && !zc_target(h, &j[i])) {
-			kvs_ring_done(h->ring, j[i].entry, -ENOENT); /* no transfer started */
+			kvs_ring_done(h->ring, j[i].entry, -ENOENT); /* not loading: as a miss */
 			continue;
 		}
 		jobs[out].entry = j[i].entry;
@@ -337,7 +337,7 @@ KVR_API void kvr_done(struct kvr *h, int op, uint32_t entry, int64_t result)
 	if (op == KVS_RING_GET && h->zero_copy) {
 		uint32_t len = 0;
 		bool over =
-		    result == -ENOENT ||
+		    result == -ENOENT || result == -ECANCELED ||
 		    (result > 0 && kvs_ring_len(h->ring, entry, &len) && result == (int64_t)len);
 
 		pthread_mutex_lock(&h->zc_mu);

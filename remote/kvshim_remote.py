@@ -192,15 +192,18 @@ class Helper:
             if n <= 0:
                 continue
             res = None
+            refused = self.breaker.is_open()
             try:
-                if not self.breaker.is_open():
+                if not refused:
                     res = work(jobs, n, [jobs[i].key.decode() for i in range(n)])
             except Exception as e:  # an error of the pool or its binding, never a crash
                 say("exc%d" % op, "a %s raised %r" % ("get" if op == GET else "put", e))
             finally:
                 for i in range(n):
+                    # No result: the breaker refused the batch (no transfer started:
+                    # -ECANCELED, nothing held) or work() raised (-EIO: one may have).
                     r = res[i] if res is not None and i < len(res) else \
-                        (-errno.EAGAIN if op == GET else -1)
+                        -1 if op == PUT else -errno.ECANCELED if refused else -errno.EIO
                     self.lib.kvr_done(self.h, op, jobs[i].entry, int(r))
 
     def get_batch(self, jobs, n, keys):
@@ -313,6 +316,7 @@ def main():
         if not all(t.is_alive() for t in threads):
             say("thread", "a worker thread of the helper died: leaving (restart it)")
             status = 1
+            stop.set()
             break
         seen = helper.steer(seen)
     # Engines stop asking now.  Nothing is closed: a thread may still be inside the pool's

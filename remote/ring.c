@@ -126,7 +126,7 @@ struct ring_head {
 struct ring_ent {
 	_Atomic uint32_t word;
 	uint32_t op, len;
-	uint32_t pad0;
+	uint32_t slot; /* a get's: the region slot its owner loads (remote.zero_copy) */
 	struct kvs_ring_owner owner; /* 16 bytes */
 	_Atomic int64_t result;
 	struct kvs_key key;
@@ -138,14 +138,25 @@ _Static_assert(sizeof(struct ring_head) <= 4096, "the header fits its page");
 
 struct kvs_ring {
 	struct ring_head *h;
-	uint64_t *hold;	  /* the helper's: entry i is not freed before hold[i] (kvs_mono_ns) */
-	uint64_t hold_ns; /* how long after a failed get its buffer stays out of use */
+	_Atomic uint64_t *hold; /* the helper's threads': entry i not freed before hold[i] */
+	uint64_t hold_ns;	/* how long after a failed get its buffer stays out of use */
 	struct ring_ent *ent;
 	char *stage;
 	size_t size;
 	uint64_t dev, ino;
 	_Atomic uint32_t probe; /* misses seen while routed to storage */
 };
+
+static uint64_t hold_of(const struct kvs_ring *r, uint32_t i)
+{
+	return r->hold ? atomic_load_explicit(&r->hold[i], memory_order_relaxed) : 0;
+}
+
+static void set_hold(struct kvs_ring *r, uint32_t i, uint64_t v)
+{
+	if (r->hold)
+		atomic_store_explicit(&r->hold[i], v, memory_order_relaxed);
+}
 
 static uint32_t word_of(uint32_t tid, uint32_t st)
 {
@@ -318,11 +329,12 @@ int kvs_ring_get(struct kvs_ring *r, const struct kvs_ring_owner *o, const char 
 {
 	static const struct kvs_key none;
 
-	return kvs_ring_get_for(r, o, key, &none, len, t);
+	return kvs_ring_get_for(r, o, key, &none, UINT32_MAX, len, t);
 }
 
 int kvs_ring_get_for(struct kvs_ring *r, const struct kvs_ring_owner *o, const char *key,
-		     const struct kvs_key *shard, uint32_t len, struct kvs_ring_ticket *t)
+		     const struct kvs_key *shard, uint32_t slot, uint32_t len,
+		     struct kvs_ring_ticket *t)
 {
 	uint32_t tid = my_tid();
 	int64_t i = claim_for(r, tid, KVS_RING_GET, o, key, len);
@@ -331,6 +343,7 @@ int kvs_ring_get_for(struct kvs_ring *r, const struct kvs_ring_owner *o, const c
 	if (i < 0)
 		return (int)i;
 	r->ent[i].key = *shard;
+	r->ent[i].slot = slot;
 	post(r, (uint32_t)i, tid, KVS_RING_GET);
 	*t = (struct kvs_ring_ticket){
 	    .entry = (uint32_t)i, .word = word_of(tid, ST_POSTED), .len = len};
@@ -353,9 +366,9 @@ int kvs_ring_wait(struct kvs_ring *r, struct kvs_ring_ticket *t, uint64_t deadli
 				*staging = r->stage + (size_t)t->entry * r->h->shard_size;
 				return KVS_RING_HIT;
 			}
-			if (res == -ENOENT) {
+			if (res == -ENOENT || res == -ECANCELED) { /* no transfer can land late */
 				atomic_store_explicit(&e->word, ST_FREE, memory_order_release);
-				return KVS_RING_MISS;
+				return res == -ENOENT ? KVS_RING_MISS : KVS_RING_ERROR;
 			}
 			/* A failed transfer may still write its buffer: the helper frees it. */
 			atomic_store_explicit(&e->word, word_of(tid, ST_ABANDONED),
@@ -433,8 +446,9 @@ static void take_over(struct kvs_ring *r)
 			if (st == ST_BUSY && e->op == KVS_RING_GET) {
 				atomic_store_explicit(&e->result, -EIO, memory_order_relaxed);
 				to = (w & ~(uint32_t)ST_MASK) | ST_DONE;
-				r->hold[i] = 1; /* an error: its engine leaves it ABANDONED, for a
-						 * beat to free (its helper is dead: no hold) */
+				set_hold(r, i,
+					 1); /* an error: its engine leaves it ABANDONED, for
+					      * a beat to free (its helper is dead: no hold) */
 			} else if (st == ST_BUSY || st == ST_ABANDONED) {
 				to = ST_FREE;
 			} else {
@@ -521,7 +535,7 @@ int kvs_ring_create(const char *path, uint32_t nent, uint64_t shard_size, uint32
 		kvs_syscall(SYS_unlink, tmp);
 		return -e;
 	}
-	uint64_t *hold = calloc(nent, sizeof(*hold));
+	_Atomic uint64_t *hold = calloc(nent, sizeof(*hold));
 	if (!hold) {
 		kvs_sys_munmap(p, size);
 		return -ENOMEM;
@@ -557,20 +571,20 @@ int kvs_ring_reclaim(struct kvs_ring *r, kvs_ring_still_fn still, void *arg)
 		struct ring_ent *e = &r->ent[i];
 		uint32_t w = atomic_load_explicit(&e->word, memory_order_acquire);
 		uint32_t st = w & ST_MASK;
+		uint64_t hold = hold_of(r, i);
 
-		if (r->hold && r->hold[i]) { /* a failed get's buffer, out of use until then */
-			if (now < r->hold[i] || (st != ST_ABANDONED && st != ST_DONE))
-				continue;
-			/* ABANDONED: its engine left it to us.  DONE: its engine has not seen
-			 * the error yet; freed below only if the engine is gone. */
-			if (st == ST_ABANDONED) {
-				r->hold[i] = 0;
-				if (atomic_compare_exchange_strong_explicit(&e->word, &w, ST_FREE,
-									    memory_order_acq_rel,
-									    memory_order_relaxed))
-					freed++;
-				continue;
-			}
+		/* A failed get's buffer, out of use until its hold passes.  ABANDONED: its engine
+		 * left it to us.  DONE: its engine has not seen the error yet; freed below only if
+		 * the engine is gone.  The hold is cleared before the CAS that frees: after it, the
+		 * entry may be claimed, taken and held anew by others. */
+		if (hold && (st == ST_ABANDONED || st == ST_DONE) && now < hold)
+			continue;
+		if (hold && st == ST_ABANDONED) {
+			set_hold(r, i, 0);
+			if (atomic_compare_exchange_strong_explicit(
+				&e->word, &w, ST_FREE, memory_order_acq_rel, memory_order_relaxed))
+				freed++;
+			continue;
 		}
 		/* Not CLAIMED: its owner field may still name the entry's previous owner until
 		 * the claimer has written it, and a dead previous owner would free a live claim. */
@@ -580,12 +594,13 @@ int kvs_ring_reclaim(struct kvs_ring *r, kvs_ring_still_fn still, void *arg)
 
 		if (still(arg, &o))
 			continue;
+		/* A dead engine moves its entry no more: a DONE entry's hold is ours to clear; a
+		 * POSTED one's is never touched (it was cleared when the entry was last freed). */
+		if (st == ST_DONE)
+			set_hold(r, i, 0);
 		if (atomic_compare_exchange_strong_explicit(
-			&e->word, &w, ST_FREE, memory_order_acq_rel, memory_order_relaxed)) {
-			if (r->hold)
-				r->hold[i] = 0;
+			&e->word, &w, ST_FREE, memory_order_acq_rel, memory_order_relaxed))
 			freed++;
-		}
 	}
 	return freed;
 }
@@ -631,11 +646,10 @@ int kvs_ring_take(struct kvs_ring *r, unsigned op, struct kvs_ring_job *jobs, in
 				memory_order_acq_rel, memory_order_relaxed))
 				continue;
 			struct kvs_ring_job *j = &jobs[got++];
-			if (r->hold)
-				r->hold[i] =
-				    0; /* a new request: any hold of the entry had passed */
+			set_hold(r, i, 0); /* a new request: any hold of the entry had passed */
 			j->entry = i;
 			j->owner = e->owner;
+			j->slot = e->slot;
 			j->op = e->op;
 			j->len = e->len;
 			j->key = e->key;
@@ -659,9 +673,10 @@ void kvs_ring_done(struct kvs_ring *r, uint32_t entry, int64_t result)
 		atomic_store_explicit(&e->word, ST_FREE, memory_order_release);
 		return;
 	}
-	bool failed = result != -ENOENT && result != (int64_t)e->len;
+	/* -ECANCELED: answered before any transfer started; nothing can land late. */
+	bool failed = result != -ENOENT && result != -ECANCELED && result != (int64_t)e->len;
 	if (failed && r->hold)
-		r->hold[entry] = kvs_mono_ns() + r->hold_ns; /* kvs_ring_reclaim frees it */
+		set_hold(r, entry, kvs_mono_ns() + r->hold_ns); /* kvs_ring_reclaim frees it */
 	atomic_store_explicit(&e->result, result, memory_order_relaxed);
 	for (;;) {
 		uint32_t st = w & ST_MASK;

@@ -101,10 +101,11 @@ bool kvs_ring_replaced(const struct kvs_ring *r, const char *path);
 int kvs_ring_get(struct kvs_ring *r, const struct kvs_ring_owner *o, const char *key, uint32_t len,
 		 struct kvs_ring_ticket *t);
 
-/* kvs_ring_get with the region's key of the shard, for a helper that gets straight into the
- * owner's slot (kvs_ring_zero_copy). */
+/* kvs_ring_get with the region's key of the shard and the slot its owner loads it in (its
+ * pin's), for a helper that gets straight into that slot (kvs_ring_zero_copy). */
 int kvs_ring_get_for(struct kvs_ring *r, const struct kvs_ring_owner *o, const char *key,
-		     const struct kvs_key *shard, uint32_t len, struct kvs_ring_ticket *t);
+		     const struct kvs_key *shard, uint32_t slot, uint32_t len,
+		     struct kvs_ring_ticket *t);
 
 /* Does the helper get into owners' slots (remote.zero_copy) rather than into staging?  Then a
  * hit's bytes are in the slot already.  Set by the helper before its first beat. */
@@ -168,6 +169,7 @@ struct kvs_ring_job {
 	uint32_t op; /* enum kvs_ring_op */
 	uint32_t len;
 	struct kvs_ring_owner owner;
+	uint32_t slot;	    /* a get's: the slot its owner loads (UINT32_MAX unless _get_for) */
 	struct kvs_key key; /* the region's shard (a get's: zero unless kvs_ring_get_for) */
 	char rkey[KVS_RING_KEY_MAX];
 	void *staging; /* the entry's buffer */
@@ -181,8 +183,9 @@ struct kvs_ring_job {
 int kvs_ring_take(struct kvs_ring *r, unsigned op, struct kvs_ring_job *jobs, int n,
 		  uint64_t timeout_ns);
 
-/* Answer a taken entry: result is the bytes got (a get), or -errno (-ENOENT: the pool does not
- * hold the key).  A put's entry is simply given back. */
+/* Answer a taken entry: result is the bytes got (a get), or -errno: -ENOENT (the pool does
+ * not hold the key), -ECANCELED (refused before any transfer started), or another (failed:
+ * its buffer is held, ring.c).  A put's entry is simply given back. */
 void kvs_ring_done(struct kvs_ring *r, uint32_t entry, int64_t result);
 
 /* The staging memory (every entry's buffer, one range), to register with the pool. */

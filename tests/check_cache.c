@@ -267,6 +267,54 @@ static uint64_t counter_of(struct kvs_cache *c, enum kvs_counter_id id)
 /* A load kept with an expiry is served until then, dropped at the first look after it, and
  * loaded again by one pinner; pins held across it keep their bytes; a reader that comes after
  * the expiry while the load is still in flight does not join it. */
+/* kvs_cache_pin_loading: the remote helper's pin on the very slot an owner loads, and no other
+ * (remote.zero_copy).  Never allocates, never elects; a slot of the key loaded anew after the
+ * owner's expired is not the owner's. */
+START_TEST(test_pin_loading)
+{
+	struct kvs_config cfg;
+	struct kvs_pin own, zc, other, again;
+	struct kvs_key k = key_of(11, 2), missing = key_of(11, 3);
+	uint32_t me, other_owner;
+	uint64_t at;
+
+	test_config(&cfg, 8, 4096);
+	struct kvs_cache *c = open_ok(&cfg), *h = open_ok(&cfg);
+	ck_assert(kvs_cache_whoami(c, &me, &at));
+	ck_assert(kvs_cache_whoami(h, &other_owner, &at));
+	uint64_t t0 = mono_now_ns();
+	ck_assert_int_eq(kvs_cache_pin_load(c, &k, KVS_ALLOC_LOAD, 0, t0 + 200000000ull, &own),
+			 KVS_PIN_OWNER);
+	/* Not the owner, not the slot, not a key there: nothing pinned. */
+	ck_assert_int_eq(kvs_cache_pin_loading(h, &k, other_owner, own.slot, &zc), -EAGAIN);
+	ck_assert_int_eq(kvs_cache_pin_loading(h, &k, me, own.slot + 1, &zc), -EAGAIN);
+	ck_assert_int_eq(kvs_cache_pin_loading(h, &missing, me, own.slot, &zc), -EAGAIN);
+	ck_assert_int_eq(kvs_cache_lookup(h, &missing), -ENOENT); /* nothing allocated */
+	/* The owner's slot: pinned, the owner still the owner. */
+	ck_assert_int_eq(kvs_cache_pin_loading(h, &k, me, own.slot, &zc), KVS_PIN_WAIT);
+	ck_assert_uint_eq(zc.slot, own.slot);
+	load_pattern(c, &own, &k);
+	ck_assert(pattern_ok(h, &zc, &k));
+	/* READY now: not a loading slot any more. */
+	ck_assert_int_eq(kvs_cache_pin_loading(h, &k, me, own.slot, &other), -EAGAIN);
+	kvs_cache_release(h, &zc);
+	kvs_cache_release(c, &own);
+	/* Expired, then loaded anew by the same process in another slot: the old slot's number
+	 * does not pin the new one. */
+	while (mono_now_ns() < t0 + 200000000ull)
+		usleep(10000);
+	ck_assert_int_eq(kvs_cache_pin_load(c, &k, KVS_ALLOC_LOAD, 0, 0, &again), KVS_PIN_OWNER);
+	if (again.slot != own.slot)
+		ck_assert_int_eq(kvs_cache_pin_loading(h, &k, me, own.slot, &zc), -EAGAIN);
+	ck_assert_int_eq(kvs_cache_pin_loading(h, &k, me, again.slot, &zc), KVS_PIN_WAIT);
+	kvs_cache_release(h, &zc);
+	load_pattern(c, &again, &k);
+	kvs_cache_release(c, &again);
+	kvs_cache_close(h);
+	kvs_cache_close(c);
+}
+END_TEST
+
 START_TEST(test_expiry)
 {
 	struct kvs_config cfg;
@@ -3668,6 +3716,7 @@ static Suite *cache_suite(void)
 	TCase *crash = tcase_create("crash");
 
 	tcase_add_test(core, test_layout_pinned);
+	tcase_add_test(core, test_pin_loading);
 	tcase_add_test(core, test_keys_only_region);
 	tcase_add_test(core, test_tallies);
 	tcase_add_test(core, test_expiry);

@@ -440,6 +440,10 @@ START_TEST(test_get_answered)
 			ck_assert_int_eq(hcall(H_BEAT, 0, 0), 1);
 		ck_assert_uint_eq(count_free(r), NENT);
 	}
+	/* -ECANCELED (refused before any transfer started): an error, but free at once. */
+	get_ok(r, "k.refused", 1000, &t);
+	ck_assert_int_eq(answer(r, &t, 8, -ECANCELED, &s), KVS_RING_ERROR);
+	ck_assert_uint_eq(count_free(r), NENT);
 	/* With a hold, the failed get's buffer stays out of use until it passes. */
 	hcall(H_HOLD, 300, 0);
 	get_ok(r, "k.held", 1000, &t);
