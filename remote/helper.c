@@ -207,8 +207,6 @@ KVR_API int kvr_setting(struct kvr *h, const char *name, char *out, size_t len)
 		snprintf(out, len, "%llu", (unsigned long long)c->remote_segment);
 	else if (!strcmp(name, "remote.timeout_ms"))
 		snprintf(out, len, "%llu", (unsigned long long)c->remote_timeout_ms);
-	else if (!strcmp(name, "remote.publish"))
-		snprintf(out, len, "%d", c->remote_publish);
 	else if (!strcmp(name, "cache.name"))
 		snprintf(out, len, "%s", c->cache_name);
 	else if (!strcmp(name, "ring"))
@@ -238,11 +236,6 @@ KVR_API void kvr_staging(struct kvr *h, uint64_t *base, uint64_t *len)
 	kvs_ring_staging(h->ring, &b, &n);
 	*base = (uint64_t)(uintptr_t)b;
 	*len = n;
-}
-
-KVR_API uint32_t kvr_entries(struct kvr *h)
-{
-	return kvs_ring_entries(h->ring);
 }
 
 /* Copy a put's shard into its staging, if it is still READY under its key with all its bytes.

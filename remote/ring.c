@@ -10,10 +10,11 @@
  * answers there has stopped beating and the path names another file.
  *
  * The header.  Written once by the helper before the rename (magic, version, dimensions,
- * born), except three words: beat (the node's clock, kvs_node_ns, stored by the helper every
- * KVS_RING_BEAT_NS; 0 when it left), route (enum kvs_ring_route, the helper's) and the bells
- * (one per op, incremented by an engine after each post, futex-woken; the helper sleeps on
- * them).  Engines ask only while the beat is younger than KVS_RING_DEAD_NS.
+ * its pid, whether it gets into slots: zero_copy), except three words: beat (the node's
+ * clock, kvs_node_ns, stored by the helper every KVS_RING_BEAT_NS; 0 when it left), route
+ * (enum kvs_ring_route, the helper's) and the bells (one per op, incremented by an engine
+ * after each post, futex-woken; the helper sleeps on them).  Engines ask only while the beat
+ * is younger than KVS_RING_DEAD_NS.
  *
  * An entry's word: the tid of the engine thread that owns the request, shifted left 4, or'd
  * with its state.  Every change of state is one atomic on the word, and which side makes it is
@@ -115,7 +116,6 @@ struct ring_head {
 	uint32_t nent;
 	uint64_t shard_size; /* bytes of each staging buffer */
 	uint64_t off_ent, off_stage, size;
-	uint64_t born; /* the node's clock at the build: which file this is */
 	_Atomic uint64_t beat;
 	_Atomic uint32_t route;
 	int32_t helper_pid;
@@ -526,7 +526,6 @@ int kvs_ring_create(const char *path, uint32_t nent, uint64_t shard_size, uint32
 	h->off_ent = 4096;
 	h->off_stage = off_stage;
 	h->size = size;
-	h->born = kvs_node_ns();
 	h->helper_pid = (int32_t)getpid();
 	if (kvs_syscall(SYS_rename, tmp, path) != 0) {
 		e = errno;
