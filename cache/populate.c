@@ -132,9 +132,23 @@ static void atfork_child(void)
 	kvs_ownfd_close(&walker);
 }
 
+/* The thread opening the walk's descriptor, from its open until walker holds it (or it is
+ * closed): a fork in that window would give the child a copy atfork_child does not know of
+ * (hostile's forkfds saw one).  A fork waits for it, a few system calls, unless the forking
+ * thread is the opener itself (a handler on it: waiting would never end). */
+static _Atomic uint32_t opening_tid;
+
+static void atfork_prepare(void)
+{
+	uint32_t me = (uint32_t)kvs_syscall(SYS_gettid);
+
+	for (uint32_t t; (t = load_acquire(&opening_tid)) && t != me;)
+		sched_yield();
+}
+
 static void register_atfork(void)
 {
-	pthread_atfork(NULL, NULL, atfork_child);
+	pthread_atfork(atfork_prepare, NULL, atfork_child);
 }
 
 struct populator {
@@ -496,21 +510,25 @@ void kvs_populate_start(struct kvs_cache *c)
 	if (rfd < 0)
 		return; /* the program took the region's descriptor: no walk from this process */
 	snprintf(self, sizeof(self), "/proc/self/fd/%d", rfd);
+	/* Published before the lock is taken, so that a fork at any point after closes the
+	 * child's copy (atfork_child): a child must never keep the walk's lock alive; a fork
+	 * before waits until it is published (atfork_prepare).  One walk per process. */
+	pthread_once(&atfork_once, register_atfork);
+	store_release(&opening_tid, (uint32_t)kvs_syscall(SYS_gettid));
 	fd = kvs_fd_move_high(kvs_sys_open(self, O_RDWR | O_CLOEXEC));
 	kvs_ownfd_put(&c->own, ticket);
-	if (fd < 0)
+	if (fd < 0) {
+		store_release(&opening_tid, 0);
 		return;
+	}
 	if (fstat(fd, &st) < 0 || (uint64_t)st.st_dev != c->own.dev ||
 	    (uint64_t)st.st_ino != c->own.ino)
 		goto err_close; /* not the region: never lock another file */
-	/* Published before the lock is taken, so that a fork at any point after closes the
-	 * child's copy (atfork_child): a child must never keep the walk's lock alive.  One walk
-	 * per process. */
-	pthread_once(&atfork_once, register_atfork);
 	walker.dev = c->own.dev;
 	walker.ino = c->own.ino;
 	if (!kvs_ownfd_publish(&walker, fd))
 		goto err_close;
+	store_release(&opening_tid, 0);
 	fd = kvs_ownfd_get(&walker, &ticket); /* from here on, the number may move */
 	if (fd < 0)
 		return; /* the program took it already, and closes it */
@@ -553,6 +571,7 @@ err_unpublish:
 	return;
 err_close:
 	kvs_sys_close(fd);
+	store_release(&opening_tid, 0);
 }
 
 /*
