@@ -212,7 +212,7 @@ for case in $cases; do
 	read -r w1 m0 m1 pr <<<"$(python3 - "${s0[*]}" "${t0[*]}" "${s1[*]}" "${t1[*]}" <<'EOF'
 import statistics as st, sys
 s0, t0, s1, t1 = ([float(x) for x in a.split()] for a in sys.argv[1:])
-r = [b / a for a, b in zip(t0, t1)]
+r = [b / a for a, b in zip(t0, t1) if a > 0] or [0.0]  # a run with no replica done times 0
 print(f"{max(s1):.2f}x", f"{st.median(t0):.2f}", f"{st.median(t1):.2f}",
       f"{st.median(r):.2f}_({min(r):.2f}-{max(r):.2f})")
 EOF
@@ -238,7 +238,7 @@ case " $cases " in
 	read -r _ a _ _ <<<"$(run 0 fastsafetensors)"
 	read -r s b x h <<<"$(run 1 fastsafetensors)"
 	echo "fastsafetensors, first load into a region never prepared: slowest ${b}s against ${a}s" \
-		"without a region ($(python3 -c "print(f'{$b / $a:.2f}')")), storage ${s}x"
+		"without a region ($(python3 -c "print(f'{$b / $a:.2f}' if $a else '-')")), storage ${s}x"
 	if [ "$x" != 0 ] || [ "$h" != 0 ]; then
 		status=1
 	fi
