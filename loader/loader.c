@@ -181,10 +181,10 @@ static void owner_read_done(struct kvs_bio *bio)
 		    kvs_check_file(bio->fd, rd->dev, rd->ino, rd->write_once, &rd->block);
 		struct kvs_key key = kvs_shard_key(&rd->block, op->shard);
 
-		kvs_publish_loaded(c, &op->pin, v, op->size, op->keep);
-		/* Offered only when the file is still what it was keyed as; the helper takes it
-		 * only while it is READY under its key (a load handed out unkept is not). */
-		if (op->rid && v == KVS_V_KEEP)
+		/* Offered only when the file is still what it was keyed as and the shard was kept
+		 * (not handed out to this load's readers only: a write or a writable mapping since
+		 * the load began); the helper takes it only while it is READY under its key. */
+		if (kvs_publish_loaded(c, &op->pin, v, op->size, op->keep) == KVS_V_KEEP && op->rid)
 			kvs_remote_offer(ld->rm, op->rid, &key, op->size);
 	} else {
 		kvs_cache_count(c, KVS_CTR_failures, 1);

@@ -78,8 +78,8 @@ struct kvs_keep kvs_keep_for(struct kvs_cache *c, const struct kvs_key *block,
 	return k;
 }
 
-void kvs_publish_loaded(struct kvs_cache *c, const struct kvs_pin *pin, enum kvs_verdict v,
-			uint32_t size, const struct kvs_keep *keep)
+enum kvs_verdict kvs_publish_loaded(struct kvs_cache *c, const struct kvs_pin *pin,
+				    enum kvs_verdict v, uint32_t size, const struct kvs_keep *keep)
 {
 	/* A write of the file in flight at the mark, or begun or ended since, or a writable shared
 	 * mapping of it anywhere on the node now: handed out, not kept. */
@@ -93,4 +93,5 @@ void kvs_publish_loaded(struct kvs_cache *c, const struct kvs_pin *pin, enum kvs
 		kvs_cache_mark_ready(c, pin, size);
 	else
 		kvs_cache_mark_ready_unkept(c, pin, size);
+	return v;
 }

@@ -44,8 +44,9 @@ struct kvs_keep kvs_keep_for(struct kvs_cache *c, const struct kvs_key *block,
  * the expiry its pin was elected with (KVS_V_KEEP, while keep's write mark still stands and no
  * process maps the file writable: one F_OFD_GETLK); READY for this load's readers only
  * (KVS_V_HAND_OUT, or a write of the file since keep, or such a mapping);
- * FAILED with ESTALE (KVS_V_WRONG_FILE). */
-void kvs_publish_loaded(struct kvs_cache *c, const struct kvs_pin *pin, enum kvs_verdict v,
-			uint32_t size, const struct kvs_keep *keep);
+ * FAILED with ESTALE (KVS_V_WRONG_FILE).  Returns the verdict applied: v, or KVS_V_HAND_OUT
+ * where a write or a mapping took the keep away. */
+enum kvs_verdict kvs_publish_loaded(struct kvs_cache *c, const struct kvs_pin *pin,
+				    enum kvs_verdict v, uint32_t size, const struct kvs_keep *keep);
 
 #endif

@@ -81,7 +81,9 @@ void kvs_remote_answered(struct kvs_remote *rm, bool answered);
 /* remote.timeout_ms in ns: how long a load waits for the pool. */
 uint64_t kvs_remote_timeout_ns(const struct kvs_remote *rm);
 
-/* Offer shard key, just loaded from storage and kept for good, to the pool (remote.publish). */
+/* Offer shard key, just loaded from storage and kept, to the pool (remote.publish).  Kept may
+ * mean until an expiry (the settle window of a file system without inode generations): a put
+ * the helper takes after it finds the shard gone, and is dropped (remote_dropped). */
 void kvs_remote_offer(struct kvs_remote *rm, const struct kvs_rid *id, const struct kvs_key *key,
 		      uint32_t len);
 
