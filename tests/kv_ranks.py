@@ -31,7 +31,8 @@ before it are read first as one read), so that reads need not be aligned to the 
 shards, as llama.cpp's tensor reads are not.  Rank r starts r * --stagger seconds after the
 first.  With --threads T, each rank runs T threads that take its reads from one queue, and
 every read opens the file, reads, and closes it (UCM's psync engine); --repeat R reads it all
-R times.  Every byte is checked.  Prints "load: N ranks, F files, B bytes asked, ok, storage S"
+R times.  A rank stays --linger seconds after its reads before it exits (os._exit, which runs
+no exit handlers), as an engine lives on after a load.  Every byte is checked.  Prints "load: N ranks, F files, B bytes asked, ok, storage S"
 where S is the sum of the ranks' /proc/self/io read_bytes over their loads (what the kernel
 read from storage for them); exits 1 on a wrong byte (stderr says where).
 
@@ -288,6 +289,7 @@ def load(a):
                 b0 = storage_bytes()
                 asked[r] = load_rank(a, r, go)
                 asked[a.ranks + r] = storage_bytes() - b0
+                time.sleep(a.linger)
                 os._exit(0)
             except SystemExit as e:
                 print(e, file=sys.stderr)
@@ -327,6 +329,7 @@ def main():
     p.add_argument("--threads", type=int, default=0)
     p.add_argument("--repeat", type=int, default=1)
     p.add_argument("--pace", type=float, default=0.0)
+    p.add_argument("--linger", type=float, default=0.0)
     p.add_argument("--how", choices=["utime", "atime"], default="utime")
     a = p.parse_args()
     if a.cmd == "write":

@@ -93,7 +93,8 @@ start_master() {
 # config NODE ROOT WONCE [KIND [PUBLISH]]: node NODE's configuration file.  files.settle is
 # 1 s: on FUSE a node keeps its first load of a file for files.settle only, and a put that the
 # helper takes after that finds the shard gone and is dropped.  With 200 ms, one CI run of
-# many (under ASan) dropped one put of 32, most likely so.
+# many (under ASan) dropped one put of 32, most likely so: the window starts before the pool
+# is asked, so files.settle must stay well above remote.timeout_ms (300 ms).
 config() {
 	cat >"$work/$1.ini" <<EOF
 [files]
@@ -199,7 +200,7 @@ a_read=$(count "$work/count_a")
 if wait_published a $total; then
 	ok "node A loaded $a_read bytes from storage for $total in $ta ms and published them all"
 else
-	fail "node A published $(stat a remote_published_bytes) of $total bytes (dropped $(stat a remote_dropped)); $(tail -c 300 "$work/ha.log")"
+	fail "node A published $(stat a remote_published_bytes) of $total bytes (dropped $(stat a remote_dropped), expired $(stat a shards_expired)); $(tail -c 300 "$work/ha.log")"
 fi
 b0=$(count "$work/count_b")
 t0=$(date +%s%N)
